@@ -1,0 +1,13 @@
+//! longhaul: an inference engine for Mixture-of-Experts language models in
+//! GGUF that keeps dense weights resident and streams routed experts into a
+//! fixed-budget per-layer cache. See DESIGN.md in the shared folder for the map.
+
+pub mod backend;
+pub mod engine;
+pub mod gguf;
+pub mod kv;
+pub mod model;
+pub mod quant;
+pub mod sample;
+pub mod tensor;
+pub mod tokenizer;
