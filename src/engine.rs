@@ -1,1 +1,201 @@
-//! placeholder
+//! The engine: a loaded model with its tokenizer, sequences (KV caches),
+//! prompt processing in ubatches, the decode loop and its statistics. The CLI
+//! and the server are thin clients of this module.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::Backend;
+use crate::gguf::{self, GgufError};
+use crate::kv::KvCache;
+use crate::model::{Logits, Model, ModelError};
+use crate::sample::Sampler;
+use crate::tensor::GgmlType;
+use crate::tokenizer::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot load {path}: {source}")]
+    Load { path: String, source: GgufError },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Template(#[from] ChatTemplateError),
+    #[error("the prompt has {n_prompt} tokens but the context holds {n_ctx}; raise -c/--ctx-size")]
+    PromptTooLong { n_prompt: usize, n_ctx: usize },
+    #[error("the model has no chat template (tokenizer.chat_template); use `longhaul run` with a raw prompt")]
+    NoChatTemplate,
+    #[error("empty prompt: give at least one token")]
+    EmptyPrompt,
+}
+
+/// Engine settings, named as llama.cpp's.
+#[derive(Clone, Debug)]
+pub struct EngineParams {
+    /// Context size (`-c`); 0 means the model's training context.
+    pub n_ctx: usize,
+    /// Physical batch size for prompt processing (`-ub`).
+    pub n_ubatch: usize,
+    /// KV cache type (`-ctk`/`-ctv`): F16 (default) or F32.
+    pub kv_type: GgmlType,
+}
+
+impl Default for EngineParams {
+    fn default() -> Self {
+        Self {
+            n_ctx: 4096,
+            n_ubatch: 512,
+            kv_type: GgmlType::F16,
+        }
+    }
+}
+
+/// Timings of one generation, llama.cpp-style.
+#[derive(Clone, Debug, Default)]
+pub struct GenStats {
+    pub n_prompt: usize,
+    pub prompt_time: Duration,
+    pub n_gen: usize,
+    pub gen_time: Duration,
+}
+
+impl GenStats {
+    pub fn prompt_tps(&self) -> f64 {
+        self.n_prompt as f64 / self.prompt_time.as_secs_f64().max(1e-9)
+    }
+    pub fn gen_tps(&self) -> f64 {
+        self.n_gen as f64 / self.gen_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A loaded model ready to generate.
+pub struct Engine<B: Backend> {
+    pub model: Model<B>,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub params: EngineParams,
+    pub load_time: Duration,
+}
+
+impl<B: Backend> Engine<B> {
+    /// Opens `path` (a GGUF file or the first shard of a split model) on `backend`.
+    pub fn load(path: &Path, backend: B, mut params: EngineParams) -> Result<Self, EngineError> {
+        let t0 = Instant::now();
+        let file = gguf::Model::open(path).map_err(|source| EngineError::Load {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let tokenizer = Tokenizer::from_metadata(file.metadata())?;
+        let template = ChatTemplate::from_metadata(file.metadata())?;
+        let model = Model::load(backend, Arc::new(file))?;
+        if params.n_ctx == 0 {
+            params.n_ctx = model.hp.n_ctx_train;
+        }
+        params.n_ubatch = params.n_ubatch.max(1);
+        Ok(Self {
+            model,
+            tokenizer,
+            template,
+            params,
+            load_time: t0.elapsed(),
+        })
+    }
+
+    /// A new, empty sequence.
+    pub fn new_kv(&self) -> Result<KvCache<B>, EngineError> {
+        Ok(KvCache::new(
+            &self.model,
+            self.params.n_ctx,
+            self.params.kv_type,
+        )?)
+    }
+
+    /// Tokenises a raw prompt as llama.cpp does (BOS per the model's metadata,
+    /// special tokens parsed).
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        Ok(self.tokenizer.encode(text, true, true)?)
+    }
+
+    /// Renders a conversation through the model's chat template.
+    pub fn apply_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        let t = self.template.as_ref().ok_or(EngineError::NoChatTemplate)?;
+        Ok(t.render(messages, add_generation_prompt)?)
+    }
+
+    /// Evaluates `tokens` after what `kv` holds, in ubatches; returns the
+    /// logits of the last token (or of every token with `Logits::All`).
+    pub fn eval(
+        &self,
+        kv: &mut KvCache<B>,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, EngineError> {
+        if kv.n_past() + tokens.len() > kv.n_ctx() {
+            return Err(EngineError::PromptTooLong {
+                n_prompt: kv.n_past() + tokens.len(),
+                n_ctx: kv.n_ctx(),
+            });
+        }
+        let mut out = Vec::new();
+        for chunk in tokens.chunks(self.params.n_ubatch) {
+            let pos0 = kv.n_past();
+            let logits = self.model.forward(&mut kv.layers, chunk, pos0, want)?;
+            kv.advance(chunk.len());
+            match want {
+                Logits::All => out.extend(logits),
+                Logits::Last => out = logits,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Processes `prompt` and samples up to `n_predict` tokens, calling
+    /// `on_token` with each one (return `false` to stop). Stops at
+    /// end-of-generation tokens and at the end of the context.
+    pub fn generate(
+        &self,
+        kv: &mut KvCache<B>,
+        prompt: &[u32],
+        n_predict: usize,
+        sampler: &mut Sampler,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenStats), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let mut stats = GenStats {
+            n_prompt: prompt.len(),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let mut logits = self.eval(kv, prompt, Logits::Last)?;
+        stats.prompt_time = t0.elapsed();
+        let mut history: Vec<u32> = prompt.to_vec();
+        let mut out = Vec::new();
+        let t1 = Instant::now();
+        while out.len() < n_predict {
+            let tok = sampler.sample(&logits, &history);
+            out.push(tok);
+            history.push(tok);
+            if self.tokenizer.is_eog(tok)
+                || !on_token(tok)
+                || out.len() == n_predict
+                || kv.n_past() >= kv.n_ctx()
+            {
+                break;
+            }
+            logits = self.eval(kv, &[tok], Logits::Last)?;
+        }
+        stats.n_gen = out.len();
+        stats.gen_time = t1.elapsed();
+        Ok((out, stats))
+    }
+}

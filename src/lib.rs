@@ -9,5 +9,6 @@ pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod synth;
 pub mod tensor;
 pub mod tokenizer;

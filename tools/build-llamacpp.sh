@@ -2,21 +2,36 @@
 # Download llama.cpp's source (vendored in the llama-cpp-python sdist on PyPI)
 # and build the reference tools outside the repository.
 #   LLAMACPP_DIR (default: ~/.cache/longhaul/llama.cpp) receives source and build.
+#   LLAMA_CPP_PYTHON_VERSION (default: 0.3.36) pins the sdist, hence the llama.cpp
+#   revision the goldens in tests/goldens were made with.
+# Needs python3 + pip, a C/C++ compiler; cmake is taken from PATH or installed
+# (as a PyPI wheel) into "$LLAMACPP_DIR/tools-venv".
 # Prints the bin directory on its last line.
 set -euo pipefail
 dir="${LLAMACPP_DIR:-$HOME/.cache/longhaul/llama.cpp}"
+ver="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 mkdir -p "$dir"
 cd "$dir"
-if [ ! -d src/vendor/llama.cpp ]; then
-  rm -rf dl && mkdir dl
-  python3 -m pip download --no-binary :all: --no-deps -d dl llama-cpp-python
-  mkdir -p src && tar -xzf dl/llama_cpp_python-*.tar.gz -C src --strip-components=1
+if [ ! -f src/vendor/llama.cpp/CMakeLists.txt ]; then
+  tmp="$(mktemp -d "$dir/dl.XXXXXX")"
+  # Only llama-cpp-python itself must be an sdist: `--no-binary :all:` would also
+  # force its build dependencies (cmake!) to be compiled from source.
+  python3 -m pip download --no-deps --no-binary llama-cpp-python -d "$tmp" "llama-cpp-python==$ver"
+  rm -rf src && mkdir -p src && tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C src --strip-components=1
+  rm -rf "$tmp"
+fi
+if ! command -v cmake >/dev/null 2>&1; then
+  if [ ! -x tools-venv/bin/cmake ]; then
+    python3 -m venv tools-venv
+    tools-venv/bin/python -m pip install -q cmake ninja
+  fi
+  export PATH="$dir/tools-venv/bin:$PATH"
 fi
 src="$dir/src/vendor/llama.cpp"
 cmake -S "$src" -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
+  -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
 cmake --build build -j "$(nproc)" --target llama-cli llama-completion llama-bench llama-server \
-  llama-quantize llama-tokenize llama-perplexity llama-gguf-split llama-eval-callback 2>&1 | tail -n 3 || \
+  llama-quantize llama-tokenize llama-perplexity llama-gguf-split 2>&1 | tail -n 3 || \
 cmake --build build -j "$(nproc)" --target llama-cli llama-bench llama-server \
   llama-quantize llama-tokenize llama-perplexity llama-gguf-split 2>&1 | tail -n 3
 echo "$dir/build/bin"

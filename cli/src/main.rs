@@ -1,1 +1,207 @@
-fn main() {}
+//! `longhaul`: run, chat with, inspect and benchmark GGUF models.
+
+mod args;
+mod bench;
+mod demo;
+mod inspect;
+
+use std::io::{BufRead, Write};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use longhaul::backend::cpu::CpuBackend;
+use longhaul::engine::{Engine, GenStats};
+use longhaul::sample::Sampler;
+use longhaul::tokenizer::{ChatMessage, StreamDecoder};
+
+use args::{ModelArgs, SampleArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "longhaul",
+    version,
+    about = "Run Mixture-of-Experts GGUF models whose experts do not fit in memory"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text from a prompt.
+    Run(RunArgs),
+    /// Chat interactively through the model's chat template.
+    Chat(ChatArgs),
+    /// Show a GGUF file's architecture, hyperparameters, tensors and experts.
+    Inspect(inspect::InspectArgs),
+    /// Write a small synthetic MoE model (if absent) and generate from it.
+    Demo(demo::DemoArgs),
+    /// Measure prompt processing and generation speed, llama-bench style.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sample: SampleArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt", default_value = "")]
+    prompt: String,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file")]
+    file: Option<std::path::PathBuf>,
+    /// Tokens to predict (-1 = until end of generation or full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    n_predict: i64,
+    /// Do not print the prompt before the generated text.
+    #[arg(long = "no-display-prompt")]
+    no_display_prompt: bool,
+}
+
+#[derive(clap::Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sample: SampleArgs,
+    /// System prompt.
+    #[arg(long = "system-prompt", alias = "sys")]
+    system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 1024)]
+    n_predict: usize,
+}
+
+fn print_stats(engine_load: std::time::Duration, s: &GenStats) {
+    eprintln!();
+    eprintln!(
+        "load time        = {:10.2} ms",
+        engine_load.as_secs_f64() * 1e3
+    );
+    eprintln!(
+        "prompt eval time = {:10.2} ms / {:5} tokens ({:8.2} ms per token, {:8.2} tokens per second)",
+        s.prompt_time.as_secs_f64() * 1e3,
+        s.n_prompt,
+        s.prompt_time.as_secs_f64() * 1e3 / s.n_prompt.max(1) as f64,
+        s.prompt_tps()
+    );
+    eprintln!(
+        "       eval time = {:10.2} ms / {:5} tokens ({:8.2} ms per token, {:8.2} tokens per second)",
+        s.gen_time.as_secs_f64() * 1e3,
+        s.n_gen,
+        s.gen_time.as_secs_f64() * 1e3 / s.n_gen.max(1) as f64,
+        s.gen_tps()
+    );
+}
+
+/// Generates from `prompt`, streaming text to stdout.
+fn stream(
+    engine: &Engine<CpuBackend>,
+    prompt: &[u32],
+    n_predict: usize,
+    sampler: &mut Sampler,
+) -> anyhow::Result<(Vec<u32>, GenStats)> {
+    let mut kv = engine.new_kv()?;
+    let mut dec = StreamDecoder::new(false);
+    let mut out = std::io::stdout().lock();
+    let mut io_err = None;
+    let res = engine.generate(&mut kv, prompt, n_predict, sampler, |tok| {
+        let text = dec.push(&engine.tokenizer, tok);
+        if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+            io_err = Some(e);
+            return false;
+        }
+        true
+    })?;
+    write!(out, "{}", dec.finish())?;
+    out.flush()?;
+    if let Some(e) = io_err {
+        return Err(e).context("writing to stdout");
+    }
+    Ok(res)
+}
+
+fn run(a: RunArgs) -> anyhow::Result<()> {
+    let params = a.model.engine_params()?;
+    let prompt = match &a.file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading prompt file {}", f.display()))?,
+        None => a.prompt.clone(),
+    };
+    a.model.with_threads(|| -> anyhow::Result<()> {
+        let engine = Engine::load(&a.model.model, CpuBackend::new(), params)?;
+        let tokens = engine.tokenize(&prompt)?;
+        if tokens.is_empty() {
+            anyhow::bail!("the prompt is empty; pass one with -p or -f");
+        }
+        let n_predict = if a.n_predict < 0 {
+            usize::MAX
+        } else {
+            a.n_predict as usize
+        };
+        if !a.no_display_prompt {
+            print!("{prompt}");
+        }
+        let mut sampler = Sampler::new(a.sample.params());
+        let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler)?;
+        println!();
+        print_stats(engine.load_time, &stats);
+        Ok(())
+    })?
+}
+
+fn chat(a: ChatArgs) -> anyhow::Result<()> {
+    let params = a.model.engine_params()?;
+    a.model.with_threads(|| -> anyhow::Result<()> {
+        let engine = Engine::load(&a.model.model, CpuBackend::new(), params)?;
+        let mut messages = Vec::new();
+        if let Some(s) = &a.system {
+            messages.push(ChatMessage::new("system", s.clone()));
+        }
+        let mut sampler = Sampler::new(a.sample.params());
+        eprintln!("chatting with {} (Ctrl-D to quit)", a.model.model.display());
+        let stdin = std::io::stdin();
+        loop {
+            eprint!("\n> ");
+            let mut line = String::new();
+            if stdin.lock().read_line(&mut line)? == 0 {
+                break;
+            }
+            let line = line.trim_end_matches(['\n', '\r']);
+            if line.is_empty() {
+                continue;
+            }
+            messages.push(ChatMessage::new("user", line));
+            let text = engine.apply_template(&messages, true)?;
+            // The template spells out BOS itself where the model wants it.
+            let tokens = engine.tokenizer.encode(&text, false, true)?;
+            let (reply, stats) = stream(&engine, &tokens, a.n_predict, &mut sampler)?;
+            let content = engine.tokenizer.decode(&reply);
+            messages.push(ChatMessage::new("assistant", content));
+            eprintln!(
+                "\n[{:.1} t/s prompt, {:.1} t/s generation]",
+                stats.prompt_tps(),
+                stats.gen_tps()
+            );
+        }
+        Ok(())
+    })?
+}
+
+fn main() {
+    let cli = Cli::parse_from(args::normalize_args(std::env::args()));
+    let res = match cli.cmd {
+        Cmd::Run(a) => run(a),
+        Cmd::Chat(a) => chat(a),
+        Cmd::Inspect(a) => inspect::inspect(a),
+        Cmd::Demo(a) => demo::demo(a),
+        Cmd::Bench(a) => bench::bench(a),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

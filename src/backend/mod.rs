@@ -1,1 +1,202 @@
-//! placeholder
+//! The op vocabulary. Architectures are written once against [`Backend`] and
+//! run on either placement; a backend that lacks an op returns
+//! [`BackendError::Unsupported`], never a panic.
+//!
+//! Shapes follow row-major, token-major activations: a `[n_tokens, n]` tensor
+//! holds `n_tokens` rows of `n` floats. Weights use ggml's convention: a 2-D
+//! weight `[ne0 = k, ne1 = n]` stores `n` rows of `k` elements (so
+//! `matmul(w, x)` computes `y[t, i] = sum_j w[i, j] * x[t, j]`), and stacked
+//! expert weights `[k, n, n_expert]` store `n_expert` such matrices back to back.
+
+pub mod cpu;
+
+use crate::quant::QuantError;
+use crate::tensor::GgmlType;
+
+/// Errors raised by a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{backend} backend does not support {op} on {dtype}; use --n-gpu-layers 0 to run on the CPU or another quantisation")]
+    Unsupported {
+        op: &'static str,
+        backend: &'static str,
+        dtype: GgmlType,
+    },
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error("KV cache is full: position {pos} does not fit in a context of {n_ctx}; raise -c/--ctx-size")]
+    ContextFull { pos: usize, n_ctx: usize },
+}
+
+/// How rotary embeddings pair dimensions (ggml's rope modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs `(x[2i], x[2i+1])` (llama).
+    Norm,
+    /// Halves `(x[i], x[i + n_rot/2])` (GPT-NeoX, Qwen, gpt-oss).
+    Neox,
+}
+
+/// Rotary embedding parameters, exactly as ggml's `rope_ext` takes them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub mode: RopeMode,
+    /// Rotated dimensions per head (`n_rot`); the rest pass through.
+    pub n_rot: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    /// Original training context for YaRN (`n_ctx_orig`).
+    pub n_ctx_orig: u32,
+    /// YaRN extrapolation mix; 0 disables YaRN.
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+/// Gated linear unit variants.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Glu {
+    /// `silu(gate) * up`.
+    SwiGlu,
+    /// gpt-oss: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
+    /// `g * sigmoid(alpha * g) * (u + 1)`.
+    SwiGluOai { alpha: f32, limit: f32 },
+}
+
+/// Attention over the KV cache for one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnParams {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    /// Sliding window (`n_swa`): key at `p0` is masked for query `p1` when
+    /// `p1 - p0 >= n_swa` (llama.cpp's standard SWA). `None`: full causal.
+    pub window: Option<u32>,
+}
+
+/// One sequence's positions in the batch: token `t` sits at `pos0 + t`.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchPos {
+    pub pos0: usize,
+    pub n_tokens: usize,
+}
+
+/// The ops an architecture may use. `Tensor` is an activation living on the
+/// backend; `Weight` a read-only weight (2-D matrix, 1-D vector or stacked 3-D
+/// experts); `Kv` one layer's KV cache.
+pub trait Backend: Send + Sync {
+    type Tensor: Send;
+    type Weight: Send + Sync;
+    type Kv: Send;
+
+    fn name(&self) -> &'static str;
+
+    /// A weight over a GGUF tensor (read in place or uploaded, per backend).
+    fn load_weight(
+        &self,
+        model: &std::sync::Arc<crate::gguf::Model>,
+        t: &crate::gguf::TensorInfo,
+    ) -> Result<Self::Weight, BackendError>;
+
+    /// Wraps host floats `[rows, cols]`.
+    fn from_host(
+        &self,
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self::Tensor, BackendError>;
+    /// Copies a tensor back to the host (row-major).
+    fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>, BackendError>;
+    /// `(rows, cols)`.
+    fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+
+    /// `get_rows(w, ids)`: rows `ids` of matrix `w` dequantised, `[ids.len(), ne0]`.
+    fn get_rows(&self, w: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor, BackendError>;
+    /// `matmul(w, x)`: `w [k, n]`, `x [t, k]` -> `[t, n]`.
+    fn matmul(&self, w: &Self::Weight, x: &Self::Tensor) -> Result<Self::Tensor, BackendError>;
+    /// `mul_mat_id(w, x, ids)`, ggml's MUL_MAT_ID: `w [k, n, n_expert]`,
+    /// `x [t * x_per_tok, k]` where row `t * x_per_tok + (j % x_per_tok)` is the
+    /// input of pair `(t, j)`, `ids [t, n_used]` expert (or slot) ids.
+    /// Result `[t * n_used, n]`: row `t * n_used + j` is `w[ids[t, j]] . x`.
+    /// Only experts that have tokens are touched.
+    fn mul_mat_id(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        ids: &[u32],
+        n_used: usize,
+    ) -> Result<Self::Tensor, BackendError>;
+
+    /// `x + b` for a bias vector `b [n]` broadcast over rows.
+    fn add_bias(&self, x: &mut Self::Tensor, b: &Self::Weight) -> Result<(), BackendError>;
+    /// `add_id`: row `t * n_used + j` of `x [t * n_used, n]` gets row `ids[t, j]`
+    /// of the stacked bias `b [n, n_expert]`.
+    fn add_bias_id(
+        &self,
+        x: &mut Self::Tensor,
+        b: &Self::Weight,
+        ids: &[u32],
+    ) -> Result<(), BackendError>;
+    /// `a += b`, same shapes.
+    fn add(&self, a: &mut Self::Tensor, b: &Self::Tensor) -> Result<(), BackendError>;
+    /// Multiplies each row `r` by `s[r]`.
+    fn scale_rows(&self, x: &mut Self::Tensor, s: &[f32]) -> Result<(), BackendError>;
+
+    /// RMS norm over groups of `group` columns (a whole row when `group ==
+    /// cols`; per head for QK-norm), then times the weight `w [group]`.
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        group: usize,
+        eps: f32,
+    ) -> Result<Self::Tensor, BackendError>;
+    /// Rotary embedding in place on `x [t, n_heads * head_dim]`.
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        head_dim: usize,
+        pos: BatchPos,
+        p: &RopeParams,
+    ) -> Result<(), BackendError>;
+    /// `glu(gate, up)` element-wise.
+    fn glu(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        kind: Glu,
+    ) -> Result<Self::Tensor, BackendError>;
+    /// Sums groups of `n_used` consecutive rows weighted by `w [t * n_used]`:
+    /// `[t * n_used, n]` -> `[t, n]`, summing in order `j = 0..n_used`.
+    fn weighted_sum(
+        &self,
+        x: &Self::Tensor,
+        w: &[f32],
+        n_used: usize,
+    ) -> Result<Self::Tensor, BackendError>;
+
+    /// A KV cache for `n_ctx` positions of `n_embd_kv` keys and values.
+    fn new_kv(
+        &self,
+        n_ctx: usize,
+        n_embd_k: usize,
+        n_embd_v: usize,
+        dtype: GgmlType,
+    ) -> Result<Self::Kv, BackendError>;
+    /// Writes `k`, `v` (`[t, n_embd_kv]`) at `pos` and attends `q [t, n_head * head_dim]`
+    /// causally over positions `0..pos0 + t`, with optional per-head sinks `[n_head]`.
+    fn attention(
+        &self,
+        kv: &mut Self::Kv,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        sinks: Option<&Self::Weight>,
+        pos: BatchPos,
+        p: &AttnParams,
+    ) -> Result<Self::Tensor, BackendError>;
+}

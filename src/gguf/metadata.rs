@@ -22,6 +22,7 @@ pub enum MetaType {
 }
 
 impl MetaType {
+    /// The type with GGUF id `v`, or `None` outside 0..=12.
     pub fn from_u32(v: u32) -> Option<Self> {
         use MetaType::*;
         Some(match v {
@@ -63,6 +64,7 @@ pub enum MetaValue {
 }
 
 impl MetaValue {
+    /// The GGUF type of this value.
     pub fn meta_type(&self) -> MetaType {
         match self {
             MetaValue::U8(_) => MetaType::U8,
@@ -105,6 +107,7 @@ impl MetaValue {
         }
     }
 
+    /// The value as a string slice when it is a string.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             MetaValue::String(s) => Some(s),
@@ -120,6 +123,7 @@ pub struct Metadata {
 }
 
 impl Metadata {
+    /// Empty metadata.
     pub fn new() -> Self {
         Self::default()
     }
@@ -133,27 +137,39 @@ impl Metadata {
         }
     }
 
+    /// Appends `key` without looking for an earlier entry (O(1)); the caller
+    /// has checked that the key is new.
+    pub(crate) fn push_new(&mut self, key: String, value: MetaValue) {
+        self.entries.push((key, value));
+    }
+
+    /// Removes `key`, returning its value.
     pub fn remove(&mut self, key: &str) -> Option<MetaValue> {
         let i = self.entries.iter().position(|(k, _)| k == key)?;
         Some(self.entries.remove(i).1)
     }
 
+    /// The value of `key`, if present.
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
         self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
+    /// Whether `key` is present.
     pub fn contains(&self, key: &str) -> bool {
         self.get(key).is_some()
     }
 
+    /// Every key and value, in file order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &MetaValue)> {
         self.entries.iter().map(|(k, v)| (k.as_str(), v))
     }
 
+    /// Number of keys.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether there are no keys.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -204,6 +220,7 @@ impl Metadata {
             .ok_or_else(|| Self::wrong(key, "f32", v))
     }
 
+    /// A bool value.
     pub fn get_bool(&self, key: &str) -> Result<bool, GgufError> {
         match self.required(key)? {
             MetaValue::Bool(b) => Ok(*b),
@@ -211,6 +228,7 @@ impl Metadata {
         }
     }
 
+    /// A string value.
     pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
         let v = self.required(key)?;
         v.as_str().ok_or_else(|| Self::wrong(key, "string", v))
@@ -224,6 +242,7 @@ impl Metadata {
         }
     }
 
+    /// An array of strings (e.g. `tokenizer.ggml.tokens`).
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, GgufError> {
         self.get_array(key)?
             .iter()
@@ -234,6 +253,7 @@ impl Metadata {
             .collect()
     }
 
+    /// An array of floats or integers, as f32 (e.g. `tokenizer.ggml.scores`).
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>, GgufError> {
         self.get_array(key)?
             .iter()
@@ -245,6 +265,7 @@ impl Metadata {
             .collect()
     }
 
+    /// An array of integers, as i64.
     pub fn get_i64_array(&self, key: &str) -> Result<Vec<i64>, GgufError> {
         self.get_array(key)?
             .iter()
@@ -257,10 +278,12 @@ impl Metadata {
     }
 
     /// `Ok(None)` when absent, an error when present with the wrong type.
-    pub fn opt<T>(
-        &self,
+    /// `get` is one of the typed getters; its result may borrow from `self`
+    /// (`md.opt("tokenizer.ggml.tokens", Metadata::get_str_array)`).
+    pub fn opt<'a, T>(
+        &'a self,
         key: &str,
-        get: impl FnOnce(&Self, &str) -> Result<T, GgufError>,
+        get: impl FnOnce(&'a Self, &str) -> Result<T, GgufError>,
     ) -> Result<Option<T>, GgufError> {
         if self.contains(key) {
             get(self, key).map(Some)
@@ -272,5 +295,27 @@ impl Metadata {
     /// The architecture name (`general.architecture`).
     pub fn architecture(&self) -> Result<&str, GgufError> {
         self.get_str("general.architecture")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opt_accepts_borrowing_getters() {
+        let mut m = Metadata::new();
+        m.set("s", MetaValue::String("x".into()));
+        m.set(
+            "a",
+            MetaValue::Array(MetaType::String, vec![MetaValue::String("y".into())]),
+        );
+        assert_eq!(m.opt("s", Metadata::get_str).unwrap(), Some("x"));
+        assert_eq!(
+            m.opt("a", Metadata::get_str_array).unwrap(),
+            Some(vec!["y"])
+        );
+        assert_eq!(m.opt("z", Metadata::get_str).unwrap(), None);
+        assert!(m.opt("s", Metadata::get_u32).is_err());
     }
 }

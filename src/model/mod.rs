@@ -1,1 +1,160 @@
-//! placeholder
+//! Architectures, written once against the backend op vocabulary
+//! ([`crate::backend::Backend`]). This module knows tensor names and the
+//! graph of each family; it never touches a concrete backend.
+
+pub mod arch;
+mod block;
+pub mod hparams;
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, BackendError, RopeParams};
+use crate::gguf::{self, GgufError};
+pub use arch::ArchSpec;
+pub use hparams::{Gating, Hparams};
+
+/// Errors raised while building or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("unsupported architecture `{arch}`; longhaul supports: {supported}")]
+    UnsupportedArch { arch: String, supported: String },
+    #[error("hyperparameter `{key}` is invalid: {reason}")]
+    BadHparam { key: String, reason: String },
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    BadShape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// The routed experts of one MoE layer (stacked `[k, n, n_expert]` tensors)
+/// with their optional per-expert biases.
+pub struct Experts<W> {
+    pub gate: W,
+    pub up: W,
+    pub down: W,
+    pub gate_b: Option<W>,
+    pub up_b: Option<W>,
+    pub down_b: Option<W>,
+}
+
+/// A dense SwiGLU FFN (dense models, shared experts).
+pub struct DenseFfn<W> {
+    pub gate: W,
+    pub up: W,
+    pub down: W,
+}
+
+/// A MoE FFN: router, routed experts and an optional gated shared expert.
+pub struct MoeFfn<W> {
+    pub router: W,
+    pub router_b: Option<W>,
+    pub experts: Experts<W>,
+    pub shared: Option<DenseFfn<W>>,
+    pub shared_gate: Option<W>,
+}
+
+pub enum Ffn<W> {
+    Dense(DenseFfn<W>),
+    Moe(MoeFfn<W>),
+}
+
+/// Weights and settings of one repeating layer.
+pub struct Layer<W> {
+    pub attn_norm: W,
+    pub wq: W,
+    pub wk: W,
+    pub wv: W,
+    pub wo: W,
+    pub bq: Option<W>,
+    pub bk: Option<W>,
+    pub bv: Option<W>,
+    pub bo: Option<W>,
+    pub q_norm: Option<W>,
+    pub k_norm: Option<W>,
+    pub sinks: Option<W>,
+    pub ffn_norm: W,
+    pub ffn: Ffn<W>,
+    pub window: Option<u32>,
+}
+
+/// A loaded model on backend `B`.
+pub struct Model<B: Backend> {
+    pub spec: ArchSpec,
+    pub hp: Hparams,
+    pub backend: B,
+    pub file: Arc<gguf::Model>,
+    pub tok_embd: B::Weight,
+    pub output_norm: B::Weight,
+    pub output: B::Weight,
+    pub layers: Vec<Layer<B::Weight>>,
+    pub rope: RopeParams,
+}
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    Last,
+    All,
+}
+
+/// The names of the routed-expert tensors of layer `il` (what longhaul streams).
+pub fn routed_expert_tensor_names(il: usize) -> [String; 7] {
+    [
+        "ffn_gate_exps.weight",
+        "ffn_up_exps.weight",
+        "ffn_down_exps.weight",
+        "ffn_gate_up_exps.weight",
+        "ffn_gate_exps.bias",
+        "ffn_up_exps.bias",
+        "ffn_down_exps.bias",
+    ]
+    .map(|s| format!("blk.{il}.{s}"))
+}
+
+impl<B: Backend> Model<B> {
+    /// Builds the model from an opened GGUF file.
+    pub fn load(backend: B, file: Arc<gguf::Model>) -> Result<Self, ModelError> {
+        let md = file.metadata();
+        let arch = md.architecture()?.to_string();
+        let spec = arch::lookup(&arch).ok_or_else(|| ModelError::UnsupportedArch {
+            arch: arch.clone(),
+            supported: arch::supported_names(),
+        })?;
+        let embd = file.require_tensor("token_embd.weight")?;
+        let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
+        let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
+        block::load(backend, file.clone(), spec, hp)
+    }
+
+    /// A fresh KV cache for `n_ctx` positions, one entry per layer.
+    pub fn new_kv(
+        &self,
+        n_ctx: usize,
+        dtype: crate::tensor::GgmlType,
+    ) -> Result<Vec<B::Kv>, ModelError> {
+        let n = self.hp.n_head_kv * self.hp.head_dim;
+        (0..self.hp.n_layer)
+            .map(|_| Ok(self.backend.new_kv(n_ctx, n, n, dtype)?))
+            .collect()
+    }
+
+    /// Runs `tokens` at positions `pos0..` through the model, updating `kv`,
+    /// and returns logits `[rows, n_vocab]` (the last row or all rows).
+    pub fn forward(
+        &self,
+        kv: &mut [B::Kv],
+        tokens: &[u32],
+        pos0: usize,
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        block::forward(self, kv, tokens, pos0, want)
+    }
+}

@@ -1,0 +1,139 @@
+//! Command-line flags shared by subcommands, named as llama.cpp names them.
+
+use clap::Args;
+use longhaul::engine::EngineParams;
+use longhaul::sample::SamplerParams;
+use longhaul::tensor::GgmlType;
+
+/// llama.cpp spells some short flags with several letters (`-ngl`, `-ub`,
+/// `-ctk`); clap takes one-letter shorts, so those are rewritten to their long
+/// forms before parsing.
+pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    const MULTI: [(&str, &str); 8] = [
+        ("-ngl", "--n-gpu-layers"),
+        ("-ub", "--ubatch-size"),
+        ("-ctk", "--cache-type-k"),
+        ("-ctv", "--cache-type-v"),
+        ("-fa", "--flash-attn"),
+        ("-nr", "--no-repack"),
+        ("-pg", "--pg"),
+        ("-mmp", "--mmap"),
+    ];
+    args.map(|a| {
+        for (short, long) in MULTI {
+            if a == short {
+                return long.to_string();
+            }
+            if let Some(rest) = a.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                return format!("{long}={rest}");
+            }
+        }
+        a
+    })
+    .collect()
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model path (a GGUF file, or the first shard of a split model).
+    #[arg(short = 'm', long = "model")]
+    pub model: std::path::PathBuf,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size; 0 = the model's training context.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Logical batch size (accepted for llama.cpp compatibility; prompts are split by --ubatch-size).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    pub batch_size: usize,
+    /// Physical batch size for prompt processing (-ub).
+    #[arg(long = "ubatch-size", default_value_t = 512)]
+    pub ubatch_size: usize,
+    /// KV cache type for K (-ctk): f16 or f32.
+    #[arg(long = "cache-type-k", default_value = "f16")]
+    pub cache_type_k: String,
+    /// KV cache type for V (-ctv): must equal -ctk.
+    #[arg(long = "cache-type-v", default_value = "f16")]
+    pub cache_type_v: String,
+    /// Repeating layers on the GPU (-ngl): 0 = all on the CPU.
+    #[arg(long = "n-gpu-layers", default_value = "0")]
+    pub n_gpu_layers: String,
+}
+
+impl ModelArgs {
+    pub fn engine_params(&self) -> anyhow::Result<EngineParams> {
+        let kv = |s: &str| -> anyhow::Result<GgmlType> {
+            match GgmlType::from_name(s) {
+                Some(t @ (GgmlType::F16 | GgmlType::F32)) => Ok(t),
+                _ => anyhow::bail!("cache type `{s}` is not supported; use f16 (default) or f32"),
+            }
+        };
+        let k = kv(&self.cache_type_k)?;
+        if kv(&self.cache_type_v)? != k {
+            anyhow::bail!(
+                "-ctk and -ctv must be the same type (got {} and {})",
+                self.cache_type_k,
+                self.cache_type_v
+            );
+        }
+        match self.n_gpu_layers.as_str() {
+            "0" => {}
+            other => anyhow::bail!(
+                "--n-gpu-layers {other}: this build runs every repeating layer on the CPU; use -ngl 0 (the GPU placement, -ngl 99, is not built yet)"
+            ),
+        }
+        Ok(EngineParams {
+            n_ctx: self.ctx_size,
+            n_ubatch: self.ubatch_size.max(1),
+            kv_type: k,
+        })
+    }
+
+    /// Runs `f` on a rayon pool with the requested thread count.
+    pub fn with_threads<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+        let n = self.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build()?;
+        Ok(pool.install(f))
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SampleArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: i32,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: i32,
+    /// RNG seed (-1 or absent = random).
+    #[arg(short = 's', long = "seed", allow_negative_numbers = true)]
+    pub seed: Option<i64>,
+}
+
+impl SampleArgs {
+    pub fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temp: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed.filter(|&s| s >= 0).map(|s| s as u64),
+        }
+    }
+}

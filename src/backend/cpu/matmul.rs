@@ -1,0 +1,228 @@
+//! Quantised matrix products on the CPU: activations are quantised once per
+//! row to the weight type's dot partner, then each weight row is dotted with
+//! integer kernels (`quant::QuantOps::vec_dot_rows`), rayon-parallel over row
+//! chunks. MUL_MAT_ID groups (token, expert) pairs by expert and touches only
+//! experts that have tokens.
+
+use rayon::prelude::*;
+
+use super::{CpuTensor, CpuWeight};
+use crate::backend::BackendError;
+use crate::quant::{self, QuantOps};
+use crate::tensor::GgmlType;
+
+fn shape_err(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+/// Quantises every row of `x` to `act_ty`; returns the bytes and the row stride.
+pub(super) fn quantize_rows(
+    act_ty: GgmlType,
+    x: &CpuTensor,
+) -> Result<(Vec<u8>, usize), BackendError> {
+    let arb = act_ty.row_bytes(x.cols as u64).ok_or_else(|| {
+        shape_err(
+            "matmul",
+            format!("rows of {} are not whole {act_ty} blocks", x.cols),
+        )
+    })? as usize;
+    let mut acts = vec![0u8; arb * x.rows];
+    acts.par_chunks_mut(arb.max(1))
+        .zip(x.data.par_chunks(x.cols.max(1)))
+        .try_for_each_init(Vec::new, |tmp, (dst, row)| -> Result<(), BackendError> {
+            tmp.clear();
+            quant::quantize_activations(act_ty, row, tmp)?;
+            if tmp.len() != dst.len() {
+                return Err(shape_err(
+                    "matmul",
+                    format!(
+                        "activation row of {} bytes, expected {}",
+                        tmp.len(),
+                        dst.len()
+                    ),
+                ));
+            }
+            dst.copy_from_slice(tmp);
+            Ok(())
+        })?;
+    Ok((acts, arb))
+}
+
+/// Rows per parallel work item: enough to amortise scheduling, small enough to
+/// keep every thread busy.
+fn chunk_rows(n: usize, n_tok: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let target = n.div_ceil(threads * 8).max(1);
+    let min = if n_tok > 1 { 4 } else { 16 };
+    target.clamp(min.min(n), 256).max(1)
+}
+
+struct Matrix<'a> {
+    ops: &'static dyn QuantOps,
+    bytes: &'a [u8],
+    k: usize,
+    n: usize,
+    rb: usize,
+}
+
+fn matrix<'a>(
+    op: &'static str,
+    w: &'a CpuWeight,
+    k: usize,
+    n_mats: usize,
+) -> Result<Matrix<'a>, BackendError> {
+    let ops = quant::ops(w.ty)?;
+    if w.row_len() != k {
+        return Err(shape_err(
+            op,
+            format!("weight rows of {} for inputs of {k}", w.row_len()),
+        ));
+    }
+    let n = w.n_rows();
+    let rb = w.row_bytes();
+    let bytes = w.bytes();
+    if bytes.len() < rb * n * n_mats {
+        return Err(shape_err(
+            op,
+            format!(
+                "weight holds {} bytes, needs {}",
+                bytes.len(),
+                rb * n * n_mats
+            ),
+        ));
+    }
+    Ok(Matrix {
+        ops,
+        bytes,
+        k,
+        n,
+        rb,
+    })
+}
+
+pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendError> {
+    let m = matrix("matmul", w, x.cols, 1)?;
+    let (acts, arb) = quantize_rows(m.ops.act_type(), x)?;
+    let n_tok = x.rows;
+    let mut out = CpuTensor::zeros(n_tok, m.n);
+    if n_tok == 0 || m.n == 0 {
+        return Ok(out);
+    }
+    let chunk = chunk_rows(m.n, n_tok);
+    if n_tok == 1 {
+        out.data
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .try_for_each(|(c, dst)| {
+                let r0 = c * chunk;
+                let w_rows = &m.bytes[r0 * m.rb..(r0 + dst.len()) * m.rb];
+                m.ops.vec_dot_rows(m.k, w_rows, &acts[..arb], dst)
+            })?;
+        return Ok(out);
+    }
+    // Row-chunk-major [n, n_tok] so each work item owns a contiguous block,
+    // then one transpose.
+    let mut out_t = vec![0f32; m.n * n_tok];
+    out_t
+        .par_chunks_mut(chunk * n_tok)
+        .enumerate()
+        .try_for_each_init(Vec::new, |tmp, (c, dst)| {
+            let r0 = c * chunk;
+            let rows = dst.len() / n_tok;
+            let w_rows = &m.bytes[r0 * m.rb..(r0 + rows) * m.rb];
+            tmp.resize(rows, 0.0);
+            for t in 0..n_tok {
+                m.ops
+                    .vec_dot_rows(m.k, w_rows, &acts[t * arb..(t + 1) * arb], tmp)?;
+                for (r, v) in tmp.iter().enumerate() {
+                    dst[r * n_tok + t] = *v;
+                }
+            }
+            Ok::<(), quant::QuantError>(())
+        })?;
+    for r in 0..m.n {
+        for t in 0..n_tok {
+            out.data[t * m.n + r] = out_t[r * n_tok + t];
+        }
+    }
+    Ok(out)
+}
+
+/// Raw output pointer shared by work items that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every (pair, row) element is written by exactly one work item.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+pub(super) fn mul_mat_id(
+    w: &CpuWeight,
+    x: &CpuTensor,
+    ids: &[u32],
+    n_used: usize,
+) -> Result<CpuTensor, BackendError> {
+    let n_exp = w.dims.get(2).copied().unwrap_or(1) as usize;
+    let m = matrix("mul_mat_id", w, x.cols, n_exp)?;
+    if n_used == 0 || ids.len() % n_used != 0 {
+        return Err(shape_err(
+            "mul_mat_id",
+            format!("{} ids in groups of {n_used}", ids.len()),
+        ));
+    }
+    let n_tok = ids.len() / n_used;
+    if n_tok == 0 {
+        return Ok(CpuTensor::zeros(0, m.n));
+    }
+    let x_per_tok = x.rows / n_tok;
+    if x.rows % n_tok != 0 || !(x_per_tok == 1 || x_per_tok == n_used) {
+        return Err(shape_err(
+            "mul_mat_id",
+            format!(
+                "{} input rows for {n_tok} tokens x {n_used} experts",
+                x.rows
+            ),
+        ));
+    }
+    // Pairs grouped by expert: (output row, input row).
+    let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_exp];
+    for (r, &e) in ids.iter().enumerate() {
+        let e = e as usize;
+        if e >= n_exp {
+            return Err(shape_err("mul_mat_id", format!("expert id {e} >= {n_exp}")));
+        }
+        let (t, j) = (r / n_used, r % n_used);
+        by_expert[e].push((r, t * x_per_tok + j % x_per_tok));
+    }
+    let (acts, arb) = quantize_rows(m.ops.act_type(), x)?;
+    let chunk = chunk_rows(m.n, ids.len());
+    let n_chunks = m.n.div_ceil(chunk);
+    let work: Vec<(usize, usize)> = by_expert
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !p.is_empty())
+        .flat_map(|(e, _)| (0..n_chunks).map(move |c| (e, c)))
+        .collect();
+    let mut out = CpuTensor::zeros(ids.len(), m.n);
+    let ptr = OutPtr(out.data.as_mut_ptr());
+    let expert_bytes = m.rb * m.n;
+    work.par_iter()
+        .try_for_each_init(Vec::new, |tmp, &(e, c)| {
+            let ptr = ptr;
+            let r0 = c * chunk;
+            let rows = chunk.min(m.n - r0);
+            let base = e * expert_bytes;
+            let w_rows = &m.bytes[base + r0 * m.rb..base + (r0 + rows) * m.rb];
+            tmp.resize(rows, 0.0);
+            for &(r_out, r_in) in &by_expert[e] {
+                m.ops
+                    .vec_dot_rows(m.k, w_rows, &acts[r_in * arb..(r_in + 1) * arb], tmp)?;
+                for (i, v) in tmp.iter().enumerate() {
+                    // SAFETY: r_out < ids.len() and r0 + i < m.n, so the index is in
+                    // bounds; the pair (r_out, r0 + i) belongs to this work item only.
+                    unsafe { *ptr.0.add(r_out * m.n + r0 + i) = *v };
+                }
+            }
+            Ok::<(), quant::QuantError>(())
+        })?;
+    Ok(out)
+}

@@ -1,0 +1,385 @@
+//! The CPU placement: rayon over rows, quantised weights read in place from
+//! the memory-mapped GGUF (or from host slot memory), activations quantised to
+//! the weight type's dot-product partner (Q8_0 / Q8_1 / Q8_K / F16) as ggml does.
+
+mod attention;
+mod matmul;
+mod ops;
+
+use std::sync::Arc;
+
+use half::f16;
+
+use super::{AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams};
+use crate::gguf;
+use crate::tensor::GgmlType;
+
+/// Host activations, row-major `[rows, cols]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuTensor {
+    pub data: Vec<f32>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl CpuTensor {
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        Self {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        }
+    }
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// Where a weight's bytes live.
+#[derive(Clone)]
+pub enum WeightBytes {
+    /// A tensor of a memory-mapped GGUF shard.
+    Mapped {
+        model: Arc<gguf::Model>,
+        info: gguf::TensorInfo,
+    },
+    /// Bytes owned by the process (expert slots, converted tensors).
+    Host(Arc<Vec<u8>>),
+}
+
+/// A read-only weight: ggml dims (`dims[0]` = row length) and its type.
+#[derive(Clone)]
+pub struct CpuWeight {
+    pub ty: GgmlType,
+    pub dims: Vec<u64>,
+    bytes: WeightBytes,
+}
+
+impl CpuWeight {
+    /// A weight over a GGUF tensor, read in place from the mapping.
+    pub fn mapped(model: &Arc<gguf::Model>, t: &gguf::TensorInfo) -> Self {
+        Self {
+            ty: t.ty,
+            dims: t.dims.clone(),
+            bytes: WeightBytes::Mapped {
+                model: model.clone(),
+                info: t.clone(),
+            },
+        }
+    }
+
+    /// A weight over host bytes (must hold `dims` elements of `ty`).
+    pub fn host(ty: GgmlType, dims: Vec<u64>, bytes: Arc<Vec<u8>>) -> Self {
+        Self {
+            ty,
+            dims,
+            bytes: WeightBytes::Host(bytes),
+        }
+    }
+
+    /// All bytes of the weight.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            // The range was validated against the file when the model was
+            // opened; an empty slice (impossible in practice) fails the
+            // length checks of every consumer instead of panicking.
+            WeightBytes::Mapped { model, info } => model.tensor_data(info).unwrap_or(&[]),
+            WeightBytes::Host(v) => v,
+        }
+    }
+
+    /// Elements per row (`ne0`).
+    pub fn row_len(&self) -> usize {
+        self.dims.first().copied().unwrap_or(1) as usize
+    }
+
+    /// Rows per matrix (`ne1`; 1 for vectors).
+    pub fn n_rows(&self) -> usize {
+        self.dims.get(1).copied().unwrap_or(1) as usize
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        (self.row_len() / self.ty.block_size()) * self.ty.type_size()
+    }
+
+    /// The weight's values as f32 (vectors: norms, biases, sinks).
+    pub fn to_f32(&self) -> Result<Vec<f32>, BackendError> {
+        let n: u64 = self.dims.iter().product();
+        let mut out = vec![0.0; n as usize];
+        crate::quant::dequantize_row(self.ty, self.bytes(), &mut out)?;
+        Ok(out)
+    }
+}
+
+/// One layer's KV cache on the host, f16 (default) or f32.
+pub struct CpuKv {
+    k: KvStore,
+    v: KvStore,
+    n_ctx: usize,
+    n_embd_k: usize,
+    n_embd_v: usize,
+}
+
+enum KvStore {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+impl KvStore {
+    fn new(dtype: GgmlType, n: usize) -> Result<Self, BackendError> {
+        match dtype {
+            GgmlType::F16 => Ok(KvStore::F16(vec![f16::ZERO; n])),
+            GgmlType::F32 => Ok(KvStore::F32(vec![0.0; n])),
+            other => Err(BackendError::Unsupported {
+                op: "kv cache",
+                backend: "cpu",
+                dtype: other,
+            }),
+        }
+    }
+    fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            KvStore::F16(v) => v[at..at + src.len()]
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, s)| *d = f16::from_f32(*s)),
+            KvStore::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+        }
+    }
+}
+
+/// The CPU backend. Threads come from the rayon pool it is run inside.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend
+    }
+}
+
+fn shape_err(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type Kv = CpuKv;
+
+    fn name(&self) -> &'static str {
+        "CPU"
+    }
+
+    fn load_weight(
+        &self,
+        model: &Arc<gguf::Model>,
+        t: &gguf::TensorInfo,
+    ) -> Result<CpuWeight, BackendError> {
+        Ok(CpuWeight::mapped(model, t))
+    }
+
+    fn from_host(
+        &self,
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<CpuTensor, BackendError> {
+        if data.len() != rows * cols {
+            return Err(shape_err(
+                "from_host",
+                format!("{} floats for [{rows}, {cols}]", data.len()),
+            ));
+        }
+        Ok(CpuTensor { data, rows, cols })
+    }
+
+    fn to_host(&self, t: &CpuTensor) -> Result<Vec<f32>, BackendError> {
+        Ok(t.data.clone())
+    }
+
+    fn shape(&self, t: &CpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn get_rows(&self, w: &CpuWeight, ids: &[u32]) -> Result<CpuTensor, BackendError> {
+        ops::get_rows(w, ids)
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendError> {
+        matmul::matmul(w, x)
+    }
+
+    fn mul_mat_id(
+        &self,
+        w: &CpuWeight,
+        x: &CpuTensor,
+        ids: &[u32],
+        n_used: usize,
+    ) -> Result<CpuTensor, BackendError> {
+        matmul::mul_mat_id(w, x, ids, n_used)
+    }
+
+    fn add_bias(&self, x: &mut CpuTensor, b: &CpuWeight) -> Result<(), BackendError> {
+        let b = b.to_f32()?;
+        if b.len() != x.cols {
+            return Err(shape_err(
+                "add_bias",
+                format!("bias of {} for rows of {}", b.len(), x.cols),
+            ));
+        }
+        x.data
+            .chunks_mut(x.cols)
+            .for_each(|r| r.iter_mut().zip(&b).for_each(|(a, b)| *a += b));
+        Ok(())
+    }
+
+    fn add_bias_id(
+        &self,
+        x: &mut CpuTensor,
+        b: &CpuWeight,
+        ids: &[u32],
+    ) -> Result<(), BackendError> {
+        let n = b.row_len();
+        let n_exp = b.n_rows();
+        if n != x.cols || ids.len() != x.rows {
+            return Err(shape_err(
+                "add_bias_id",
+                format!(
+                    "bias rows of {n}, {} ids for [{}, {}]",
+                    ids.len(),
+                    x.rows,
+                    x.cols
+                ),
+            ));
+        }
+        let bias = b.to_f32()?;
+        for (row, &e) in x.data.chunks_mut(n).zip(ids) {
+            let e = e as usize;
+            if e >= n_exp {
+                return Err(shape_err(
+                    "add_bias_id",
+                    format!("expert id {e} >= {n_exp}"),
+                ));
+            }
+            row.iter_mut()
+                .zip(&bias[e * n..(e + 1) * n])
+                .for_each(|(a, b)| *a += b);
+        }
+        Ok(())
+    }
+
+    fn add(&self, a: &mut CpuTensor, b: &CpuTensor) -> Result<(), BackendError> {
+        if a.rows != b.rows || a.cols != b.cols {
+            return Err(shape_err(
+                "add",
+                format!("[{}, {}] + [{}, {}]", a.rows, a.cols, b.rows, b.cols),
+            ));
+        }
+        a.data.iter_mut().zip(&b.data).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn scale_rows(&self, x: &mut CpuTensor, s: &[f32]) -> Result<(), BackendError> {
+        if s.len() != x.rows {
+            return Err(shape_err(
+                "scale_rows",
+                format!("{} scales for {} rows", s.len(), x.rows),
+            ));
+        }
+        x.data
+            .chunks_mut(x.cols.max(1))
+            .zip(s)
+            .for_each(|(r, s)| r.iter_mut().for_each(|v| *v *= s));
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        group: usize,
+        eps: f32,
+    ) -> Result<CpuTensor, BackendError> {
+        ops::rms_norm(x, w, group, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuTensor,
+        head_dim: usize,
+        pos: BatchPos,
+        p: &RopeParams,
+    ) -> Result<(), BackendError> {
+        ops::rope(x, head_dim, pos, p)
+    }
+
+    fn glu(&self, gate: &CpuTensor, up: &CpuTensor, kind: Glu) -> Result<CpuTensor, BackendError> {
+        ops::glu(gate, up, kind)
+    }
+
+    fn weighted_sum(
+        &self,
+        x: &CpuTensor,
+        w: &[f32],
+        n_used: usize,
+    ) -> Result<CpuTensor, BackendError> {
+        ops::weighted_sum(x, w, n_used)
+    }
+
+    fn new_kv(
+        &self,
+        n_ctx: usize,
+        n_embd_k: usize,
+        n_embd_v: usize,
+        dtype: GgmlType,
+    ) -> Result<CpuKv, BackendError> {
+        Ok(CpuKv {
+            k: KvStore::new(dtype, n_ctx * n_embd_k)?,
+            v: KvStore::new(dtype, n_ctx * n_embd_v)?,
+            n_ctx,
+            n_embd_k,
+            n_embd_v,
+        })
+    }
+
+    fn attention(
+        &self,
+        kv: &mut CpuKv,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        sinks: Option<&CpuWeight>,
+        pos: BatchPos,
+        p: &AttnParams,
+    ) -> Result<CpuTensor, BackendError> {
+        let end = pos.pos0 + pos.n_tokens;
+        if end > kv.n_ctx {
+            return Err(BackendError::ContextFull {
+                pos: end - 1,
+                n_ctx: kv.n_ctx,
+            });
+        }
+        if k.cols != kv.n_embd_k
+            || v.cols != kv.n_embd_v
+            || k.rows != pos.n_tokens
+            || v.rows != pos.n_tokens
+        {
+            return Err(shape_err(
+                "attention",
+                format!(
+                    "k [{}, {}], v [{}, {}] for cache rows {}/{}",
+                    k.rows, k.cols, v.rows, v.cols, kv.n_embd_k, kv.n_embd_v
+                ),
+            ));
+        }
+        kv.k.write(pos.pos0 * kv.n_embd_k, &k.data);
+        kv.v.write(pos.pos0 * kv.n_embd_v, &v.data);
+        let sinks = match sinks {
+            Some(w) => Some(w.to_f32()?),
+            None => None,
+        };
+        attention::attend(kv, q, sinks.as_deref(), pos, p)
+    }
+}

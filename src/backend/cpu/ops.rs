@@ -1,0 +1,253 @@
+//! Element-wise and row-wise CPU ops, written to follow ggml's CPU arithmetic
+//! (f64 sums in norms, cumulative theta products in rope) so results agree
+//! with llama.cpp to float rounding.
+
+use rayon::prelude::*;
+
+use super::{CpuTensor, CpuWeight};
+use crate::backend::{BackendError, BatchPos, Glu, RopeMode, RopeParams};
+
+fn shape_err(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+pub(super) fn get_rows(w: &CpuWeight, ids: &[u32]) -> Result<CpuTensor, BackendError> {
+    let n = w.row_len();
+    let rb = w.row_bytes();
+    let bytes = w.bytes();
+    let n_rows = w.n_rows();
+    let mut out = CpuTensor::zeros(ids.len(), n);
+    for (dst, &id) in out.data.chunks_mut(n.max(1)).zip(ids) {
+        let id = id as usize;
+        if id >= n_rows {
+            return Err(shape_err(
+                "get_rows",
+                format!("row {id} of a tensor with {n_rows} rows"),
+            ));
+        }
+        let src = bytes
+            .get(id * rb..(id + 1) * rb)
+            .ok_or_else(|| shape_err("get_rows", format!("row {id} past the tensor bytes")))?;
+        crate::quant::dequantize_row(w.ty, src, dst)?;
+    }
+    Ok(out)
+}
+
+pub(super) fn rms_norm(
+    x: &CpuTensor,
+    w: &CpuWeight,
+    group: usize,
+    eps: f32,
+) -> Result<CpuTensor, BackendError> {
+    let weight = w.to_f32()?;
+    if group == 0 || x.cols % group != 0 || weight.len() != group {
+        return Err(shape_err(
+            "rms_norm",
+            format!(
+                "groups of {group} over rows of {} with a weight of {}",
+                x.cols,
+                weight.len()
+            ),
+        ));
+    }
+    let mut out = x.clone();
+    out.data.par_chunks_mut(group).for_each(|g| {
+        let sum: f64 = g.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / group as f64) as f32;
+        let scale = 1.0f32 / (mean + eps).sqrt();
+        g.iter_mut()
+            .zip(&weight)
+            .for_each(|(v, w)| *v = (*v * scale) * w);
+    });
+    Ok(out)
+}
+
+/// ggml's YaRN correction dims for `n_dims` rotated dims.
+fn yarn_corr_dims(
+    n_dims: usize,
+    n_ctx_orig: u32,
+    base: f32,
+    beta_fast: f32,
+    beta_slow: f32,
+) -> [f32; 2] {
+    let corr_dim = |n_rot: f32| {
+        n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * base.ln())
+    };
+    let start = corr_dim(beta_fast).floor();
+    let end = corr_dim(beta_slow).ceil();
+    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+}
+
+/// `(cos, sin)` for each rotated pair at one position, as ggml_rope_cache_init.
+fn rope_cache(p: &RopeParams, pos: f32, corr: [f32; 2], cache: &mut [(f32, f32)]) {
+    let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+    let mut theta = pos;
+    for (i, c) in cache.iter_mut().enumerate() {
+        let i0 = 2 * i;
+        let theta_interp = p.freq_scale * theta;
+        let mut th = theta_interp;
+        let mut mscale = p.attn_factor;
+        if p.ext_factor != 0.0 {
+            let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+            let ramp = 1.0 - y.clamp(0.0, 1.0);
+            let mix = ramp * p.ext_factor;
+            th = theta_interp * (1.0 - mix) + theta * mix;
+            mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
+        }
+        *c = (th.cos() * mscale, th.sin() * mscale);
+        theta *= theta_scale;
+    }
+}
+
+pub(super) fn rope(
+    x: &mut CpuTensor,
+    head_dim: usize,
+    pos: BatchPos,
+    p: &RopeParams,
+) -> Result<(), BackendError> {
+    if head_dim == 0
+        || x.cols % head_dim != 0
+        || p.n_rot > head_dim
+        || p.n_rot % 2 != 0
+        || x.rows != pos.n_tokens
+    {
+        return Err(shape_err(
+            "rope",
+            format!(
+                "rows of {} in heads of {head_dim}, n_rot {}, {} rows for {} tokens",
+                x.cols, p.n_rot, x.rows, pos.n_tokens
+            ),
+        ));
+    }
+    let corr = yarn_corr_dims(p.n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow);
+    let half = p.n_rot / 2;
+    let cols = x.cols;
+    x.data
+        .par_chunks_mut(cols)
+        .enumerate()
+        .for_each(|(t, row)| {
+            let mut cache = vec![(0.0f32, 0.0f32); half];
+            rope_cache(p, (pos.pos0 + t) as f32, corr, &mut cache);
+            for head in row.chunks_mut(head_dim) {
+                for (i, &(c, s)) in cache.iter().enumerate() {
+                    let (a, b) = match p.mode {
+                        RopeMode::Norm => (2 * i, 2 * i + 1),
+                        RopeMode::Neox => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x0 * s + x1 * c;
+                }
+            }
+        });
+    Ok(())
+}
+
+pub(super) fn glu(gate: &CpuTensor, up: &CpuTensor, kind: Glu) -> Result<CpuTensor, BackendError> {
+    if gate.rows != up.rows || gate.cols != up.cols {
+        return Err(shape_err(
+            "glu",
+            format!(
+                "gate [{}, {}] vs up [{}, {}]",
+                gate.rows, gate.cols, up.rows, up.cols
+            ),
+        ));
+    }
+    let mut out = gate.clone();
+    match kind {
+        Glu::SwiGlu => out.data.iter_mut().zip(&up.data).for_each(|(g, u)| {
+            *g = (*g / (1.0 + (-*g).exp())) * u;
+        }),
+        Glu::SwiGluOai { alpha, limit } => out.data.iter_mut().zip(&up.data).for_each(|(g, u)| {
+            let x = g.min(limit);
+            let y = u.clamp(-limit, limit);
+            *g = (x / (1.0 + (alpha * -x).exp())) * (y + 1.0);
+        }),
+    }
+    Ok(out)
+}
+
+pub(super) fn weighted_sum(
+    x: &CpuTensor,
+    w: &[f32],
+    n_used: usize,
+) -> Result<CpuTensor, BackendError> {
+    if n_used == 0 || x.rows % n_used != 0 || w.len() != x.rows {
+        return Err(shape_err(
+            "weighted_sum",
+            format!(
+                "{} rows in groups of {n_used} with {} weights",
+                x.rows,
+                w.len()
+            ),
+        ));
+    }
+    let n_tok = x.rows / n_used;
+    let mut out = CpuTensor::zeros(n_tok, x.cols);
+    for t in 0..n_tok {
+        let dst = &mut out.data[t * x.cols..(t + 1) * x.cols];
+        for j in 0..n_used {
+            let r = t * n_used + j;
+            let wj = w[r];
+            let src = x.row(r);
+            if j == 0 {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d = s * wj);
+            } else {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s * wj);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yarn_corr_dims_match_hand_computation() {
+        // n_dims 64, n_ctx_orig 4096, base 150000, beta 32/1 (gpt-oss).
+        let d = yarn_corr_dims(64, 4096, 150000.0, 32.0, 1.0);
+        let f = |b: f32| {
+            64.0 * (4096.0 / (b * 2.0 * std::f32::consts::PI)).ln() / (2.0 * 150000f32.ln())
+        };
+        assert_eq!(d, [f(32.0).floor(), f(1.0).ceil().min(63.0)]);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm_later() {
+        let p = RopeParams {
+            mode: RopeMode::Neox,
+            n_rot: 8,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            n_ctx_orig: 4096,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
+        let data: Vec<f32> = (0..32).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut x = CpuTensor {
+            data: data.clone(),
+            rows: 2,
+            cols: 16,
+        };
+        rope(
+            &mut x,
+            8,
+            BatchPos {
+                pos0: 0,
+                n_tokens: 2,
+            },
+            &p,
+        )
+        .unwrap();
+        assert_eq!(&x.data[..16], &data[..16]);
+        let n0: f32 = data[16..24].iter().map(|v| v * v).sum();
+        let n1: f32 = x.data[16..24].iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-5);
+        assert_ne!(&x.data[16..24], &data[16..24]);
+    }
+}

@@ -1,0 +1,312 @@
+//! [`Model`]: one GGUF model on disk, a single file or the shards of a split
+//! model, memory-mapped, with a tensor table that says which shard and which
+//! byte range holds each tensor. Reads are either slices of the mmap
+//! ([`Model::tensor_data`]) or positional reads ([`Model::read_at`]) for the
+//! streaming loader.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::split::{
+    split_path, split_prefix, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT,
+};
+use super::{parse_header, GgufError, Header, Metadata, TensorInfo};
+
+/// One file of a model.
+#[derive(Debug)]
+pub struct Shard {
+    /// Path the file was opened from.
+    pub path: PathBuf,
+    /// File length in bytes.
+    pub len: u64,
+    /// GGUF version of this file.
+    pub version: u32,
+    /// Alignment of this file's data section.
+    pub alignment: u64,
+    mmap: Option<Mmap>,
+    file: File,
+}
+
+impl Shard {
+    fn bytes(&self) -> &[u8] {
+        self.mmap.as_deref().unwrap_or(&[])
+    }
+}
+
+/// One model: one or more shards, the first shard's metadata, and every
+/// tensor's location.
+///
+/// The files are memory-mapped read-only. As with every mmap-based reader,
+/// truncating or rewriting a file while a `Model` is open is not supported.
+#[derive(Debug)]
+pub struct Model {
+    metadata: Metadata,
+    tensors: Vec<TensorInfo>,
+    by_name: HashMap<String, usize>,
+    shards: Vec<Shard>,
+}
+
+// The streaming loader reads shards from many threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Model>();
+};
+
+/// Opens, maps and parses one file.
+fn open_shard(path: &Path) -> Result<(Shard, Header), GgufError> {
+    let io = |source| GgufError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    // An empty file cannot be mapped; it fails to parse as truncated anyway.
+    let mmap = if len == 0 {
+        None
+    } else {
+        // SAFETY: the mapping is read-only and private to this process; the
+        // documented contract of `Model` is that files are not modified while open.
+        Some(unsafe { Mmap::map(&file) }.map_err(io)?)
+    };
+    let header = parse_header(mmap.as_deref().unwrap_or(&[])).map_err(|e| e.in_file(path))?;
+    let shard = Shard {
+        path: path.to_path_buf(),
+        len,
+        version: header.version,
+        alignment: header.alignment,
+        mmap,
+        file,
+    };
+    Ok((shard, header))
+}
+
+/// An optional integer key as usize; a present key of another type is an error.
+fn opt_usize(m: &Metadata, key: &str, path: &Path) -> Result<Option<usize>, GgufError> {
+    m.opt(key, Metadata::get_u64)
+        .map_err(|e| e.in_file(path))?
+        .map(|v| {
+            usize::try_from(v).map_err(|_| GgufError::ShardMismatch {
+                path: path.to_path_buf(),
+                reason: format!("`{key}` is {v}, which is not a plausible value"),
+            })
+        })
+        .transpose()
+}
+
+impl Model {
+    /// Opens a GGUF model: a single file, or the first shard
+    /// (`NAME-00001-of-0000N.gguf`) of a split model, whose other shards are
+    /// found next to it by name and validated (`split.no`, `split.count`,
+    /// `split.tensors.count`, no tensor in two shards).
+    ///
+    /// Parse errors come wrapped in [`GgufError::InFile`] naming the file; use
+    /// [`GgufError::root`] to match on the cause.
+    pub fn open(path: impl AsRef<Path>) -> Result<Model, GgufError> {
+        let path = path.as_ref();
+        let (first, header) = open_shard(path)?;
+        let Header {
+            metadata,
+            mut tensors,
+            ..
+        } = header;
+        let mut shards = vec![first];
+
+        let count = opt_usize(&metadata, KEY_SPLIT_COUNT, path)?.unwrap_or(1);
+        let mut expected_total = None;
+        if count > 1 {
+            let no = opt_usize(&metadata, KEY_SPLIT_NO, path)?.unwrap_or(0);
+            if no != 0 {
+                return Err(GgufError::ShardMismatch {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "this is shard {} of {count} of a split model; open the first shard (the file named ...-00001-of-{count:05}.gguf)",
+                        no + 1
+                    ),
+                });
+            }
+            let prefix =
+                split_prefix(path, 0, count).ok_or_else(|| GgufError::ShardMismatch {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "`split.count` is {count} but the file name does not end in -00001-of-{count:05}.gguf, so the other shards cannot be found; keep the names llama-gguf-split gave them"
+                    ),
+                })?;
+            let total = metadata
+                .get_u64(KEY_SPLIT_TENSORS_COUNT)
+                .map_err(|e| e.in_file(path))?;
+            expected_total = Some(total);
+            for index in 1..count {
+                let p = split_path(&prefix, index, count);
+                if !p.exists() {
+                    return Err(GgufError::ShardMissing {
+                        path: p,
+                        index,
+                        count,
+                    });
+                }
+                let (shard, h) = open_shard(&p)?;
+                check_shard(&p, &h.metadata, index, count, total)?;
+                tensors.extend(
+                    h.tensors
+                        .into_iter()
+                        .map(|t| TensorInfo { shard: index, ..t }),
+                );
+                shards.push(shard);
+            }
+        }
+
+        let mut by_name = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if by_name.insert(t.name.clone(), i).is_some() {
+                return Err(GgufError::DuplicateTensor {
+                    name: t.name.clone(),
+                });
+            }
+        }
+        if let Some(total) = expected_total.filter(|&n| n != tensors.len() as u64) {
+            return Err(GgufError::ShardMismatch {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "`split.tensors.count` is {total} but the {count} shards hold {} tensors; a shard is from another model or corrupt",
+                    tensors.len()
+                ),
+            });
+        }
+        Ok(Model {
+            metadata,
+            tensors,
+            by_name,
+            shards,
+        })
+    }
+
+    /// The first shard's metadata (for a split model, `split.*` keys included).
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Every tensor of every shard, in shard order then file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensor named `name`, if any.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The tensor named `name`, or [`GgufError::MissingTensor`] naming it.
+    pub fn require_tensor(&self, name: &str) -> Result<&TensorInfo, GgufError> {
+        self.tensor(name).ok_or_else(|| GgufError::MissingTensor {
+            name: name.to_string(),
+        })
+    }
+
+    /// The bytes of `t`, a slice of its shard's memory map.
+    pub fn tensor_data(&self, t: &TensorInfo) -> Result<&[u8], GgufError> {
+        let (shard, range) = self.range(t.shard, t.offset, t.len)?;
+        Ok(&shard.bytes()[range])
+    }
+
+    /// Reads `buf.len()` bytes at absolute `offset` of shard `shard` with a
+    /// positional read (`pread`), bypassing the memory map. Safe to call from
+    /// many threads at once.
+    pub fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<(), GgufError> {
+        let (s, _) = self.range(shard, offset, buf.len() as u64)?;
+        s.file
+            .read_exact_at(buf, offset)
+            .map_err(|source| GgufError::Io {
+                path: s.path.clone(),
+                source,
+            })
+    }
+
+    /// The files of the model, in `split.no` order.
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    /// The open file of shard `shard` (e.g. for `posix_fadvise`).
+    pub fn file(&self, shard: usize) -> Option<&File> {
+        self.shards.get(shard).map(|s| &s.file)
+    }
+
+    /// Sum of every tensor's data size in bytes.
+    pub fn total_tensor_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .fold(0u64, |a, t| a.saturating_add(t.len))
+    }
+
+    /// Checks that `offset..offset+len` lies inside shard `shard` (and its map).
+    fn range(
+        &self,
+        shard: usize,
+        offset: u64,
+        len: u64,
+    ) -> Result<(&Shard, std::ops::Range<usize>), GgufError> {
+        let err = |file_len| GgufError::ReadOutOfRange {
+            shard,
+            offset,
+            len,
+            file_len,
+            n_shards: self.shards.len(),
+        };
+        let s = self.shards.get(shard).ok_or_else(|| err(0))?;
+        let mapped = s.bytes().len() as u64;
+        match offset.checked_add(len) {
+            // `end <= mapped`, a usize, so both conversions are lossless.
+            Some(end) if end <= mapped && end <= s.len => Ok((s, offset as usize..end as usize)),
+            _ => Err(err(s.len)),
+        }
+    }
+}
+
+/// Checks that a non-first shard belongs with the first one.
+fn check_shard(
+    path: &Path,
+    m: &Metadata,
+    index: usize,
+    count: usize,
+    expected_total: u64,
+) -> Result<(), GgufError> {
+    let mismatch = |reason: String| GgufError::ShardMismatch {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let hint =
+        "it belongs to another model or another split of this model; re-download or re-split";
+    match opt_usize(m, KEY_SPLIT_COUNT, path)? {
+        Some(c) if c == count => {}
+        Some(c) => {
+            return Err(mismatch(format!(
+                "`split.count` is {c} but the first shard says {count}; {hint}"
+            )))
+        }
+        None => return Err(mismatch(format!("`split.count` is missing; {hint}"))),
+    }
+    match opt_usize(m, KEY_SPLIT_NO, path)? {
+        Some(no) if no == index => {}
+        Some(no) => {
+            return Err(mismatch(format!(
+                "`split.no` is {no} but this file is named as shard {index} (0-based); {hint}"
+            )))
+        }
+        None => return Err(mismatch(format!("`split.no` is missing; {hint}"))),
+    }
+    if let Some(total) = m
+        .opt(KEY_SPLIT_TENSORS_COUNT, Metadata::get_u64)
+        .map_err(|e| e.in_file(path))?
+    {
+        if total != expected_total {
+            return Err(mismatch(format!(
+                "`split.tensors.count` is {total} but the first shard says {expected_total}; {hint}"
+            )));
+        }
+    }
+    Ok(())
+}

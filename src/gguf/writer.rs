@@ -1,0 +1,357 @@
+//! [`Writer`]: builds GGUF v3 files, whole or split the way `llama-gguf-split`
+//! splits them, byte-compatible with llama.cpp's `gguf_write_to_file`: each
+//! tensor's data starts at a multiple of `general.alignment` and is padded to
+//! the next multiple.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::reader::{alignment_of, tensor_bytes, MAX_ARRAY_DEPTH};
+use super::split::{
+    split_path, writer_prefix, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT,
+};
+use super::{
+    GgufError, MetaValue, Metadata, GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_MAGIC, GGUF_VERSION,
+    KEY_ALIGNMENT,
+};
+use crate::tensor::GgmlType;
+
+/// One tensor waiting to be written.
+#[derive(Clone, Debug)]
+struct Pending {
+    name: String,
+    dims: Vec<u64>,
+    ty: GgmlType,
+    data: Vec<u8>,
+}
+
+/// Builds GGUF v3 files from metadata and tensors held in memory.
+///
+/// ```no_run
+/// use longhaul::gguf::{MetaValue, Writer};
+/// use longhaul::tensor::GgmlType;
+/// let mut w = Writer::new();
+/// w.set("general.architecture", MetaValue::String("llama".into()));
+/// w.add_tensor("output_norm.weight", &[4], GgmlType::F32, vec![0; 16])?;
+/// w.write("tiny.gguf")?;
+/// # Ok::<(), longhaul::gguf::GgufError>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Writer {
+    metadata: Metadata,
+    tensors: Vec<Pending>,
+    names: HashSet<String>,
+}
+
+impl Writer {
+    /// An empty writer: no metadata, no tensors.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The metadata to write (in this order).
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        &mut self.metadata
+    }
+
+    /// Sets one metadata key, replacing an earlier value in place.
+    pub fn set(&mut self, key: &str, v: MetaValue) {
+        self.metadata.set(key, v);
+    }
+
+    /// Adds a tensor of shape `dims` (ggml order: `dims[0]` is the row length)
+    /// whose bytes are `data`. Checks the shape (1 to 4 dimensions, whole
+    /// blocks per row, no overflow), that `data` has exactly
+    /// `row_bytes(dims[0]) * rows` bytes, and that the name is new and shorter
+    /// than llama.cpp's 64-byte limit.
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> Result<(), GgufError> {
+        if name.len() >= GGML_MAX_NAME {
+            return Err(GgufError::InvalidArgument {
+                reason: format!(
+                    "tensor name `{name}` is {} bytes; llama.cpp allows at most {}",
+                    name.len(),
+                    GGML_MAX_NAME - 1
+                ),
+            });
+        }
+        if dims.is_empty() {
+            return Err(GgufError::InvalidArgument {
+                reason: format!("tensor `{name}` has no dimensions; use [1] for a scalar"),
+            });
+        }
+        if dims.len() > GGML_MAX_DIMS {
+            return Err(GgufError::TooManyDims {
+                name: name.into(),
+                n_dims: dims.len() as u64,
+            });
+        }
+        let expected = tensor_bytes(name, dims, ty)?;
+        if data.len() as u64 != expected {
+            return Err(GgufError::DataSize {
+                name: name.into(),
+                expected,
+                got: data.len() as u64,
+            });
+        }
+        if !self.names.insert(name.to_string()) {
+            return Err(GgufError::DuplicateTensor { name: name.into() });
+        }
+        self.tensors.push(Pending {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ty,
+            data,
+        });
+        Ok(())
+    }
+
+    /// Writes one GGUF v3 file holding every key and tensor, aligned to
+    /// `general.alignment` (default 32).
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
+        let tensors: Vec<&Pending> = self.tensors.iter().collect();
+        write_file(path.as_ref(), &self.metadata, &tensors)
+    }
+
+    /// Writes the model as `PREFIX-00001-of-0000N.gguf` ... with at most
+    /// `max_tensors_per_shard` tensors per file, as `llama-gguf-split --split
+    /// --split-max-tensors` does: the first shard holds every metadata key,
+    /// the others only `split.*` (and `general.alignment` when it is not the
+    /// default). Every shard gets `split.no` (u16, 0-based), `split.count`
+    /// (u16) and `split.tensors.count` (i32). `first_path` may be the prefix,
+    /// `PREFIX.gguf` or the first shard's name. Returns the paths written.
+    pub fn write_split(
+        &self,
+        first_path: impl AsRef<Path>,
+        max_tensors_per_shard: usize,
+    ) -> Result<Vec<PathBuf>, GgufError> {
+        if max_tensors_per_shard == 0 {
+            return Err(GgufError::InvalidArgument {
+                reason: "max_tensors_per_shard must be at least 1".into(),
+            });
+        }
+        let n = self.tensors.len();
+        let count = n.div_ceil(max_tensors_per_shard).max(1);
+        let (Ok(count16), Ok(n32)) = (u16::try_from(count), i32::try_from(n)) else {
+            return Err(GgufError::InvalidArgument {
+                reason: format!(
+                    "{n} tensors in {count} shards exceed the split format's limits (65535 shards, 2^31-1 tensors)"
+                ),
+            });
+        };
+        let prefix = writer_prefix(first_path.as_ref());
+        let mut paths = Vec::with_capacity(count);
+        for i in 0..count {
+            let mut m = if i == 0 {
+                self.metadata.clone()
+            } else {
+                let mut m = Metadata::new();
+                if let Some(a) = self.metadata.get(KEY_ALIGNMENT) {
+                    m.set(KEY_ALIGNMENT, a.clone());
+                }
+                m
+            };
+            m.set(KEY_SPLIT_NO, MetaValue::U16(i as u16));
+            m.set(KEY_SPLIT_COUNT, MetaValue::U16(count16));
+            m.set(KEY_SPLIT_TENSORS_COUNT, MetaValue::I32(n32));
+            let start = (i * max_tensors_per_shard).min(n);
+            let end = (start + max_tensors_per_shard).min(n);
+            let tensors: Vec<&Pending> = self.tensors[start..end].iter().collect();
+            let path = split_path(&prefix, i, count);
+            write_file(&path, &m, &tensors)?;
+            paths.push(path);
+        }
+        Ok(paths)
+    }
+}
+
+/// Writes one file: header, tensor table, padding, aligned tensor data.
+fn write_file(path: &Path, metadata: &Metadata, tensors: &[&Pending]) -> Result<(), GgufError> {
+    let alignment = alignment_of(metadata)?;
+    let pad = |n: u64| (n.next_multiple_of(alignment) - n) as usize;
+
+    let mut h = Vec::new();
+    h.extend(GGUF_MAGIC);
+    h.extend(GGUF_VERSION.to_le_bytes());
+    h.extend((tensors.len() as u64).to_le_bytes());
+    h.extend((metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata.iter() {
+        put_str(&mut h, key);
+        if key == KEY_ALIGNMENT {
+            // llama.cpp requires the u32 type for this key.
+            put_value(&mut h, key, &MetaValue::U32(alignment as u32), true, 0)?;
+        } else {
+            put_value(&mut h, key, value, true, 0)?;
+        }
+    }
+    let mut offset = 0u64;
+    for t in tensors {
+        put_str(&mut h, &t.name);
+        h.extend((t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            h.extend(d.to_le_bytes());
+        }
+        h.extend((t.ty as u32).to_le_bytes());
+        h.extend(offset.to_le_bytes());
+        offset += t.data.len() as u64;
+        offset += pad(offset) as u64;
+    }
+    let header_pad = pad(h.len() as u64);
+    h.resize(h.len() + header_pad, 0);
+
+    let io = |source| GgufError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut w = BufWriter::new(File::create(path).map_err(io)?);
+    w.write_all(&h).map_err(io)?;
+    for t in tensors {
+        w.write_all(&t.data).map_err(io)?;
+        let n = pad(t.data.len() as u64) as u64;
+        std::io::copy(&mut std::io::repeat(0).take(n), &mut w).map_err(io)?;
+    }
+    w.into_inner()
+        .map_err(|e| io(e.into_error()))?
+        .sync_all()
+        .map_err(io)
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+/// Encodes `v`; `with_type` writes its type id first (not for array elements).
+fn put_value(
+    out: &mut Vec<u8>,
+    key: &str,
+    v: &MetaValue,
+    with_type: bool,
+    depth: usize,
+) -> Result<(), GgufError> {
+    if with_type {
+        out.extend((v.meta_type() as u32).to_le_bytes());
+    }
+    match v {
+        MetaValue::U8(x) => out.push(*x),
+        MetaValue::I8(x) => out.extend(x.to_le_bytes()),
+        MetaValue::U16(x) => out.extend(x.to_le_bytes()),
+        MetaValue::I16(x) => out.extend(x.to_le_bytes()),
+        MetaValue::U32(x) => out.extend(x.to_le_bytes()),
+        MetaValue::I32(x) => out.extend(x.to_le_bytes()),
+        MetaValue::F32(x) => out.extend(x.to_le_bytes()),
+        MetaValue::Bool(x) => out.push(*x as u8),
+        MetaValue::String(s) => put_str(out, s),
+        MetaValue::U64(x) => out.extend(x.to_le_bytes()),
+        MetaValue::I64(x) => out.extend(x.to_le_bytes()),
+        MetaValue::F64(x) => out.extend(x.to_le_bytes()),
+        MetaValue::Array(ty, items) => {
+            if depth >= MAX_ARRAY_DEPTH {
+                return Err(GgufError::NestingTooDeep {
+                    key: key.into(),
+                    max: MAX_ARRAY_DEPTH,
+                });
+            }
+            out.extend((*ty as u32).to_le_bytes());
+            out.extend((items.len() as u64).to_le_bytes());
+            for item in items {
+                if item.meta_type() != *ty {
+                    return Err(GgufError::InvalidArgument {
+                        reason: format!(
+                            "metadata key `{key}`: an array of {ty:?} holds a {:?} value",
+                            item.meta_type()
+                        ),
+                    });
+                }
+                // Nested arrays carry their own element type and count.
+                put_value(out, key, item, false, depth + 1)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{parse_header, MetaType};
+
+    fn tmp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("longhaul-writer-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn add_tensor_checks_shape_and_size() {
+        let mut w = Writer::new();
+        w.add_tensor("a", &[4, 2], GgmlType::F32, vec![0; 32])
+            .unwrap();
+        let e = w
+            .add_tensor("a", &[4], GgmlType::F32, vec![0; 16])
+            .unwrap_err();
+        assert!(matches!(e, GgufError::DuplicateTensor { .. }));
+        let e = w
+            .add_tensor("b", &[4], GgmlType::F32, vec![0; 15])
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                GgufError::DataSize {
+                    expected: 16,
+                    got: 15,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = w
+            .add_tensor("c", &[100], GgmlType::Q4_K, vec![])
+            .unwrap_err();
+        assert!(matches!(e, GgufError::BadBlockMultiple { .. }));
+        let e = w
+            .add_tensor("d", &[1, 1, 1, 1, 1], GgmlType::F32, vec![0; 4])
+            .unwrap_err();
+        assert!(matches!(e, GgufError::TooManyDims { .. }));
+        let long = "x".repeat(64);
+        let e = w
+            .add_tensor(&long, &[1], GgmlType::F32, vec![0; 4])
+            .unwrap_err();
+        assert!(matches!(e, GgufError::InvalidArgument { .. }));
+    }
+
+    #[test]
+    fn mixed_array_is_rejected() {
+        let mut w = Writer::new();
+        w.set("k", MetaValue::Array(MetaType::U8, vec![MetaValue::I8(1)]));
+        let p = tmp("mixed.gguf");
+        let e = w.write(&p).unwrap_err();
+        assert!(matches!(e, GgufError::InvalidArgument { .. }), "{e}");
+        let _ = std::fs::remove_file(p);
+    }
+
+    #[test]
+    fn layout_is_aligned_and_alignment_written_as_u32() {
+        let mut w = Writer::new();
+        w.set(KEY_ALIGNMENT, MetaValue::U64(64));
+        w.add_tensor("a", &[3], GgmlType::F32, vec![1; 12]).unwrap();
+        w.add_tensor("b", &[32], GgmlType::Q8_0, vec![2; 34])
+            .unwrap();
+        let p = tmp("aligned.gguf");
+        w.write(&p).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        let h = parse_header(&bytes).unwrap();
+        assert_eq!(h.alignment, 64);
+        assert_eq!(h.metadata.get(KEY_ALIGNMENT), Some(&MetaValue::U32(64)));
+        assert_eq!(h.data_offset % 64, 0);
+        assert_eq!(h.tensors[0].offset, h.data_offset);
+        assert_eq!(h.tensors[1].offset, h.data_offset + 64);
+        assert_eq!(bytes.len() as u64, h.data_offset + 128);
+        let _ = std::fs::remove_file(p);
+    }
+}

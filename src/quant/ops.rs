@@ -1,0 +1,493 @@
+//! The run-time face of the formats: [`QuantOps`] over every supported type,
+//! the kernel table chosen once per process from [`CpuCaps`], and the
+//! row-level helpers the backends call.
+
+use super::{
+    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K,
+    BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    DotFn, GgmlBlock, QuantError,
+};
+use crate::tensor::GgmlType;
+use half::{bf16, f16};
+use std::sync::OnceLock;
+
+/// Weight types with dequantisation and dot products here.
+pub const SUPPORTED_TYPES: [GgmlType; 16] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
+];
+
+/// CPU features the kernels may use. [`CpuCaps::detect`] reads the running
+/// CPU; tests build fake ones to check kernel selection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuCaps {
+    pub avx2: bool,
+    pub fma: bool,
+    pub f16c: bool,
+}
+
+impl CpuCaps {
+    /// No SIMD: every type uses its reference kernel.
+    pub const NONE: CpuCaps = CpuCaps {
+        avx2: false,
+        fma: false,
+        f16c: false,
+    };
+
+    /// AVX2 + FMA + F16C: what every x86 kernel here is compiled for.
+    pub fn has_avx2(self) -> bool {
+        self.avx2 && self.fma && self.f16c
+    }
+
+    /// The running CPU's features, or [`CpuCaps::NONE`] when the environment
+    /// sets `LONGHAUL_NO_SIMD=1`.
+    pub fn detect() -> CpuCaps {
+        if std::env::var("LONGHAUL_NO_SIMD").is_ok_and(|v| v == "1") {
+            return CpuCaps::NONE;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            CpuCaps {
+                avx2: is_x86_feature_detected!("avx2"),
+                fma: is_x86_feature_detected!("fma"),
+                f16c: is_x86_feature_detected!("f16c"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        CpuCaps::NONE
+    }
+}
+
+/// Object-safe operations on one weight type, chosen at run time by [`ops`].
+///
+/// Byte slices are GGUF row bytes; lengths are checked (never a panic) and
+/// misaligned slices are copied (see the module docs).
+pub trait QuantOps: Send + Sync {
+    /// The weight type.
+    fn ty(&self) -> GgmlType;
+    /// The activation type rows are dotted against (ggml's `vec_dot_type`).
+    fn act_type(&self) -> GgmlType;
+    /// Name of the dot kernel in use ("scalar", "avx2", ...).
+    fn kernel_name(&self) -> &'static str;
+    /// Dequantises `src` (exactly `row_bytes(dst.len())` bytes) into `dst`.
+    fn dequantize(&self, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError>;
+    /// ggml's reference quantiser; `dst` must be `row_bytes(src.len())` bytes.
+    /// [`QuantError::Unsupported`] for types without one.
+    fn quantize(&self, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError>;
+    /// Dot product of one weight row of `n` elements with an activation row
+    /// already in [`QuantOps::act_type`] (see [`quantize_activations`]).
+    fn vec_dot(&self, n: usize, w_row: &[u8], act_row: &[u8]) -> Result<f32, QuantError>;
+    /// `out[r] = vec_dot(n, row r of w_rows, act_row)` for consecutive rows;
+    /// `w_rows` holds exactly `out.len()` rows.
+    fn vec_dot_rows(
+        &self,
+        n: usize,
+        w_rows: &[u8],
+        act_row: &[u8],
+        out: &mut [f32],
+    ) -> Result<(), QuantError>;
+}
+
+/// [`QuantOps`] for block type `B` with a fixed dot kernel.
+struct BlockOps<B: GgmlBlock> {
+    dot: DotFn<B>,
+    name: &'static str,
+}
+
+impl<B: GgmlBlock> BlockOps<B> {
+    fn new(caps: CpuCaps) -> Self {
+        match B::simd_dot(caps) {
+            Some(k) => BlockOps {
+                dot: k.dot,
+                name: k.name,
+            },
+            None => BlockOps {
+                dot: B::vec_dot,
+                name: "scalar",
+            },
+        }
+    }
+
+    /// Blocks in a row of `n` elements, or BadLength.
+    fn blocks_in(n: usize, what: &'static str) -> Result<usize, QuantError> {
+        if n % B::BLOCK != 0 || n % <B::Act as ActBlock>::BLOCK != 0 {
+            return Err(QuantError::BadLength {
+                ty: B::TYPE,
+                what,
+                unit: "elements (a multiple of the block size)",
+                expected: n / B::BLOCK * B::BLOCK,
+                got: n,
+            });
+        }
+        Ok(n / B::BLOCK)
+    }
+
+    fn check_len(
+        what: &'static str,
+        unit: &'static str,
+        ty: GgmlType,
+        expected: usize,
+        got: usize,
+    ) -> Result<(), QuantError> {
+        if expected != got {
+            return Err(QuantError::BadLength {
+                ty,
+                what,
+                unit,
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    fn act_blocks<'a>(
+        n: usize,
+        act_row: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [B::Act]>, QuantError> {
+        let nb = n / <B::Act as ActBlock>::BLOCK;
+        let at = <B::Act as ActBlock>::TYPE;
+        Self::check_len(
+            "vec_dot activation row",
+            "bytes",
+            at,
+            nb * size_of::<B::Act>(),
+            act_row.len(),
+        )?;
+        cast_or_copy::<B::Act>(at, "vec_dot activation row", act_row)
+    }
+}
+
+impl<B: GgmlBlock> QuantOps for BlockOps<B> {
+    fn ty(&self) -> GgmlType {
+        B::TYPE
+    }
+
+    fn act_type(&self) -> GgmlType {
+        <B::Act as ActBlock>::TYPE
+    }
+
+    fn kernel_name(&self) -> &'static str {
+        self.name
+    }
+
+    fn dequantize(&self, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+        let nb = Self::blocks_in(dst.len(), "dequantize")?;
+        Self::check_len(
+            "dequantize source",
+            "bytes",
+            B::TYPE,
+            nb * size_of::<B>(),
+            src.len(),
+        )?;
+        let blocks = cast_or_copy::<B>(B::TYPE, "dequantize", src)?;
+        B::to_f32(&blocks, dst);
+        Ok(())
+    }
+
+    fn quantize(&self, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+        if !B::HAS_FROM_F32 {
+            return Err(QuantError::Unsupported {
+                ty: B::TYPE,
+                what: "quantisation",
+            });
+        }
+        let nb = Self::blocks_in(src.len(), "quantize")?;
+        Self::check_len(
+            "quantize destination",
+            "bytes",
+            B::TYPE,
+            nb * size_of::<B>(),
+            dst.len(),
+        )?;
+        match bytemuck::try_cast_slice_mut::<u8, B>(dst) {
+            Ok(blocks) => B::from_f32(src, blocks),
+            Err(_) => {
+                let mut tmp = vec![<B as bytemuck::Zeroable>::zeroed(); nb];
+                B::from_f32(src, &mut tmp)?;
+                dst.copy_from_slice(bytemuck::cast_slice(&tmp));
+                Ok(())
+            }
+        }
+    }
+
+    fn vec_dot(&self, n: usize, w_row: &[u8], act_row: &[u8]) -> Result<f32, QuantError> {
+        let nb = Self::blocks_in(n, "vec_dot")?;
+        Self::check_len(
+            "vec_dot weight row",
+            "bytes",
+            B::TYPE,
+            nb * size_of::<B>(),
+            w_row.len(),
+        )?;
+        let a = Self::act_blocks(n, act_row)?;
+        let w = cast_or_copy::<B>(B::TYPE, "vec_dot weight row", w_row)?;
+        Ok((self.dot)(n, &w, &a))
+    }
+
+    fn vec_dot_rows(
+        &self,
+        n: usize,
+        w_rows: &[u8],
+        act_row: &[u8],
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        let nb = Self::blocks_in(n, "vec_dot_rows")?;
+        Self::check_len(
+            "vec_dot_rows weight rows",
+            "bytes",
+            B::TYPE,
+            out.len() * nb * size_of::<B>(),
+            w_rows.len(),
+        )?;
+        let a = Self::act_blocks(n, act_row)?;
+        let w = cast_or_copy::<B>(B::TYPE, "vec_dot_rows weight rows", w_rows)?;
+        if nb == 0 {
+            out.fill(0.0);
+            return Ok(());
+        }
+        for (o, row) in out.iter_mut().zip(w.chunks_exact(nb)) {
+            *o = (self.dot)(n, row, &a);
+        }
+        Ok(())
+    }
+}
+
+/// One [`BlockOps`] per supported type, all built from the same caps.
+struct Table {
+    f32: BlockOps<f32>,
+    f16: BlockOps<f16>,
+    bf16: BlockOps<bf16>,
+    q4_0: BlockOps<BlockQ4_0>,
+    q4_1: BlockOps<BlockQ4_1>,
+    q5_0: BlockOps<BlockQ5_0>,
+    q5_1: BlockOps<BlockQ5_1>,
+    q8_0: BlockOps<BlockQ8_0>,
+    q2_k: BlockOps<BlockQ2K>,
+    q3_k: BlockOps<BlockQ3K>,
+    q4_k: BlockOps<BlockQ4K>,
+    q5_k: BlockOps<BlockQ5K>,
+    q6_k: BlockOps<BlockQ6K>,
+    iq4_nl: BlockOps<BlockIQ4NL>,
+    iq4_xs: BlockOps<BlockIQ4XS>,
+    mxfp4: BlockOps<BlockMXFP4>,
+}
+
+impl Table {
+    fn new(caps: CpuCaps) -> Self {
+        Table {
+            f32: BlockOps::new(caps),
+            f16: BlockOps::new(caps),
+            bf16: BlockOps::new(caps),
+            q4_0: BlockOps::new(caps),
+            q4_1: BlockOps::new(caps),
+            q5_0: BlockOps::new(caps),
+            q5_1: BlockOps::new(caps),
+            q8_0: BlockOps::new(caps),
+            q2_k: BlockOps::new(caps),
+            q3_k: BlockOps::new(caps),
+            q4_k: BlockOps::new(caps),
+            q5_k: BlockOps::new(caps),
+            q6_k: BlockOps::new(caps),
+            iq4_nl: BlockOps::new(caps),
+            iq4_xs: BlockOps::new(caps),
+            mxfp4: BlockOps::new(caps),
+        }
+    }
+
+    fn get(&self, ty: GgmlType) -> Result<&dyn QuantOps, QuantError> {
+        use GgmlType as T;
+        Ok(match ty {
+            T::F32 => &self.f32,
+            T::F16 => &self.f16,
+            T::BF16 => &self.bf16,
+            T::Q4_0 => &self.q4_0,
+            T::Q4_1 => &self.q4_1,
+            T::Q5_0 => &self.q5_0,
+            T::Q5_1 => &self.q5_1,
+            T::Q8_0 => &self.q8_0,
+            T::Q2_K => &self.q2_k,
+            T::Q3_K => &self.q3_k,
+            T::Q4_K => &self.q4_k,
+            T::Q5_K => &self.q5_k,
+            T::Q6_K => &self.q6_k,
+            T::IQ4_NL => &self.iq4_nl,
+            T::IQ4_XS => &self.iq4_xs,
+            T::MXFP4 => &self.mxfp4,
+            _ => {
+                return Err(QuantError::Unsupported {
+                    ty,
+                    what: "dequantisation and dot products",
+                })
+            }
+        })
+    }
+}
+
+static FAST: OnceLock<Table> = OnceLock::new();
+static SCALAR: OnceLock<Table> = OnceLock::new();
+
+/// The operations of `ty` with the fastest kernels this CPU supports
+/// (chosen once per process; `LONGHAUL_NO_SIMD=1` forces the reference ones).
+pub fn ops(ty: GgmlType) -> Result<&'static dyn QuantOps, QuantError> {
+    FAST.get_or_init(|| Table::new(CpuCaps::detect())).get(ty)
+}
+
+/// The operations of `ty` with the portable reference kernels only.
+pub fn scalar_ops(ty: GgmlType) -> Result<&'static dyn QuantOps, QuantError> {
+    SCALAR.get_or_init(|| Table::new(CpuCaps::NONE)).get(ty)
+}
+
+/// Name of the dot kernel a table built from `caps` would use for `ty`; a
+/// pure function for tests and `longhaul bench`.
+pub fn kernel_for(ty: GgmlType, caps: CpuCaps) -> Result<&'static str, QuantError> {
+    Table::new(caps).get(ty).map(|o| o.kernel_name())
+}
+
+fn quantize_act_into<A: ActBlock>(x: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
+    if x.len() % A::BLOCK != 0 {
+        return Err(QuantError::BadLength {
+            ty: A::TYPE,
+            what: "quantize_activations",
+            unit: "elements (a multiple of the block size)",
+            expected: x.len() / A::BLOCK * A::BLOCK,
+            got: x.len(),
+        });
+    }
+    let mut blocks = vec![<A as bytemuck::Zeroable>::zeroed(); x.len() / A::BLOCK];
+    A::quantize_act(x, &mut blocks);
+    out.clear();
+    out.extend_from_slice(bytemuck::cast_slice(&blocks));
+    Ok(())
+}
+
+/// Converts an f32 activation row to `act_ty` bytes as ggml's CPU path does
+/// (F32: raw bytes; F16 / BF16: converted; Q8_0 / Q8_1 / Q8_K:
+/// `quantize_row_q8_*`). `out` is cleared first.
+pub fn quantize_activations(
+    act_ty: GgmlType,
+    x: &[f32],
+    out: &mut Vec<u8>,
+) -> Result<(), QuantError> {
+    match act_ty {
+        GgmlType::F32 => quantize_act_into::<f32>(x, out),
+        GgmlType::F16 => quantize_act_into::<f16>(x, out),
+        GgmlType::BF16 => quantize_act_into::<bf16>(x, out),
+        GgmlType::Q8_0 => quantize_act_into::<BlockQ8_0>(x, out),
+        GgmlType::Q8_1 => quantize_act_into::<BlockQ8_1>(x, out),
+        GgmlType::Q8_K => quantize_act_into::<BlockQ8K>(x, out),
+        ty => Err(QuantError::Unsupported {
+            ty,
+            what: "activation quantisation (activation types are f32, f16, bf16, q8_0, q8_1, q8_K)",
+        }),
+    }
+}
+
+/// Dequantises one row of `ty` (`dst.len()` elements).
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    ops(ty)?.dequantize(src, dst)
+}
+
+/// Quantises `src` to `ty` with ggml's reference quantiser.
+pub fn quantize_row(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let o = ops(ty)?;
+    if src.len() % ty.block_size() != 0 {
+        return Err(QuantError::BadLength {
+            ty,
+            what: "quantize_row",
+            unit: "elements (a multiple of the block size)",
+            expected: src.len() / ty.block_size() * ty.block_size(),
+            got: src.len(),
+        });
+    }
+    let mut out = vec![0u8; src.len() / ty.block_size() * ty.type_size()];
+    o.quantize(src, &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn act_types_follow_ggml_vec_dot_type() {
+        use GgmlType as T;
+        let expect = [
+            (T::F32, T::F32),
+            (T::F16, T::F16),
+            (T::BF16, T::BF16),
+            (T::Q4_0, T::Q8_0),
+            (T::Q4_1, T::Q8_1),
+            (T::Q5_0, T::Q8_0),
+            (T::Q5_1, T::Q8_1),
+            (T::Q8_0, T::Q8_0),
+            (T::Q2_K, T::Q8_K),
+            (T::Q3_K, T::Q8_K),
+            (T::Q4_K, T::Q8_K),
+            (T::Q5_K, T::Q8_K),
+            (T::Q6_K, T::Q8_K),
+            (T::IQ4_NL, T::Q8_0),
+            (T::IQ4_XS, T::Q8_K),
+            (T::MXFP4, T::Q8_0),
+        ];
+        for (w, a) in expect {
+            let o = ops(w).unwrap();
+            assert_eq!((o.ty(), o.act_type()), (w, a));
+            assert_eq!(scalar_ops(w).unwrap().kernel_name(), "scalar");
+        }
+    }
+
+    #[test]
+    fn kernel_selection_is_a_pure_function_of_caps() {
+        assert_eq!(kernel_for(GgmlType::Q4_K, CpuCaps::NONE).unwrap(), "scalar");
+        let avx2 = CpuCaps {
+            avx2: true,
+            fma: true,
+            f16c: true,
+        };
+        let expect_simd = cfg!(target_arch = "x86_64");
+        assert_eq!(
+            kernel_for(GgmlType::Q4_K, avx2).unwrap() == "avx2",
+            expect_simd
+        );
+        // Every x86 kernel needs F16C as well.
+        let no_f16c = CpuCaps {
+            f16c: false,
+            ..avx2
+        };
+        assert_eq!(kernel_for(GgmlType::Q4_K, no_f16c).unwrap(), "scalar");
+        assert!(kernel_for(GgmlType::IQ2_XXS, avx2).is_err());
+    }
+
+    #[test]
+    fn unsupported_names_the_supported_types() {
+        let err = ops(GgmlType::IQ2_XXS).err().unwrap();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("iq2_xxs") && msg.contains("q4_K") && msg.contains("mxfp4"),
+            "{msg}"
+        );
+        let e = quantize_row(GgmlType::Q3_K, &[0.0; 256]).unwrap_err();
+        assert!(matches!(
+            e,
+            QuantError::Unsupported {
+                ty: GgmlType::Q3_K,
+                ..
+            }
+        ));
+    }
+}

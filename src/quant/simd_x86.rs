@@ -1,0 +1,291 @@
+//! AVX2 + FMA + F16C dot kernels (x86_64).
+//!
+//! Each public function here is a safe wrapper over a `#[target_feature]`
+//! kernel. They are only handed out by `GgmlBlock::simd_dot` when
+//! [`CpuCaps::has_avx2`](super::CpuCaps::has_avx2) is true, which is what
+//! makes the `unsafe` calls sound; nothing else in the crate calls them.
+//!
+//! Integer work per block is exact (the same integers as the reference
+//! kernels); only the float accumulation order differs (8 f32 lanes, summed
+//! at the end), as in ggml's AVX2 code. Q8 activation quants are assumed to
+//! be in `[-127, 127]` (the sign trick of `mul_sum_i8_pairs`).
+
+use super::common::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
+use super::{
+    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0,
+    BlockQ8_1,
+};
+use half::{bf16, f16};
+use std::arch::x86_64::*;
+
+#[inline(always)]
+unsafe fn h2f(h: f16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+}
+
+#[inline(always)]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+/// 32 nibbles -> 32 bytes in element order (low nibbles of the 16 bytes are
+/// elements 0..16, high nibbles 16..32).
+#[inline(always)]
+unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
+    let t = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+    let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+}
+
+#[inline(always)]
+unsafe fn load32(p: &[i8]) -> __m256i {
+    debug_assert!(p.len() >= 32);
+    _mm256_loadu_si256(p.as_ptr() as *const __m256i)
+}
+
+/// Sum of adjacent products of signed bytes, as 8 i32 lanes. `y` must not
+/// hold -128 where `x` is negative (sign trick).
+#[inline(always)]
+unsafe fn mul_sum_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+/// Sum of adjacent products of unsigned `x` (< 128) and signed `y`.
+#[inline(always)]
+unsafe fn mul_sum_u8_i8(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+}
+
+macro_rules! safe_wrapper {
+    ($name:ident, $inner:ident, $w:ty, $a:ty) => {
+        pub(crate) fn $name(_n: usize, w: &[$w], a: &[$a]) -> f32 {
+            // SAFETY: only selected when CpuCaps::has_avx2() (see module docs).
+            unsafe { $inner(w, a) }
+        }
+    };
+}
+
+safe_wrapper!(dot_f32, dot_f32_avx2, f32, f32);
+safe_wrapper!(dot_f16, dot_f16_avx2, f16, f16);
+safe_wrapper!(dot_bf16, dot_bf16_avx2, bf16, bf16);
+safe_wrapper!(dot_q4_0, dot_q4_0_avx2, BlockQ4_0, BlockQ8_0);
+safe_wrapper!(dot_q4_1, dot_q4_1_avx2, BlockQ4_1, BlockQ8_1);
+safe_wrapper!(dot_q8_0, dot_q8_0_avx2, BlockQ8_0, BlockQ8_0);
+safe_wrapper!(dot_mxfp4, dot_mxfp4_avx2, BlockMXFP4, BlockQ8_0);
+safe_wrapper!(dot_iq4_nl, dot_iq4_nl_avx2, BlockIQ4NL, BlockQ8_0);
+safe_wrapper!(dot_q4_k, dot_q4_k_avx2, BlockQ4K, BlockQ8K);
+safe_wrapper!(dot_q6_k, dot_q6_k_avx2, BlockQ6K, BlockQ8K);
+
+/// Shared float loop: `load(i)` gives 8 f32 from element `i`.
+macro_rules! float_dot {
+    ($w:ident, $a:ident, $load:expr, $conv:expr) => {{
+        let n = $w.len().min($a.len());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let x = $load($w.as_ptr().add(i + 8 * k));
+                let y = $load($a.as_ptr().add(i + 8 * k));
+                *acc = _mm256_fmadd_ps(x, y, *acc);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps($load($w.as_ptr().add(i)), $load($a.as_ptr().add(i)), acc[0]);
+            i += 8;
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut sum = hsum_ps(s);
+        while i < n {
+            sum += $conv($w[i]) * $conv($a[i]);
+            i += 1;
+        }
+        sum
+    }};
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32_avx2(w: &[f32], a: &[f32]) -> f32 {
+    float_dot!(w, a, |p: *const f32| _mm256_loadu_ps(p), |v: f32| v)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_avx2(w: &[f16], a: &[f16]) -> f32 {
+    float_dot!(
+        w,
+        a,
+        |p: *const f16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        |v: f16| h2f(v)
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16_avx2(w: &[bf16], a: &[bf16]) -> f32 {
+    float_dot!(
+        w,
+        a,
+        |p: *const bf16| {
+            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+        },
+        |v: bf16| super::float::bf16_to_f32(v)
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_avx2(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+        let qx = _mm256_sub_epi8(nibbles_32(&x.qs), _mm256_set1_epi8(8));
+        let p = mul_sum_i8_pairs(qx, load32(&y.qs));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        summs += h2f(x.m) * h2f(y.s);
+        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+        let p = mul_sum_u8_i8(nibbles_32(&x.qs), load32(&y.qs));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum_ps(acc) + summs
+}
+
+/// Exact for any bytes (including -128): widens to i16 before multiplying.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+        let xp = x.qs.as_ptr() as *const __m128i;
+        let yp = y.qs.as_ptr() as *const __m128i;
+        let lo = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(xp)),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(yp)),
+        );
+        let hi = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(xp.add(1))),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(yp.add(1))),
+        );
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Shared kernel of the 4-bit lookup formats (MXFP4, IQ4_NL) against Q8_0.
+#[inline(always)]
+unsafe fn dot_lut4(
+    table: &[i8; 16],
+    blocks: impl Iterator<Item = (f32, [u8; 16], [i8; 32])>,
+) -> f32 {
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+    let mut acc = _mm256_setzero_ps();
+    for (d, qs, q8) in blocks {
+        let vals = _mm256_shuffle_epi8(lut, nibbles_32(&qs));
+        let p = mul_sum_i8_pairs(vals, load32(&q8));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+    let it = w
+        .iter()
+        .zip(a)
+        .map(|(x, y)| (h2f(y.d) * e8m0_to_f32_half(x.e), x.qs, y.qs));
+    dot_lut4(&KVALUES_MXFP4, it)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    let it = w
+        .iter()
+        .zip(a)
+        .map(|(x, y)| (h2f(y.d) * h2f(x.d), x.qs, y.qs));
+    dot_lut4(&KVALUES_IQ4NL, it)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_avx2(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let (sc, m) = x.scale_mins();
+        let summ: i32 = (0..16).map(|j| y.bsums[j] as i32 * m[j / 2] as i32).sum();
+        acc_m += h2f(x.dmin) * y.d * summ as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q4 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(q4, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            let plo = _mm256_maddubs_epi16(lo, load32(&y.qs[64 * c..]));
+            let phi = _mm256_maddubs_epi16(hi, load32(&y.qs[64 * c + 32..]));
+            let plo = _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16));
+            let phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+        }
+        let d = _mm256_set1_ps(h2f(x.d) * y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - acc_m
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x03);
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        // The -32 offset, folded into the block sums of the activations.
+        let bias: i32 = (0..16)
+            .map(|g| x.scales[g] as i32 * y.bsums[g] as i32)
+            .sum();
+        let mut sumi = _mm256_set1_epi32(0);
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(x.ql.as_ptr().add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(x.ql.as_ptr().add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(x.qh.as_ptr().add(32 * h) as *const __m256i);
+            let hb = |s: i32| {
+                let v = match s {
+                    0 => qh,
+                    2 => _mm256_srli_epi16(qh, 2),
+                    4 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
+                };
+                _mm256_slli_epi16(_mm256_and_si256(v, m2), 4)
+            };
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hb(4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hb(6)),
+            ];
+            for (k, q) in q.iter().enumerate() {
+                let g = 8 * h + 2 * k;
+                let p = _mm256_maddubs_epi16(*q, load32(&y.qs[128 * h + 32 * k..]));
+                let s = _mm256_set_m128i(
+                    _mm_set1_epi16(x.scales[g + 1] as i16),
+                    _mm_set1_epi16(x.scales[g] as i16),
+                );
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * bias, 0, 0, 0, 0, 0, 0, 0));
+        let d = _mm256_set1_ps(h2f(x.d) * y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}

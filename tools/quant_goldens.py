@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Regenerates tests/goldens/quant/<type>.json from the `gguf` Python package.
+
+For every weight type longhaul supports it writes deterministic cases:
+  - "random": seeded random block bytes with sane scale fields (finite,
+    modest f16 scales / E8M0 exponents), dequantised by gguf.quants.dequantize;
+  - "quantized" (types gguf.quants can quantise): seeded normal f32 input,
+    the bytes of gguf.quants.quantize and their dequantisation.
+Arrays are stored as little-endian hex ("bytes", f32 "input"/"dequant") to
+keep the files small (< 100 KB in all).
+
+Run: /work/ref/venv/bin/python tools/quant_goldens.py
+"""
+import json
+import os
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "goldens", "quant")
+
+# type -> (elements per random case, {f16 scale field byte offsets}, e8m0 offset)
+RANDOM = {
+    T.F32: (64, [], None),
+    T.F16: (64, [], None),
+    T.BF16: (64, [], None),
+    T.Q4_0: (128, [0], None),
+    T.Q4_1: (128, [0, 2], None),
+    T.Q5_0: (128, [0], None),
+    T.Q5_1: (128, [0, 2], None),
+    T.Q8_0: (128, [0], None),
+    T.Q2_K: (512, [80, 82], None),
+    T.Q3_K: (512, [108], None),
+    T.Q4_K: (512, [0, 2], None),
+    T.Q5_K: (512, [0, 2], None),
+    T.Q6_K: (512, [208], None),
+    T.IQ4_NL: (128, [0], None),
+    T.IQ4_XS: (512, [0], None),
+    T.MXFP4: (128, [], 0),
+}
+QUANTIZABLE = {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4}
+
+
+def hexf32(a):
+    return np.ascontiguousarray(a, dtype="<f4").tobytes().hex()
+
+
+def random_bytes(rng, ty, n, scale_offs, e_off):
+    bs, ts = quants.GGML_QUANT_SIZES[ty]
+    nb = n // bs
+    if ty == T.F32:
+        return rng.standard_normal(n).astype("<f4").view(np.uint8).reshape(nb, ts)
+    if ty == T.F16:
+        return rng.standard_normal(n).astype("<f2").view(np.uint8).reshape(nb, ts)
+    if ty == T.BF16:
+        x = rng.standard_normal(n).astype("<f4").view("<u4") >> 16
+        return x.astype("<u2").view(np.uint8).reshape(nb, ts)
+    raw = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
+    for off in scale_offs:
+        sign = np.where(rng.random(nb) < 0.2, -1.0, 1.0)
+        d = (sign * rng.uniform(0.001, 0.05, nb)).astype("<f2")
+        raw[:, off:off + 2] = d.view(np.uint8).reshape(nb, 2)
+    if e_off is not None:
+        raw[:, e_off] = rng.integers(115, 135, nb, dtype=np.uint8)
+    return raw
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    total = 0
+    for i, (ty, (n, offs, e_off)) in enumerate(RANDOM.items()):
+        rng = np.random.default_rng(1234 + i)
+        raw = random_bytes(rng, ty, n, offs, e_off)
+        deq = quants.dequantize(raw.reshape(-1), ty) if ty not in (T.F32, T.F16, T.BF16) else None
+        if ty == T.F32:
+            deq = raw.reshape(-1).view("<f4")
+        elif ty == T.F16:
+            deq = raw.reshape(-1).view("<f2").astype(np.float32)
+        elif ty == T.BF16:
+            deq = quants.dequantize(raw.reshape(-1), ty)
+        cases = [{"name": "random", "n": n, "bytes": raw.tobytes().hex(), "dequant": hexf32(deq)}]
+        if ty in QUANTIZABLE:
+            x = (rng.standard_normal(128) * rng.uniform(0.1, 3.0)).astype(np.float32)
+            x[5] = 0.0
+            q = quants.quantize(x, ty)
+            dq = quants.dequantize(q, ty)
+            cases.append({
+                "name": "quantized", "n": 128, "input": hexf32(x),
+                "bytes": np.ascontiguousarray(q).view(np.uint8).tobytes().hex(), "dequant": hexf32(dq),
+            })
+        doc = {"type": ty.name, "source": "gguf.quants (gguf-py)", "cases": cases}
+        path = os.path.join(OUT, f"{ty.name.lower()}.json")
+        with open(path, "w") as f:
+            json.dump(doc, f, separators=(",", ":"))
+            f.write("\n")
+        total += os.path.getsize(path)
+    print(f"wrote {len(RANDOM)} files, {total} bytes")
+
+
+if __name__ == "__main__":
+    main()
