@@ -146,9 +146,7 @@ impl<B: Backend> Engine<B> {
         }
         let mut out = Vec::new();
         for chunk in tokens.chunks(self.params.n_ubatch) {
-            let pos0 = kv.n_past();
-            let logits = self.model.forward(&mut kv.layers, chunk, pos0, want)?;
-            kv.advance(chunk.len());
+            let logits = kv.eval(&self.model, chunk, want)?;
             match want {
                 Logits::All => out.extend(logits),
                 Logits::Last => out = logits,

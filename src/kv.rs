@@ -2,11 +2,11 @@
 //! of positions already filled.
 
 use crate::backend::Backend;
-use crate::model::{Model, ModelError};
+use crate::model::{Logits, Model, ModelError};
 use crate::tensor::GgmlType;
 
 pub struct KvCache<B: Backend> {
-    pub(crate) layers: Vec<B::Kv>,
+    layers: Vec<B::Kv>,
     n_ctx: usize,
     n_past: usize,
 }
@@ -35,7 +35,16 @@ impl<B: Backend> KvCache<B> {
         self.n_past = self.n_past.min(n);
     }
 
-    pub(crate) fn advance(&mut self, n: usize) {
-        self.n_past += n;
+    /// Runs `tokens` through `model` at the next positions of this cache
+    /// (one forward pass, no ubatch splitting) and returns their logits.
+    pub fn eval(
+        &mut self,
+        model: &Model<B>,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let logits = model.forward(&mut self.layers, tokens, self.n_past, want)?;
+        self.n_past += tokens.len();
+        Ok(logits)
     }
 }

@@ -194,13 +194,32 @@ fn quantizers_match_gguf_py_byte_for_byte() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 8);
+    // gguf-py's eight, plus ggml's own Q4_K / Q6_K reference quantisers.
+    assert_eq!(checked, 10);
     // The Q8_0 activation quantiser is ggml's reference Q8_0 quantiser.
     let case = &golden(GgmlType::Q8_0)["cases"][1];
     let x = f32s(&unhex(case["input"].as_str().unwrap()));
     let mut act = Vec::new();
     quantize_activations(GgmlType::Q8_0, &x, &mut act).unwrap();
     assert_eq!(act, unhex(case["bytes"].as_str().unwrap()));
+}
+
+#[test]
+fn activation_quantizers_match_ggml_byte_for_byte() {
+    // Goldens from libggml-base's quantize_row_q8_1_ref / quantize_row_q8_K_ref.
+    for (ty, file) in [(GgmlType::Q8_1, "act_q8_1"), (GgmlType::Q8_K, "act_q8_k")] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/goldens/quant/{file}.json"));
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let x = f32s(&unhex(doc["input"].as_str().unwrap()));
+        let want = unhex(doc["bytes"].as_str().unwrap());
+        let mut got = Vec::new();
+        quantize_activations(ty, &x, &mut got).unwrap();
+        // (ggml leaves an all-zero Q8_K block's bsums unwritten; the golden
+        // buffer was zeroed, as ours is.)
+        assert_eq!(got, want, "{ty}");
+    }
 }
 
 /// Types with a quantiser here.
@@ -448,4 +467,19 @@ fn bad_lengths_are_errors_not_panics() {
             ..
         })
     ));
+}
+
+#[test]
+fn simd_kernels_are_selected_where_the_cpu_has_them() {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+        && std::env::var("LONGHAUL_NO_SIMD").is_err()
+    {
+        // Every supported type has an AVX2 kernel.
+        for ty in SUPPORTED_TYPES {
+            assert_eq!(ops(ty).unwrap().kernel_name(), "avx2", "{ty}");
+        }
+    }
 }

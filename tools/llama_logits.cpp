@@ -11,6 +11,7 @@
 //                                      parse_special=false), i.e. BOS as llama.cpp adds it)
 //   --n-predict N   greedy tokens to decode after each prompt (argmax of raw logits,
 //                   lowest id on ties, no stop at EOG)            default 32
+//                   greedy_gap_min = smallest top1 - top2 logit gap over those steps
 //   --logits all|last|none  which prompt rows to print             default all
 //   --top K         also print the K best (id, logit) of the last prompt row
 //   --threads N     default 2;  --ctx N  default 256
@@ -20,6 +21,7 @@
 #include "llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,6 +64,14 @@ static llama_token argmax(const float * p, int n) {
     int best = 0;
     for (int i = 1; i < n; i++) if (p[i] > p[best]) best = i;
     return best;
+}
+
+// logit gap between the best and the second best token
+static float top_gap(const float * p, int n) {
+    int best = argmax(p, n);
+    float second = -INFINITY;
+    for (int i = 0; i < n; i++) if (i != best && p[i] > second) second = p[i];
+    return p[best] - second;
 }
 
 struct Prompt { bool is_text; std::string text; std::vector<llama_token> tokens; };
@@ -187,6 +197,7 @@ int main(int argc, char ** argv) {
         std::vector<llama_token> gen;
         if (n_predict > 0) {
             llama_token t = argmax(last, n_vocab);
+            float gap_min = top_gap(last, n_vocab);
             for (int s = 0; s < n_predict; s++) {
                 gen.push_back(t);
                 if (s + 1 == n_predict) break;
@@ -195,10 +206,13 @@ int main(int argc, char ** argv) {
                 b.n_tokens = 1;
                 if (llama_decode(ctx, b) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
                 llama_batch_free(b);
-                t = argmax(llama_get_logits_ith(ctx, 0), n_vocab);
+                const float * l = llama_get_logits_ith(ctx, 0);
+                t = argmax(l, n_vocab);
+                gap_min = std::min(gap_min, top_gap(l, n_vocab));
             }
             printf(",\"greedy\":");
             print_ids(gen);
+            printf(",\"greedy_gap_min\":%.9g", gap_min);
         } else {
             printf(",\"greedy\":null");
         }

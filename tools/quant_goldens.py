@@ -9,10 +9,17 @@ For every weight type longhaul supports it writes deterministic cases:
 Arrays are stored as little-endian hex ("bytes", f32 "input"/"dequant") to
 keep the files small (< 100 KB in all).
 
-Run: /work/ref/venv/bin/python tools/quant_goldens.py
+With --libggml DIR (a llama.cpp build's directory holding libggml-base.so)
+it also writes "quantized" cases for Q4_K and Q6_K from ggml's own
+quantize_row_q4_K_ref / quantize_row_q6_K_ref, and activation goldens
+act_q8_1.json / act_q8_k.json from quantize_row_q8_1_ref / _q8_K_ref.
+
+Run: /work/ref/venv/bin/python tools/quant_goldens.py [--libggml DIR]
 """
+import ctypes
 import json
 import os
+import sys
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -66,9 +73,47 @@ def random_bytes(rng, ty, n, scale_offs, e_off):
     return raw
 
 
+def ggml_ref(lib, fn, x, out_bytes):
+    """Calls ggml's `void fn(const float *, void *, int64_t k)`."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros(out_bytes, dtype=np.uint8)
+    f = getattr(lib, fn)
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    f.restype = None
+    f(x.ctypes.data, out.ctypes.data, x.size)
+    return out
+
+
+def ggml_cases(libdir):
+    lib = ctypes.CDLL(os.path.join(libdir, "libggml-base.so"))
+    rng = np.random.default_rng(99)
+    extra, acts = {}, {}
+    for ty, fn in ((T.Q4_K, "quantize_row_q4_K_ref"), (T.Q6_K, "quantize_row_q6_K_ref")):
+        x = (rng.standard_normal(512) * rng.uniform(0.1, 3.0)).astype(np.float32)
+        x[300:316] = 0.0  # an all-zero sub-block
+        q = ggml_ref(lib, fn, x, 2 * quants.GGML_QUANT_SIZES[ty][1])
+        extra[ty] = {"name": "quantized", "n": 512, "input": hexf32(x), "bytes": q.tobytes().hex(),
+                     "dequant": hexf32(quants.dequantize(q, ty)), "source": f"libggml-base {fn}"}
+    for name, fn, ts, bs in (("q8_1", "quantize_row_q8_1_ref", 36, 32), ("q8_K", "quantize_row_q8_K_ref", 292, 256)):
+        x = (rng.standard_normal(512) * 1.7).astype(np.float32)
+        x[:bs] = 0.0 if name == "q8_K" else x[:bs]  # Q8_K: an all-zero block
+        q = ggml_ref(lib, fn, x, 512 // bs * ts)
+        acts[name] = {"type": name, "source": f"libggml-base {fn}", "n": 512, "input": hexf32(x), "bytes": q.tobytes().hex()}
+    return extra, acts
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     total = 0
+    extra, acts = {}, {}
+    if "--libggml" in sys.argv:
+        extra, acts = ggml_cases(sys.argv[sys.argv.index("--libggml") + 1])
+        for name, doc in acts.items():
+            path = os.path.join(OUT, f"act_{name.lower()}.json")
+            with open(path, "w") as f:
+                json.dump(doc, f, separators=(",", ":"))
+                f.write("\n")
+            total += os.path.getsize(path)
     for i, (ty, (n, offs, e_off)) in enumerate(RANDOM.items()):
         rng = np.random.default_rng(1234 + i)
         raw = random_bytes(rng, ty, n, offs, e_off)
@@ -89,6 +134,8 @@ def main():
                 "name": "quantized", "n": 128, "input": hexf32(x),
                 "bytes": np.ascontiguousarray(q).view(np.uint8).tobytes().hex(), "dequant": hexf32(dq),
             })
+        if ty in extra:
+            cases.append(extra[ty])
         doc = {"type": ty.name, "source": "gguf.quants (gguf-py)", "cases": cases}
         path = os.path.join(OUT, f"{ty.name.lower()}.json")
         with open(path, "w") as f:

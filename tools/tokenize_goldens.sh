@@ -40,9 +40,10 @@ for c in cases:
         sys.exit(f"llama-tokenize failed on {c['name']}: {p.stderr[-2000:]}")
     line = [l for l in p.stdout.splitlines() if l.startswith("[")][-1]
     result["cases"].append({**c, "ids": json.loads(line)})
-with open(out, "w", encoding="utf-8") as f:
-    json.dump(result, f, ensure_ascii=False, indent=1)
-    f.write("\n")
+with open(out, "w", encoding="utf-8") as f:  # one case per line keeps diffs readable
+    head = json.dumps({k: result[k] for k in ("model", "tool")}, ensure_ascii=False)[:-1]
+    body = ",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in result["cases"])
+    f.write(head + ', "cases": [\n' + body + "\n]}\n")
 print(f"wrote {out} ({len(result['cases'])} cases)")
 EOF
 done

@@ -17,7 +17,9 @@ struct Loader<'a, B: Backend> {
 
 impl<B: Backend> Loader<'_, B> {
     fn checked(&self, t: &gguf::TensorInfo, dims: &[u64]) -> Result<B::Weight, ModelError> {
-        if t.dims != dims {
+        // ggml shapes are equal up to trailing ones ([n] == [n, 1]).
+        let trim = |d: &[u64]| d.iter().rposition(|&x| x != 1).map_or(0, |i| i + 1);
+        if t.dims[..trim(&t.dims)] != dims[..trim(dims)] {
             return Err(ModelError::BadShape {
                 name: t.name.clone(),
                 found: t.dims.clone(),

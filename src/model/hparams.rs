@@ -119,6 +119,7 @@ impl Hparams {
         let swa_layers = (0..n_layer as u32)
             .map(|il| n_swa > 0 && swa_pattern > 0 && (pattern == 0 || il % pattern < pattern - 1))
             .collect();
+        let n_ff = opt_u("feed_forward_length", 0)?;
         Ok(Hparams {
             n_vocab,
             n_ctx_train,
@@ -128,7 +129,7 @@ impl Hparams {
             n_head_kv,
             head_dim,
             n_rot,
-            n_ff: opt_u("feed_forward_length", 0)?,
+            n_ff,
             eps: opt_f("attention.layer_norm_rms_epsilon", 1e-5)?,
             rope_freq_base: opt_f("rope.freq_base", 10000.0)?,
             rope_freq_scale,
@@ -140,7 +141,8 @@ impl Hparams {
             yarn_log_mul: opt_f("rope.scaling.yarn_log_multiplier", 0.0)?,
             n_expert,
             n_expert_used,
-            n_ff_exp: opt_u("expert_feed_forward_length", 0)?,
+            // Mixtral-style llama files give the expert size as feed_forward_length.
+            n_ff_exp: opt_u("expert_feed_forward_length", n_ff)?,
             n_ff_shexp: opt_u("expert_shared_feed_forward_length", 0)?,
             expert_weights_scale: opt_f("expert_weights_scale", 0.0)?,
             n_swa,

@@ -5,7 +5,7 @@
 //! Dots accumulate in f64 like ggml's scalar `ggml_vec_dot_f32/f16/bf16`
 //! (`ggml_float`); the SIMD kernels accumulate in f32 lanes.
 
-use super::{ActBlock, CpuCaps, GgmlBlock, Kernel, QuantError};
+use super::{ActBlock, GgmlBlock, QuantError};
 use crate::tensor::GgmlType;
 use half::{bf16, f16};
 
@@ -53,17 +53,7 @@ impl GgmlBlock for f32 {
         out.copy_from_slice(x);
         Ok(())
     }
-    fn simd_dot(caps: CpuCaps) -> Option<Kernel<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        if caps.has_avx2() {
-            return Some(Kernel {
-                name: "avx2",
-                dot: super::simd_x86::dot_f32,
-            });
-        }
-        let _ = caps;
-        None
-    }
+    avx2_kernel!(dot_f32);
 }
 
 impl ActBlock for f16 {
@@ -97,17 +87,7 @@ impl GgmlBlock for f16 {
         <f16 as ActBlock>::quantize_act(x, out);
         Ok(())
     }
-    fn simd_dot(caps: CpuCaps) -> Option<Kernel<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        if caps.has_avx2() {
-            return Some(Kernel {
-                name: "avx2",
-                dot: super::simd_x86::dot_f16,
-            });
-        }
-        let _ = caps;
-        None
-    }
+    avx2_kernel!(dot_f16);
 }
 
 impl ActBlock for bf16 {
@@ -141,17 +121,7 @@ impl GgmlBlock for bf16 {
         <bf16 as ActBlock>::quantize_act(x, out);
         Ok(())
     }
-    fn simd_dot(caps: CpuCaps) -> Option<Kernel<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        if caps.has_avx2() {
-            return Some(Kernel {
-                name: "avx2",
-                dot: super::simd_x86::dot_bf16,
-            });
-        }
-        let _ = caps;
-        None
-    }
+    avx2_kernel!(dot_bf16);
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! bytes are nibble-packed as IQ4_NL. Dotted against Q8_K.
 
 use super::common::{f16_to_f32, KVALUES_IQ4NL};
-use super::{BlockQ8K, BlockQ8_0, CpuCaps, GgmlBlock, Kernel, QK_K};
+use super::{BlockQ8K, BlockQ8_0, GgmlBlock, QK_K};
 use crate::tensor::GgmlType;
 use bytemuck::{Pod, Zeroable};
 use half::f16;
@@ -72,23 +72,13 @@ impl GgmlBlock for BlockIQ4NL {
         sumf
     }
 
-    fn simd_dot(caps: CpuCaps) -> Option<Kernel<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        if caps.has_avx2() {
-            return Some(Kernel {
-                name: "avx2",
-                dot: super::simd_x86::dot_iq4_nl,
-            });
-        }
-        let _ = caps;
-        None
-    }
+    avx2_kernel!(dot_iq4_nl);
 }
 
 impl BlockIQ4XS {
     /// The 6-bit scale of sub-block `ib` (0..8), minus 32.
     #[inline(always)]
-    fn scale(&self, ib: usize) -> i32 {
+    pub(crate) fn scale(&self, ib: usize) -> i32 {
         let lo = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
         let hi = ((self.scales_h >> (2 * ib)) & 3) as u8;
         (lo | (hi << 4)) as i32 - 32
@@ -130,4 +120,6 @@ impl GgmlBlock for BlockIQ4XS {
         }
         sumf
     }
+
+    avx2_kernel!(dot_iq4_xs);
 }

@@ -29,6 +29,24 @@
 //! Q8 activation quants lie in `[-127, 127]`, which is what every activation
 //! quantiser here produces.
 
+/// `GgmlBlock::simd_dot` returning the AVX2 kernel `simd_x86::$f` when the
+/// CPU has AVX2 + FMA + F16C (x86_64 only), else `None`.
+macro_rules! avx2_kernel {
+    ($f:ident) => {
+        fn simd_dot(caps: $crate::quant::CpuCaps) -> Option<$crate::quant::Kernel<Self>> {
+            #[cfg(target_arch = "x86_64")]
+            if caps.has_avx2() {
+                return Some($crate::quant::Kernel {
+                    name: "avx2",
+                    dot: $crate::quant::simd_x86::$f,
+                });
+            }
+            let _ = caps;
+            None
+        }
+    };
+}
+
 mod common;
 mod float;
 mod iq4;

@@ -6,7 +6,7 @@
 //! the scale: `x = kv[q] * e8m0_half(e)`. Dotted against Q8_0.
 
 use super::common::{e8m0_to_f32_half, f16_to_f32, KVALUES_MXFP4};
-use super::{BlockQ8_0, CpuCaps, GgmlBlock, Kernel, QuantError};
+use super::{BlockQ8_0, GgmlBlock, QuantError};
 use crate::tensor::GgmlType;
 use bytemuck::{Pod, Zeroable};
 
@@ -84,15 +84,5 @@ impl GgmlBlock for BlockMXFP4 {
         Ok(())
     }
 
-    fn simd_dot(caps: CpuCaps) -> Option<Kernel<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        if caps.has_avx2() {
-            return Some(Kernel {
-                name: "avx2",
-                dot: super::simd_x86::dot_mxfp4,
-            });
-        }
-        let _ = caps;
-        None
-    }
+    avx2_kernel!(dot_mxfp4);
 }

@@ -5,7 +5,7 @@
 //! `x = d * (q - 8)`. Dotted against Q8_0.
 
 use super::common::{f16_to_f32, f32_to_f16};
-use super::{BlockQ8_0, CpuCaps, GgmlBlock, Kernel, QuantError};
+use super::{BlockQ8_0, GgmlBlock, QuantError};
 use crate::tensor::GgmlType;
 use bytemuck::{Pod, Zeroable};
 use half::f16;
@@ -71,15 +71,5 @@ impl GgmlBlock for BlockQ4_0 {
         Ok(())
     }
 
-    fn simd_dot(caps: CpuCaps) -> Option<Kernel<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        if caps.has_avx2() {
-            return Some(Kernel {
-                name: "avx2",
-                dot: super::simd_x86::dot_q4_0,
-            });
-        }
-        let _ = caps;
-        None
-    }
+    avx2_kernel!(dot_q4_0);
 }

@@ -111,6 +111,8 @@ impl GgmlBlock for BlockQ5_0 {
         }
         Ok(())
     }
+
+    avx2_kernel!(dot_q5_0);
 }
 
 impl GgmlBlock for BlockQ5_1 {
@@ -164,4 +166,6 @@ impl GgmlBlock for BlockQ5_1 {
         }
         Ok(())
     }
+
+    avx2_kernel!(dot_q5_1);
 }

@@ -3,7 +3,7 @@
 //! (activations for the K-quants and IQ4_XS).
 
 use super::common::{f16_to_f32, f32_to_f16, nearest_int};
-use super::{ActBlock, CpuCaps, GgmlBlock, Kernel, QuantError, QK_K};
+use super::{ActBlock, GgmlBlock, QuantError, QK_K};
 use crate::tensor::GgmlType;
 use bytemuck::{Pod, Zeroable};
 use half::f16;
@@ -98,17 +98,7 @@ impl GgmlBlock for BlockQ8_0 {
         Self::quantize_act(x, out);
         Ok(())
     }
-    fn simd_dot(caps: CpuCaps) -> Option<Kernel<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        if caps.has_avx2() {
-            return Some(Kernel {
-                name: "avx2",
-                dot: super::simd_x86::dot_q8_0,
-            });
-        }
-        let _ = caps;
-        None
-    }
+    avx2_kernel!(dot_q8_0);
 }
 
 impl ActBlock for BlockQ8_1 {

@@ -12,8 +12,8 @@
 
 use super::common::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::{
-    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    BlockQ8_1,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -80,6 +80,12 @@ safe_wrapper!(dot_mxfp4, dot_mxfp4_avx2, BlockMXFP4, BlockQ8_0);
 safe_wrapper!(dot_iq4_nl, dot_iq4_nl_avx2, BlockIQ4NL, BlockQ8_0);
 safe_wrapper!(dot_q4_k, dot_q4_k_avx2, BlockQ4K, BlockQ8K);
 safe_wrapper!(dot_q6_k, dot_q6_k_avx2, BlockQ6K, BlockQ8K);
+safe_wrapper!(dot_q5_0, dot_q5_0_avx2, BlockQ5_0, BlockQ8_0);
+safe_wrapper!(dot_q5_1, dot_q5_1_avx2, BlockQ5_1, BlockQ8_1);
+safe_wrapper!(dot_q2_k, dot_q2_k_avx2, BlockQ2K, BlockQ8K);
+safe_wrapper!(dot_q3_k, dot_q3_k_avx2, BlockQ3K, BlockQ8K);
+safe_wrapper!(dot_q5_k, dot_q5_k_avx2, BlockQ5K, BlockQ8K);
+safe_wrapper!(dot_iq4_xs, dot_iq4_xs_avx2, BlockIQ4XS, BlockQ8K);
 
 /// Shared float loop: `load(i)` gives 8 f32 from element `i`.
 macro_rules! float_dot {
@@ -284,6 +290,184 @@ unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
             }
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * bias, 0, 0, 0, 0, 0, 0, 0));
+        let d = _mm256_set1_ps(h2f(x.d) * y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// The 32 bits of `qh` as 32 bytes: 0xFF where the bit is set, else 0.
+#[inline(always)]
+unsafe fn bits_32(qh: [u8; 4]) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(i32::from_le_bytes(qh)), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0_avx2(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+        // Where the fifth bit is clear, set the top nibble: nibble - 16 as i8.
+        let hi = _mm256_andnot_si256(bits_32(x.qh), _mm256_set1_epi8(0xF0u8 as i8));
+        let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
+        let p = mul_sum_i8_pairs(qx, load32(&y.qs));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1_avx2(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        summs += h2f(x.m) * h2f(y.s);
+        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+        let hi = _mm256_and_si256(bits_32(x.qh), _mm256_set1_epi8(0x10));
+        let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
+        let p = mul_sum_u8_i8(qx, load32(&y.qs));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum_ps(acc) + summs
+}
+
+/// `maddubs(q, y)` (16 i16 lanes: elements 0..16 then 16..32) weighted by
+/// `s0` for the first 16 elements and `s1` for the rest, as 8 i32 lanes.
+#[inline(always)]
+unsafe fn scaled_pairs(p16: __m256i, s0: i16, s1: i16) -> __m256i {
+    _mm256_madd_epi16(
+        p16,
+        _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0)),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let summs: i32 = (0..16)
+            .map(|j| y.bsums[j] as i32 * (x.scales[j] >> 4) as i32)
+            .sum();
+        acc_m += y.d * h2f(x.dmin) * summs as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let q2 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * h) as *const __m256i);
+            for j in 0..4 {
+                let v = match j {
+                    0 => q2,
+                    1 => _mm256_srli_epi16(q2, 2),
+                    2 => _mm256_srli_epi16(q2, 4),
+                    _ => _mm256_srli_epi16(q2, 6),
+                };
+                let p = _mm256_maddubs_epi16(
+                    _mm256_and_si256(v, m3),
+                    load32(&y.qs[128 * h + 32 * j..]),
+                );
+                let g = 8 * h + 2 * j;
+                let (s0, s1) = ((x.scales[g] & 0xF) as i16, (x.scales[g + 1] & 0xF) as i16);
+                sumi = _mm256_add_epi32(sumi, scaled_pairs(p, s0, s1));
+            }
+        }
+        let d = _mm256_set1_ps(y.d * h2f(x.d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - acc_m
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k_avx2(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let sc = x.scales16();
+        let hbits = _mm256_loadu_si256(x.hmask.as_ptr() as *const __m256i);
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let q2 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * h) as *const __m256i);
+            for j in 0..4 {
+                let v = _mm256_and_si256(_mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * j as i32)), m3);
+                let bit = _mm256_and_si256(
+                    _mm256_srl_epi16(hbits, _mm_cvtsi32_si128((4 * h + j) as i32)),
+                    one,
+                );
+                // A clear high bit subtracts 4.
+                let sub = _mm256_slli_epi16(_mm256_andnot_si256(bit, one), 2);
+                let q8 = load32(&y.qs[128 * h + 32 * j..]);
+                let p =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(v, q8), _mm256_maddubs_epi16(sub, q8));
+                let g = 8 * h + 2 * j;
+                sumi = _mm256_add_epi32(sumi, scaled_pairs(p, sc[g] as i16, sc[g + 1] as i16));
+            }
+        }
+        let d = _mm256_set1_ps(h2f(x.d) * y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k_avx2(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let (sc, m) = x.scale_mins();
+        let summ: i32 = (0..16).map(|j| y.bsums[j] as i32 * m[j / 2] as i32).sum();
+        acc_m += h2f(x.dmin) * y.d * summ as f32;
+        let hbits = _mm256_loadu_si256(x.qh.as_ptr() as *const __m256i);
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q4 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * c) as *const __m256i);
+            let hb = |k: i32| {
+                let b = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(k)), one);
+                _mm256_slli_epi16(b, 4)
+            };
+            let lo = _mm256_or_si256(_mm256_and_si256(q4, m4), hb(2 * c as i32));
+            let hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4),
+                hb(2 * c as i32 + 1),
+            );
+            let plo = _mm256_maddubs_epi16(lo, load32(&y.qs[64 * c..]));
+            let phi = _mm256_maddubs_epi16(hi, load32(&y.qs[64 * c + 32..]));
+            let plo = _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16));
+            let phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+        }
+        let d = _mm256_set1_ps(h2f(x.d) * y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - acc_m
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_xs_avx2(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
+    let lut =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let mut sumi = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let qs: &[u8; 16] = x.qs[16 * ib..16 * ib + 16].try_into().unwrap_unchecked();
+            let vals = _mm256_shuffle_epi8(lut, nibbles_32(qs));
+            let q8 = load32(&y.qs[32 * ib..]);
+            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(vals, vals), _mm256_sign_epi8(q8, vals));
+            sumi = _mm256_add_epi32(
+                sumi,
+                _mm256_madd_epi16(p, _mm256_set1_epi16(x.scale(ib) as i16)),
+            );
+        }
         let d = _mm256_set1_ps(h2f(x.d) * y.d);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }

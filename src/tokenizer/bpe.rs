@@ -24,7 +24,6 @@ const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|
 const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const DEEPSEEK3_MAIN: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
-const DEEPSEEK_LLM_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
 
 /// How llama.cpp treats one family of `tokenizer.ggml.pre` values.
 #[derive(Clone, Copy, Debug)]
@@ -64,14 +63,6 @@ const PRE_QWEN2: PreConfig = cfg(&[QWEN2]);
 const PRE_QWEN35: PreConfig = cfg(&[QWEN35]);
 const PRE_GPT4O: PreConfig = cfg(&[GPT4O]);
 const PRE_DEEPSEEK3: PreConfig = cfg(&[r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK3_MAIN]);
-const PRE_DEEPSEEK_LLM: PreConfig = cfg(&[
-    "[\r\n]",
-    DEEPSEEK_LLM_LETTERS,
-    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
-    r"\s+$",
-    r"[一-龥ࠀ-一가-퟿]+",
-    r"\p{N}+",
-]);
 const PRE_DEEPSEEK_CODER: PreConfig = cfg(&[
     "[\r\n]",
     r"\s?\p{L}+",
@@ -125,7 +116,6 @@ const PRE_TYPES: &[(&str, PreConfig)] = &[
     ("minimax-m2", PRE_GPT4O),
     ("deepseek-v3", PRE_DEEPSEEK3),
     ("hunyuan-dense", PRE_DEEPSEEK3),
-    ("deepseek-llm", PRE_DEEPSEEK_LLM),
     ("deepseek-coder", PRE_DEEPSEEK_CODER),
     ("falcon", PRE_FALCON),
     ("bailingmoe", PRE_BAILINGMOE),
@@ -202,7 +192,8 @@ impl BpeModel {
         let mut seen = HashSet::with_capacity(merges.len());
         let mut pairs = Vec::with_capacity(merges.len());
         for m in merges {
-            let Some(pos) = m.get(1..).and_then(|s| s.find(' ')).map(|p| p + 1) else {
+            let bytes = m.as_bytes();
+            let Some(pos) = bytes.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
                 continue;
             };
             let (a, b) = (&m[..pos], &m[pos + 1..]);

@@ -320,3 +320,10 @@ fn out_of_range_ids_do_not_panic() {
     assert_eq!(t.decode(&[u32::MAX]), "");
     assert!(!t.is_eog(u32::MAX));
 }
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<ChatTemplate>();
+}

@@ -262,6 +262,9 @@ pub(crate) fn default_ids(kind: VocabType) -> SpecialIds {
     }
 }
 
+/// Selects one id slot of [`SpecialIds`].
+type IdField = fn(&mut SpecialIds) -> &mut Option<u32>;
+
 /// Finishes the vocabulary: special ids from metadata (over `ids`, the
 /// defaults), auto-detected EOT/EOM/FIM ids, unused and EOG marking, the
 /// model-name attribute fixes and the special-token cache.
@@ -271,7 +274,7 @@ pub(crate) fn finish(
     mut ids: SpecialIds,
 ) -> Result<(), TokenizerError> {
     let n = v.n_tokens() as i64;
-    let keys: [(&str, fn(&mut SpecialIds) -> &mut Option<u32>); 17] = [
+    let keys: [(&str, IdField); 17] = [
         ("tokenizer.ggml.bos_token_id", |i| &mut i.bos),
         ("tokenizer.ggml.eos_token_id", |i| &mut i.eos),
         ("tokenizer.ggml.eot_token_id", |i| &mut i.eot),

@@ -3,6 +3,9 @@
 //! Q3_K..Q6_K reference dots follows ggml's scalar code so results agree to
 //! the last bit with ggml's generic path.
 
+// Index loops mirror ggml's reference code, which keeps them easy to audit.
+#![allow(clippy::needless_range_loop)]
+
 mod q2_k;
 mod q3_k;
 mod q4_k;

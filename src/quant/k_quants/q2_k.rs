@@ -80,4 +80,6 @@ impl GgmlBlock for BlockQ2K {
         }
         sumf
     }
+
+    avx2_kernel!(dot_q2_k);
 }

@@ -25,7 +25,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
 
 impl BlockQ3K {
     /// The sixteen signed scales (`sc - 32`).
-    fn scales16(&self) -> [i32; 16] {
+    pub(crate) fn scales16(&self) -> [i32; 16] {
         let mut out = [0i32; 16];
         for (j, o) in out.iter_mut().enumerate() {
             let lo = if j < 8 {
@@ -92,4 +92,6 @@ impl GgmlBlock for BlockQ3K {
         }
         sums.iter().fold(0.0, |acc, s| acc + s)
     }
+
+    avx2_kernel!(dot_q3_k);
 }

@@ -24,6 +24,15 @@ pub struct BlockQ5K {
 const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 
 impl BlockQ5K {
+    /// The eight (scale, min) pairs.
+    pub(crate) fn scale_mins(&self) -> ([u8; 8], [u8; 8]) {
+        let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+        for j in 0..8 {
+            (sc[j], m[j]) = get_scale_min_k4(j, &self.scales);
+        }
+        (sc, m)
+    }
+
     /// The 256 unsigned quants (0..32) in element order.
     fn quants(&self) -> [i8; QK_K] {
         let mut a = [0i8; QK_K];
@@ -81,4 +90,6 @@ impl GgmlBlock for BlockQ5K {
         }
         sums.iter().fold(sumf, |acc, s| acc + s)
     }
+
+    avx2_kernel!(dot_q5_k);
 }

@@ -11,7 +11,7 @@ use super::accumulate_8_lanes;
 use crate::quant::common::{
     f16_to_f32, f32_to_f16, make_qx_quants_rmse1, nearest_int, GROUP_MAX_EPS,
 };
-use crate::quant::{BlockQ8K, CpuCaps, GgmlBlock, Kernel, QuantError, QK_K};
+use crate::quant::{BlockQ8K, GgmlBlock, QuantError, QK_K};
 use crate::tensor::GgmlType;
 use bytemuck::{Pod, Zeroable};
 use half::f16;
@@ -129,15 +129,5 @@ impl GgmlBlock for BlockQ6K {
         Ok(())
     }
 
-    fn simd_dot(caps: CpuCaps) -> Option<Kernel<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        if caps.has_avx2() {
-            return Some(Kernel {
-                name: "avx2",
-                dot: crate::quant::simd_x86::dot_q6_k,
-            });
-        }
-        let _ = caps;
-        None
-    }
+    avx2_kernel!(dot_q6_k);
 }

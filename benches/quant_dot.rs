@@ -1,0 +1,86 @@
+//! Scalar vs SIMD dot-product throughput of every quant type
+//! (`QuantOps::vec_dot_rows`, one thread). Plain timing loop, no harness:
+//! `cargo bench --bench quant_dot`. Weights (256 rows x 4096) stay in L2, so
+//! this measures the kernels, not memory bandwidth.
+
+use longhaul::quant::{
+    ops, quantize_activations, quantize_row, scalar_ops, QuantOps, SUPPORTED_TYPES,
+};
+use longhaul::tensor::GgmlType;
+use std::time::Instant;
+
+fn weights(ty: GgmlType, n: usize, rows: usize) -> Vec<u8> {
+    let x: Vec<f32> = (0..n * rows)
+        .map(|i| ((i as f32) * 0.618).sin() * 0.5)
+        .collect();
+    match quantize_row(ty, &x) {
+        Ok(w) => w,
+        // Types without a quantiser: deterministic bytes with small f16 scales.
+        Err(_) => {
+            let len = ty.row_bytes((n * rows) as u64).unwrap() as usize;
+            let mut w: Vec<u8> = (0..len)
+                .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+                .collect();
+            for b in w.chunks_exact_mut(ty.type_size()) {
+                let off = match ty {
+                    GgmlType::Q2_K => 80,
+                    GgmlType::Q3_K => 108,
+                    _ => 0,
+                };
+                b[off..off + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                if matches!(
+                    ty,
+                    GgmlType::Q2_K
+                        | GgmlType::Q4_K
+                        | GgmlType::Q5_K
+                        | GgmlType::Q4_1
+                        | GgmlType::Q5_1
+                ) {
+                    b[off + 2..off + 4].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                }
+            }
+            w
+        }
+    }
+}
+
+fn time(o: &dyn QuantOps, n: usize, w: &[u8], act: &[u8], out: &mut [f32]) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut iters = 0;
+        while t.elapsed().as_secs_f64() < 0.05 {
+            o.vec_dot_rows(n, w, act, out).unwrap();
+            iters += 1;
+        }
+        best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+    }
+    best
+}
+
+fn main() {
+    let (n, rows) = (4096, 256);
+    let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).cos()).collect();
+    println!(
+        "{:8} {:>8} {:>12} {:>12} {:>8}  (n={n}, rows={rows}, GB/s of weights)",
+        "type", "kernel", "scalar", "fast", "speedup"
+    );
+    for ty in SUPPORTED_TYPES {
+        let (fast, slow) = (ops(ty).unwrap(), scalar_ops(ty).unwrap());
+        let w = weights(ty, n, rows);
+        let mut act = Vec::new();
+        quantize_activations(fast.act_type(), &x, &mut act).unwrap();
+        let mut out = vec![0.0; rows];
+        let ts = time(slow, n, &w, &act, &mut out);
+        let tf = time(fast, n, &w, &act, &mut out);
+        let gbs = |t: f64| w.len() as f64 / t / 1e9;
+        println!(
+            "{:8} {:>8} {:>10.2}   {:>10.2}   {:>7.1}x",
+            ty.name(),
+            fast.kernel_name(),
+            gbs(ts),
+            gbs(tf),
+            ts / tf
+        );
+    }
+}
