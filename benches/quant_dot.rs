@@ -4,7 +4,8 @@
 //! this measures the kernels, not memory bandwidth.
 
 use longhaul::quant::{
-    ops, quantize_activations, quantize_row, scalar_ops, QuantOps, SUPPORTED_TYPES,
+    ops, ops_with_caps, quantize_activations, quantize_row, scalar_ops, CpuCaps, QuantOps,
+    SUPPORTED_TYPES,
 };
 use longhaul::tensor::GgmlType;
 use std::time::Instant;
@@ -61,26 +62,36 @@ fn time(o: &dyn QuantOps, n: usize, w: &[u8], act: &[u8], out: &mut [f32]) -> f6
 fn main() {
     let (n, rows) = (4096, 256);
     let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).cos()).collect();
+    let best = CpuCaps::detect();
+    let avx2 = CpuCaps {
+        avx512: false,
+        ..best
+    };
+    println!("GB/s of weights, n={n}, rows={rows}, one thread; speedups vs scalar");
     println!(
-        "{:8} {:>8} {:>12} {:>12} {:>8}  (n={n}, rows={rows}, GB/s of weights)",
-        "type", "kernel", "scalar", "fast", "speedup"
+        "{:8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "type", "scalar", "avx2", "x", "best", "x"
     );
     for ty in SUPPORTED_TYPES {
-        let (fast, slow) = (ops(ty).unwrap(), scalar_ops(ty).unwrap());
+        let slow = scalar_ops(ty).unwrap();
         let w = weights(ty, n, rows);
         let mut act = Vec::new();
-        quantize_activations(fast.act_type(), &x, &mut act).unwrap();
+        quantize_activations(slow.act_type(), &x, &mut act).unwrap();
         let mut out = vec![0.0; rows];
-        let ts = time(slow, n, &w, &act, &mut out);
-        let tf = time(fast, n, &w, &act, &mut out);
         let gbs = |t: f64| w.len() as f64 / t / 1e9;
+        let ts = time(slow, n, &w, &act, &mut out);
+        let t2 = time(ops_with_caps(ty, avx2).unwrap(), n, &w, &act, &mut out);
+        let fast = ops(ty).unwrap();
+        let tb = time(fast, n, &w, &act, &mut out);
         println!(
-            "{:8} {:>8} {:>10.2}   {:>10.2}   {:>7.1}x",
+            "{:8} {:>8.2} {:>8.2} {:>7.1}x {:>8.2} {:>7.1}x  {}",
             ty.name(),
-            fast.kernel_name(),
             gbs(ts),
-            gbs(tf),
-            ts / tf
+            gbs(t2),
+            ts / t2,
+            gbs(tb),
+            ts / tb,
+            fast.kernel_name()
         );
     }
 }

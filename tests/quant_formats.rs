@@ -14,8 +14,8 @@
 //! Random inputs are fresh each run; set LONGHAUL_TEST_SEED to replay one.
 
 use longhaul::quant::{
-    dequantize_row, ops, quantize_activations, quantize_row, scalar_ops, QuantError,
-    SUPPORTED_TYPES,
+    dequantize_row, ops, ops_with_caps, quantize_activations, quantize_row, scalar_ops, CpuCaps,
+    QuantError, SUPPORTED_TYPES,
 };
 use longhaul::tensor::GgmlType;
 use std::path::PathBuf;
@@ -341,33 +341,47 @@ fn dequant_dot(ty: GgmlType, act_ty: GgmlType, w: &[u8], act: &[u8], n: usize) -
     (dot, mag)
 }
 
+/// Every kernel level this CPU can run: what [`ops`] picks, and each lower
+/// x86 level (AVX2 without AVX-512).
+fn kernel_levels() -> Vec<CpuCaps> {
+    let best = CpuCaps::detect();
+    let mut levels = vec![best];
+    if best.has_avx512() {
+        levels.push(CpuCaps {
+            avx512: false,
+            ..best
+        });
+    }
+    levels
+}
+
+/// Row lengths that exercise odd block counts and float tails.
+fn lengths(ty: GgmlType) -> [usize; 3] {
+    match ty.block_size() {
+        1 => [1, 37, 4099],
+        32 => [32, 160, 4128],
+        _ => [256, 768, 4096],
+    }
+}
+
 #[test]
 fn vec_dot_matches_dequantised_dot_and_simd_matches_scalar() {
     let mut rng = Rng::from_env(1);
     for ty in SUPPORTED_TYPES {
-        let (fast, slow) = (ops(ty).unwrap(), scalar_ops(ty).unwrap());
-        for nb in [1usize, 3, 16] {
-            let n = nb * 256;
+        let slow = scalar_ops(ty).unwrap();
+        for n in lengths(ty) {
             let rows = 3;
             let w: Vec<u8> = (0..rows)
                 .flat_map(|_| random_row(ty, n, &mut rng))
                 .collect();
             let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
             let mut act = Vec::new();
-            quantize_activations(fast.act_type(), &x, &mut act).unwrap();
+            quantize_activations(slow.act_type(), &x, &mut act).unwrap();
             let rb = w.len() / rows;
-            let mut out = vec![f32::NAN; rows];
-            fast.vec_dot_rows(n, &w, &act, &mut out).unwrap();
             for r in 0..rows {
                 let row = &w[r * rb..(r + 1) * rb];
-                let (want, mag) = dequant_dot(ty, fast.act_type(), row, &act, n);
+                let (want, mag) = dequant_dot(ty, slow.act_type(), row, &act, n);
                 let s = slow.vec_dot(n, row, &act).unwrap();
-                let f = fast.vec_dot(n, row, &act).unwrap();
-                assert_eq!(
-                    out[r].to_bits(),
-                    f.to_bits(),
-                    "{ty}: vec_dot_rows == vec_dot"
-                );
                 // Q4_1/Q5_1 use Q8_1's f16 `s = d * sum(q)` for the min term
                 // (ggml does too): allow f16 rounding there.
                 let tol = match ty {
@@ -378,11 +392,27 @@ fn vec_dot_matches_dequantised_dot_and_simd_matches_scalar() {
                     (s as f64 - want).abs() <= tol,
                     "{ty} scalar n={n}: {s} vs {want} (mag {mag})"
                 );
-                assert!(
-                    (f as f64 - s as f64).abs() <= 1e-5 * mag,
-                    "{ty} {} vs scalar n={n}: {f} vs {s} (mag {mag})",
-                    fast.kernel_name()
-                );
+            }
+            for caps in kernel_levels() {
+                let fast = ops_with_caps(ty, caps).unwrap();
+                let mut out = vec![f32::NAN; rows];
+                fast.vec_dot_rows(n, &w, &act, &mut out).unwrap();
+                for r in 0..rows {
+                    let row = &w[r * rb..(r + 1) * rb];
+                    let (_, mag) = dequant_dot(ty, slow.act_type(), row, &act, n);
+                    let s = slow.vec_dot(n, row, &act).unwrap();
+                    let f = fast.vec_dot(n, row, &act).unwrap();
+                    assert_eq!(
+                        out[r].to_bits(),
+                        f.to_bits(),
+                        "{ty}: vec_dot_rows == vec_dot"
+                    );
+                    assert!(
+                        (f as f64 - s as f64).abs() <= 1e-5 * mag,
+                        "{ty} {} vs scalar n={n}: {f} vs {s} (mag {mag})",
+                        fast.kernel_name()
+                    );
+                }
             }
         }
     }
@@ -479,7 +509,8 @@ fn simd_kernels_are_selected_where_the_cpu_has_them() {
     {
         // Every supported type has an AVX2 kernel.
         for ty in SUPPORTED_TYPES {
-            assert_eq!(ops(ty).unwrap().kernel_name(), "avx2", "{ty}");
+            let name = ops(ty).unwrap().kernel_name();
+            assert!(name == "avx2" || name == "avx512vnni", "{ty}: {name}");
         }
     }
 }

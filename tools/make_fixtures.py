@@ -216,8 +216,8 @@ def hf_dir(work: Path, arch: str) -> Path:
     return work / "hf" / arch
 
 
-ROUTER_MARGIN = 0.05   # min gap (router logits) between the k-th and (k+1)-th expert
-GREEDY_GAP = 0.05      # min top1 - top2 logit gap at every greedy decision
+ROUTER_MARGIN = 0.03   # min gap (router logits) between the k-th and (k+1)-th expert
+GREEDY_GAP = 0.03      # min top1 - top2 logit gap at every greedy decision
 MAX_TRIES = 400
 
 

@@ -53,7 +53,7 @@ impl GgmlBlock for f32 {
         out.copy_from_slice(x);
         Ok(())
     }
-    avx2_kernel!(dot_f32);
+    x86_kernels!(avx2: dot_f32);
 }
 
 impl ActBlock for f16 {
@@ -87,7 +87,7 @@ impl GgmlBlock for f16 {
         <f16 as ActBlock>::quantize_act(x, out);
         Ok(())
     }
-    avx2_kernel!(dot_f16);
+    x86_kernels!(avx2: dot_f16);
 }
 
 impl ActBlock for bf16 {
@@ -121,7 +121,7 @@ impl GgmlBlock for bf16 {
         <bf16 as ActBlock>::quantize_act(x, out);
         Ok(())
     }
-    avx2_kernel!(dot_bf16);
+    x86_kernels!(avx2: dot_bf16);
 }
 
 #[cfg(test)]

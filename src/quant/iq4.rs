@@ -72,7 +72,7 @@ impl GgmlBlock for BlockIQ4NL {
         sumf
     }
 
-    avx2_kernel!(dot_iq4_nl);
+    x86_kernels!(avx2: dot_iq4_nl, avx512: dot_iq4_nl);
 }
 
 impl BlockIQ4XS {
@@ -121,5 +121,5 @@ impl GgmlBlock for BlockIQ4XS {
         sumf
     }
 
-    avx2_kernel!(dot_iq4_xs);
+    x86_kernels!(avx2: dot_iq4_xs);
 }

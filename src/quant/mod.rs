@@ -29,17 +29,28 @@
 //! Q8 activation quants lie in `[-127, 127]`, which is what every activation
 //! quantiser here produces.
 
-/// `GgmlBlock::simd_dot` returning the AVX2 kernel `simd_x86::$f` when the
-/// CPU has AVX2 + FMA + F16C (x86_64 only), else `None`.
-macro_rules! avx2_kernel {
-    ($f:ident) => {
+/// `GgmlBlock::simd_dot` for x86_64: the AVX-512 VNNI kernel
+/// `simd_x86_512::$avx512` when the CPU has it, else the AVX2 kernel
+/// `simd_x86::$avx2` (AVX2 + FMA + F16C), else `None`.
+macro_rules! x86_kernels {
+    (avx2: $avx2:ident $(, avx512: $avx512:ident)?) => {
         fn simd_dot(caps: $crate::quant::CpuCaps) -> Option<$crate::quant::Kernel<Self>> {
             #[cfg(target_arch = "x86_64")]
-            if caps.has_avx2() {
-                return Some($crate::quant::Kernel {
-                    name: "avx2",
-                    dot: $crate::quant::simd_x86::$f,
-                });
+            {
+                $(
+                    if caps.has_avx512() {
+                        return Some($crate::quant::Kernel {
+                            name: "avx512vnni",
+                            dot: $crate::quant::simd_x86_512::$avx512,
+                        });
+                    }
+                )?
+                if caps.has_avx2() {
+                    return Some($crate::quant::Kernel {
+                        name: "avx2",
+                        dot: $crate::quant::simd_x86::$avx2,
+                    });
+                }
             }
             let _ = caps;
             None
@@ -59,6 +70,8 @@ mod q5;
 mod q8;
 #[cfg(target_arch = "x86_64")]
 mod simd_x86;
+#[cfg(target_arch = "x86_64")]
+mod simd_x86_512;
 
 use crate::tensor::GgmlType;
 use bytemuck::Pod;
@@ -68,8 +81,8 @@ pub use iq4::{BlockIQ4NL, BlockIQ4XS};
 pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
 pub use mxfp4::BlockMXFP4;
 pub use ops::{
-    dequantize_row, kernel_for, ops, quantize_activations, quantize_row, scalar_ops, CpuCaps,
-    QuantOps, SUPPORTED_TYPES,
+    dequantize_row, kernel_for, ops, ops_with_caps, quantize_activations, quantize_row, scalar_ops,
+    CpuCaps, QuantOps, SUPPORTED_TYPES,
 };
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;

@@ -84,5 +84,5 @@ impl GgmlBlock for BlockMXFP4 {
         Ok(())
     }
 
-    avx2_kernel!(dot_mxfp4);
+    x86_kernels!(avx2: dot_mxfp4, avx512: dot_mxfp4);
 }

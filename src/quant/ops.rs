@@ -9,7 +9,7 @@ use super::{
 };
 use crate::tensor::GgmlType;
 use half::{bf16, f16};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// Weight types with dequantisation and dot products here.
 pub const SUPPORTED_TYPES: [GgmlType; 16] = [
@@ -38,6 +38,8 @@ pub struct CpuCaps {
     pub avx2: bool,
     pub fma: bool,
     pub f16c: bool,
+    /// AVX-512 F + BW + VNNI.
+    pub avx512: bool,
 }
 
 impl CpuCaps {
@@ -46,7 +48,13 @@ impl CpuCaps {
         avx2: false,
         fma: false,
         f16c: false,
+        avx512: false,
     };
+
+    /// AVX-512 F + BW + VNNI on top of [`CpuCaps::has_avx2`].
+    pub fn has_avx512(self) -> bool {
+        self.has_avx2() && self.avx512
+    }
 
     /// AVX2 + FMA + F16C: what every x86 kernel here is compiled for.
     pub fn has_avx2(self) -> bool {
@@ -54,7 +62,7 @@ impl CpuCaps {
     }
 
     /// The running CPU's features, or [`CpuCaps::NONE`] when the environment
-    /// sets `LONGHAUL_NO_SIMD=1`.
+    /// sets `LONGHAUL_NO_SIMD=1`; `LONGHAUL_NO_AVX512=1` stops at AVX2.
     pub fn detect() -> CpuCaps {
         if std::env::var("LONGHAUL_NO_SIMD").is_ok_and(|v| v == "1") {
             return CpuCaps::NONE;
@@ -65,6 +73,10 @@ impl CpuCaps {
                 avx2: is_x86_feature_detected!("avx2"),
                 fma: is_x86_feature_detected!("fma"),
                 f16c: is_x86_feature_detected!("f16c"),
+                avx512: is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+                    && !std::env::var("LONGHAUL_NO_AVX512").is_ok_and(|v| v == "1"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -352,10 +364,28 @@ pub fn scalar_ops(ty: GgmlType) -> Result<&'static dyn QuantOps, QuantError> {
     SCALAR.get_or_init(|| Table::new(CpuCaps::NONE)).get(ty)
 }
 
-/// Name of the dot kernel a table built from `caps` would use for `ty`; a
-/// pure function for tests and `longhaul bench`.
+/// The operations of `ty` with the kernels a CPU with `caps` would get (for
+/// tests and benches comparing kernel levels; the caps must be true of this
+/// CPU when the returned operations are *called*, or [`CpuCaps::NONE`]).
+pub fn ops_with_caps(ty: GgmlType, caps: CpuCaps) -> Result<&'static dyn QuantOps, QuantError> {
+    // One leaked table per distinct caps value: a handful at most.
+    static TABLES: Mutex<Vec<(CpuCaps, &'static Table)>> = Mutex::new(Vec::new());
+    let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
+    let table = match tables.iter().find(|(c, _)| *c == caps) {
+        Some((_, t)) => *t,
+        None => {
+            let t: &'static Table = Box::leak(Box::new(Table::new(caps)));
+            tables.push((caps, t));
+            t
+        }
+    };
+    table.get(ty)
+}
+
+/// Name of the dot kernel a CPU with `caps` gets for `ty`; a pure function
+/// for tests and `longhaul bench`.
 pub fn kernel_for(ty: GgmlType, caps: CpuCaps) -> Result<&'static str, QuantError> {
-    Table::new(caps).get(ty).map(|o| o.kernel_name())
+    ops_with_caps(ty, caps).map(|o| o.kernel_name())
 }
 
 fn quantize_act_into<A: ActBlock>(x: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
@@ -451,6 +481,10 @@ mod tests {
         }
     }
 
+    fn expect_simd_x86() -> bool {
+        cfg!(target_arch = "x86_64")
+    }
+
     #[test]
     fn kernel_selection_is_a_pure_function_of_caps() {
         assert_eq!(kernel_for(GgmlType::Q4_K, CpuCaps::NONE).unwrap(), "scalar");
@@ -458,7 +492,20 @@ mod tests {
             avx2: true,
             fma: true,
             f16c: true,
+            avx512: false,
         };
+        let avx512 = CpuCaps {
+            avx512: true,
+            ..avx2
+        };
+        assert_eq!(
+            kernel_for(GgmlType::Q4_K, avx512).unwrap() == "avx512vnni",
+            expect_simd_x86()
+        );
+        assert_eq!(
+            kernel_for(GgmlType::Q5_K, avx512).unwrap() == "avx2",
+            expect_simd_x86()
+        );
         let expect_simd = cfg!(target_arch = "x86_64");
         assert_eq!(
             kernel_for(GgmlType::Q4_K, avx2).unwrap() == "avx2",

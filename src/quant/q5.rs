@@ -112,7 +112,7 @@ impl GgmlBlock for BlockQ5_0 {
         Ok(())
     }
 
-    avx2_kernel!(dot_q5_0);
+    x86_kernels!(avx2: dot_q5_0);
 }
 
 impl GgmlBlock for BlockQ5_1 {
@@ -167,5 +167,5 @@ impl GgmlBlock for BlockQ5_1 {
         Ok(())
     }
 
-    avx2_kernel!(dot_q5_1);
+    x86_kernels!(avx2: dot_q5_1);
 }

@@ -40,15 +40,19 @@ pub struct BlockQ8K {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
 
-/// Symmetric 8-bit quantisation of 32 values with ggml's rounding
-/// (`roundf`: half away from zero). Returns `(d, qs)`.
+/// Symmetric 8-bit quantisation of 32 activations exactly as ggml's x86 CPU
+/// path (`quantize_row_q8_0` / `_q8_1` in `ggml-cpu/arch/x86/quants.c`):
+/// `d = amax / 127`, multiplier `127 / amax`, round half to even. (The
+/// portable `_ref` version uses `1 / d` and `roundf`; trained models with
+/// outlier activations are sensitive enough that the difference shows in
+/// greedy output, so we follow the path llama.cpp really runs.) Returns `(d, qs)`.
 fn q8_32(x: &[f32]) -> (f32, [i8; 32]) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let mut qs = [0i8; 32];
     for (q, v) in qs.iter_mut().zip(x) {
-        *q = (v * id).round() as i8;
+        *q = (v * id).round_ties_even() as i8;
     }
     (d, qs)
 }
@@ -98,7 +102,7 @@ impl GgmlBlock for BlockQ8_0 {
         Self::quantize_act(x, out);
         Ok(())
     }
-    avx2_kernel!(dot_q8_0);
+    x86_kernels!(avx2: dot_q8_0, avx512: dot_q8_0);
 }
 
 impl ActBlock for BlockQ8_1 {

@@ -18,12 +18,17 @@ use super::{
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
-#[inline(always)]
-unsafe fn h2f(h: f16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn h2f(h: f16) -> f32 {
+    // A broadcast, not `cvtsi32_si128`: LLVM turns the latter into a
+    // `vpinsrw` into whatever register is free (often the accumulator),
+    // which chains every block's scale onto the previous block's FMA.
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(h.to_bits() as i16)))
 }
 
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hsum_ps(v: __m256) -> f32 {
     let r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
     let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -33,22 +38,25 @@ unsafe fn hsum_ps(v: __m256) -> f32 {
 
 /// 32 nibbles -> 32 bytes in element order (low nibbles of the 16 bytes are
 /// elements 0..16, high nibbles 16..32).
-#[inline(always)]
-unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
     let t = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
     let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
     _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
 }
 
-#[inline(always)]
-unsafe fn load32(p: &[i8]) -> __m256i {
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn load32(p: &[i8]) -> __m256i {
     debug_assert!(p.len() >= 32);
     _mm256_loadu_si256(p.as_ptr() as *const __m256i)
 }
 
 /// Sum of adjacent products of signed bytes, as 8 i32 lanes. `y` must not
 /// hold -128 where `x` is negative (sign trick).
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn mul_sum_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
     let ax = _mm256_sign_epi8(x, x);
     let sy = _mm256_sign_epi8(y, x);
@@ -56,7 +64,8 @@ unsafe fn mul_sum_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
 }
 
 /// Sum of adjacent products of unsigned `x` (< 128) and signed `y`.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn mul_sum_u8_i8(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
 }
@@ -144,7 +153,7 @@ unsafe fn dot_bf16_avx2(w: &[bf16], a: &[bf16]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_avx2(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn dot_q4_0_avx2(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
@@ -170,7 +179,7 @@ unsafe fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
 
 /// Exact for any bytes (including -128): widens to i16 before multiplying.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
@@ -190,7 +199,8 @@ unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
 }
 
 /// Shared kernel of the 4-bit lookup formats (MXFP4, IQ4_NL) against Q8_0.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_lut4(
     table: &[i8; 16],
     blocks: impl Iterator<Item = (f32, [u8; 16], [i8; 32])>,
@@ -206,7 +216,7 @@ unsafe fn dot_lut4(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
     let it = w
         .iter()
         .zip(a)
@@ -215,7 +225,7 @@ unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
     let it = w
         .iter()
         .zip(a)
@@ -297,7 +307,8 @@ unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
 }
 
 /// The 32 bits of `qh` as 32 bytes: 0xFF where the bit is set, else 0.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn bits_32(qh: [u8; 4]) -> __m256i {
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
@@ -341,7 +352,8 @@ unsafe fn dot_q5_1_avx2(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
 
 /// `maddubs(q, y)` (16 i16 lanes: elements 0..16 then 16..32) weighted by
 /// `s0` for the first 16 elements and `s1` for the rest, as 8 i32 lanes.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scaled_pairs(p16: __m256i, s0: i16, s1: i16) -> __m256i {
     _mm256_madd_epi16(
         p16,

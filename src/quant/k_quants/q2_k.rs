@@ -81,5 +81,5 @@ impl GgmlBlock for BlockQ2K {
         sumf
     }
 
-    avx2_kernel!(dot_q2_k);
+    x86_kernels!(avx2: dot_q2_k);
 }

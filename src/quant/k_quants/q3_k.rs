@@ -93,5 +93,5 @@ impl GgmlBlock for BlockQ3K {
         sums.iter().fold(0.0, |acc, s| acc + s)
     }
 
-    avx2_kernel!(dot_q3_k);
+    x86_kernels!(avx2: dot_q3_k);
 }

@@ -157,5 +157,5 @@ impl GgmlBlock for BlockQ4K {
         Ok(())
     }
 
-    avx2_kernel!(dot_q4_k);
+    x86_kernels!(avx2: dot_q4_k, avx512: dot_q4_k);
 }

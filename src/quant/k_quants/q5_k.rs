@@ -91,5 +91,5 @@ impl GgmlBlock for BlockQ5K {
         sums.iter().fold(sumf, |acc, s| acc + s)
     }
 
-    avx2_kernel!(dot_q5_k);
+    x86_kernels!(avx2: dot_q5_k);
 }

