@@ -6,6 +6,7 @@ pub mod backend;
 pub mod engine;
 pub mod gguf;
 pub mod kv;
+pub mod longhaul;
 pub mod model;
 pub mod quant;
 pub mod sample;

@@ -25,13 +25,18 @@ fn greedy_64_tokens_equal_llamacpp_for_three_prompts() {
         let text = p["text"].as_str().expect("text");
         let tokens = ids(&p["tokens"]);
         let ours = tok.encode(text, true, false).expect("encode");
-        assert_eq!(ours, tokens, "tokenisation of {text:?} differs from llama.cpp");
+        assert_eq!(
+            ours, tokens,
+            "tokenisation of {text:?} differs from llama.cpp"
+        );
         let want = ids(&p["greedy"]);
         assert_eq!(want.len(), 64);
         let got = greedy(&m, &tokens, want.len(), GgmlType::F32);
         if got != want {
             let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-            fails.push(format!("{text:?}: first difference at token {at}\n  ours   {got:?}\n  theirs {want:?}"));
+            fails.push(format!(
+                "{text:?}: first difference at token {at}\n  ours   {got:?}\n  theirs {want:?}"
+            ));
         }
     }
     assert!(fails.is_empty(), "{}", fails.join("\n"));
@@ -48,7 +53,12 @@ fn last_prompt_logits_match_llamacpp() {
         let last = &all[all.len() - m.hp.n_vocab..];
         let theirs = floats(&p["last_logits"]);
         let e = nmse(last, &theirs);
-        eprintln!("{:?}: nmse {e:.3e}, argmax ours {} theirs {}", p["text"], argmax(last), argmax(&theirs));
+        eprintln!(
+            "{:?}: nmse {e:.3e}, argmax ours {} theirs {}",
+            p["text"],
+            argmax(last),
+            argmax(&theirs)
+        );
         assert!(e <= 1e-4, "nmse {e:.3e}");
     }
 }

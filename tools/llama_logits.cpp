@@ -11,7 +11,7 @@
 //                                      parse_special=false), i.e. BOS as llama.cpp adds it)
 //   --n-predict N   greedy tokens to decode after each prompt (argmax of raw logits,
 //                   lowest id on ties, no stop at EOG)            default 32
-//                   greedy_gap_min = smallest top1 - top2 logit gap over those steps
+//                   greedy_gaps[i] = top1 - top2 logit gap at step i; greedy_gap_min = min
 //   --logits all|last|none  which prompt rows to print             default all
 //   --top K         also print the K best (id, logit) of the last prompt row
 //   --threads N     default 2;  --ctx N  default 256
@@ -197,7 +197,7 @@ int main(int argc, char ** argv) {
         std::vector<llama_token> gen;
         if (n_predict > 0) {
             llama_token t = argmax(last, n_vocab);
-            float gap_min = top_gap(last, n_vocab);
+            std::vector<float> gaps = { top_gap(last, n_vocab) };
             for (int s = 0; s < n_predict; s++) {
                 gen.push_back(t);
                 if (s + 1 == n_predict) break;
@@ -208,11 +208,12 @@ int main(int argc, char ** argv) {
                 llama_batch_free(b);
                 const float * l = llama_get_logits_ith(ctx, 0);
                 t = argmax(l, n_vocab);
-                gap_min = std::min(gap_min, top_gap(l, n_vocab));
+                gaps.push_back(top_gap(l, n_vocab));
             }
             printf(",\"greedy\":");
             print_ids(gen);
-            printf(",\"greedy_gap_min\":%.9g", gap_min);
+            printf(",\"greedy_gap_min\":%.9g,\"greedy_gaps\":", *std::min_element(gaps.begin(), gaps.end()));
+            print_row(gaps.data(), (int) gaps.size());
         } else {
             printf(",\"greedy\":null");
         }

@@ -255,7 +255,7 @@ def analyse(model, toks: list[int]):
     finally:
         for h in handles:
             h.remove()
-    return full[: len(toks)].float().numpy(), greedy, margin, min(gaps)
+    return full[: len(toks)].float().numpy(), greedy, margin, gaps
 
 
 def choose_prompts(model, arch: str, n_normal: int, first: int):
@@ -268,19 +268,20 @@ def choose_prompts(model, arch: str, n_normal: int, first: int):
         best = None
         for attempt in range(MAX_TRIES):
             toks = [int(x) for x in rng.randint(first, n_normal, size=n)]
-            logits, greedy, margin, gap = analyse(model, toks)
-            score = min(margin / ROUTER_MARGIN, gap / GREEDY_GAP)
+            logits, greedy, margin, gaps = analyse(model, toks)
+            score = min(margin / ROUTER_MARGIN, min(gaps) / GREEDY_GAP)
             if best is None or score > best[0]:
-                best = (score, toks, logits, greedy, margin, gap, attempt + 1)
+                best = (score, toks, logits, greedy, margin, gaps, attempt + 1)
             if score >= 1.0:
                 break
-        score, toks, logits, greedy, margin, gap, tries = best
+        score, toks, logits, greedy, margin, gaps, tries = best
+        gap = min(gaps)
         if score < 1.0:
             print(f"[hf] warning: {arch} prompt of {n}: best router margin {margin:.3g}, "
                   f"greedy gap {gap:.3g} after {MAX_TRIES} draws", flush=True)
         out.append({"tokens": toks, "logits": logits.tolist(), "greedy": greedy,
                     "router_margin_min": round(margin, 6), "greedy_gap_min": round(gap, 6),
-                    "draws": tries})
+                    "greedy_gaps": [round(g, 6) for g in gaps], "draws": tries})
     return out
 
 
@@ -454,7 +455,8 @@ def stage_llama(args):
             # greedy is cheap on these models, so every file gets it
             res = llama_eval(args, args.fixtures / fx, prompts=prompts, n_predict=N_GREEDY)
             out = [{"tokens": p["tokens"], "logits": p["logits"], "greedy": p["greedy"],
-                    "greedy_gap_min": p["greedy_gap_min"]} for p in res["prompts"]]
+                    "greedy_gap_min": p["greedy_gap_min"],
+                    "greedy_gaps": [float(f"{g:.6g}") for g in p["greedy_gaps"]]} for p in res["prompts"]]
             header = {
                 "fixture": fx, "reference": "llama.cpp",
                 "generator": f"tools/llama_logits.cpp ({args.llama_version}); one batch per prompt, "
@@ -499,14 +501,16 @@ def stage_smollm2(args):
         "generator": f"tools/llama_logits.cpp ({args.llama_version}); prompt tokenized with llama_tokenize("
                      "add_special=true, parse_special=false) (this model: add_bos=" + str(res["add_bos"]).lower() +
                      "); one batch; flash attention off; F32 KV cache; 2 threads; no repack; greedy = argmax of "
-                     "raw logits (lowest id on ties), 64 tokens, no EOG stop; last_logits = last prompt row",
+                     "raw logits (lowest id on ties), 64 tokens, no EOG stop; greedy_gap_min = smallest top1-top2 "
+                     "logit gap over the 64 decisions; last_logits = last prompt row",
         "n_vocab": res["n_vocab"], "add_bos": res["add_bos"], "settings": res["settings"],
         "prompts": [],
     }
     parts = []
     for p in res["prompts"]:
         parts.append("{" + f'"text": {json.dumps(p["text"], ensure_ascii=False)},\n"tokens": {json.dumps(p["tokens"])},\n'
-                     f'"greedy": {json.dumps(p["greedy"])},\n"last_logits": {fmt_rows(p["logits"])[1:-1]}' + "}")
+                     f'"greedy": {json.dumps(p["greedy"])},\n"greedy_gap_min": {p["greedy_gap_min"]},\n'
+                     f'"greedy_gaps": {json.dumps([float(f"{g:.6g}") for g in p["greedy_gaps"]])},\n"last_logits": {fmt_rows(p["logits"])[1:-1]}' + "}")
     head = json.dumps({k: v for k, v in doc.items() if k != "prompts"}, ensure_ascii=False, indent=1)[:-2]
     text = head + ',\n "prompts": [\n' + ",\n".join(parts) + "\n]}\n"
     path = args.goldens / "smollm2-greedy.json"

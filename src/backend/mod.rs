@@ -85,6 +85,28 @@ pub struct BatchPos {
     pub n_tokens: usize,
 }
 
+/// One routed tensor's shape in an expert slot store: the dims and bytes of a
+/// single expert's slice (the file's tensor without its expert axis).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotTensor {
+    pub ty: GgmlType,
+    pub dims: Vec<u64>,
+    pub bytes: u64,
+}
+
+/// Memory for the expert slots of one MoE layer: for each routed tensor,
+/// `n_slots` slices of one expert each. The longhaul loader writes expert
+/// bytes into slots through this trait; the backend reads them as a stacked
+/// weight `[.., n_slots]` (see [`Backend::slot_weight`]).
+pub trait SlotStore: Send {
+    /// Writable slices for the `(tensor, slot)` pairs in `which` (all distinct),
+    /// in the same order. A weight handed out by `slot_weight` must be dropped
+    /// before slots are written again.
+    fn slots_mut(&mut self, which: &[(usize, usize)]) -> Result<Vec<&mut [u8]>, BackendError>;
+    /// Bytes held by the store.
+    fn bytes(&self) -> u64;
+}
+
 /// The ops an architecture may use. `Tensor` is an activation living on the
 /// backend; `Weight` a read-only weight (2-D matrix, 1-D vector or stacked 3-D
 /// experts); `Kv` one layer's KV cache.
@@ -92,6 +114,7 @@ pub trait Backend: Send + Sync {
     type Tensor: Send;
     type Weight: Send + Sync;
     type Kv: Send;
+    type Slots: SlotStore;
 
     fn name(&self) -> &'static str;
 
@@ -101,6 +124,27 @@ pub trait Backend: Send + Sync {
         model: &std::sync::Arc<crate::gguf::Model>,
         t: &crate::gguf::TensorInfo,
     ) -> Result<Self::Weight, BackendError>;
+
+    /// Slot memory for `n_slots` experts of each of `tensors`.
+    fn new_slots(
+        &self,
+        tensors: &[SlotTensor],
+        n_slots: usize,
+    ) -> Result<Self::Slots, BackendError>;
+    /// Tensor `t` of a slot store as a stacked weight `[dims.., n_slots]`.
+    fn slot_weight(&self, slots: &Self::Slots, t: usize) -> Result<Self::Weight, BackendError>;
+
+    /// Gathers rows `rows` of `x`.
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[usize]) -> Result<Self::Tensor, BackendError>;
+    /// Writes row `i` of `src` into row `rows[i]` of `dst`.
+    fn scatter_rows(
+        &self,
+        dst: &mut Self::Tensor,
+        src: &Self::Tensor,
+        rows: &[usize],
+    ) -> Result<(), BackendError>;
+    /// A zero tensor `[rows, cols]`.
+    fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor, BackendError>;
 
     /// Wraps host floats `[rows, cols]`.
     fn from_host(

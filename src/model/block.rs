@@ -139,6 +139,7 @@ pub(super) fn load<B: Backend>(
         beta_fast: hp.yarn_beta_fast,
         beta_slow: hp.yarn_beta_slow,
     };
+    let streamed = (0..hp.n_layer).map(|_| None).collect();
     Ok(Model {
         spec,
         hp,
@@ -149,6 +150,8 @@ pub(super) fn load<B: Backend>(
         output,
         layers,
         rope,
+        streamed,
+        n_slots: 0,
     })
 }
 
@@ -218,8 +221,35 @@ fn dense_ffn<B: Backend>(
     Ok(b.matmul(&f.down, &h)?)
 }
 
+/// The routed experts' outputs `[t * n_used, n_embd]` (before weighting):
+/// row `t * n_used + j` is expert `ids[t, j]` applied to token `t`.
+pub(super) fn expert_outputs<B: Backend>(
+    b: &B,
+    ex: &Experts<B::Weight>,
+    x: &B::Tensor,
+    ids: &[u32],
+    k: usize,
+    glu: Glu,
+) -> Result<B::Tensor, ModelError> {
+    let mut up = b.mul_mat_id(&ex.up, x, ids, k)?;
+    if let Some(ub) = &ex.up_b {
+        b.add_bias_id(&mut up, ub, ids)?;
+    }
+    let mut gate = b.mul_mat_id(&ex.gate, x, ids, k)?;
+    if let Some(gb) = &ex.gate_b {
+        b.add_bias_id(&mut gate, gb, ids)?;
+    }
+    let h = b.glu(&gate, &up, glu)?;
+    let mut down = b.mul_mat_id(&ex.down, &h, ids, k)?;
+    if let Some(db) = &ex.down_b {
+        b.add_bias_id(&mut down, db, ids)?;
+    }
+    Ok(down)
+}
+
 fn moe_ffn<B: Backend>(
     m: &Model<B>,
+    il: usize,
     f: &MoeFfn<B::Weight>,
     x: &B::Tensor,
 ) -> Result<B::Tensor, ModelError> {
@@ -239,20 +269,10 @@ fn moe_ffn<B: Backend>(
         hp.expert_weights_scale,
     );
     let k = hp.n_expert_used;
-    let ex = &f.experts;
-    let mut up = b.mul_mat_id(&ex.up, x, &ids, k)?;
-    if let Some(ub) = &ex.up_b {
-        b.add_bias_id(&mut up, ub, &ids)?;
-    }
-    let mut gate = b.mul_mat_id(&ex.gate, x, &ids, k)?;
-    if let Some(gb) = &ex.gate_b {
-        b.add_bias_id(&mut gate, gb, &ids)?;
-    }
-    let h = b.glu(&gate, &up, m.spec.glu)?;
-    let mut down = b.mul_mat_id(&ex.down, &h, &ids, k)?;
-    if let Some(db) = &ex.down_b {
-        b.add_bias_id(&mut down, db, &ids)?;
-    }
+    let down = match m.streamed.get(il).and_then(Option::as_ref) {
+        None => expert_outputs(b, &f.experts, x, &ids, k, m.spec.glu)?,
+        Some(layer) => super::stream::expert_outputs(m, layer, &f.experts, x, &ids, k)?,
+    };
     let mut out = b.weighted_sum(&down, &weights, k)?;
     if let Some(sh) = &f.shared {
         let mut s = dense_ffn(b, sh, x)?;
@@ -296,7 +316,7 @@ pub(super) fn forward<B: Backend>(
         n_tokens: tokens.len(),
     };
     let mut x = b.get_rows(&m.tok_embd, tokens)?;
-    for (layer, kv) in m.layers.iter().zip(kv.iter_mut()) {
+    for (il, (layer, kv)) in m.layers.iter().zip(kv.iter_mut()).enumerate() {
         let h = b.rms_norm(&x, &layer.attn_norm, hp.n_embd, hp.eps)?;
         let mut q = b.matmul(&layer.wq, &h)?;
         let mut k = b.matmul(&layer.wk, &h)?;
@@ -334,7 +354,7 @@ pub(super) fn forward<B: Backend>(
         let h = b.rms_norm(&x, &layer.ffn_norm, hp.n_embd, hp.eps)?;
         let f = match &layer.ffn {
             Ffn::Dense(d) => dense_ffn(b, d, &h)?,
-            Ffn::Moe(moe) => moe_ffn(m, moe, &h)?,
+            Ffn::Moe(moe) => moe_ffn(m, il, moe, &h)?,
         };
         b.add(&mut x, &f)?;
     }

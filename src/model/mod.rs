@@ -6,10 +6,13 @@ pub mod arch;
 mod block;
 pub mod hparams;
 
-use std::sync::Arc;
+mod stream;
+
+use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, BackendError, RopeParams};
 use crate::gguf::{self, GgufError};
+use crate::longhaul::{CacheStats, LonghaulConfig, LonghaulError, StreamedLayer};
 pub use arch::ArchSpec;
 pub use hparams::{Gating, Hparams};
 
@@ -32,6 +35,12 @@ pub enum ModelError {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    #[error(transparent)]
+    Longhaul(#[from] LonghaulError),
+    #[error(
+        "--longhaul needs a MoE model; {arch} has no routed experts (run it without --longhaul)"
+    )]
+    NoExperts { arch: String },
 }
 
 /// The routed experts of one MoE layer (stacked `[k, n, n_expert]` tensors)
@@ -96,6 +105,11 @@ pub struct Model<B: Backend> {
     pub output: B::Weight,
     pub layers: Vec<Layer<B::Weight>>,
     pub rope: RopeParams,
+    /// Longhaul mode: the streamed experts of each MoE layer (`None` for
+    /// dense layers, or everywhere in resident mode).
+    pub streamed: Vec<Option<Mutex<StreamedLayer<B::Slots>>>>,
+    /// Slots per MoE layer in longhaul mode.
+    pub n_slots: usize,
 }
 
 /// Which rows of logits a forward pass returns.
@@ -120,8 +134,18 @@ pub fn routed_expert_tensor_names(il: usize) -> [String; 7] {
 }
 
 impl<B: Backend> Model<B> {
-    /// Builds the model from an opened GGUF file.
+    /// Builds the model from an opened GGUF file, every weight resident.
     pub fn load(backend: B, file: Arc<gguf::Model>) -> Result<Self, ModelError> {
+        Self::load_with(backend, file, None)
+    }
+
+    /// Builds the model; with `longhaul`, routed experts are streamed into a
+    /// per-layer slot cache instead of being read from the mapping.
+    pub fn load_with(
+        backend: B,
+        file: Arc<gguf::Model>,
+        longhaul: Option<LonghaulConfig>,
+    ) -> Result<Self, ModelError> {
         let md = file.metadata();
         let arch = md.architecture()?.to_string();
         let spec = arch::lookup(&arch).ok_or_else(|| ModelError::UnsupportedArch {
@@ -131,7 +155,45 @@ impl<B: Backend> Model<B> {
         let embd = file.require_tensor("token_embd.weight")?;
         let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
-        block::load(backend, file.clone(), spec, hp)
+        let mut m = block::load(backend, file.clone(), spec, hp)?;
+        if let Some(cfg) = longhaul {
+            stream::attach(&mut m, cfg)?;
+        }
+        Ok(m)
+    }
+
+    /// Longhaul cache statistics per layer (`None` in resident mode; dense
+    /// layers report zeros).
+    pub fn longhaul_stats(&self) -> Option<Vec<CacheStats>> {
+        if self.streamed.iter().all(Option::is_none) {
+            return None;
+        }
+        Some(
+            self.streamed
+                .iter()
+                .map(|l| {
+                    l.as_ref()
+                        .map(|l| l.lock().map(|g| g.stats).unwrap_or_default())
+                        .unwrap_or_default()
+                })
+                .collect(),
+        )
+    }
+
+    /// `(MoE layers, bytes of one expert across a layer's routed tensors)`:
+    /// a longhaul budget of `n * layers * bytes` gives `n` slots per layer.
+    pub fn expert_slot_cost(&self) -> Result<(usize, u64), ModelError> {
+        stream::slot_cost(self)
+    }
+
+    /// Bytes of the expert slots (the longhaul budget actually used).
+    pub fn slot_bytes(&self) -> u64 {
+        use crate::backend::SlotStore;
+        self.streamed
+            .iter()
+            .flatten()
+            .map(|l| l.lock().map(|g| g.slots.bytes()).unwrap_or(0))
+            .sum()
     }
 
     /// A fresh KV cache for `n_ctx` positions, one entry per layer.

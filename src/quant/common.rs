@@ -60,6 +60,28 @@ pub(crate) fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     }
 }
 
+/// All eight (scale, min) pairs of a Q4_K / Q5_K super-block at once,
+/// branch-free (the same bits as [`get_scale_min_k4`]).
+#[inline(always)]
+pub(crate) fn scale_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let u = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let sc_lo = u0 & KMASK1;
+    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let m_lo = u1 & KMASK1;
+    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let cat = |a: u32, b: u32| {
+        let mut o = [0u8; 8];
+        o[..4].copy_from_slice(&a.to_le_bytes());
+        o[4..].copy_from_slice(&b.to_le_bytes());
+        o
+    };
+    (cat(sc_lo, sc_hi), cat(m_lo, m_hi))
+}
+
 /// Packs 8 six-bit scales and mins into the 12-byte K4 layout (inverse of
 /// [`get_scale_min_k4`]).
 pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
@@ -245,6 +267,15 @@ mod tests {
         let packed = pack_scale_min_k4(&ls, &lm);
         for j in 0..8 {
             assert_eq!(get_scale_min_k4(j, &packed), (ls[j], lm[j]));
+        }
+        assert_eq!(scale_mins_k4(&packed), (ls, lm));
+        // Arbitrary bytes too (high bits set everywhere).
+        let q = [
+            0xFFu8, 0xC1, 0x7E, 0x80, 0x3F, 0xAA, 0x55, 0x01, 0x9C, 0xE7, 0x42, 0xFF,
+        ];
+        let (sc, m) = scale_mins_k4(&q);
+        for j in 0..8 {
+            assert_eq!(get_scale_min_k4(j, &q), (sc[j], m[j]));
         }
     }
 }

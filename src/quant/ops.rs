@@ -398,10 +398,19 @@ fn quantize_act_into<A: ActBlock>(x: &[f32], out: &mut Vec<u8>) -> Result<(), Qu
             got: x.len(),
         });
     }
-    let mut blocks = vec![<A as bytemuck::Zeroable>::zeroed(); x.len() / A::BLOCK];
-    A::quantize_act(x, &mut blocks);
+    let nb = x.len() / A::BLOCK;
     out.clear();
-    out.extend_from_slice(bytemuck::cast_slice(&blocks));
+    out.resize(nb * size_of::<A>(), 0);
+    // Allocations are at least 8-aligned in practice, so this writes in
+    // place; a stricter block alignment falls back to a temporary.
+    match bytemuck::try_cast_slice_mut::<u8, A>(out) {
+        Ok(blocks) => A::quantize_act(x, blocks),
+        Err(_) => {
+            let mut blocks = vec![<A as bytemuck::Zeroable>::zeroed(); nb];
+            A::quantize_act(x, &mut blocks);
+            out.copy_from_slice(bytemuck::cast_slice(&blocks));
+        }
+    }
     Ok(())
 }
 
@@ -499,7 +508,7 @@ mod tests {
             ..avx2
         };
         assert_eq!(
-            kernel_for(GgmlType::Q4_K, avx512).unwrap() == "avx512vnni",
+            kernel_for(GgmlType::Q6_K, avx512).unwrap() == "avx512vnni",
             expect_simd_x86()
         );
         assert_eq!(

@@ -21,10 +21,10 @@ use std::arch::x86_64::*;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn h2f(h: f16) -> f32 {
-    // A broadcast, not `cvtsi32_si128`: LLVM turns the latter into a
-    // `vpinsrw` into whatever register is free (often the accumulator),
-    // which chains every block's scale onto the previous block's FMA.
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(h.to_bits() as i16)))
+    // Integer conversion on purpose: with `vcvtph2ps`, LLVM loads the half
+    // with a `vpinsrw` into whatever vector register is free (often the FMA
+    // accumulator), which chains every block onto the previous block's FMA.
+    h.to_f32_const()
 }
 
 #[inline]
@@ -152,15 +152,129 @@ unsafe fn dot_bf16_avx2(w: &[bf16], a: &[bf16]) -> f32 {
     )
 }
 
+/// The f16 scale fields of a 32-weight block and its activation block:
+/// `[dx, dy, mx, sy]`, giving `d = dx * dy` and (Q4_1 / Q5_1) `m = mx * sy`;
+/// `extra` multiplies `d` (MXFP4's E8M0 scale, whose `dx` is 1).
+pub(super) trait BlockScales<A> {
+    fn halves(&self, y: &A) -> [u16; 4];
+    #[inline(always)]
+    fn extra(&self) -> f32 {
+        1.0
+    }
+}
+
+macro_rules! scales {
+    ($w:ty, $a:ty, |$x:ident, $y:ident| $h:expr) => {
+        impl BlockScales<$a> for $w {
+            #[inline(always)]
+            fn halves(&self, $y: &$a) -> [u16; 4] {
+                let $x = self;
+                $h
+            }
+        }
+    };
+}
+
+scales!(BlockQ4_0, BlockQ8_0, |x, y| [
+    x.d.to_bits(),
+    y.d.to_bits(),
+    0,
+    0
+]);
+scales!(BlockQ5_0, BlockQ8_0, |x, y| [
+    x.d.to_bits(),
+    y.d.to_bits(),
+    0,
+    0
+]);
+scales!(BlockQ8_0, BlockQ8_0, |x, y| [
+    x.d.to_bits(),
+    y.d.to_bits(),
+    0,
+    0
+]);
+scales!(BlockIQ4NL, BlockQ8_0, |x, y| [
+    y.d.to_bits(),
+    x.d.to_bits(),
+    0,
+    0
+]);
+scales!(BlockQ4_1, BlockQ8_1, |x, y| [
+    x.d.to_bits(),
+    y.d.to_bits(),
+    x.m.to_bits(),
+    y.s.to_bits()
+]);
+scales!(BlockQ5_1, BlockQ8_1, |x, y| [
+    x.d.to_bits(),
+    y.d.to_bits(),
+    x.m.to_bits(),
+    y.s.to_bits()
+]);
+
+impl BlockScales<BlockQ8_0> for BlockMXFP4 {
+    #[inline(always)]
+    fn halves(&self, y: &BlockQ8_0) -> [u16; 4] {
+        [y.d.to_bits(), f16::ONE.to_bits(), 0, 0]
+    }
+    #[inline(always)]
+    fn extra(&self) -> f32 {
+        e8m0_to_f32_half(self.e)
+    }
+}
+
+/// `a * b` of two halves with one `vcvtph2ps` from a general register
+/// (`vmovd` writes the whole vector: no false dependency, see [`h2f`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn h2f_mul(a: u16, b: u16) -> f32 {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((a as u32 | (b as u32) << 16) as i32));
+    _mm_cvtss_f32(_mm_mul_ss(v, _mm_movehdup_ps(v)))
+}
+
+/// `sum_j bsums[j] * m[j / 2]` = `sum_k m[k] * (bsums[2k] + bsums[2k+1])`:
+/// the min term of Q4_K / Q5_K.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mins_dot(bsums: &[i16; 16], m: &[u8; 8]) -> i32 {
+    let bs = _mm256_loadu_si256(bsums.as_ptr() as *const __m256i);
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(m.as_ptr() as *const __m128i));
+    let p = _mm_madd_epi16(mins, pairs);
+    let p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+    _mm_cvtsi128_si32(_mm_add_epi32(p, _mm_shuffle_epi32(p, 1)))
+}
+
+/// The `(d, m)` of one block pair (see [`BlockScales`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn block_scales<W: BlockScales<A>, A>(x: &W, y: &A) -> (f32, f32) {
+    let h = x.halves(y);
+    (h2f_mul(h[0], h[1]) * x.extra(), h2f_mul(h[2], h[3]))
+}
+
+/// Calls `body(x, y, d, m)` for every block pair (see [`BlockScales`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn each_block<W: BlockScales<A>, A>(
+    w: &[W],
+    a: &[A],
+    mut body: impl FnMut(&W, &A, f32, f32),
+) {
+    for (x, y) in w.iter().zip(a) {
+        let (d, m) = block_scales(x, y);
+        body(x, y, d, m);
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4_0_avx2(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
-        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+    each_block(w, a, |x, y, d, _| {
         let qx = _mm256_sub_epi8(nibbles_32(&x.qs), _mm256_set1_epi8(8));
         let p = mul_sum_i8_pairs(qx, load32(&y.qs));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
-    }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    });
     hsum_ps(acc)
 }
 
@@ -168,12 +282,11 @@ pub(super) unsafe fn dot_q4_0_avx2(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
 unsafe fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        summs += h2f(x.m) * h2f(y.s);
-        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+    each_block(w, a, |x, y, d, m| {
+        summs += m;
         let p = mul_sum_u8_i8(nibbles_32(&x.qs), load32(&y.qs));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
-    }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    });
     hsum_ps(acc) + summs
 }
 
@@ -181,8 +294,7 @@ unsafe fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
-        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+    each_block(w, a, |x, y, d, _| {
         let xp = x.qs.as_ptr() as *const __m128i;
         let yp = y.qs.as_ptr() as *const __m128i;
         let lo = _mm256_madd_epi16(
@@ -193,44 +305,39 @@ pub(super) unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
             _mm256_cvtepi8_epi16(_mm_loadu_si128(xp.add(1))),
             _mm256_cvtepi8_epi16(_mm_loadu_si128(yp.add(1))),
         );
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), acc);
-    }
+        let p = _mm256_add_epi32(lo, hi);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    });
     hsum_ps(acc)
 }
 
 /// Shared kernel of the 4-bit lookup formats (MXFP4, IQ4_NL) against Q8_0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_lut4(
+unsafe fn dot_lut4<W: BlockScales<BlockQ8_0>>(
     table: &[i8; 16],
-    blocks: impl Iterator<Item = (f32, [u8; 16], [i8; 32])>,
+    w: &[W],
+    a: &[BlockQ8_0],
+    qs: impl Fn(&W) -> &[u8; 16],
 ) -> f32 {
     let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
     let mut acc = _mm256_setzero_ps();
-    for (d, qs, q8) in blocks {
-        let vals = _mm256_shuffle_epi8(lut, nibbles_32(&qs));
-        let p = mul_sum_i8_pairs(vals, load32(&q8));
+    each_block(w, a, |x, y, d, _| {
+        let vals = _mm256_shuffle_epi8(lut, nibbles_32(qs(x)));
+        let p = mul_sum_i8_pairs(vals, load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    }
+    });
     hsum_ps(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
-    let it = w
-        .iter()
-        .zip(a)
-        .map(|(x, y)| (h2f(y.d) * e8m0_to_f32_half(x.e), x.qs, y.qs));
-    dot_lut4(&KVALUES_MXFP4, it)
+    dot_lut4(&KVALUES_MXFP4, w, a, |x| &x.qs)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
-    let it = w
-        .iter()
-        .zip(a)
-        .map(|(x, y)| (h2f(y.d) * h2f(x.d), x.qs, y.qs));
-    dot_lut4(&KVALUES_IQ4NL, it)
+    dot_lut4(&KVALUES_IQ4NL, w, a, |x| &x.qs)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -240,8 +347,7 @@ unsafe fn dot_q4_k_avx2(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     let mut acc_m = 0.0f32;
     for (x, y) in w.iter().zip(a) {
         let (sc, m) = x.scale_mins();
-        let summ: i32 = (0..16).map(|j| y.bsums[j] as i32 * m[j / 2] as i32).sum();
-        acc_m += h2f(x.dmin) * y.d * summ as f32;
+        acc_m += h2f(x.dmin) * y.d * mins_dot(&y.bsums, &m) as f32;
         let mut sumi = _mm256_setzero_si256();
         for c in 0..4 {
             let q4 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * c) as *const __m256i);
@@ -324,14 +430,13 @@ unsafe fn bits_32(qh: [u8; 4]) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_0_avx2(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
-        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+    each_block(w, a, |x, y, d, _| {
         // Where the fifth bit is clear, set the top nibble: nibble - 16 as i8.
         let hi = _mm256_andnot_si256(bits_32(x.qh), _mm256_set1_epi8(0xF0u8 as i8));
         let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
         let p = mul_sum_i8_pairs(qx, load32(&y.qs));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
-    }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    });
     hsum_ps(acc)
 }
 
@@ -339,14 +444,13 @@ unsafe fn dot_q5_0_avx2(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
 unsafe fn dot_q5_1_avx2(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        summs += h2f(x.m) * h2f(y.s);
-        let d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+    each_block(w, a, |x, y, d, m| {
+        summs += m;
         let hi = _mm256_and_si256(bits_32(x.qh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
         let p = mul_sum_u8_i8(qx, load32(&y.qs));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
-    }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    });
     hsum_ps(acc) + summs
 }
 
@@ -367,9 +471,14 @@ unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = 0.0f32;
     for (x, y) in w.iter().zip(a) {
-        let summs: i32 = (0..16)
-            .map(|j| y.bsums[j] as i32 * (x.scales[j] >> 4) as i32)
-            .sum();
+        // sum_j bsums[j] * (scales[j] >> 4), via i16 pairs.
+        let sc = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let p = _mm256_madd_epi16(mins, bs);
+        let p = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        let p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+        let summs = _mm_cvtsi128_si32(_mm_add_epi32(p, _mm_shuffle_epi32(p, 1)));
         acc_m += y.d * h2f(x.dmin) * summs as f32;
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
@@ -436,8 +545,7 @@ unsafe fn dot_q5_k_avx2(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
     let mut acc_m = 0.0f32;
     for (x, y) in w.iter().zip(a) {
         let (sc, m) = x.scale_mins();
-        let summ: i32 = (0..16).map(|j| y.bsums[j] as i32 * m[j / 2] as i32).sum();
-        acc_m += h2f(x.dmin) * y.d * summ as f32;
+        acc_m += h2f(x.dmin) * y.d * mins_dot(&y.bsums, &m) as f32;
         let hbits = _mm256_loadu_si256(x.qh.as_ptr() as *const __m256i);
         let mut sumi = _mm256_setzero_si256();
         for c in 0..4 {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use half::f16;
 
-use super::{AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams};
+use super::{AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams, SlotStore, SlotTensor};
 use crate::gguf;
 use crate::tensor::GgmlType;
 
@@ -149,6 +149,51 @@ impl KvStore {
     }
 }
 
+/// Expert slots in host memory: one buffer per routed tensor holding
+/// `n_slots` experts back to back, so a slot store reads like the file's
+/// stacked tensor with fewer experts.
+pub struct HostSlots {
+    tensors: Vec<SlotTensor>,
+    bufs: Vec<Arc<Vec<u8>>>,
+    n_slots: usize,
+}
+
+impl SlotStore for HostSlots {
+    fn slots_mut(&mut self, which: &[(usize, usize)]) -> Result<Vec<&mut [u8]>, BackendError> {
+        let busy = || {
+            shape_err(
+                "slots_mut",
+                "a slot weight is still alive while slots are written".into(),
+            )
+        };
+        // Split every buffer into per-slot slices once, then hand out the requested ones.
+        let mut per_tensor: Vec<Vec<Option<&mut [u8]>>> = Vec::with_capacity(self.bufs.len());
+        for (buf, t) in self.bufs.iter_mut().zip(&self.tensors) {
+            let buf = Arc::get_mut(buf).ok_or_else(busy)?;
+            per_tensor.push(buf.chunks_mut(t.bytes.max(1) as usize).map(Some).collect());
+        }
+        which
+            .iter()
+            .map(|&(t, s)| {
+                per_tensor
+                    .get_mut(t)
+                    .and_then(|v| v.get_mut(s))
+                    .and_then(Option::take)
+                    .ok_or_else(|| {
+                        shape_err(
+                            "slots_mut",
+                            format!("slot ({t}, {s}) is out of range or requested twice"),
+                        )
+                    })
+            })
+            .collect()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bufs.iter().map(|b| b.len() as u64).sum()
+    }
+}
+
 /// The CPU backend. Threads come from the rayon pool it is run inside.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;
@@ -167,6 +212,7 @@ impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
     type Kv = CpuKv;
+    type Slots = HostSlots;
 
     fn name(&self) -> &'static str {
         "CPU"
@@ -178,6 +224,67 @@ impl Backend for CpuBackend {
         t: &gguf::TensorInfo,
     ) -> Result<CpuWeight, BackendError> {
         Ok(CpuWeight::mapped(model, t))
+    }
+
+    fn new_slots(&self, tensors: &[SlotTensor], n_slots: usize) -> Result<HostSlots, BackendError> {
+        let bufs = tensors
+            .iter()
+            .map(|t| Arc::new(vec![0u8; t.bytes as usize * n_slots]))
+            .collect();
+        Ok(HostSlots {
+            tensors: tensors.to_vec(),
+            bufs,
+            n_slots,
+        })
+    }
+
+    fn slot_weight(&self, slots: &HostSlots, t: usize) -> Result<CpuWeight, BackendError> {
+        let spec = slots
+            .tensors
+            .get(t)
+            .ok_or_else(|| shape_err("slot_weight", format!("no slot tensor {t}")))?;
+        let mut dims = spec.dims.clone();
+        dims.push(slots.n_slots as u64);
+        Ok(CpuWeight::host(spec.ty, dims, slots.bufs[t].clone()))
+    }
+
+    fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> Result<CpuTensor, BackendError> {
+        let mut out = CpuTensor::zeros(rows.len(), x.cols);
+        for (dst, &r) in out.data.chunks_mut(x.cols.max(1)).zip(rows) {
+            if r >= x.rows {
+                return Err(shape_err("gather_rows", format!("row {r} of {}", x.rows)));
+            }
+            dst.copy_from_slice(x.row(r));
+        }
+        Ok(out)
+    }
+
+    fn scatter_rows(
+        &self,
+        dst: &mut CpuTensor,
+        src: &CpuTensor,
+        rows: &[usize],
+    ) -> Result<(), BackendError> {
+        if src.cols != dst.cols || src.rows != rows.len() {
+            return Err(shape_err(
+                "scatter_rows",
+                format!("[{}, {}] into rows of {}", src.rows, src.cols, dst.cols),
+            ));
+        }
+        for (i, &r) in rows.iter().enumerate() {
+            if r >= dst.rows {
+                return Err(shape_err(
+                    "scatter_rows",
+                    format!("row {r} of {}", dst.rows),
+                ));
+            }
+            dst.data[r * dst.cols..(r + 1) * dst.cols].copy_from_slice(src.row(i));
+        }
+        Ok(())
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
+        Ok(CpuTensor::zeros(rows, cols))
     }
 
     fn from_host(

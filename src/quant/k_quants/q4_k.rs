@@ -9,6 +9,7 @@
 use super::accumulate_8_lanes;
 use crate::quant::common::{
     f16_to_f32, f32_to_f16, get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4,
+    scale_mins_k4,
 };
 use crate::quant::{BlockQ8K, GgmlBlock, QuantError, QK_K};
 use crate::tensor::GgmlType;
@@ -27,12 +28,9 @@ const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 
 impl BlockQ4K {
     /// The eight (scale, min) pairs.
+    #[inline(always)]
     pub(crate) fn scale_mins(&self) -> ([u8; 8], [u8; 8]) {
-        let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
-        for j in 0..8 {
-            (sc[j], m[j]) = get_scale_min_k4(j, &self.scales);
-        }
-        (sc, m)
+        scale_mins_k4(&self.scales)
     }
 }
 
@@ -157,5 +155,5 @@ impl GgmlBlock for BlockQ4K {
         Ok(())
     }
 
-    x86_kernels!(avx2: dot_q4_k, avx512: dot_q4_k);
+    x86_kernels!(avx2: dot_q4_k);
 }

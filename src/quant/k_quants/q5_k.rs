@@ -6,7 +6,7 @@
 //! `x = d * sc * q - dmin * m`.
 
 use super::accumulate_8_lanes;
-use crate::quant::common::{f16_to_f32, get_scale_min_k4};
+use crate::quant::common::{f16_to_f32, get_scale_min_k4, scale_mins_k4};
 use crate::quant::{BlockQ8K, GgmlBlock, QK_K};
 use crate::tensor::GgmlType;
 use bytemuck::{Pod, Zeroable};
@@ -25,12 +25,9 @@ const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 
 impl BlockQ5K {
     /// The eight (scale, min) pairs.
+    #[inline(always)]
     pub(crate) fn scale_mins(&self) -> ([u8; 8], [u8; 8]) {
-        let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
-        for j in 0..8 {
-            (sc[j], m[j]) = get_scale_min_k4(j, &self.scales);
-        }
-        (sc, m)
+        scale_mins_k4(&self.scales)
     }
 
     /// The 256 unsigned quants (0..32) in element order.

@@ -1,0 +1,72 @@
+//! Concurrent positional reads of expert slices straight into their slots,
+//! on a small I/O thread pool separate from the compute threads, followed by
+//! advice to the kernel to drop the pages just read (the slots are the cache;
+//! keeping the same bytes in the page cache would double the memory).
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::gguf::{self, GgufError};
+
+/// One read: `dst.len()` bytes at `offset` of shard `shard`.
+pub(super) struct Job<'a> {
+    pub shard: usize,
+    pub offset: u64,
+    pub dst: &'a mut [u8],
+}
+
+fn io_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let n = std::env::var("LONGHAUL_IO_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8usize);
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .thread_name(|i| format!("longhaul-io-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+#[cfg(target_os = "linux")]
+fn drop_pages(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise only reads its integer arguments; a bad range is
+    // reported through the return value, which is advisory and ignored.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn drop_pages(_file: &std::fs::File, _offset: u64, _len: u64) {}
+
+/// Runs every job; returns the bytes read, or the shard and error of a failure.
+pub(super) fn read_all(file: &gguf::Model, jobs: Vec<Job<'_>>) -> Result<u64, (usize, GgufError)> {
+    let run = |jobs: Vec<Job<'_>>| {
+        jobs.into_par_iter().try_for_each(|j| {
+            let len = j.dst.len() as u64;
+            file.read_at(j.shard, j.offset, j.dst)
+                .map_err(|e| (j.shard, e))?;
+            if let Some(f) = file.file(j.shard) {
+                drop_pages(f, j.offset, len);
+            }
+            Ok::<(), (usize, GgufError)>(())
+        })
+    };
+    let total: u64 = jobs.iter().map(|j| j.dst.len() as u64).sum();
+    match io_pool() {
+        Some(pool) => pool.install(|| run(jobs))?,
+        None => run(jobs)?,
+    };
+    Ok(total)
+}

@@ -1,0 +1,240 @@
+//! Longhaul: routed experts are not resident. Each MoE layer owns a fixed
+//! number of expert slots in a backend slot store; at the layer's sync point
+//! the planner ([`cache::LayerCache`]) maps the batch's expert ids to slots,
+//! the loader reads missing experts from the GGUF shard that owns them with
+//! positional reads straight into their slots, and the backend computes over
+//! the slots with slot ids. This module knows files and slots; it knows
+//! nothing about architectures or concrete backends.
+
+pub mod cache;
+mod loader;
+
+use std::time::Duration;
+
+use crate::backend::{BackendError, SlotStore, SlotTensor};
+use crate::gguf::{self, GgufError, TensorInfo};
+pub use cache::{LayerCache, Policy, Wave};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LonghaulError {
+    #[error("--longhaul-cache {budget_gib:.3} GiB holds no expert per layer: one expert in each of the {n_layers} MoE layers needs {min_gib:.3} GiB; raise --longhaul-cache to at least that")]
+    BudgetTooSmall {
+        budget_gib: f64,
+        min_gib: f64,
+        n_layers: usize,
+    },
+    #[error("routed tensor `{name}` has no expert axis (dims {dims:?})")]
+    NotStacked { name: String, dims: Vec<u64> },
+    #[error("reading experts of layer {layer} from {path}: {source}; check that the model file is still there and readable, then retry")]
+    Read {
+        layer: usize,
+        path: String,
+        source: GgufError,
+    },
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// Longhaul settings: the expert budget (`--longhaul-cache`) and the policy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LonghaulConfig {
+    pub budget_bytes: u64,
+    pub policy: Policy,
+}
+
+/// Cache counters of one layer (or summed over layers).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CacheStats {
+    /// Distinct (batch, expert) uses served from a slot.
+    pub hits: u64,
+    /// Distinct (batch, expert) uses that needed a read.
+    pub misses: u64,
+    pub bytes_read: u64,
+    /// Time the sync point waited for reads.
+    pub io_time: Duration,
+    pub waves: u64,
+    /// Batches that needed more than one wave.
+    pub multi_wave_batches: u64,
+}
+
+impl CacheStats {
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+
+    /// Bytes per second while blocked on reads.
+    pub fn read_throughput(&self) -> f64 {
+        self.bytes_read as f64 / self.io_time.as_secs_f64().max(1e-9)
+    }
+
+    pub fn add(&mut self, o: &CacheStats) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.bytes_read += o.bytes_read;
+        self.io_time += o.io_time;
+        self.waves += o.waves;
+        self.multi_wave_batches += o.multi_wave_batches;
+    }
+}
+
+/// Where a routed tensor's experts live in the file.
+#[derive(Clone, Debug)]
+struct ExpertTensor {
+    shard: usize,
+    offset: u64,
+    expert_bytes: u64,
+}
+
+/// One expert's slice of each stacked routed tensor (the expert axis is the
+/// last ggml dim, so expert `e` is `expert_bytes` at `offset + e * expert_bytes`).
+pub fn slot_tensors(tensors: &[&TensorInfo]) -> Result<Vec<SlotTensor>, LonghaulError> {
+    tensors
+        .iter()
+        .map(|t| {
+            let n_expert = *t.dims.last().unwrap_or(&0);
+            if t.dims.len() < 2 || n_expert == 0 || t.len % n_expert != 0 {
+                return Err(LonghaulError::NotStacked {
+                    name: t.name.clone(),
+                    dims: t.dims.clone(),
+                });
+            }
+            Ok(SlotTensor {
+                ty: t.ty,
+                dims: t.dims[..t.dims.len() - 1].to_vec(),
+                bytes: t.len / n_expert,
+            })
+        })
+        .collect()
+}
+
+/// Slots per MoE layer for a budget: `budget / (n_layers * expert_bytes)`,
+/// rounded down, at most every expert.
+pub fn slots_for_budget(
+    budget: u64,
+    n_layers: usize,
+    expert_bytes: u64,
+    n_expert: usize,
+) -> Result<usize, LonghaulError> {
+    let per_slot = (n_layers as u64).max(1) * expert_bytes.max(1);
+    let n = (budget / per_slot) as usize;
+    if n == 0 {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(LonghaulError::BudgetTooSmall {
+            budget_gib: gib(budget),
+            min_gib: gib(per_slot),
+            n_layers,
+        });
+    }
+    Ok(n.min(n_expert))
+}
+
+/// The streamed experts of one MoE layer: planner, slots and file layout.
+pub struct StreamedLayer<S: SlotStore> {
+    layer: usize,
+    pub cache: LayerCache,
+    pub slots: S,
+    tensors: Vec<ExpertTensor>,
+    pub stats: CacheStats,
+}
+
+impl<S: SlotStore> StreamedLayer<S> {
+    /// `tensors` are the layer's stacked routed tensors, in the order of the
+    /// slot store's tensors.
+    pub fn new(
+        layer: usize,
+        tensors: &[&TensorInfo],
+        slots: S,
+        n_slots: usize,
+        policy: Policy,
+    ) -> Result<Self, LonghaulError> {
+        let specs = slot_tensors(tensors)?;
+        let n_expert = tensors
+            .first()
+            .and_then(|t| t.dims.last())
+            .copied()
+            .unwrap_or(0) as usize;
+        Ok(Self {
+            layer,
+            cache: LayerCache::new(n_expert, n_slots, policy),
+            slots,
+            tensors: tensors
+                .iter()
+                .zip(&specs)
+                .map(|(t, s)| ExpertTensor {
+                    shard: t.shard,
+                    offset: t.offset,
+                    expert_bytes: s.bytes,
+                })
+                .collect(),
+            stats: CacheStats::default(),
+        })
+    }
+
+    /// Plans a batch (see [`LayerCache::plan`]) and counts hits and misses.
+    pub fn plan(&mut self, ids: &[u32]) -> Vec<Wave> {
+        let waves = self.cache.plan(ids);
+        for w in &waves {
+            self.stats.misses += w.loads.len() as u64;
+            self.stats.hits += (w.experts.len() - w.loads.len()) as u64;
+        }
+        self.stats.waves += waves.len() as u64;
+        if waves.len() > 1 {
+            self.stats.multi_wave_batches += 1;
+        }
+        waves
+    }
+
+    /// Reads the wave's missing experts into their slots. On failure the
+    /// affected slots are marked empty, so a later retry reloads them.
+    pub fn load(&mut self, file: &gguf::Model, wave: &Wave) -> Result<(), LonghaulError> {
+        if wave.loads.is_empty() {
+            return Ok(());
+        }
+        let which: Vec<(usize, usize)> = wave
+            .loads
+            .iter()
+            .flat_map(|&(_, s)| (0..self.tensors.len()).map(move |t| (t, s as usize)))
+            .collect();
+        let t0 = std::time::Instant::now();
+        let res = {
+            let dsts = self.slots.slots_mut(&which)?;
+            let jobs: Vec<loader::Job> = wave
+                .loads
+                .iter()
+                .flat_map(|&(e, _)| self.tensors.iter().map(move |t| (t, e)))
+                .zip(dsts)
+                .map(|((t, e), dst)| loader::Job {
+                    shard: t.shard,
+                    offset: t.offset + e as u64 * t.expert_bytes,
+                    dst,
+                })
+                .collect();
+            loader::read_all(file, jobs)
+        };
+        self.stats.io_time += t0.elapsed();
+        match res {
+            Ok(bytes) => {
+                self.stats.bytes_read += bytes;
+                Ok(())
+            }
+            Err((shard, source)) => {
+                wave.loads.iter().for_each(|&(_, s)| self.cache.forget(s));
+                let path = file
+                    .shards()
+                    .get(shard)
+                    .map(|s| s.path.display().to_string())
+                    .unwrap_or_default();
+                Err(LonghaulError::Read {
+                    layer: self.layer,
+                    path,
+                    source,
+                })
+            }
+        }
+    }
+}

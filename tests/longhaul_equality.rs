@@ -1,0 +1,153 @@
+//! Longhaul equals resident, bit for bit: for every MoE architecture fixture
+//! and cache sizes from one slot per layer to every expert, the logits of a
+//! prompt processed in ubatches of 32 tokens and of greedy decode steps are
+//! identical, and so are the tokens. Also on split files from our writer.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::*;
+use longhaul::backend::cpu::CpuBackend;
+use longhaul::gguf::{self, Writer};
+use longhaul::kv::KvCache;
+use longhaul::longhaul::{LonghaulConfig, Policy};
+use longhaul::model::{Logits, Model};
+use longhaul::tensor::GgmlType;
+
+const ARCHS: [&str; 4] = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"];
+
+/// 40 prompt tokens (two ubatches of 32 and 8) then 12 greedy steps; returns
+/// every logit row produced and the generated tokens.
+fn run(m: &Model<CpuBackend>) -> (Vec<f32>, Vec<u32>) {
+    let n_vocab = m.hp.n_vocab as u32;
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % n_vocab).collect();
+    let mut kv = KvCache::new(m, 64, GgmlType::F16).expect("kv");
+    let mut all = Vec::new();
+    for chunk in prompt.chunks(32) {
+        all.extend(kv.eval(m, chunk, Logits::All).expect("prompt"));
+    }
+    let mut tokens = Vec::new();
+    let mut last = all[all.len() - n_vocab as usize..].to_vec();
+    for _ in 0..12 {
+        let t = argmax(&last);
+        tokens.push(t);
+        last = kv.eval(m, &[t], Logits::Last).expect("decode");
+        all.extend_from_slice(&last);
+    }
+    (all, tokens)
+}
+
+fn longhaul_model(
+    path: &Path,
+    slots: usize,
+    cost: (usize, u64),
+    policy: Policy,
+) -> Model<CpuBackend> {
+    let file = Arc::new(gguf::Model::open(path).expect("open"));
+    let cfg = LonghaulConfig {
+        budget_bytes: slots as u64 * cost.0 as u64 * cost.1,
+        policy,
+    };
+    let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul load");
+    assert_eq!(m.n_slots, slots);
+    m
+}
+
+fn check(path: &Path, label: &str) {
+    let resident = load(path);
+    let (want_logits, want_tokens) = run(&resident);
+    let cost = resident.expert_slot_cost().expect("cost");
+    let n_expert = resident.hp.n_expert;
+    let mut sizes: Vec<usize> = vec![1, 2, n_expert / 2, n_expert - 1, n_expert];
+    sizes.retain(|&s| s >= 1);
+    sizes.dedup();
+    for &slots in &sizes {
+        for policy in [Policy::Lru, Policy::Lfu] {
+            let m = longhaul_model(path, slots, cost, policy);
+            let (logits, tokens) = run(&m);
+            assert_eq!(
+                tokens, want_tokens,
+                "{label}: {slots} slots, {policy:?}: tokens differ"
+            );
+            let same = logits
+                .iter()
+                .zip(&want_logits)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same && logits.len() == want_logits.len(),
+                "{label}: {slots} slots, {policy:?}: logits are not bit-identical"
+            );
+            let stats = m.longhaul_stats().expect("stats");
+            let total = stats
+                .iter()
+                .fold(longhaul::longhaul::CacheStats::default(), |mut a, s| {
+                    a.add(s);
+                    a
+                });
+            assert!(
+                total.misses > 0 && total.bytes_read > 0,
+                "{label}: nothing was streamed"
+            );
+            if slots < m.hp.n_expert_used {
+                assert!(
+                    total.multi_wave_batches > 0,
+                    "{label}: {slots} slots < top-{} must need waves",
+                    m.hp.n_expert_used
+                );
+            }
+            if slots == n_expert {
+                // With a slot for every expert nothing is ever evicted: each
+                // expert of each layer is read at most once.
+                assert!(
+                    total.misses as usize <= n_expert * cost.0,
+                    "{label}: {} misses with a full cache",
+                    total.misses
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn longhaul_is_bit_identical_to_resident_for_every_cache_size() {
+    for a in ARCHS {
+        for q in ["f32", "q4_k_m"] {
+            let stem = format!("{a}-{q}");
+            check(&fixture(&format!("{stem}.gguf")), &stem);
+        }
+    }
+    check(&fixture("gpt-oss-mxfp4.gguf"), "gpt-oss-mxfp4");
+}
+
+#[test]
+fn longhaul_reads_split_files_from_our_writer() {
+    let src = gguf::Model::open(fixture("qwen3moe-q4_k_m.gguf")).expect("open");
+    let mut w = Writer::new();
+    for (k, v) in src.metadata().iter() {
+        if !k.starts_with("split.") {
+            w.set(k, v.clone());
+        }
+    }
+    for t in src.tensors() {
+        w.add_tensor(
+            &t.name,
+            &t.dims,
+            t.ty,
+            src.tensor_data(t).expect("data").to_vec(),
+        )
+        .expect("add");
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhaul-split");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let paths = w.write_split(dir.join("qwen3moe"), 7).expect("split");
+    assert!(
+        paths.len() > 2,
+        "expected several shards, got {}",
+        paths.len()
+    );
+    let opened = gguf::Model::open(&paths[0]).expect("open split");
+    assert_eq!(opened.shards().len(), paths.len());
+    check(&paths[0], "qwen3moe split");
+}
