@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::gguf::{self, GgufError};
 use crate::kv::KvCache;
+use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
 use crate::model::{Logits, Model, ModelError};
 use crate::sample::Sampler;
 use crate::tensor::GgmlType;
@@ -31,6 +32,8 @@ pub enum EngineError {
     NoChatTemplate,
     #[error("empty prompt: give at least one token")]
     EmptyPrompt,
+    #[error("--longhaul-cache auto needs /proc/meminfo (Linux); give the budget in GiB instead")]
+    NoMemInfo,
 }
 
 /// Engine settings, named as llama.cpp's.
@@ -42,6 +45,50 @@ pub struct EngineParams {
     pub n_ubatch: usize,
     /// KV cache type (`-ctk`/`-ctv`): F16 (default) or F32.
     pub kv_type: GgmlType,
+    /// Stream routed experts (`--longhaul`) with this budget and policy.
+    pub longhaul: Option<LonghaulParams>,
+}
+
+/// The expert budget (`--longhaul-cache GIB|auto`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CacheBudget {
+    Bytes(u64),
+    /// Half of what MemAvailable leaves after dense weights and the KV cache,
+    /// the other half staying free for the OS page cache and workspaces.
+    Auto,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LonghaulParams {
+    pub budget: CacheBudget,
+    pub policy: Policy,
+}
+
+/// What longhaul set up, for the start-up log and for clients.
+#[derive(Clone, Debug)]
+pub struct LonghaulInfo {
+    pub n_moe_layers: usize,
+    pub n_expert: usize,
+    pub n_slots: usize,
+    /// Bytes of one expert across a layer's routed tensors.
+    pub expert_bytes: u64,
+    /// Bytes of all slots (the budget actually used).
+    pub slot_bytes: u64,
+    /// Budget asked for (resolved from `auto` where needed).
+    pub budget_bytes: u64,
+    /// How the budget was chosen.
+    pub budget_note: String,
+    /// Outside the budget: resident weights and the KV cache.
+    pub resident_bytes: u64,
+    pub kv_bytes: u64,
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 impl Default for EngineParams {
@@ -50,6 +97,7 @@ impl Default for EngineParams {
             n_ctx: 4096,
             n_ubatch: 512,
             kv_type: GgmlType::F16,
+            longhaul: None,
         }
     }
 }
@@ -79,6 +127,7 @@ pub struct Engine<B: Backend> {
     pub template: Option<ChatTemplate>,
     pub params: EngineParams,
     pub load_time: Duration,
+    pub longhaul: Option<LonghaulInfo>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -91,10 +140,14 @@ impl<B: Backend> Engine<B> {
         })?;
         let tokenizer = Tokenizer::from_metadata(file.metadata())?;
         let template = ChatTemplate::from_metadata(file.metadata())?;
-        let model = Model::load(backend, Arc::new(file))?;
+        let mut model = Model::load(backend, Arc::new(file))?;
         if params.n_ctx == 0 {
             params.n_ctx = model.hp.n_ctx_train;
         }
+        let longhaul = match params.longhaul {
+            Some(lp) => Some(Self::attach(&mut model, &params, lp)?),
+            None => None,
+        };
         params.n_ubatch = params.n_ubatch.max(1);
         Ok(Self {
             model,
@@ -102,7 +155,57 @@ impl<B: Backend> Engine<B> {
             template,
             params,
             load_time: t0.elapsed(),
+            longhaul,
         })
+    }
+
+    fn attach(
+        model: &mut Model<B>,
+        params: &EngineParams,
+        lp: LonghaulParams,
+    ) -> Result<LonghaulInfo, EngineError> {
+        let (n_moe_layers, expert_bytes) = model.expert_slot_cost()?;
+        let hp = &model.hp;
+        let kv_bytes = (hp.n_layer
+            * params.n_ctx
+            * 2
+            * hp.n_head_kv
+            * hp.head_dim
+            * params.kv_type.type_size()) as u64;
+        let resident_bytes = model.resident_bytes();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let (budget_bytes, budget_note) = match lp.budget {
+            CacheBudget::Bytes(b) => (b, format!("{:.3} GiB as asked", gib(b))),
+            CacheBudget::Auto => {
+                let avail = mem_available().ok_or(EngineError::NoMemInfo)?;
+                let free = avail.saturating_sub(resident_bytes + kv_bytes);
+                let b = free / 2;
+                (b, format!("auto: {:.2} GiB = half of MemAvailable {:.2} GiB minus resident weights and KV cache", gib(b), gib(avail)))
+            }
+        };
+        model.attach_longhaul(LonghaulConfig {
+            budget_bytes,
+            policy: lp.policy,
+        })?;
+        Ok(LonghaulInfo {
+            n_moe_layers,
+            n_expert: model.hp.n_expert,
+            n_slots: model.n_slots,
+            expert_bytes,
+            slot_bytes: model.slot_bytes(),
+            budget_bytes,
+            budget_note,
+            resident_bytes,
+            kv_bytes,
+        })
+    }
+
+    /// Longhaul statistics summed over layers, and per layer.
+    pub fn longhaul_stats(&self) -> Option<(CacheStats, Vec<CacheStats>)> {
+        let per = self.model.longhaul_stats()?;
+        let mut total = CacheStats::default();
+        per.iter().for_each(|s| total.add(s));
+        Some((total, per))
     }
 
     /// A new, empty sequence.

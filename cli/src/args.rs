@@ -1,7 +1,8 @@
 //! Command-line flags shared by subcommands, named as llama.cpp names them.
 
 use clap::Args;
-use longhaul::engine::EngineParams;
+use longhaul::engine::{CacheBudget, EngineParams, LonghaulParams};
+use longhaul::longhaul::Policy;
 use longhaul::sample::SamplerParams;
 use longhaul::tensor::GgmlType;
 
@@ -59,6 +60,43 @@ pub struct ModelArgs {
     /// Repeating layers on the GPU (-ngl): 0 = all on the CPU.
     #[arg(long = "n-gpu-layers", default_value = "0")]
     pub n_gpu_layers: String,
+    #[command(flatten)]
+    pub longhaul: LonghaulArgs,
+}
+
+/// Streaming of routed experts.
+#[derive(Args, Debug, Clone, Default)]
+pub struct LonghaulArgs {
+    /// Stream routed experts from the file into a fixed-budget cache.
+    #[arg(long = "longhaul")]
+    pub longhaul: bool,
+    /// Expert cache budget in GiB (counts only expert slots), or `auto`.
+    #[arg(long = "longhaul-cache", value_name = "GIB|auto")]
+    pub cache: Option<String>,
+    /// Eviction policy: lru (default) or lfu.
+    #[arg(long = "longhaul-policy", default_value = "lru")]
+    pub policy: String,
+}
+
+impl LonghaulArgs {
+    pub fn params(&self) -> anyhow::Result<Option<LonghaulParams>> {
+        if !self.longhaul {
+            if self.cache.is_some() {
+                anyhow::bail!("--longhaul-cache only applies with --longhaul");
+            }
+            return Ok(None);
+        }
+        let budget = match self.cache.as_deref() {
+            None => anyhow::bail!("--longhaul needs --longhaul-cache GIB (the expert cache budget, e.g. 8) or --longhaul-cache auto"),
+            Some("auto") => CacheBudget::Auto,
+            Some(v) => match v.parse::<f64>() {
+                Ok(g) if g > 0.0 && g.is_finite() => CacheBudget::Bytes((g * (1u64 << 30) as f64) as u64),
+                _ => anyhow::bail!("--longhaul-cache {v}: give a positive number of GiB (e.g. 4 or 0.5) or auto"),
+            },
+        };
+        let policy: Policy = self.policy.parse().map_err(anyhow::Error::msg)?;
+        Ok(Some(LonghaulParams { budget, policy }))
+    }
 }
 
 impl ModelArgs {
@@ -87,6 +125,7 @@ impl ModelArgs {
             n_ctx: self.ctx_size,
             n_ubatch: self.ubatch_size.max(1),
             kv_type: k,
+            longhaul: self.longhaul.params()?,
         })
     }
 

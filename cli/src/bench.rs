@@ -6,6 +6,7 @@ use std::time::Instant;
 use clap::Args;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::engine::{Engine, EngineParams};
+use longhaul::longhaul::CacheStats;
 use longhaul::model::Logits;
 use longhaul::tensor::GgmlType;
 
@@ -38,9 +39,22 @@ pub struct BenchArgs {
     pub ubatch: usize,
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
+    #[command(flatten)]
+    pub longhaul: crate::args::LonghaulArgs,
     /// Output format: md or json.
     #[arg(short = 'o', long = "output", default_value = "md")]
     pub output: String,
+}
+
+fn diff(a: &CacheStats, b: &CacheStats) -> CacheStats {
+    CacheStats {
+        hits: a.hits - b.hits,
+        misses: a.misses - b.misses,
+        bytes_read: a.bytes_read - b.bytes_read,
+        io_time: a.io_time.saturating_sub(b.io_time),
+        waves: a.waves - b.waves,
+        multi_wave_batches: a.multi_wave_batches - b.multi_wave_batches,
+    }
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -74,7 +88,10 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         n_ctx,
         n_ubatch: a.ubatch.max(1),
         kv_type: GgmlType::F16,
+        longhaul: a.longhaul.params()?,
     };
+    // Longhaul skips warmup: no expert byte is read before the first real run.
+    let warmup = !a.no_warmup && params.longhaul.is_none();
     let engine = Engine::load(&a.model, CpuBackend::new(), params)?;
     let file = &engine.model.file;
     let size: u64 = file.total_tensor_bytes();
@@ -97,6 +114,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     );
     let n_vocab = engine.model.hp.n_vocab as u32;
     let mut rows = Vec::new();
+    let mut last_cache: Option<CacheStats> = None;
     for &t in &threads {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(t.max(1))
@@ -131,31 +149,53 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
                     }
                     Ok(n as f64 / t0.elapsed().as_secs_f64())
                 };
-                if !a.no_warmup {
+                if warmup {
                     run_once()?;
                 }
                 (0..a.reps.max(1)).map(|_| run_once()).collect()
             })?;
-            rows.push((t, name, samples));
+            let cache = engine.longhaul_stats().map(|(total, _)| total);
+            let delta = match (cache, last_cache) {
+                (Some(c), Some(prev)) => Some(diff(&c, &prev)),
+                (c, _) => c,
+            };
+            last_cache = cache;
+            rows.push((t, name, samples, delta));
         }
     }
+    let lh = engine.longhaul.is_some();
     if a.output == "json" {
         let arr: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(t, name, s)| {
+            .map(|(t, name, s, c)| {
                 let (m, sd) = mean_sd(s);
-                serde_json::json!({"model_filename": a.model.display().to_string(), "model_type": desc, "model_size": size, "model_n_params": n_params, "backends": "CPU", "n_threads": t, "test": name, "avg_ts": m, "stddev_ts": sd, "samples_ts": s})
+                let mut v = serde_json::json!({"model_filename": a.model.display().to_string(), "model_type": desc, "model_size": size, "model_n_params": n_params, "backends": "CPU", "n_threads": t, "test": name, "avg_ts": m, "stddev_ts": sd, "samples_ts": s});
+                if let Some(c) = c {
+                    v["longhaul_hit_rate"] = serde_json::json!(c.hit_rate());
+                    v["longhaul_bytes_read"] = serde_json::json!(c.bytes_read);
+                }
+                v
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&arr)?);
         return Ok(());
     }
-    println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
-    println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |");
-    for (t, name, s) in rows {
+    let extra_h = if lh { " hit rate | expert GB |" } else { "" };
+    let extra_s = if lh { " -------: | --------: |" } else { "" };
+    println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |{extra_h}");
+    println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |{extra_s}");
+    for (t, name, s, c) in rows {
         let (m, sd) = mean_sd(&s);
+        let extra = match c {
+            Some(c) if lh => format!(
+                " {:>7.1}% | {:>9.3} |",
+                100.0 * c.hit_rate(),
+                c.bytes_read as f64 / 1e9
+            ),
+            _ => String::new(),
+        };
         println!(
-            "| {:<30} | {:>6.2} MiB | {:>8.2} M | {:<10} | {:>7} | {:>15} | {:>20} |",
+            "| {:<30} | {:>6.2} MiB | {:>8.2} M | {:<10} | {:>7} | {:>15} | {:>20} |{extra}",
             desc,
             size as f64 / (1 << 20) as f64,
             n_params as f64 / 1e6,

@@ -4,6 +4,7 @@ mod args;
 mod bench;
 mod demo;
 mod inspect;
+mod report;
 
 use std::io::{BufRead, Write};
 
@@ -133,6 +134,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     };
     a.model.with_threads(|| -> anyhow::Result<()> {
         let engine = Engine::load(&a.model.model, CpuBackend::new(), params)?;
+        report::longhaul_start(&engine);
         let tokens = engine.tokenize(&prompt)?;
         if tokens.is_empty() {
             anyhow::bail!("the prompt is empty; pass one with -p or -f");
@@ -149,6 +151,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler)?;
         println!();
         print_stats(engine.load_time, &stats);
+        report::longhaul_summary(&engine);
         Ok(())
     })?
 }
@@ -157,6 +160,7 @@ fn chat(a: ChatArgs) -> anyhow::Result<()> {
     let params = a.model.engine_params()?;
     a.model.with_threads(|| -> anyhow::Result<()> {
         let engine = Engine::load(&a.model.model, CpuBackend::new(), params)?;
+        report::longhaul_start(&engine);
         let mut messages = Vec::new();
         if let Some(s) = &a.system {
             messages.push(ChatMessage::new("system", s.clone()));

@@ -157,9 +157,23 @@ impl<B: Backend> Model<B> {
         let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
         let mut m = block::load(backend, file.clone(), spec, hp)?;
         if let Some(cfg) = longhaul {
-            stream::attach(&mut m, cfg)?;
+            m.attach_longhaul(cfg)?;
         }
         Ok(m)
+    }
+
+    /// Switches a resident model to streamed experts (before its first use).
+    pub fn attach_longhaul(&mut self, cfg: LonghaulConfig) -> Result<(), ModelError> {
+        stream::attach(self, cfg)
+    }
+
+    /// Bytes of every tensor that stays resident (all but the routed experts).
+    pub fn resident_bytes(&self) -> u64 {
+        let routed: u64 = (0..self.hp.n_layer)
+            .flat_map(routed_expert_tensor_names)
+            .filter_map(|n| self.file.tensor(&n).map(|t| t.len))
+            .sum();
+        self.file.total_tensor_bytes() - routed
     }
 
     /// Longhaul cache statistics per layer (`None` in resident mode; dense

@@ -1,0 +1,60 @@
+//! What `run` and `chat` tell the user about longhaul on stderr.
+
+use longhaul::backend::Backend;
+use longhaul::engine::Engine;
+
+fn mib(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// The start-up log: slots per layer, the budget, and memory outside it.
+pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
+    let Some(i) = &e.longhaul else { return };
+    eprintln!(
+        "longhaul: {} MoE layers x {} slots of {} experts ({} per expert per layer); expert budget {} ({})",
+        i.n_moe_layers,
+        i.n_slots,
+        i.n_expert,
+        mib(i.expert_bytes),
+        mib(i.slot_bytes),
+        i.budget_note
+    );
+    eprintln!(
+        "longhaul: outside the budget: resident weights {} (memory-mapped), KV cache {}",
+        mib(i.resident_bytes),
+        mib(i.kv_bytes)
+    );
+}
+
+/// The end-of-run summary: totals and per-layer counters.
+pub fn longhaul_summary<B: Backend>(e: &Engine<B>) {
+    let Some((t, per)) = e.longhaul_stats() else {
+        return;
+    };
+    eprintln!(
+        "longhaul: hits {} misses {} (hit rate {:.1}%), expert bytes read {}, {:.0} MB/s while blocked, {:.2} s blocked on I/O, {} waves ({} batches needed more than one)",
+        t.hits,
+        t.misses,
+        100.0 * t.hit_rate(),
+        mib(t.bytes_read),
+        t.read_throughput() / 1e6,
+        t.io_time.as_secs_f64(),
+        t.waves,
+        t.multi_wave_batches
+    );
+    if std::env::var_os("LONGHAUL_LAYER_STATS").is_some() {
+        for (il, s) in per.iter().enumerate().filter(|(_, s)| s.waves > 0) {
+            eprintln!(
+                "  layer {il:3}: hit rate {:5.1}%  read {:>10}  blocked {:.3} s  waves {}",
+                100.0 * s.hit_rate(),
+                mib(s.bytes_read),
+                s.io_time.as_secs_f64(),
+                s.waves
+            );
+        }
+    }
+}
