@@ -140,12 +140,21 @@ impl<B: Backend> Engine<B> {
         })?;
         let tokenizer = Tokenizer::from_metadata(file.metadata())?;
         let template = ChatTemplate::from_metadata(file.metadata())?;
-        let mut model = Model::load(backend, Arc::new(file))?;
+        let file = Arc::new(file);
+        // Mapping and parsing are cheap: the resident model also sizes longhaul.
+        let mut model = Model::load(backend.clone(), file.clone())?;
         if params.n_ctx == 0 {
             params.n_ctx = model.hp.n_ctx_train;
         }
         let longhaul = match params.longhaul {
-            Some(lp) => Some(Self::attach(&mut model, &params, lp)?),
+            Some(lp) => {
+                let (cfg, mut info) = Self::plan_longhaul(&model, &params, lp)?;
+                // Reload with resident tensors copied into memory and experts streamed.
+                model = Model::load_with(backend, file, Some(cfg))?;
+                info.n_slots = model.n_slots;
+                info.slot_bytes = model.slot_bytes();
+                Some(info)
+            }
             None => None,
         };
         params.n_ubatch = params.n_ubatch.max(1);
@@ -159,11 +168,11 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    fn attach(
-        model: &mut Model<B>,
+    fn plan_longhaul(
+        model: &Model<B>,
         params: &EngineParams,
         lp: LonghaulParams,
-    ) -> Result<LonghaulInfo, EngineError> {
+    ) -> Result<(LonghaulConfig, LonghaulInfo), EngineError> {
         let (n_moe_layers, expert_bytes) = model.expert_slot_cost()?;
         let hp = &model.hp;
         let kv_bytes = (hp.n_layer
@@ -183,21 +192,22 @@ impl<B: Backend> Engine<B> {
                 (b, format!("auto: {:.2} GiB = half of MemAvailable {:.2} GiB minus resident weights and KV cache", gib(b), gib(avail)))
             }
         };
-        model.attach_longhaul(LonghaulConfig {
+        let cfg = LonghaulConfig {
             budget_bytes,
             policy: lp.policy,
-        })?;
-        Ok(LonghaulInfo {
+        };
+        let info = LonghaulInfo {
             n_moe_layers,
             n_expert: model.hp.n_expert,
-            n_slots: model.n_slots,
+            n_slots: 0,
             expert_bytes,
-            slot_bytes: model.slot_bytes(),
+            slot_bytes: 0,
             budget_bytes,
             budget_note,
             resident_bytes,
             kv_bytes,
-        })
+        };
+        Ok((cfg, info))
     }
 
     /// Longhaul statistics summed over layers, and per layer.

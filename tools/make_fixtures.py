@@ -19,7 +19,6 @@ Everything is seeded; running twice gives byte-identical files.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -318,7 +317,6 @@ def stage_hf(args):
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
-    meta = {}
     for arch in args.archs:
         d = hf_dir(args.work, arch)
         if d.exists():
@@ -365,7 +363,6 @@ def stage_hf(args):
         }
         args.goldens.mkdir(parents=True, exist_ok=True)
         write_golden(args.goldens / f"{arch}-f32.json", header, out)
-        meta[arch] = {"vocab": vocab, "n_normal": n_normal}
         print(f"[hf] {arch}: vocab {vocab}, params {sum(p.numel() for p in model.parameters())}", flush=True)
         del model
 

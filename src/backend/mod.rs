@@ -110,7 +110,7 @@ pub trait SlotStore: Send {
 /// The ops an architecture may use. `Tensor` is an activation living on the
 /// backend; `Weight` a read-only weight (2-D matrix, 1-D vector or stacked 3-D
 /// experts); `Kv` one layer's KV cache.
-pub trait Backend: Send + Sync {
+pub trait Backend: Send + Sync + Clone {
     type Tensor: Send;
     type Weight: Send + Sync;
     type Kv: Send;
@@ -123,6 +123,13 @@ pub trait Backend: Send + Sync {
         &self,
         model: &std::sync::Arc<crate::gguf::Model>,
         t: &crate::gguf::TensorInfo,
+    ) -> Result<Self::Weight, BackendError>;
+
+    /// A weight over bytes already read from the file (resident copies).
+    fn weight_from_bytes(
+        &self,
+        t: &crate::gguf::TensorInfo,
+        bytes: Vec<u8>,
     ) -> Result<Self::Weight, BackendError>;
 
     /// Slot memory for `n_slots` experts of each of `tensors`.

@@ -33,7 +33,7 @@ mod writer;
 use std::path::PathBuf;
 
 pub use metadata::{MetaType, MetaValue, Metadata};
-pub use model::{Model, Shard};
+pub use model::{Model, ReadFault, Shard};
 pub use reader::{parse_header, Header};
 pub use writer::Writer;
 

@@ -48,6 +48,22 @@ pub struct Model {
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
     shards: Vec<Shard>,
+    fault: FaultSeam,
+}
+
+/// A fault-injection seam for tests: called before every positional read
+/// with `(shard, offset, len)`; an error it returns fails that read as if the
+/// device had reported it.
+pub type ReadFault =
+    std::sync::Arc<dyn Fn(usize, u64, usize) -> Option<std::io::Error> + Send + Sync>;
+
+#[derive(Default)]
+struct FaultSeam(std::sync::RwLock<Option<ReadFault>>);
+
+impl std::fmt::Debug for FaultSeam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultSeam")
+    }
 }
 
 // The streaming loader reads shards from many threads.
@@ -181,6 +197,7 @@ impl Model {
             tensors,
             by_name,
             shards,
+            fault: FaultSeam::default(),
         })
     }
 
@@ -217,12 +234,27 @@ impl Model {
     /// many threads at once.
     pub fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<(), GgufError> {
         let (s, _) = self.range(shard, offset, buf.len() as u64)?;
-        s.file
-            .read_exact_at(buf, offset)
-            .map_err(|source| GgufError::Io {
-                path: s.path.clone(),
-                source,
-            })
+        let io = |source| GgufError::Io {
+            path: s.path.clone(),
+            source,
+        };
+        let injected = self
+            .fault
+            .0
+            .read()
+            .ok()
+            .and_then(|g| g.as_ref().and_then(|f| f(shard, offset, buf.len())));
+        if let Some(e) = injected {
+            return Err(io(e));
+        }
+        s.file.read_exact_at(buf, offset).map_err(io)
+    }
+
+    /// Installs (or with `None` removes) a read fault hook; see [`ReadFault`].
+    pub fn set_read_fault(&self, hook: Option<ReadFault>) {
+        if let Ok(mut g) = self.fault.0.write() {
+            *g = hook;
+        }
     }
 
     /// The files of the model, in `split.no` order.

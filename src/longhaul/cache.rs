@@ -90,7 +90,6 @@ impl LayerCache {
     /// repeats; every id must be `< n_expert`). Updates residency as if the
     /// loads succeed; on a failed load call [`LayerCache::forget`].
     pub fn plan(&mut self, ids: &[u32]) -> Vec<Wave> {
-        self.clock += 1;
         let mut distinct: Vec<u32> = Vec::new();
         let mut seen = vec![false; self.slot_of.len()];
         for &e in ids {
@@ -111,6 +110,8 @@ impl LayerCache {
         let n_slots = self.n_slots();
         let mut waves = Vec::new();
         for chunk in distinct.chunks(n_slots.max(1)) {
+            // Each wave is its own moment in recency order.
+            self.clock += 1;
             let mut protected = vec![false; n_slots];
             for &e in chunk {
                 if let Some(s) = self.slot(e) {

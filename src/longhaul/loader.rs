@@ -1,7 +1,7 @@
 //! Concurrent positional reads of expert slices straight into their slots,
-//! on a small I/O thread pool separate from the compute threads, followed by
-//! advice to the kernel to drop the pages just read (the slots are the cache;
-//! keeping the same bytes in the page cache would double the memory).
+//! on a small I/O thread pool separate from the compute threads, and advice
+//! to the kernel to drop the pages read (the slots are the cache; keeping the
+//! same bytes in the page cache would double the memory).
 
 use std::sync::OnceLock;
 
@@ -33,7 +33,7 @@ fn io_pool() -> Option<&'static rayon::ThreadPool> {
 }
 
 #[cfg(target_os = "linux")]
-fn drop_pages(file: &std::fs::File, offset: u64, len: u64) {
+pub(super) fn drop_pages(file: &std::fs::File, offset: u64, len: u64) {
     use std::os::fd::AsRawFd;
     // SAFETY: posix_fadvise only reads its integer arguments; a bad range is
     // reported through the return value, which is advisory and ignored.
@@ -48,7 +48,25 @@ fn drop_pages(file: &std::fs::File, offset: u64, len: u64) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn drop_pages(_file: &std::fs::File, _offset: u64, _len: u64) {}
+pub(super) fn drop_pages(_file: &std::fs::File, _offset: u64, _len: u64) {}
+
+/// Turns off kernel readahead for expert reads: pages read ahead of a slice
+/// would stay in the page cache after the slice's own pages are dropped.
+#[cfg(target_os = "linux")]
+pub(super) fn advise_random(file: &gguf::Model) {
+    use std::os::fd::AsRawFd;
+    for s in 0..file.shards().len() {
+        if let Some(f) = file.file(s) {
+            // SAFETY: as in `drop_pages`; advisory only.
+            unsafe {
+                libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn advise_random(_file: &gguf::Model) {}
 
 /// Runs every job; returns the bytes read, or the shard and error of a failure.
 pub(super) fn read_all(file: &gguf::Model, jobs: Vec<Job<'_>>) -> Result<u64, (usize, GgufError)> {

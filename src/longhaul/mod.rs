@@ -88,6 +88,8 @@ struct ExpertTensor {
     shard: usize,
     offset: u64,
     expert_bytes: u64,
+    /// Bytes of the whole stacked tensor.
+    len: u64,
 }
 
 /// One expert's slice of each stacked routed tensor (the expert axis is the
@@ -133,6 +135,20 @@ pub fn slots_for_budget(
     Ok(n.min(n_expert))
 }
 
+/// Prepares a model's files for streaming: no kernel readahead, whose pages
+/// would outlive the slices they were read next to. Call before reading.
+pub fn prepare_files(file: &gguf::Model) {
+    loader::advise_random(file);
+}
+
+/// Advises the kernel to drop the page cache of a range already copied into
+/// memory (resident tensors in longhaul mode, expert slices in slots).
+pub fn release_pages(file: &gguf::Model, shard: usize, offset: u64, len: u64) {
+    if let Some(f) = file.file(shard) {
+        loader::drop_pages(f, offset, len);
+    }
+}
+
 /// The streamed experts of one MoE layer: planner, slots and file layout.
 pub struct StreamedLayer<S: SlotStore> {
     layer: usize,
@@ -169,6 +185,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                     shard: t.shard,
                     offset: t.offset,
                     expert_bytes: s.bytes,
+                    len: t.len,
                 })
                 .collect(),
             stats: CacheStats::default(),
@@ -216,6 +233,12 @@ impl<S: SlotStore> StreamedLayer<S> {
                 .collect();
             loader::read_all(file, jobs)
         };
+        // Drop the page cache of the whole stacked tensors, not slice by slice:
+        // the kernel keeps any page-cache folio only partly inside a range,
+        // and large folios straddle slice boundaries.
+        for t in &self.tensors {
+            release_pages(file, t.shard, t.offset, t.len);
+        }
         self.stats.io_time += t0.elapsed();
         match res {
             Ok(bytes) => {

@@ -13,6 +13,9 @@ use crate::gguf;
 struct Loader<'a, B: Backend> {
     backend: &'a B,
     file: &'a Arc<gguf::Model>,
+    /// Read resident tensors into memory instead of using the mapping
+    /// (longhaul: no weight may depend on file pages staying valid).
+    copy: bool,
 }
 
 impl<B: Backend> Loader<'_, B> {
@@ -25,6 +28,12 @@ impl<B: Backend> Loader<'_, B> {
                 found: t.dims.clone(),
                 expected: dims.to_vec(),
             });
+        }
+        if self.copy && !super::is_routed(&t.name) {
+            let mut bytes = vec![0u8; t.len as usize];
+            self.file.read_at(t.shard, t.offset, &mut bytes)?;
+            crate::longhaul::release_pages(self.file, t.shard, t.offset, t.len);
+            return Ok(self.backend.weight_from_bytes(t, bytes)?);
         }
         Ok(self.backend.load_weight(self.file, t)?)
     }
@@ -46,11 +55,16 @@ pub(super) fn load<B: Backend>(
     file: Arc<gguf::Model>,
     spec: ArchSpec,
     hp: Hparams,
+    copy_resident: bool,
 ) -> Result<Model<B>, ModelError> {
     let l = Loader {
         backend: &backend,
         file: &file,
+        copy: copy_resident,
     };
+    if copy_resident {
+        crate::longhaul::prepare_files(&file);
+    }
     let (e, v) = (hp.n_embd as u64, hp.n_vocab as u64);
     let (hd, nh, nkv) = (hp.head_dim as u64, hp.n_head as u64, hp.n_head_kv as u64);
     let tok_embd = l.req("token_embd.weight", &[e, v])?;

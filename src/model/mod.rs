@@ -119,6 +119,11 @@ pub enum Logits {
     All,
 }
 
+/// True for routed-expert tensors (`*_exps.*`), which longhaul streams.
+pub fn is_routed(name: &str) -> bool {
+    name.contains("_exps.")
+}
+
 /// The names of the routed-expert tensors of layer `il` (what longhaul streams).
 pub fn routed_expert_tensor_names(il: usize) -> [String; 7] {
     [
@@ -155,16 +160,11 @@ impl<B: Backend> Model<B> {
         let embd = file.require_tensor("token_embd.weight")?;
         let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
-        let mut m = block::load(backend, file.clone(), spec, hp)?;
+        let mut m = block::load(backend, file.clone(), spec, hp, longhaul.is_some())?;
         if let Some(cfg) = longhaul {
-            m.attach_longhaul(cfg)?;
+            stream::attach(&mut m, cfg)?;
         }
         Ok(m)
-    }
-
-    /// Switches a resident model to streamed experts (before its first use).
-    pub fn attach_longhaul(&mut self, cfg: LonghaulConfig) -> Result<(), ModelError> {
-        stream::attach(self, cfg)
     }
 
     /// Bytes of every tensor that stays resident (all but the routed experts).

@@ -226,6 +226,20 @@ impl Backend for CpuBackend {
         Ok(CpuWeight::mapped(model, t))
     }
 
+    fn weight_from_bytes(
+        &self,
+        t: &gguf::TensorInfo,
+        bytes: Vec<u8>,
+    ) -> Result<CpuWeight, BackendError> {
+        if bytes.len() as u64 != t.len {
+            return Err(shape_err(
+                "weight_from_bytes",
+                format!("{} bytes for `{}` of {}", bytes.len(), t.name, t.len),
+            ));
+        }
+        Ok(CpuWeight::host(t.ty, t.dims.clone(), Arc::new(bytes)))
+    }
+
     fn new_slots(&self, tensors: &[SlotTensor], n_slots: usize) -> Result<HostSlots, BackendError> {
         let bufs = tensors
             .iter()
