@@ -66,6 +66,13 @@ fn check(path: &Path, label: &str) {
     for &slots in &sizes {
         for policy in [Policy::Lru, Policy::Lfu] {
             let m = longhaul_model(path, slots, cost, policy);
+            // No warmup: not one expert byte is read before the first real batch.
+            let untouched = m
+                .longhaul_stats()
+                .expect("stats")
+                .iter()
+                .all(|s| s.bytes_read == 0 && s.waves == 0);
+            assert!(untouched, "{label}: experts were read at load time");
             let (logits, tokens) = run(&m);
             assert_eq!(
                 tokens, want_tokens,

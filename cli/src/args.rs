@@ -71,7 +71,11 @@ pub struct LonghaulArgs {
     #[arg(long = "longhaul")]
     pub longhaul: bool,
     /// Expert cache budget in GiB (counts only expert slots), or `auto`.
-    #[arg(long = "longhaul-cache", value_name = "GIB|auto")]
+    #[arg(
+        long = "longhaul-cache",
+        value_name = "GIB|auto",
+        allow_hyphen_values = true
+    )]
     pub cache: Option<String>,
     /// Eviction policy: lru (default) or lfu.
     #[arg(long = "longhaul-policy", default_value = "lru")]

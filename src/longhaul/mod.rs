@@ -35,6 +35,18 @@ pub enum LonghaulError {
     Backend(#[from] BackendError),
 }
 
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Bytes in the largest binary unit that keeps a digit before the point.
+pub fn fmt_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / GIB),
+        b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
 /// Longhaul settings: the expert budget (`--longhaul-cache`) and the policy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LonghaulConfig {
