@@ -58,6 +58,35 @@ impl SynthSpec {
         }
     }
 
+    /// Shaped like Qwen3-30B-A3B (48 layers, 128 experts, top-8, n_embd 2048,
+    /// n_ff_exp 768, Q4_K): about 17 GB, for longhaul benchmarks.
+    pub fn qwen3_30b_a3b() -> Self {
+        Self {
+            n_embd: 2048,
+            n_layer: 48,
+            n_head: 32,
+            n_head_kv: 4,
+            head_dim: 128,
+            n_expert: 128,
+            n_expert_used: 8,
+            n_ff_exp: 768,
+            n_ctx_train: 40960,
+            expert_type: GgmlType::Q4_K,
+            dense_type: GgmlType::Q4_K,
+            seed: 30,
+        }
+    }
+
+    /// A preset by name: `demo`, `tiny`, `qwen3-30b-a3b`.
+    pub fn preset(name: &str) -> Option<Self> {
+        match name {
+            "demo" => Some(Self::demo()),
+            "tiny" => Some(Self::tiny()),
+            "qwen3-30b-a3b" => Some(Self::qwen3_30b_a3b()),
+            _ => None,
+        }
+    }
+
     /// A small model for tests (a few MB).
     pub fn tiny() -> Self {
         Self {
@@ -117,24 +146,18 @@ fn random(seed: u64, name: &str, n: usize, amp: f32, offset: f32) -> Vec<f32> {
     v
 }
 
-fn add(
-    w: &mut Writer,
-    spec: &SynthSpec,
-    name: &str,
-    dims: &[u64],
-    ty: GgmlType,
-    amp: f32,
-    offset: f32,
-) -> Result<(), SynthError> {
-    let n: u64 = dims.iter().product();
-    let data = random(spec.seed, name, n as usize, amp, offset);
-    let row = dims[0] as usize;
-    let bytes: Vec<u8> = data
-        .par_chunks(row)
-        .map(|r| quant::quantize_row(ty, r))
-        .collect::<Result<Vec<_>, _>>()?
-        .concat();
-    w.add_tensor(name, dims, ty, bytes)?;
+/// Adds a random tensor, generated and quantised only when the file is
+/// written (so models larger than memory can be made).
+fn add(w: &mut Writer, spec: &SynthSpec, name: &str, dims: &[u64], ty: GgmlType, amp: f32, offset: f32) -> Result<(), SynthError> {
+    let (seed, name_s, dims_v) = (spec.seed, name.to_string(), dims.to_vec());
+    let source = move || -> Result<Vec<u8>, GgufError> {
+        let n: u64 = dims_v.iter().product();
+        let data = random(seed, &name_s, n as usize, amp, offset);
+        let row = dims_v[0] as usize;
+        let rows: Result<Vec<Vec<u8>>, QuantError> = data.par_chunks(row).map(|r| quant::quantize_row(ty, r)).collect();
+        rows.map(|r| r.concat()).map_err(|e| GgufError::InvalidArgument { reason: format!("quantising `{name_s}`: {e}") })
+    };
+    w.add_tensor_lazy(name, dims, ty, std::sync::Arc::new(source))?;
     Ok(())
 }
 

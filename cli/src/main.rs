@@ -3,6 +3,7 @@
 mod args;
 mod bench;
 mod demo;
+mod gen_model;
 mod inspect;
 mod report;
 
@@ -40,6 +41,8 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Measure prompt processing and generation speed, llama-bench style.
     Bench(bench::BenchArgs),
+    /// Write a deterministic synthetic MoE model shaped like a real one.
+    GenModel(gen_model::GenModelArgs),
 }
 
 #[derive(clap::Args)]
@@ -203,6 +206,7 @@ fn main() {
         Cmd::Inspect(a) => inspect::inspect(a),
         Cmd::Demo(a) => demo::demo(a),
         Cmd::Bench(a) => bench::bench(a),
+        Cmd::GenModel(a) => gen_model::gen_model(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

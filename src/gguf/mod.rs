@@ -35,7 +35,7 @@ use std::path::PathBuf;
 pub use metadata::{MetaType, MetaValue, Metadata};
 pub use model::{Model, ReadFault, Shard};
 pub use reader::{parse_header, Header};
-pub use writer::Writer;
+pub use writer::{TensorSource, Writer};
 
 use crate::tensor::GgmlType;
 

@@ -18,13 +18,42 @@ use super::{
 };
 use crate::tensor::GgmlType;
 
+/// Produces a tensor's bytes when the writer reaches it.
+pub type TensorSource = std::sync::Arc<dyn Fn() -> Result<Vec<u8>, GgufError> + Send + Sync>;
+
+/// A tensor's bytes: in memory, or made on demand while writing (so files
+/// larger than memory can be written).
+#[derive(Clone)]
+enum Data {
+    Bytes(Vec<u8>),
+    Lazy { len: u64, source: TensorSource },
+}
+
+impl Data {
+    fn len(&self) -> u64 {
+        match self {
+            Data::Bytes(b) => b.len() as u64,
+            Data::Lazy { len, .. } => *len,
+        }
+    }
+}
+
+impl std::fmt::Debug for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Data::Bytes(b) => write!(f, "Bytes({})", b.len()),
+            Data::Lazy { len, .. } => write!(f, "Lazy({len})"),
+        }
+    }
+}
+
 /// One tensor waiting to be written.
 #[derive(Clone, Debug)]
 struct Pending {
     name: String,
     dims: Vec<u64>,
     ty: GgmlType,
-    data: Vec<u8>,
+    data: Data,
 }
 
 /// Builds GGUF v3 files from metadata and tensors held in memory.
@@ -73,6 +102,24 @@ impl Writer {
         ty: GgmlType,
         data: Vec<u8>,
     ) -> Result<(), GgufError> {
+        let len = data.len() as u64;
+        self.push(name, dims, ty, len, Data::Bytes(data))
+    }
+
+    /// Adds a tensor whose bytes `source` makes when the file is written
+    /// (checked against the shape then); for models larger than memory.
+    pub fn add_tensor_lazy(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        source: TensorSource,
+    ) -> Result<(), GgufError> {
+        let len = tensor_bytes(name, dims, ty)?;
+        self.push(name, dims, ty, len, Data::Lazy { len, source })
+    }
+
+    fn push(&mut self, name: &str, dims: &[u64], ty: GgmlType, len: u64, data: Data) -> Result<(), GgufError> {
         if name.len() >= GGML_MAX_NAME {
             return Err(GgufError::InvalidArgument {
                 reason: format!(
@@ -94,11 +141,11 @@ impl Writer {
             });
         }
         let expected = tensor_bytes(name, dims, ty)?;
-        if data.len() as u64 != expected {
+        if len != expected {
             return Err(GgufError::DataSize {
                 name: name.into(),
                 expected,
-                got: data.len() as u64,
+                got: len,
             });
         }
         if !self.names.insert(name.to_string()) {
@@ -200,7 +247,7 @@ fn write_file(path: &Path, metadata: &Metadata, tensors: &[&Pending]) -> Result<
         }
         h.extend((t.ty as u32).to_le_bytes());
         h.extend(offset.to_le_bytes());
-        offset += t.data.len() as u64;
+        offset += t.data.len();
         offset += pad(offset) as u64;
     }
     let header_pad = pad(h.len() as u64);
@@ -213,8 +260,17 @@ fn write_file(path: &Path, metadata: &Metadata, tensors: &[&Pending]) -> Result<
     let mut w = BufWriter::new(File::create(path).map_err(io)?);
     w.write_all(&h).map_err(io)?;
     for t in tensors {
-        w.write_all(&t.data).map_err(io)?;
-        let n = pad(t.data.len() as u64) as u64;
+        match &t.data {
+            Data::Bytes(b) => w.write_all(b).map_err(io)?,
+            Data::Lazy { len, source } => {
+                let b = source()?;
+                if b.len() as u64 != *len {
+                    return Err(GgufError::DataSize { name: t.name.clone(), expected: *len, got: b.len() as u64 });
+                }
+                w.write_all(&b).map_err(io)?;
+            }
+        }
+        let n = pad(t.data.len()) as u64;
         std::io::copy(&mut std::io::repeat(0).take(n), &mut w).map_err(io)?;
     }
     w.into_inner()

@@ -1,0 +1,52 @@
+//! `longhaul gen-model`: deterministic synthetic MoE models shaped like real
+//! ones (random weights), for benchmarks and experiments.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use longhaul::synth::{self, SynthSpec};
+use longhaul::tensor::GgmlType;
+
+#[derive(Args)]
+pub struct GenModelArgs {
+    /// Shape: demo, tiny or qwen3-30b-a3b.
+    #[arg(long, default_value = "demo")]
+    pub preset: String,
+    /// Output file.
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Type of the routed experts (e.g. q4_K, q8_0, mxfp4).
+    #[arg(long = "type")]
+    pub ty: Option<String>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Write split shards with at most this many tensors each.
+    #[arg(long = "split-max-tensors")]
+    pub split_max_tensors: Option<usize>,
+}
+
+pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
+    let mut spec = SynthSpec::preset(&a.preset).ok_or_else(|| anyhow::anyhow!("unknown preset `{}`; use demo, tiny or qwen3-30b-a3b", a.preset))?;
+    if let Some(t) = &a.ty {
+        spec.expert_type = GgmlType::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown type `{t}`"))?;
+    }
+    if let Some(s) = a.seed {
+        spec.seed = s;
+    }
+    eprintln!("writing {:?} to {}", spec, a.output.display());
+    let t0 = Instant::now();
+    let w = synth::build(&spec)?;
+    match a.split_max_tensors {
+        Some(n) => {
+            let paths = w.write_split(&a.output, n.max(1))?;
+            eprintln!("wrote {} shards in {:.1} s", paths.len(), t0.elapsed().as_secs_f64());
+        }
+        None => {
+            w.write(&a.output)?;
+            let len = std::fs::metadata(&a.output)?.len();
+            eprintln!("wrote {:.2} GiB in {:.1} s", len as f64 / (1u64 << 30) as f64, t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(())
+}
