@@ -62,6 +62,8 @@ pub enum CacheBudget {
 pub struct LonghaulParams {
     pub budget: CacheBudget,
     pub policy: Policy,
+    /// Lookahead prefetch (`--longhaul-prefetch`).
+    pub prefetch: bool,
 }
 
 /// What longhaul set up, for the start-up log and for clients.
@@ -195,6 +197,7 @@ impl<B: Backend> Engine<B> {
         let cfg = LonghaulConfig {
             budget_bytes,
             policy: lp.policy,
+            prefetch: lp.prefetch,
         };
         let info = LonghaulInfo {
             n_moe_layers,

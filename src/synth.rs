@@ -148,14 +148,28 @@ fn random(seed: u64, name: &str, n: usize, amp: f32, offset: f32) -> Vec<f32> {
 
 /// Adds a random tensor, generated and quantised only when the file is
 /// written (so models larger than memory can be made).
-fn add(w: &mut Writer, spec: &SynthSpec, name: &str, dims: &[u64], ty: GgmlType, amp: f32, offset: f32) -> Result<(), SynthError> {
+fn add(
+    w: &mut Writer,
+    spec: &SynthSpec,
+    name: &str,
+    dims: &[u64],
+    ty: GgmlType,
+    amp: f32,
+    offset: f32,
+) -> Result<(), SynthError> {
     let (seed, name_s, dims_v) = (spec.seed, name.to_string(), dims.to_vec());
     let source = move || -> Result<Vec<u8>, GgufError> {
         let n: u64 = dims_v.iter().product();
         let data = random(seed, &name_s, n as usize, amp, offset);
         let row = dims_v[0] as usize;
-        let rows: Result<Vec<Vec<u8>>, QuantError> = data.par_chunks(row).map(|r| quant::quantize_row(ty, r)).collect();
-        rows.map(|r| r.concat()).map_err(|e| GgufError::InvalidArgument { reason: format!("quantising `{name_s}`: {e}") })
+        let rows: Result<Vec<Vec<u8>>, QuantError> = data
+            .par_chunks(row)
+            .map(|r| quant::quantize_row(ty, r))
+            .collect();
+        rows.map(|r| r.concat())
+            .map_err(|e| GgufError::InvalidArgument {
+                reason: format!("quantising `{name_s}`: {e}"),
+            })
     };
     w.add_tensor_lazy(name, dims, ty, std::sync::Arc::new(source))?;
     Ok(())

@@ -44,11 +44,13 @@ fn longhaul_model(
     slots: usize,
     cost: (usize, u64),
     policy: Policy,
+    prefetch: bool,
 ) -> Model<CpuBackend> {
     let file = Arc::new(gguf::Model::open(path).expect("open"));
     let cfg = LonghaulConfig {
         budget_bytes: slots as u64 * cost.0 as u64 * cost.1,
         policy,
+        prefetch,
     };
     let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul load");
     assert_eq!(m.n_slots, slots);
@@ -64,8 +66,12 @@ fn check(path: &Path, label: &str) {
     sizes.retain(|&s| s >= 1);
     sizes.dedup();
     for &slots in &sizes {
-        for policy in [Policy::Lru, Policy::Lfu] {
-            let m = longhaul_model(path, slots, cost, policy);
+        for (policy, prefetch) in [
+            (Policy::Lru, false),
+            (Policy::Lfu, false),
+            (Policy::Lru, true),
+        ] {
+            let m = longhaul_model(path, slots, cost, policy, prefetch);
             // No warmup: not one expert byte is read before the first real batch.
             let untouched = m
                 .longhaul_stats()
@@ -76,7 +82,7 @@ fn check(path: &Path, label: &str) {
             let (logits, tokens) = run(&m);
             assert_eq!(
                 tokens, want_tokens,
-                "{label}: {slots} slots, {policy:?}: tokens differ"
+                "{label}: {slots} slots, {policy:?}, prefetch {prefetch}: tokens differ"
             );
             let same = logits
                 .iter()
@@ -84,7 +90,7 @@ fn check(path: &Path, label: &str) {
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(
                 same && logits.len() == want_logits.len(),
-                "{label}: {slots} slots, {policy:?}: logits are not bit-identical"
+                "{label}: {slots} slots, {policy:?}, prefetch {prefetch}: logits are not bit-identical"
             );
             let stats = m.longhaul_stats().expect("stats");
             let total = stats

@@ -51,6 +51,7 @@ fn longhaul(path: &Path) -> Model<CpuBackend> {
     let cfg = LonghaulConfig {
         budget_bytes: 2 * layers as u64 * bytes,
         policy: Policy::Lru,
+        prefetch: true,
     };
     Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul")
 }

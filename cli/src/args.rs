@@ -80,6 +80,10 @@ pub struct LonghaulArgs {
     /// Eviction policy: lru (default) or lfu.
     #[arg(long = "longhaul-policy", default_value = "lru")]
     pub policy: String,
+    /// Lookahead prefetch: while layer L computes, read the experts layer
+    /// L+1's router picks from layer L's input.
+    #[arg(long = "longhaul-prefetch")]
+    pub prefetch: bool,
 }
 
 impl LonghaulArgs {
@@ -99,7 +103,11 @@ impl LonghaulArgs {
             },
         };
         let policy: Policy = self.policy.parse().map_err(anyhow::Error::msg)?;
-        Ok(Some(LonghaulParams { budget, policy }))
+        Ok(Some(LonghaulParams {
+            budget,
+            policy,
+            prefetch: self.prefetch,
+        }))
     }
 }
 

@@ -54,6 +54,10 @@ fn diff(a: &CacheStats, b: &CacheStats) -> CacheStats {
         io_time: a.io_time.saturating_sub(b.io_time),
         waves: a.waves - b.waves,
         multi_wave_batches: a.multi_wave_batches - b.multi_wave_batches,
+        prefetched: a.prefetched - b.prefetched,
+        prefetch_bytes: a.prefetch_bytes - b.prefetch_bytes,
+        prefetch_used: a.prefetch_used - b.prefetch_used,
+        prefetch_wanted: a.prefetch_wanted - b.prefetch_wanted,
     }
 }
 
@@ -173,6 +177,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 if let Some(c) = c {
                     v["longhaul_hit_rate"] = serde_json::json!(c.hit_rate());
                     v["longhaul_bytes_read"] = serde_json::json!(c.bytes_read);
+                    v["longhaul_prefetch_precision"] = serde_json::json!(c.prefetch_precision());
+                    v["longhaul_prefetch_recall"] = serde_json::json!(c.prefetch_recall());
                 }
                 v
             })

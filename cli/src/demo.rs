@@ -99,7 +99,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             budget as f64 / (1 << 20) as f64,
             (spec.n_expert as u64 * n_layers as u64 * expert_bytes) as f64 / (1 << 20) as f64
         );
-        let lp = LonghaulParams { budget: CacheBudget::Bytes(budget), policy: Policy::Lru };
+        let lp = LonghaulParams { budget: CacheBudget::Bytes(budget), policy: Policy::Lru, prefetch: false };
         let (eng_l, out_l, text_l, st_l) = gen(EngineParams { longhaul: Some(lp), ..EngineParams::default() })?;
         println!("{}{}", a.prompt, text_l.escape_debug());
         eprintln!("   prompt {} tokens at {:.1} t/s, generation {} tokens at {:.1} t/s", st_l.n_prompt, st_l.prompt_tps(), st_l.n_gen, st_l.gen_tps());

@@ -27,9 +27,15 @@ pub struct GenModelArgs {
 }
 
 pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
-    let mut spec = SynthSpec::preset(&a.preset).ok_or_else(|| anyhow::anyhow!("unknown preset `{}`; use demo, tiny or qwen3-30b-a3b", a.preset))?;
+    let mut spec = SynthSpec::preset(&a.preset).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown preset `{}`; use demo, tiny or qwen3-30b-a3b",
+            a.preset
+        )
+    })?;
     if let Some(t) = &a.ty {
-        spec.expert_type = GgmlType::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown type `{t}`"))?;
+        spec.expert_type =
+            GgmlType::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown type `{t}`"))?;
     }
     if let Some(s) = a.seed {
         spec.seed = s;
@@ -40,12 +46,20 @@ pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
     match a.split_max_tensors {
         Some(n) => {
             let paths = w.write_split(&a.output, n.max(1))?;
-            eprintln!("wrote {} shards in {:.1} s", paths.len(), t0.elapsed().as_secs_f64());
+            eprintln!(
+                "wrote {} shards in {:.1} s",
+                paths.len(),
+                t0.elapsed().as_secs_f64()
+            );
         }
         None => {
             w.write(&a.output)?;
             let len = std::fs::metadata(&a.output)?.len();
-            eprintln!("wrote {:.2} GiB in {:.1} s", len as f64 / (1u64 << 30) as f64, t0.elapsed().as_secs_f64());
+            eprintln!(
+                "wrote {:.2} GiB in {:.1} s",
+                len as f64 / (1u64 << 30) as f64,
+                t0.elapsed().as_secs_f64()
+            );
         }
     }
     Ok(())

@@ -46,6 +46,15 @@ pub fn longhaul_summary<B: Backend>(e: &Engine<B>) {
         t.waves,
         t.multi_wave_batches
     );
+    if t.prefetched > 0 {
+        eprintln!(
+            "longhaul: lookahead prefetch read {} experts ({}), precision {:.1}%, recall {:.1}%",
+            t.prefetched,
+            mib(t.prefetch_bytes),
+            100.0 * t.prefetch_precision(),
+            100.0 * t.prefetch_recall()
+        );
+    }
     if std::env::var_os("LONGHAUL_LAYER_STATS").is_some() {
         for (il, s) in per.iter().enumerate().filter(|(_, s)| s.waves > 0) {
             eprintln!(

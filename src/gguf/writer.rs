@@ -119,7 +119,14 @@ impl Writer {
         self.push(name, dims, ty, len, Data::Lazy { len, source })
     }
 
-    fn push(&mut self, name: &str, dims: &[u64], ty: GgmlType, len: u64, data: Data) -> Result<(), GgufError> {
+    fn push(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        len: u64,
+        data: Data,
+    ) -> Result<(), GgufError> {
         if name.len() >= GGML_MAX_NAME {
             return Err(GgufError::InvalidArgument {
                 reason: format!(
@@ -265,7 +272,11 @@ fn write_file(path: &Path, metadata: &Metadata, tensors: &[&Pending]) -> Result<
             Data::Lazy { len, source } => {
                 let b = source()?;
                 if b.len() as u64 != *len {
-                    return Err(GgufError::DataSize { name: t.name.clone(), expected: *len, got: b.len() as u64 });
+                    return Err(GgufError::DataSize {
+                        name: t.name.clone(),
+                        expected: *len,
+                        got: b.len() as u64,
+                    });
                 }
                 w.write_all(&b).map_err(io)?;
             }

@@ -142,6 +142,39 @@ impl LayerCache {
         waves
     }
 
+    /// Reserves slots for a speculative read of `experts` (the next batch's
+    /// likely choice): experts not yet cached get a victim slot, in order, at
+    /// most one per slot. Returns the `(expert, slot)` loads. They count as
+    /// recently used, so a correct guess is a hit; a wrong one is evicted
+    /// after the experts the next batch really uses.
+    pub fn prefetch(&mut self, experts: &[u32]) -> Vec<(u32, u32)> {
+        let n_slots = self.n_slots();
+        let mut protected = vec![false; n_slots];
+        let mut loads = Vec::new();
+        for &e in experts {
+            if e as usize >= self.slot_of.len() || loads.len() == n_slots {
+                break;
+            }
+            if let Some(s) = self.slot(e) {
+                protected[s as usize] = true;
+                continue;
+            }
+            let s = self.victim(&protected);
+            if protected[s as usize] {
+                break;
+            }
+            if let Some(old) = self.expert_in[s as usize] {
+                self.slot_of[old as usize] = None;
+            }
+            self.expert_in[s as usize] = Some(e);
+            self.slot_of[e as usize] = Some(s);
+            self.last_use[s as usize] = self.clock;
+            protected[s as usize] = true;
+            loads.push((e, s));
+        }
+        loads
+    }
+
     /// Marks `slot` empty (its load failed).
     pub fn forget(&mut self, slot: u32) {
         if let Some(e) = self.expert_in.get_mut(slot as usize).and_then(Option::take) {
@@ -149,7 +182,8 @@ impl LayerCache {
         }
     }
 
-    /// An unprotected slot to (re)use: a free one first, else by policy.
+    /// An unprotected slot to (re)use: a free one first, else by policy
+    /// (slot 0, protected, when every slot is protected).
     fn victim(&self, protected: &[bool]) -> u32 {
         let mut best: Option<(usize, (f64, u64))> = None;
         for s in 0..self.n_slots() {

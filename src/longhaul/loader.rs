@@ -3,6 +3,7 @@
 //! to the kernel to drop the pages read (the slots are the cache; keeping the
 //! same bytes in the page cache would double the memory).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
@@ -16,7 +17,7 @@ pub(super) struct Job<'a> {
     pub dst: &'a mut [u8],
 }
 
-fn io_pool() -> Option<&'static rayon::ThreadPool> {
+pub(super) fn io_pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
     POOL.get_or_init(|| {
         let n = std::env::var("LONGHAUL_IO_THREADS")
@@ -68,17 +69,29 @@ pub(super) fn advise_random(file: &gguf::Model) {
 #[cfg(not(target_os = "linux"))]
 pub(super) fn advise_random(_file: &gguf::Model) {}
 
-/// Runs every job; returns the bytes read, or the shard and error of a failure.
-pub(super) fn read_all(file: &gguf::Model, jobs: Vec<Job<'_>>) -> Result<u64, (usize, GgufError)> {
+/// Runs every job; returns the bytes read, or the shard and error of a
+/// failure. Jobs not yet started when `cancel` is set fail with `Interrupted`.
+pub(super) fn read_all(
+    file: &gguf::Model,
+    jobs: Vec<Job<'_>>,
+    cancel: Option<&AtomicBool>,
+) -> Result<u64, (usize, GgufError)> {
     let run = |jobs: Vec<Job<'_>>| {
         jobs.into_par_iter().try_for_each(|j| {
-            let len = j.dst.len() as u64;
-            file.read_at(j.shard, j.offset, j.dst)
-                .map_err(|e| (j.shard, e))?;
-            if let Some(f) = file.file(j.shard) {
-                drop_pages(f, j.offset, len);
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                let source = std::io::Error::new(
+                    std::io::ErrorKind::Interrupted,
+                    "speculative read cancelled",
+                );
+                let path = file
+                    .shards()
+                    .get(j.shard)
+                    .map(|s| s.path.clone())
+                    .unwrap_or_default();
+                return Err((j.shard, GgufError::Io { path, source }));
             }
-            Ok::<(), (usize, GgufError)>(())
+            file.read_at(j.shard, j.offset, j.dst)
+                .map_err(|e| (j.shard, e))
         })
     };
     let total: u64 = jobs.iter().map(|j| j.dst.len() as u64).sum();

@@ -9,6 +9,7 @@
 pub mod cache;
 mod loader;
 
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::backend::{BackendError, SlotStore, SlotTensor};
@@ -52,6 +53,9 @@ pub fn fmt_bytes(b: u64) -> String {
 pub struct LonghaulConfig {
     pub budget_bytes: u64,
     pub policy: Policy,
+    /// Lookahead prefetch: while layer L computes, read the experts layer
+    /// L+1's router picks from layer L's input.
+    pub prefetch: bool,
 }
 
 /// Cache counters of one layer (or summed over layers).
@@ -67,6 +71,14 @@ pub struct CacheStats {
     pub waves: u64,
     /// Batches that needed more than one wave.
     pub multi_wave_batches: u64,
+    /// Experts read speculatively (lookahead prefetch) and their bytes.
+    pub prefetched: u64,
+    pub prefetch_bytes: u64,
+    /// Prefetched experts the next batch used.
+    pub prefetch_used: u64,
+    /// Experts the batches after a prefetch needed that were not cached
+    /// before it (what a perfect prefetch would have read).
+    pub prefetch_wanted: u64,
 }
 
 impl CacheStats {
@@ -84,7 +96,21 @@ impl CacheStats {
         self.bytes_read as f64 / self.io_time.as_secs_f64().max(1e-9)
     }
 
+    /// Share of prefetched experts that were used.
+    pub fn prefetch_precision(&self) -> f64 {
+        self.prefetch_used as f64 / self.prefetched.max(1) as f64
+    }
+
+    /// Share of would-be misses that a prefetch covered.
+    pub fn prefetch_recall(&self) -> f64 {
+        self.prefetch_used as f64 / self.prefetch_wanted.max(1) as f64
+    }
+
     pub fn add(&mut self, o: &CacheStats) {
+        self.prefetched += o.prefetched;
+        self.prefetch_bytes += o.prefetch_bytes;
+        self.prefetch_used += o.prefetch_used;
+        self.prefetch_wanted += o.prefetch_wanted;
         self.hits += o.hits;
         self.misses += o.misses;
         self.bytes_read += o.bytes_read;
@@ -147,6 +173,15 @@ pub fn slots_for_budget(
     Ok(n.min(n_expert))
 }
 
+/// Runs `f` with a scope whose spawned tasks run on the longhaul I/O pool
+/// (for reads that overlap compute), waiting for them before returning.
+pub fn io_scope<'s, R>(f: impl FnOnce(&rayon::Scope<'s>) -> R) -> R {
+    match loader::io_pool() {
+        Some(pool) => pool.in_place_scope(f),
+        None => rayon::in_place_scope(f),
+    }
+}
+
 /// Prepares a model's files for streaming: no kernel readahead, whose pages
 /// would outlive the slices they were read next to. Call before reading.
 pub fn prepare_files(file: &gguf::Model) {
@@ -168,6 +203,8 @@ pub struct StreamedLayer<S: SlotStore> {
     pub slots: S,
     tensors: Vec<ExpertTensor>,
     pub stats: CacheStats,
+    /// Experts of the last prefetch, until the next batch is planned.
+    prefetched: Vec<u32>,
 }
 
 impl<S: SlotStore> StreamedLayer<S> {
@@ -201,15 +238,24 @@ impl<S: SlotStore> StreamedLayer<S> {
                 })
                 .collect(),
             stats: CacheStats::default(),
+            prefetched: Vec::new(),
         })
     }
 
     /// Plans a batch (see [`LayerCache::plan`]) and counts hits and misses.
     pub fn plan(&mut self, ids: &[u32]) -> Vec<Wave> {
         let waves = self.cache.plan(ids);
+        let mut misses = 0;
         for w in &waves {
-            self.stats.misses += w.loads.len() as u64;
+            misses += w.loads.len() as u64;
             self.stats.hits += (w.experts.len() - w.loads.len()) as u64;
+        }
+        self.stats.misses += misses;
+        if !self.prefetched.is_empty() {
+            let used = self.prefetched.iter().filter(|e| ids.contains(e)).count() as u64;
+            self.stats.prefetch_used += used;
+            self.stats.prefetch_wanted += used + misses;
+            self.prefetched.clear();
         }
         self.stats.waves += waves.len() as u64;
         if waves.len() > 1 {
@@ -221,19 +267,55 @@ impl<S: SlotStore> StreamedLayer<S> {
     /// Reads the wave's missing experts into their slots. On failure the
     /// affected slots are marked empty, so a later retry reloads them.
     pub fn load(&mut self, file: &gguf::Model, wave: &Wave) -> Result<(), LonghaulError> {
-        if wave.loads.is_empty() {
-            return Ok(());
+        let t0 = std::time::Instant::now();
+        let res = self.read(file, &wave.loads, None);
+        self.stats.io_time += t0.elapsed();
+        self.stats.bytes_read += res.as_ref().copied().unwrap_or(0);
+        res.map(|_| ())
+    }
+
+    /// Speculatively reads `predicted` experts (deduplicated by the caller)
+    /// into slots. Reads not started when `cancel` is set are dropped; a
+    /// failed or cancelled prefetch leaves its slots empty and is not an error.
+    pub fn prefetch(&mut self, file: &gguf::Model, predicted: &[u32], cancel: &AtomicBool) {
+        // Too late: the layer's own sync point came first.
+        if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
         }
-        let which: Vec<(usize, usize)> = wave
-            .loads
+        let loads = self.cache.prefetch(predicted);
+        if loads.is_empty() {
+            return;
+        }
+        if let Ok(bytes) = self.read(file, &loads, Some(cancel)) {
+            self.stats.prefetched += loads.len() as u64;
+            self.stats.prefetch_bytes += bytes;
+            self.stats.bytes_read += bytes;
+            self.prefetched = loads.iter().map(|l| l.0).collect();
+        }
+    }
+
+    fn read(
+        &mut self,
+        file: &gguf::Model,
+        loads: &[(u32, u32)],
+        cancel: Option<&AtomicBool>,
+    ) -> Result<u64, LonghaulError> {
+        if loads.is_empty() {
+            return Ok(0);
+        }
+        let which: Vec<(usize, usize)> = loads
             .iter()
             .flat_map(|&(_, s)| (0..self.tensors.len()).map(move |t| (t, s as usize)))
             .collect();
-        let t0 = std::time::Instant::now();
         let res = {
-            let dsts = self.slots.slots_mut(&which)?;
-            let jobs: Vec<loader::Job> = wave
-                .loads
+            let dsts = match self.slots.slots_mut(&which) {
+                Ok(d) => d,
+                Err(e) => {
+                    loads.iter().for_each(|&(_, s)| self.cache.forget(s));
+                    return Err(e.into());
+                }
+            };
+            let jobs: Vec<loader::Job> = loads
                 .iter()
                 .flat_map(|&(e, _)| self.tensors.iter().map(move |t| (t, e)))
                 .zip(dsts)
@@ -243,7 +325,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                     dst,
                 })
                 .collect();
-            loader::read_all(file, jobs)
+            loader::read_all(file, jobs, cancel)
         };
         // Drop the page cache of the whole stacked tensors, not slice by slice:
         // the kernel keeps any page-cache folio only partly inside a range,
@@ -251,25 +333,18 @@ impl<S: SlotStore> StreamedLayer<S> {
         for t in &self.tensors {
             release_pages(file, t.shard, t.offset, t.len);
         }
-        self.stats.io_time += t0.elapsed();
-        match res {
-            Ok(bytes) => {
-                self.stats.bytes_read += bytes;
-                Ok(())
+        res.map_err(|(shard, source)| {
+            loads.iter().for_each(|&(_, s)| self.cache.forget(s));
+            let path = file
+                .shards()
+                .get(shard)
+                .map(|s| s.path.display().to_string())
+                .unwrap_or_default();
+            LonghaulError::Read {
+                layer: self.layer,
+                path,
+                source,
             }
-            Err((shard, source)) => {
-                wave.loads.iter().for_each(|&(_, s)| self.cache.forget(s));
-                let path = file
-                    .shards()
-                    .get(shard)
-                    .map(|s| s.path.display().to_string())
-                    .unwrap_or_default();
-                Err(LonghaulError::Read {
-                    layer: self.layer,
-                    path,
-                    source,
-                })
-            }
-        }
+        })
     }
 }

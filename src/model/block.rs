@@ -154,6 +154,7 @@ pub(super) fn load<B: Backend>(
         beta_slow: hp.yarn_beta_slow,
     };
     let streamed = (0..hp.n_layer).map(|_| None).collect();
+    let prefetch_cancel = (0..hp.n_layer).map(|_| Default::default()).collect();
     Ok(Model {
         spec,
         hp,
@@ -166,6 +167,8 @@ pub(super) fn load<B: Backend>(
         rope,
         streamed,
         n_slots: 0,
+        prefetch: false,
+        prefetch_cancel,
     })
 }
 
@@ -261,11 +264,12 @@ pub(super) fn expert_outputs<B: Backend>(
     Ok(down)
 }
 
-fn moe_ffn<B: Backend>(
-    m: &Model<B>,
+fn moe_ffn<'s, B: Backend>(
+    m: &'s Model<B>,
     il: usize,
     f: &MoeFfn<B::Weight>,
     x: &B::Tensor,
+    scope: &rayon::Scope<'s>,
 ) -> Result<B::Tensor, ModelError> {
     let b = &m.backend;
     let hp = &m.hp;
@@ -285,7 +289,7 @@ fn moe_ffn<B: Backend>(
     let k = hp.n_expert_used;
     let down = match m.streamed.get(il).and_then(Option::as_ref) {
         None => expert_outputs(b, &f.experts, x, &ids, k, m.spec.glu)?,
-        Some(layer) => super::stream::expert_outputs(m, layer, &f.experts, x, &ids, k)?,
+        Some(layer) => super::stream::expert_outputs(m, il, layer, &f.experts, x, &ids, k, scope)?,
     };
     let mut out = b.weighted_sum(&down, &weights, k)?;
     if let Some(sh) = &f.shared {
@@ -301,35 +305,16 @@ fn moe_ffn<B: Backend>(
     Ok(out)
 }
 
-pub(super) fn forward<B: Backend>(
-    m: &Model<B>,
+/// The repeating layers over `x`.
+fn layers<'s, B: Backend>(
+    m: &'s Model<B>,
     kv: &mut [B::Kv],
-    tokens: &[u32],
-    pos0: usize,
-    want: Logits,
-) -> Result<Vec<f32>, ModelError> {
+    mut x: B::Tensor,
+    pos: BatchPos,
+    scope: &rayon::Scope<'s>,
+) -> Result<B::Tensor, ModelError> {
     let b = &m.backend;
     let hp = &m.hp;
-    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
-        return Err(ModelError::BadToken {
-            id,
-            n_vocab: hp.n_vocab,
-        });
-    }
-    if kv.len() != m.layers.len() {
-        return Err(ModelError::BadHparam {
-            key: "kv".into(),
-            reason: format!("{} caches for {} layers", kv.len(), m.layers.len()),
-        });
-    }
-    if tokens.is_empty() {
-        return Ok(Vec::new());
-    }
-    let pos = BatchPos {
-        pos0,
-        n_tokens: tokens.len(),
-    };
-    let mut x = b.get_rows(&m.tok_embd, tokens)?;
     for (il, (layer, kv)) in m.layers.iter().zip(kv.iter_mut()).enumerate() {
         let h = b.rms_norm(&x, &layer.attn_norm, hp.n_embd, hp.eps)?;
         let mut q = b.matmul(&layer.wq, &h)?;
@@ -368,10 +353,44 @@ pub(super) fn forward<B: Backend>(
         let h = b.rms_norm(&x, &layer.ffn_norm, hp.n_embd, hp.eps)?;
         let f = match &layer.ffn {
             Ffn::Dense(d) => dense_ffn(b, d, &h)?,
-            Ffn::Moe(moe) => moe_ffn(m, il, moe, &h)?,
+            Ffn::Moe(moe) => moe_ffn(m, il, moe, &h, scope)?,
         };
         b.add(&mut x, &f)?;
     }
+    Ok(x)
+}
+
+pub(super) fn forward<B: Backend>(
+    m: &Model<B>,
+    kv: &mut [B::Kv],
+    tokens: &[u32],
+    pos0: usize,
+    want: Logits,
+) -> Result<Vec<f32>, ModelError> {
+    let b = &m.backend;
+    let hp = &m.hp;
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
+        return Err(ModelError::BadToken {
+            id,
+            n_vocab: hp.n_vocab,
+        });
+    }
+    if kv.len() != m.layers.len() {
+        return Err(ModelError::BadHparam {
+            key: "kv".into(),
+            reason: format!("{} caches for {} layers", kv.len(), m.layers.len()),
+        });
+    }
+    if tokens.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pos = BatchPos {
+        pos0,
+        n_tokens: tokens.len(),
+    };
+    let x = b.get_rows(&m.tok_embd, tokens)?;
+    // Longhaul's lookahead reads run on the I/O pool while layers compute.
+    let x = crate::longhaul::io_scope(|scope| layers(m, kv, x, pos, scope))?;
     let x = match want {
         Logits::All => x,
         Logits::Last => {

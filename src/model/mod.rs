@@ -110,6 +110,10 @@ pub struct Model<B: Backend> {
     pub streamed: Vec<Option<Mutex<StreamedLayer<B::Slots>>>>,
     /// Slots per MoE layer in longhaul mode.
     pub n_slots: usize,
+    /// Longhaul lookahead prefetch, and per layer the flag that stops a
+    /// prefetch not yet started once the layer's own sync point arrives.
+    pub prefetch: bool,
+    pub prefetch_cancel: Vec<std::sync::atomic::AtomicBool>,
 }
 
 /// Which rows of logits a forward pass returns.

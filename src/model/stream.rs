@@ -2,6 +2,7 @@
 //! to slot ids, compute. The planner and loader live in `crate::longhaul`;
 //! this file only ties them to the layer's expert tensors.
 
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use super::block;
@@ -75,6 +76,64 @@ pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Resul
         )?));
     }
     m.n_slots = n_slots;
+    m.prefetch = cfg.prefetch;
+    Ok(())
+}
+
+/// Starts reading, on the I/O pool, the experts that the next MoE layer's
+/// router picks from this layer's FFN input `x` (a guess: the next layer
+/// sees `x` after one more attention block).
+fn lookahead<'s, B: Backend>(
+    m: &'s Model<B>,
+    il: usize,
+    x: &B::Tensor,
+    scope: &rayon::Scope<'s>,
+) -> Result<(), ModelError> {
+    if !m.prefetch {
+        return Ok(());
+    }
+    let Some((next, Ffn::Moe(f))) = m
+        .layers
+        .iter()
+        .enumerate()
+        .skip(il + 1)
+        .find(|(_, l)| matches!(l.ffn, Ffn::Moe(_)))
+        .map(|(i, l)| (i, &l.ffn))
+    else {
+        return Ok(());
+    };
+    let Some(Some(target)) = m.streamed.get(next) else {
+        return Ok(());
+    };
+    let b = &m.backend;
+    let mut logits = b.matmul(&f.router, x)?;
+    if let Some(rb) = &f.router_b {
+        b.add_bias(&mut logits, rb)?;
+    }
+    let logits = b.to_host(&logits)?;
+    let hp = &m.hp;
+    let (ids, _) = block::route(
+        &logits,
+        hp.n_expert,
+        hp.n_expert_used,
+        m.spec.gating,
+        m.spec.norm_topk,
+        hp.expert_weights_scale,
+    );
+    let mut predicted = Vec::new();
+    let mut seen = vec![false; hp.n_expert];
+    for e in ids {
+        if !std::mem::replace(&mut seen[e as usize], true) {
+            predicted.push(e);
+        }
+    }
+    let cancel = &m.prefetch_cancel[next];
+    cancel.store(false, Ordering::Relaxed);
+    let file = &m.file;
+    scope.spawn(move |_| {
+        let mut l = target.lock().unwrap_or_else(|p| p.into_inner());
+        l.prefetch(file, &predicted, cancel);
+    });
     Ok(())
 }
 
@@ -104,22 +163,32 @@ fn slot_experts<B: Backend>(
 
 /// Longhaul version of [`block::expert_outputs`]: identical rows, computed
 /// from slots, in as many waves as the batch's distinct experts need.
-pub(super) fn expert_outputs<B: Backend>(
-    m: &Model<B>,
+#[allow(clippy::too_many_arguments)]
+pub(super) fn expert_outputs<'s, B: Backend>(
+    m: &'s Model<B>,
+    il: usize,
     layer: &Mutex<StreamedLayer<B::Slots>>,
     resident: &Experts<B::Weight>,
     x: &B::Tensor,
     ids: &[u32],
     k: usize,
+    scope: &rayon::Scope<'s>,
 ) -> Result<B::Tensor, ModelError> {
     let b = &m.backend;
+    // Stop a lookahead read of this layer that has not started yet: demand
+    // reads never wait behind speculation that is not already in flight.
+    if let Some(c) = m.prefetch_cancel.get(il) {
+        c.store(true, Ordering::Relaxed);
+    }
     // A poisoned lock means an earlier panic mid-update; the planner state is
     // still consistent (loads mark failed slots empty), so keep going.
     let mut l = layer.lock().unwrap_or_else(|p| p.into_inner());
     let waves = l.plan(ids);
+    let mut lookahead_started = false;
     let mut slot_of = vec![u32::MAX; m.hp.n_expert];
     if let [wave] = waves.as_slice() {
         l.load(&m.file, wave)?;
+        lookahead(m, il, x, scope)?;
         wave.experts
             .iter()
             .for_each(|&(e, s)| slot_of[e as usize] = s);
@@ -130,6 +199,10 @@ pub(super) fn expert_outputs<B: Backend>(
     let mut out = b.zeros(ids.len(), m.hp.n_embd)?;
     for wave in &waves {
         l.load(&m.file, wave)?;
+        if !lookahead_started {
+            lookahead(m, il, x, scope)?;
+            lookahead_started = true;
+        }
         slot_of.iter_mut().for_each(|s| *s = u32::MAX);
         wave.experts
             .iter()

@@ -282,8 +282,9 @@ pub(super) unsafe fn dot_q4_0_avx2(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
 unsafe fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    each_block(w, a, |x, y, d, m| {
-        summs += m;
+    each_block(w, a, |x, y, d, _| {
+        // ggml's `summs += m * s` is contracted to an FMA by GCC.
+        summs = h2f(x.m).mul_add(h2f(y.s), summs);
         let p = mul_sum_u8_i8(nibbles_32(&x.qs), load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     });
@@ -291,6 +292,10 @@ unsafe fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
 }
 
 /// Exact for any bytes (including -128): widens to i16 before multiplying.
+/// Lane `i` holds the products of bytes `4i..4i + 4`, as ggml's
+/// `mul_sum_i8_pairs_float`, and the blocks accumulate into one 8-lane FMA
+/// chain reduced by `hsum_float_8`: the same float result as
+/// `ggml_vec_dot_q8_0_q8_0` and llamafile's tinyBLAS Q8_0 GEMM.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -305,7 +310,9 @@ pub(super) unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
             _mm256_cvtepi8_epi16(_mm_loadu_si128(xp.add(1))),
             _mm256_cvtepi8_epi16(_mm_loadu_si128(yp.add(1))),
         );
-        let p = _mm256_add_epi32(lo, hi);
+        // hadd gives bytes [0-3, 4-7, 16-19, 20-23 | 8-11, 12-15, 24-27,
+        // 28-31]; the permute puts the four 8-byte groups in order.
+        let p = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     });
     hsum_ps(acc)
@@ -444,8 +451,9 @@ unsafe fn dot_q5_0_avx2(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
 unsafe fn dot_q5_1_avx2(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    each_block(w, a, |x, y, d, m| {
-        summs += m;
+    each_block(w, a, |x, y, d, _| {
+        // ggml's `summs += m * s` is contracted to an FMA by GCC.
+        summs = h2f(x.m).mul_add(h2f(y.s), summs);
         let hi = _mm256_and_si256(bits_32(x.qh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
         let p = mul_sum_u8_i8(qx, load32(&y.qs));

@@ -6,7 +6,10 @@
 //! use an offset: `sum(x * y) = sum((x + o) * y) - o * sum(y)` with
 //! `x + o >= 0`. The 32-weight formats take two blocks per 512-bit vector
 //! (an odd last block goes to the AVX2 kernel). Q4_K measured no faster
-//! than its AVX2 kernel with 512-bit vectors, so it has none here.
+//! than its AVX2 kernel with 512-bit vectors, so it has none here. Neither
+//! has Q8_0: ggml (and llamafile's tinyBLAS) sum its blocks in one 8-lane
+//! chain, even on AVX-512 CPUs, and pairing blocks would reorder the float
+//! sums (see `dot_q8_0_avx2`).
 //!
 //! As in simd_x86.rs, the safe wrappers are only handed out when
 //! [`CpuCaps::has_avx512`](super::CpuCaps::has_avx512) is true.
@@ -18,8 +21,8 @@
 
 use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
-    block_scales, dot_iq4_nl_avx2, dot_mxfp4_avx2, dot_q4_0_avx2, dot_q8_0_avx2, h2f, load32,
-    nibbles_32, BlockScales,
+    block_scales, dot_iq4_nl_avx2, dot_mxfp4_avx2, dot_q4_0_avx2, h2f, load32, nibbles_32,
+    BlockScales,
 };
 use super::{BlockIQ4NL, BlockMXFP4, BlockQ4_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 use std::arch::x86_64::*;
@@ -34,7 +37,6 @@ macro_rules! safe_wrapper {
 }
 
 safe_wrapper!(dot_q4_0, dot_q4_0_512, BlockQ4_0, BlockQ8_0);
-safe_wrapper!(dot_q8_0, dot_q8_0_512, BlockQ8_0, BlockQ8_0);
 safe_wrapper!(dot_mxfp4, dot_mxfp4_512, BlockMXFP4, BlockQ8_0);
 safe_wrapper!(dot_iq4_nl, dot_iq4_nl_512, BlockIQ4NL, BlockQ8_0);
 safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);
@@ -100,19 +102,6 @@ unsafe fn dot_q4_0_512(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
         (u, s, 8)
     });
     s + dot_q4_0_avx2(&w[even..], &a[even..])
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q8_0_512(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
-    let even = w.len() & !1;
-    let flip = _mm512_set1_epi8(i8::MIN);
-    let s = dot_pairs(&w[..even], &a[..even], |x0, x1, y0, y1| {
-        // The activations, offset by 128, are the unsigned operand.
-        let u = _mm512_xor_si512(join(load32(&y0.qs), load32(&y1.qs)), flip);
-        let s = join(load32(&x0.qs), load32(&x1.qs));
-        (u, s, 128)
-    });
-    s + dot_q8_0_avx2(&w[even..], &a[even..])
 }
 
 /// A 4-bit lookup table offset to unsigned bytes, in all four 128-bit lanes.

@@ -1,6 +1,23 @@
-//! Causal grouped-query attention over the host KV cache with an online
-//! softmax (one pass over keys, running max and sum), optional per-head sinks
-//! (an extra logit in the denominator, gpt-oss) and sliding windows.
+//! Causal grouped-query attention over the host KV cache, computed in the
+//! order of ggml's x86 CPU backend (AVX-512 build, flash attention off):
+//!
+//! 1. `kq[j] = ggml_vec_dot_f32(q, k_j)`: 4 accumulators of 16 lanes over
+//!    steps of 64 (lane `i % 64`), summed pairwise and reduced as GCC's
+//!    `_mm512_reduce_add_ps`; a tail past the last 64 is added one product
+//!    at a time.
+//! 2. `ggml_soft_max_ext`: `w = kq * scale` (masked: -inf), `max`, then
+//!    `exp(w - max)` with ggml's vector `ggml_v_expf` over blocks of 16
+//!    positions, each block reduced to f32 and summed in f64; optional
+//!    per-head sinks (gpt-oss) join the max and the sum (scalar `expf`);
+//!    `p = e * (float)(1 / sum)`.
+//! 3. `kqv[d] = sum_j v[j][d] * p[j]` as ggml's `mul_mat(v, kq)` runs it:
+//!    llamafile's tinyBLAS (one 16-lane accumulator per output) when the
+//!    batch has two or more tokens, `ggml_vec_dot_f32` (as in 1.) for one.
+//!
+//! llama.cpp pads the key range to a multiple of 256 cells; padded cells
+//! have `p = 0` and add exact zeros, so only the lane of each real position
+//! matters. Matching these orders bit for bit is what keeps greedy output
+//! equal to llama.cpp's on models with outlier activations (SmolLM2).
 
 use half::f16;
 use rayon::prelude::*;
@@ -19,6 +36,201 @@ fn load(store: &KvStore, at: usize, dst: &mut [f32]) {
             .zip(&v[at..at + n])
             .for_each(|(d, s)| *d = f16::to_f32(*s)),
     }
+}
+
+/// GCC's `_mm512_reduce_add_ps`: halves of 256, then of 128, then
+/// `(l0 + l2) + (l1 + l3)`.
+#[inline(always)]
+pub(super) fn reduce16(a: &[f32; 16]) -> f32 {
+    let mut t = [0f32; 8];
+    for i in 0..8 {
+        t[i] = a[i + 8] + a[i];
+    }
+    let mut u = [0f32; 4];
+    for i in 0..4 {
+        u[i] = t[i + 4] + t[i];
+    }
+    (u[0] + u[2]) + (u[1] + u[3])
+}
+
+/// `ggml_vec_dot_f32` (AVX-512: `GGML_F32_STEP` 64, `GGML_F32_EPR` 16).
+#[inline(always)]
+fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    let mut i = 0;
+    while i < np {
+        for (k, a) in acc.iter_mut().enumerate() {
+            for (l, s) in a.iter_mut().enumerate() {
+                *s = x[i + 16 * k + l].mul_add(y[i + 16 * k + l], *s);
+            }
+        }
+        i += 64;
+    }
+    let mut sum = 0f32;
+    if np > 0 {
+        sum = reduce_4x16(&acc);
+    }
+    for j in np..n {
+        sum += x[j] * y[j];
+    }
+    sum
+}
+
+/// `GGML_F32x16_REDUCE` over four accumulators: `(a0 + a2) + (a1 + a3)`,
+/// then [`reduce16`].
+#[inline(always)]
+fn reduce_4x16(acc: &[[f32; 16]; 4]) -> f32 {
+    let mut r = [0f32; 16];
+    for l in 0..16 {
+        r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    reduce16(&r)
+}
+
+/// ggml's AVX-512 `ggml_v_expf` for one lane (the vector code has no
+/// cross-lane steps): range reduction by FMA, a degree-5 polynomial and
+/// `vscalefps`; |n| > 192 saturates to 0 or +inf.
+#[inline(always)]
+pub(super) fn v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    if n.is_nan() {
+        return j;
+    }
+    // vscalefps: j * 2^n, rounded once (n is an integer in [-192, 192]).
+    let scale = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * scale) as f32
+}
+
+/// Scratch of one (token, head) row.
+struct Row {
+    kbuf: Vec<f32>,
+    w: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attend_row(
+    kv: &CpuKv,
+    q: &CpuTensor,
+    sinks: Option<&[f32]>,
+    pos: BatchPos,
+    p: &AttnParams,
+    i: usize,
+    row: &mut Row,
+    dst: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let group = p.n_head / p.n_head_kv;
+    let (t, h) = (i / p.n_head, i % p.n_head);
+    let qp = pos.pos0 + t;
+    let lo = match p.window {
+        Some(w) => (qp + 1).saturating_sub(w as usize),
+        None => 0,
+    };
+    let kvh = h / group;
+    let qrow = &q.data[t * q.cols + h * hd..t * q.cols + (h + 1) * hd];
+    // Scores, padded with masked cells to whole blocks of 16.
+    let n_pad = (qp + 1).div_ceil(16) * 16;
+    let Row { kbuf, w, acc } = row;
+    w.clear();
+    w.resize(n_pad, f32::NEG_INFINITY);
+    let mut max = f32::NEG_INFINITY;
+    for (j, wj) in w.iter_mut().enumerate().take(qp + 1).skip(lo) {
+        load(&kv.k, j * kv.n_embd_k + kvh * hd, kbuf);
+        *wj = vec_dot_f32(kbuf, qrow) * p.scale;
+        max = max.max(*wj);
+    }
+    let sink = sinks.map(|s| s[h]);
+    if let Some(s) = sink {
+        max = max.max(s);
+    }
+    let mut sum = 0f64;
+    for blk in w.chunks_exact_mut(16) {
+        let blk: &mut [f32; 16] = blk.try_into().expect("16");
+        for v in blk.iter_mut() {
+            *v = v_expf(*v - max);
+        }
+        sum += reduce16(blk) as f64;
+    }
+    if let Some(s) = sink {
+        sum += (s - max).exp() as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    w.iter_mut().for_each(|v| *v *= inv);
+    // KQV: lanes of 16 positions (tinyBLAS) or 64 (vec_dot_f32).
+    let lanes = if pos.n_tokens >= 2 { 16 } else { 64 };
+    acc.clear();
+    acc.resize(hd * lanes, 0.0);
+    for (j, &pj) in w.iter().enumerate().take(qp + 1).skip(lo) {
+        load(&kv.v, j * kv.n_embd_v + kvh * hd, kbuf);
+        let l = j % lanes;
+        for (d, &v) in kbuf.iter().enumerate() {
+            let a = &mut acc[d * lanes + l];
+            *a = v.mul_add(pj, *a);
+        }
+    }
+    for (d, o) in dst.iter_mut().enumerate() {
+        let a = &acc[d * lanes..(d + 1) * lanes];
+        *o = if lanes == 16 {
+            reduce16(a.try_into().expect("16"))
+        } else {
+            let mut r = [[0f32; 16]; 4];
+            for (k, rk) in r.iter_mut().enumerate() {
+                rk.copy_from_slice(&a[16 * k..16 * k + 16]);
+            }
+            reduce_4x16(&r)
+        };
+    }
+}
+
+/// [`attend_row`] compiled with FMA instructions (`mul_add` is otherwise a
+/// libm call); the results are the same.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_row_fma(
+    kv: &CpuKv,
+    q: &CpuTensor,
+    sinks: Option<&[f32]>,
+    pos: BatchPos,
+    p: &AttnParams,
+    i: usize,
+    row: &mut Row,
+    dst: &mut [f32],
+) {
+    attend_row(kv, q, sinks, pos, p, i, row, dst)
+}
+
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 pub(super) fn attend(
@@ -53,63 +265,54 @@ pub(super) fn attend(
             });
         }
     }
-    let group = p.n_head / p.n_head_kv;
+    let fma = has_fma();
     let mut out = CpuTensor::zeros(q.rows, q.cols);
-    out.data.par_chunks_mut(hd).enumerate().for_each_init(
-        || (vec![0f32; hd], vec![0f32; hd]),
-        |(kbuf, acc), (i, dst)| {
-            let (t, h) = (i / p.n_head, i % p.n_head);
-            let qp = pos.pos0 + t;
-            let lo = match p.window {
-                Some(w) => (qp + 1).saturating_sub(w as usize),
-                None => 0,
-            };
-            let kvh = h / group;
-            let qrow = &q.data[t * q.cols + h * hd..t * q.cols + (h + 1) * hd];
-            let mut m = f32::NEG_INFINITY;
-            let mut l = 0f32;
-            acc.iter_mut().for_each(|a| *a = 0.0);
-            for j in lo..=qp {
-                load(&kv.k, j * kv.n_embd_k + kvh * hd, kbuf);
-                let s = qrow
-                    .iter()
-                    .zip(kbuf.iter())
-                    .map(|(a, b)| a * b)
-                    .sum::<f32>()
-                    * p.scale;
-                if s > m {
-                    let c = if m == f32::NEG_INFINITY {
-                        0.0
-                    } else {
-                        (m - s).exp()
-                    };
-                    acc.iter_mut().for_each(|a| *a *= c);
-                    l *= c;
-                    m = s;
+    out.data
+        .par_chunks_mut(hd.max(1))
+        .enumerate()
+        .for_each_init(
+            || Row {
+                kbuf: vec![0f32; hd],
+                w: Vec::new(),
+                acc: Vec::new(),
+            },
+            |row, (i, dst)| {
+                #[cfg(target_arch = "x86_64")]
+                if fma {
+                    // SAFETY: has_fma() checked the CPU.
+                    unsafe { attend_row_fma(kv, q, sinks, pos, p, i, row, dst) };
+                    return;
                 }
-                let w = (s - m).exp();
-                l += w;
-                load(&kv.v, j * kv.n_embd_v + kvh * hd, kbuf);
-                acc.iter_mut()
-                    .zip(kbuf.iter())
-                    .for_each(|(a, v)| *a += w * v);
-            }
-            if let Some(s) = sinks {
-                let sink = s[h];
-                let m2 = m.max(sink);
-                let c = if m == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    (m - m2).exp()
-                };
-                acc.iter_mut().for_each(|a| *a *= c);
-                l = l * c + (sink - m2).exp();
-            }
-            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-            dst.iter_mut()
-                .zip(acc.iter())
-                .for_each(|(d, a)| *d = a * inv);
-        },
-    );
+                let _ = fma;
+                attend_row(kv, q, sinks, pos, p, i, row, dst)
+            },
+        );
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v_expf_is_close_to_exp_and_saturates() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.043;
+            let (a, b) = (v_expf(x), x.exp());
+            assert!(((a - b) / b).abs() < 4e-7, "{x}: {a} vs {b}");
+        }
+        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(v_expf(-200.0), 0.0);
+        assert_eq!(v_expf(200.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn vec_dot_f32_sums_every_product() {
+        for n in [1usize, 16, 63, 64, 65, 130, 256] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.3).sin()).collect();
+            let y: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).cos()).collect();
+            let want: f64 = x.iter().zip(&y).map(|(a, b)| (a * b) as f64).sum();
+            assert!((vec_dot_f32(&x, &y) as f64 - want).abs() < 1e-5, "n {n}");
+        }
+    }
 }

@@ -155,6 +155,14 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// The pointer; a method, so closures capture the whole `OutPtr` (which
+    /// is Send) rather than its raw-pointer field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 pub(super) fn mul_mat_id(
     w: &CpuWeight,
     x: &CpuTensor,
@@ -207,7 +215,6 @@ pub(super) fn mul_mat_id(
     let expert_bytes = m.rb * m.n;
     work.par_iter()
         .try_for_each_init(Vec::new, |tmp, &(e, c)| {
-            let ptr = ptr;
             let r0 = c * chunk;
             let rows = chunk.min(m.n - r0);
             let base = e * expert_bytes;
@@ -219,7 +226,7 @@ pub(super) fn mul_mat_id(
                 for (i, v) in tmp.iter().enumerate() {
                     // SAFETY: r_out < ids.len() and r0 + i < m.n, so the index is in
                     // bounds; the pair (r_out, r0 + i) belongs to this work item only.
-                    unsafe { *ptr.0.add(r_out * m.n + r0 + i) = *v };
+                    unsafe { *ptr.get().add(r_out * m.n + r0 + i) = *v };
                 }
             }
             Ok::<(), quant::QuantError>(())

@@ -92,8 +92,9 @@ fn rope_cache(p: &RopeParams, pos: f32, corr: [f32; 2], cache: &mut [(f32, f32)]
             let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
             let ramp = 1.0 - y.clamp(0.0, 1.0);
             let mix = ramp * p.ext_factor;
-            th = theta_interp * (1.0 - mix) + theta * mix;
-            mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
+            // As GCC contracts ggml's rope_yarn.
+            th = theta_interp.mul_add(1.0 - mix, theta * mix);
+            mscale *= (1.0 / p.freq_scale).ln().mul_add(0.1, 1.0);
         }
         *c = (th.cos() * mscale, th.sin() * mscale);
         theta *= theta_scale;
@@ -136,8 +137,11 @@ pub(super) fn rope(
                         RopeMode::Neox => (i, i + half),
                     };
                     let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * c - x1 * s;
-                    head[b] = x0 * s + x1 * c;
+                    // GCC contracts ggml's `x0*cos - x1*sin` and
+                    // `x0*sin + x1*cos` into FMAs on `x0` (scalar and
+                    // vfmaddsub code alike).
+                    head[a] = x0.mul_add(c, -(x1 * s));
+                    head[b] = x0.mul_add(s, x1 * c);
                 }
             }
         });
@@ -156,9 +160,7 @@ pub(super) fn glu(gate: &CpuTensor, up: &CpuTensor, kind: Glu) -> Result<CpuTens
     }
     let mut out = gate.clone();
     match kind {
-        Glu::SwiGlu => out.data.iter_mut().zip(&up.data).for_each(|(g, u)| {
-            *g = (*g / (1.0 + (-*g).exp())) * u;
-        }),
+        Glu::SwiGlu => swiglu_rows(&mut out.data, &up.data, gate.cols),
         Glu::SwiGluOai { alpha, limit } => out.data.iter_mut().zip(&up.data).for_each(|(g, u)| {
             let x = g.min(limit);
             let y = u.clamp(-limit, limit);
@@ -166,6 +168,52 @@ pub(super) fn glu(gate: &CpuTensor, up: &CpuTensor, kind: Glu) -> Result<CpuTens
         }),
     }
     Ok(out)
+}
+
+/// `ggml_vec_swiglu_f32` (AVX-512 build) on one row: `silu(g) * u` with
+/// ggml's vector `ggml_v_expf` for whole blocks of 16 and libm `expf` for
+/// the tail.
+#[inline(always)]
+fn swiglu_row(g: &mut [f32], u: &[f32]) {
+    let n16 = g.len() / 16 * 16;
+    let (gv, gt) = g.split_at_mut(n16);
+    for (g, u) in gv.iter_mut().zip(u) {
+        let x = *g;
+        *g = (x / (1.0 + super::attention::v_expf(0.0 - x))) * u;
+    }
+    for (g, u) in gt.iter_mut().zip(&u[n16..]) {
+        *g = (*g / (1.0 + (-*g).exp())) * u;
+    }
+}
+
+/// [`swiglu_row`] with FMA instructions (same results, see attention.rs).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_row_fma(g: &mut [f32], u: &[f32]) {
+    swiglu_row(g, u)
+}
+
+/// SwiGLU in place over rows of `cols` (`g` gate, `u` up).
+fn swiglu_rows(g: &mut [f32], u: &[f32], cols: usize) {
+    #[cfg(target_arch = "x86_64")]
+    let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    let fma = false;
+    g.par_chunks_mut(cols.max(1))
+        .zip(u.par_chunks(cols.max(1)))
+        .for_each(|(g, u)| {
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: the features were detected above.
+                unsafe { swiglu_row_fma(g, u) };
+                return;
+            }
+            let _ = fma;
+            swiglu_row(g, u)
+        });
 }
 
 pub(super) fn weighted_sum(
