@@ -223,8 +223,16 @@ impl BlockScales<BlockQ8_0> for BlockMXFP4 {
     }
 }
 
-/// `a * b` of two halves with one `vcvtph2ps` from a general register
+/// Two halves converted with one `vcvtph2ps` from a general register
 /// (`vmovd` writes the whole vector: no false dependency, see [`h2f`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn h2f_pair(a: u16, b: u16) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((a as u32 | (b as u32) << 16) as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// `a * b` of two halves, converted together (see [`h2f_pair`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn h2f_mul(a: u16, b: u16) -> f32 {
@@ -284,7 +292,8 @@ unsafe fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     let mut summs = 0.0f32;
     each_block(w, a, |x, y, d, _| {
         // ggml's `summs += m * s` is contracted to an FMA by GCC.
-        summs = h2f(x.m).mul_add(h2f(y.s), summs);
+        let (m, sy) = h2f_pair(x.m.to_bits(), y.s.to_bits());
+        summs = m.mul_add(sy, summs);
         let p = mul_sum_u8_i8(nibbles_32(&x.qs), load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     });
@@ -453,7 +462,8 @@ unsafe fn dot_q5_1_avx2(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
     let mut summs = 0.0f32;
     each_block(w, a, |x, y, d, _| {
         // ggml's `summs += m * s` is contracted to an FMA by GCC.
-        summs = h2f(x.m).mul_add(h2f(y.s), summs);
+        let (m, sy) = h2f_pair(x.m.to_bits(), y.s.to_bits());
+        summs = m.mul_add(sy, summs);
         let hi = _mm256_and_si256(bits_32(x.qh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
         let p = mul_sum_u8_i8(qx, load32(&y.qs));

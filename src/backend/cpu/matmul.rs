@@ -48,6 +48,9 @@ pub(super) fn quantize_rows(
     Ok((acts, arb))
 }
 
+/// Side of the (weight rows x tokens) tiles of batched products.
+const TILE: usize = 16;
+
 /// Rows per parallel work item: enough to amortise scheduling, small enough to
 /// keep every thread busy.
 fn chunk_rows(n: usize, n_tok: usize) -> usize {
@@ -130,12 +133,19 @@ pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendE
             let r0 = c * chunk;
             let rows = dst.len() / n_tok;
             let w_rows = &m.bytes[r0 * m.rb..(r0 + rows) * m.rb];
-            tmp.resize(rows, 0.0);
-            for t in 0..n_tok {
-                m.ops
-                    .vec_dot_rows(m.k, w_rows, &acts[t * arb..(t + 1) * arb], tmp)?;
-                for (r, v) in tmp.iter().enumerate() {
-                    dst[r * n_tok + t] = *v;
+            tmp.resize(TILE, 0.0);
+            // 16 x 16 tiles (as ggml's mul_mat): the tile's weight rows and
+            // activation rows stay in L1 while they are combined.
+            for t0 in (0..n_tok).step_by(TILE) {
+                for q0 in (0..rows).step_by(TILE) {
+                    let nq = TILE.min(rows - q0);
+                    let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
+                    for t in t0..(t0 + TILE).min(n_tok) {
+                        m.ops.vec_dot_rows(m.k, w_tile, &acts[t * arb..(t + 1) * arb], &mut tmp[..nq])?;
+                        for (r, v) in tmp[..nq].iter().enumerate() {
+                            dst[(q0 + r) * n_tok + t] = *v;
+                        }
+                    }
                 }
             }
             Ok::<(), quant::QuantError>(())
@@ -219,14 +229,20 @@ pub(super) fn mul_mat_id(
             let rows = chunk.min(m.n - r0);
             let base = e * expert_bytes;
             let w_rows = &m.bytes[base + r0 * m.rb..base + (r0 + rows) * m.rb];
-            tmp.resize(rows, 0.0);
-            for &(r_out, r_in) in &by_expert[e] {
-                m.ops
-                    .vec_dot_rows(m.k, w_rows, &acts[r_in * arb..(r_in + 1) * arb], tmp)?;
-                for (i, v) in tmp.iter().enumerate() {
-                    // SAFETY: r_out < ids.len() and r0 + i < m.n, so the index is in
-                    // bounds; the pair (r_out, r0 + i) belongs to this work item only.
-                    unsafe { *ptr.get().add(r_out * m.n + r0 + i) = *v };
+            tmp.resize(TILE, 0.0);
+            for pairs in by_expert[e].chunks(TILE) {
+                for q0 in (0..rows).step_by(TILE) {
+                    let nq = TILE.min(rows - q0);
+                    let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
+                    for &(r_out, r_in) in pairs {
+                        m.ops.vec_dot_rows(m.k, w_tile, &acts[r_in * arb..(r_in + 1) * arb], &mut tmp[..nq])?;
+                        for (i, v) in tmp[..nq].iter().enumerate() {
+                            // SAFETY: r_out < ids.len() and r0 + q0 + i < m.n, so the
+                            // index is in bounds; the pair (r_out, r0 + q0 + i)
+                            // belongs to this work item only.
+                            unsafe { *ptr.get().add(r_out * m.n + r0 + q0 + i) = *v };
+                        }
+                    }
                 }
             }
             Ok::<(), quant::QuantError>(())
