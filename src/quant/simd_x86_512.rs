@@ -21,10 +21,13 @@
 
 use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
-    block_scales, dot_iq4_nl_avx2, dot_mxfp4_avx2, dot_q4_0_avx2, h2f, load32, nibbles_32,
-    BlockScales,
+    block_scales, dot_iq4_nl_avx2, dot_mxfp4_avx2, dot_q4_0_avx2, drive, h2f, load32, nibbles_32,
+    shapes, tile_kernels, tile_wrapper, BlockScales, Shapes,
 };
-use super::{BlockIQ4NL, BlockMXFP4, BlockQ4_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use super::{
+    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0,
+    BlockQ8_1,
+};
 use std::arch::x86_64::*;
 
 macro_rules! safe_wrapper {
@@ -186,3 +189,80 @@ unsafe fn dot_q6_k_512(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     }
     _mm512_reduce_add_ps(acc)
 }
+
+// Tile kernels with 256-bit VNNI (`vpdpbusd` / `vpdpwssd` on ymm, AVX-512 VL)
+// and the 32 vector registers of AVX-512: bit-identical to the AVX2 one-row
+// kernels (see simd_x86.rs).
+
+/// `acc + madd(maddubs(u, s), 1)` in one instruction (exact for `u` small
+/// enough that `maddubs` cannot saturate).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dp_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, u, s)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dpw_vnni(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+    _mm256_dpwssd_epi32(acc, x, y)
+}
+
+/// A Q8_0 weight block offset to unsigned bytes (`x + 128`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8w_vnni(qs: &[i8; 32]) -> [__m256i; 2] {
+    let x = _mm256_loadu_si256(qs.as_ptr() as *const __m256i);
+    [
+        _mm256_xor_si256(x, _mm256_set1_epi8(-128)),
+        _mm256_setzero_si256(),
+    ]
+}
+
+/// A Q8_0 activation block and `-128 * (sum of each four bytes)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8a_vnni(qs: &[i8; 32]) -> [__m256i; 2] {
+    let y = _mm256_loadu_si256(qs.as_ptr() as *const __m256i);
+    let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), y);
+    [
+        y,
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)),
+    ]
+}
+
+/// `sum((x + 128) * y) - 128 * sum(y)` per four bytes: `dot_q8_0_avx2`'s lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8p_vnni(x: &[__m256i; 2], y: &[__m256i; 2]) -> __m256i {
+    _mm256_dpbusd_epi32(y[1], x[0], y[0])
+}
+
+tile_kernels!(
+    vnni_tiles,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    dp_vnni,
+    dpw_vnni,
+    q8w_vnni,
+    q8a_vnni,
+    q8p_vnni
+);
+
+tile_wrapper!(
+    tile_q4_1,
+    BlockQ4_1,
+    BlockQ8_1,
+    shapes!(vnni_tiles::q4_1, (4 x 4), gen 4)
+);
+tile_wrapper!(
+    tile_q8_0,
+    BlockQ8_0,
+    BlockQ8_0,
+    shapes!(vnni_tiles::q8_0, (4 x 4), gen 4)
+);
+tile_wrapper!(
+    tile_q4_k,
+    BlockQ4K,
+    BlockQ8K,
+    shapes!(vnni_tiles::q4_k, (2 x 4), gen 4)
+);

@@ -133,17 +133,20 @@ pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendE
             let r0 = c * chunk;
             let rows = dst.len() / n_tok;
             let w_rows = &m.bytes[r0 * m.rb..(r0 + rows) * m.rb];
-            tmp.resize(TILE, 0.0);
+            tmp.resize(TILE * TILE, 0.0);
             // 16 x 16 tiles (as ggml's mul_mat): the tile's weight rows and
             // activation rows stay in L1 while they are combined.
             for t0 in (0..n_tok).step_by(TILE) {
+                let nt = TILE.min(n_tok - t0);
+                let a_tile = &acts[t0 * arb..(t0 + nt) * arb];
                 for q0 in (0..rows).step_by(TILE) {
                     let nq = TILE.min(rows - q0);
                     let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
-                    for t in t0..(t0 + TILE).min(n_tok) {
-                        m.ops.vec_dot_rows(m.k, w_tile, &acts[t * arb..(t + 1) * arb], &mut tmp[..nq])?;
-                        for (r, v) in tmp[..nq].iter().enumerate() {
-                            dst[(q0 + r) * n_tok + t] = *v;
+                    let res = &mut tmp[..nq * nt];
+                    m.ops.vec_dot_tile(m.k, w_tile, a_tile, res)?;
+                    for (t, res) in res.chunks_exact(nq).enumerate() {
+                        for (r, v) in res.iter().enumerate() {
+                            dst[(q0 + r) * n_tok + t0 + t] = *v;
                         }
                     }
                 }
@@ -211,7 +214,18 @@ pub(super) fn mul_mat_id(
         let (t, j) = (r / n_used, r % n_used);
         by_expert[e].push((r, t * x_per_tok + j % x_per_tok));
     }
-    let (acts, arb) = quantize_rows(m.ops.act_type(), x)?;
+    let (acts_x, arb) = quantize_rows(m.ops.act_type(), x)?;
+    // Activation rows in expert order, so each expert's rows are contiguous
+    // for the tile kernels; `first[e]` is the first of expert e's rows.
+    let mut acts = Vec::with_capacity(ids.len() * arb);
+    let mut first = Vec::with_capacity(n_exp);
+    for pairs in &by_expert {
+        first.push(acts.len() / arb.max(1));
+        for &(_, r_in) in pairs {
+            acts.extend_from_slice(&acts_x[r_in * arb..(r_in + 1) * arb]);
+        }
+    }
+    drop(acts_x);
     let chunk = chunk_rows(m.n, ids.len());
     let n_chunks = m.n.div_ceil(chunk);
     let work: Vec<(usize, usize)> = by_expert
@@ -229,14 +243,17 @@ pub(super) fn mul_mat_id(
             let rows = chunk.min(m.n - r0);
             let base = e * expert_bytes;
             let w_rows = &m.bytes[base + r0 * m.rb..base + (r0 + rows) * m.rb];
-            tmp.resize(TILE, 0.0);
-            for pairs in by_expert[e].chunks(TILE) {
+            tmp.resize(TILE * TILE, 0.0);
+            for (p, pairs) in by_expert[e].chunks(TILE).enumerate() {
+                let a0 = first[e] + p * TILE;
+                let a_tile = &acts[a0 * arb..(a0 + pairs.len()) * arb];
                 for q0 in (0..rows).step_by(TILE) {
                     let nq = TILE.min(rows - q0);
                     let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
-                    for &(r_out, r_in) in pairs {
-                        m.ops.vec_dot_rows(m.k, w_tile, &acts[r_in * arb..(r_in + 1) * arb], &mut tmp[..nq])?;
-                        for (i, v) in tmp[..nq].iter().enumerate() {
+                    let res = &mut tmp[..nq * pairs.len()];
+                    m.ops.vec_dot_tile(m.k, w_tile, a_tile, res)?;
+                    for (&(r_out, _), res) in pairs.iter().zip(res.chunks_exact(nq)) {
+                        for (i, v) in res.iter().enumerate() {
                             // SAFETY: r_out < ids.len() and r0 + q0 + i < m.n, so the
                             // index is in bounds; the pair (r_out, r0 + q0 + i)
                             // belongs to this work item only.
