@@ -10,7 +10,7 @@ use crate::backend::Backend;
 use crate::gguf::{self, GgufError};
 use crate::kv::KvCache;
 use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
-use crate::model::{Logits, Model, ModelError};
+use crate::model::{Logits, Model, ModelError, Progress};
 use crate::sample::Sampler;
 use crate::tensor::GgmlType;
 use crate::tokenizer::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
@@ -134,7 +134,18 @@ pub struct Engine<B: Backend> {
 
 impl<B: Backend> Engine<B> {
     /// Opens `path` (a GGUF file or the first shard of a split model) on `backend`.
-    pub fn load(path: &Path, backend: B, mut params: EngineParams) -> Result<Self, EngineError> {
+    pub fn load(path: &Path, backend: B, params: EngineParams) -> Result<Self, EngineError> {
+        Self::load_with_progress(path, backend, params, None)
+    }
+
+    /// [`Engine::load`], reporting `(bytes done, bytes total)` while weights
+    /// are read into memory (longhaul mode; resident mode maps the file).
+    pub fn load_with_progress(
+        path: &Path,
+        backend: B,
+        mut params: EngineParams,
+        progress: Option<Progress>,
+    ) -> Result<Self, EngineError> {
         let t0 = Instant::now();
         let file = gguf::Model::open(path).map_err(|source| EngineError::Load {
             path: path.display().to_string(),
@@ -152,7 +163,7 @@ impl<B: Backend> Engine<B> {
             Some(lp) => {
                 let (cfg, mut info) = Self::plan_longhaul(&model, &params, lp)?;
                 // Reload with resident tensors copied into memory and experts streamed.
-                model = Model::load_with(backend, file, Some(cfg))?;
+                model = Model::load_with_progress(backend, file, Some(cfg), progress)?;
                 info.n_slots = model.n_slots;
                 info.slot_bytes = model.slot_bytes();
                 Some(info)

@@ -154,18 +154,20 @@ fn random_q4k(seed: u64, name: &str, n_blocks: usize, amp: f32) -> Vec<u8> {
     const PER_CHUNK: usize = 64;
     let base = name_seed(seed, name) ^ 0x51;
     let mut out = vec![0u8; n_blocks * 144];
-    out.par_chunks_mut(144 * PER_CHUNK).enumerate().for_each(|(i, c)| {
-        let mut r = Rng(base ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407));
-        for b in c.chunks_mut(144) {
-            let d = amp / 3f32.sqrt() / (31.5 * 4.6) * (1.0 + 0.25 * r.uniform());
-            b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
-            b[2..4].copy_from_slice(&half::f16::from_f32(7.5 * d).to_le_bytes());
-            for w in b[4..].chunks_mut(8) {
-                let v = r.next_u64().to_le_bytes();
-                w.copy_from_slice(&v[..w.len()]);
+    out.par_chunks_mut(144 * PER_CHUNK)
+        .enumerate()
+        .for_each(|(i, c)| {
+            let mut r = Rng(base ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+            for b in c.chunks_mut(144) {
+                let d = amp / 3f32.sqrt() / (31.5 * 4.6) * (1.0 + 0.25 * r.uniform());
+                b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                b[2..4].copy_from_slice(&half::f16::from_f32(7.5 * d).to_le_bytes());
+                for w in b[4..].chunks_mut(8) {
+                    let v = r.next_u64().to_le_bytes();
+                    w.copy_from_slice(&v[..w.len()]);
+                }
             }
-        }
-    });
+        });
     out
 }
 
@@ -451,5 +453,15 @@ pub fn build(spec: &SynthSpec) -> Result<Writer, SynthError> {
 /// Writes the synthetic model to `path`.
 pub fn write(spec: &SynthSpec, path: &Path) -> Result<(), SynthError> {
     build(spec)?.write(path)?;
+    Ok(())
+}
+
+/// [`write`], reporting `(bytes written, total)` after each tensor.
+pub fn write_with_progress(
+    spec: &SynthSpec,
+    path: &Path,
+    progress: &dyn Fn(u64, u64),
+) -> Result<(), SynthError> {
+    build(spec)?.write_with_progress(path, progress)?;
     Ok(())
 }

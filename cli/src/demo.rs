@@ -61,7 +61,12 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             let t0 = Instant::now();
             eprintln!("  writing {} (once) ...", path.display());
             let tmp = path.with_extension("gguf.tmp");
-            synth::write(&spec, &tmp)?;
+            let bar = crate::report::bytes_bar("  writing");
+            synth::write_with_progress(&spec, &tmp, &|done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })?;
+            bar.finish_and_clear();
             std::fs::rename(&tmp, &path)?;
             eprintln!("  wrote {:.1} MiB in {:.1} s", std::fs::metadata(&path)?.len() as f64 / (1 << 20) as f64, t0.elapsed().as_secs_f64());
         }

@@ -53,7 +53,12 @@ pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
             );
         }
         None => {
-            w.write(&a.output)?;
+            let bar = crate::report::bytes_bar("writing");
+            w.write_with_progress(&a.output, &|done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })?;
+            bar.finish_and_clear();
             let len = std::fs::metadata(&a.output)?.len();
             eprintln!(
                 "wrote {:.2} GiB in {:.1} s",

@@ -13,6 +13,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::engine::{Engine, GenStats};
+use longhaul::kv::KvCache;
 use longhaul::sample::Sampler;
 use longhaul::tokenizer::{ChatMessage, StreamDecoder};
 
@@ -109,10 +110,21 @@ fn stream(
     sampler: &mut Sampler,
 ) -> anyhow::Result<(Vec<u32>, GenStats)> {
     let mut kv = engine.new_kv()?;
+    stream_kv(engine, &mut kv, prompt, n_predict, sampler)
+}
+
+/// [`stream`] continuing the sequence held by `kv`.
+fn stream_kv(
+    engine: &Engine<CpuBackend>,
+    kv: &mut KvCache<CpuBackend>,
+    prompt: &[u32],
+    n_predict: usize,
+    sampler: &mut Sampler,
+) -> anyhow::Result<(Vec<u32>, GenStats)> {
     let mut dec = StreamDecoder::new(false);
     let mut out = std::io::stdout().lock();
     let mut io_err = None;
-    let res = engine.generate(&mut kv, prompt, n_predict, sampler, |tok| {
+    let res = engine.generate(kv, prompt, n_predict, sampler, |tok| {
         let text = dec.push(&engine.tokenizer, tok);
         if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
             io_err = Some(e);
@@ -136,7 +148,12 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         None => a.prompt.clone(),
     };
     a.model.with_threads(|| -> anyhow::Result<()> {
-        let engine = Engine::load(&a.model.model, CpuBackend::new(), params)?;
+        let engine = Engine::load_with_progress(
+            &a.model.model,
+            CpuBackend::new(),
+            params,
+            Some(report::load_bar()),
+        )?;
         report::longhaul_start(&engine);
         let tokens = engine.tokenize(&prompt)?;
         if tokens.is_empty() {
@@ -162,13 +179,20 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
 fn chat(a: ChatArgs) -> anyhow::Result<()> {
     let params = a.model.engine_params()?;
     a.model.with_threads(|| -> anyhow::Result<()> {
-        let engine = Engine::load(&a.model.model, CpuBackend::new(), params)?;
+        let engine = Engine::load_with_progress(
+            &a.model.model,
+            CpuBackend::new(),
+            params,
+            Some(report::load_bar()),
+        )?;
         report::longhaul_start(&engine);
         let mut messages = Vec::new();
         if let Some(s) = &a.system {
             messages.push(ChatMessage::new("system", s.clone()));
         }
         let mut sampler = Sampler::new(a.sample.params());
+        let mut kv = engine.new_kv()?;
+        let mut cached: Vec<u32> = Vec::new();
         eprintln!("chatting with {} (Ctrl-D to quit)", a.model.model.display());
         let stdin = std::io::stdin();
         loop {
@@ -185,7 +209,26 @@ fn chat(a: ChatArgs) -> anyhow::Result<()> {
             let text = engine.apply_template(&messages, true)?;
             // The template spells out BOS itself where the model wants it.
             let tokens = engine.tokenizer.encode(&text, false, true)?;
-            let (reply, stats) = stream(&engine, &tokens, a.n_predict, &mut sampler)?;
+            // Reuse the KV cache for the conversation so far: only the new
+            // suffix is evaluated.
+            let common = cached
+                .iter()
+                .zip(&tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let common = common.min(tokens.len().saturating_sub(1));
+            kv.truncate(common);
+            cached.truncate(common);
+            let (reply, stats) = stream_kv(
+                &engine,
+                &mut kv,
+                &tokens[common..],
+                a.n_predict,
+                &mut sampler,
+            )?;
+            // Every sampled token but the last was evaluated into the cache.
+            cached.extend_from_slice(&tokens[common..]);
+            cached.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
             let content = engine.tokenizer.decode(&reply);
             messages.push(ChatMessage::new("assistant", content));
             eprintln!(

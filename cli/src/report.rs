@@ -11,6 +11,39 @@ fn mib(b: u64) -> String {
     }
 }
 
+/// A byte progress bar on stderr labelled `what`.
+pub fn bytes_bar(what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}})"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// A progress bar on stderr for loads that read weights into memory.
+pub fn load_bar() -> longhaul::model::Progress {
+    let bar = indicatif::ProgressBar::hidden();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "loading {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    std::sync::Arc::new(move |done, total| {
+        if bar.is_hidden() && total > 64 << 20 {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+        bar.set_length(total);
+        bar.set_position(done);
+        if done >= total {
+            bar.finish_and_clear();
+        }
+    })
+}
+
 /// The start-up log: slots per layer, the budget, and memory outside it.
 pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
     let Some(i) = &e.longhaul else { return };

@@ -171,7 +171,17 @@ impl Writer {
     /// `general.alignment` (default 32).
     pub fn write(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
         let tensors: Vec<&Pending> = self.tensors.iter().collect();
-        write_file(path.as_ref(), &self.metadata, &tensors)
+        write_file(path.as_ref(), &self.metadata, &tensors, &|_, _| {})
+    }
+
+    /// [`Writer::write`], calling `progress(bytes written, total)` after each tensor.
+    pub fn write_with_progress(
+        &self,
+        path: impl AsRef<Path>,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<(), GgufError> {
+        let tensors: Vec<&Pending> = self.tensors.iter().collect();
+        write_file(path.as_ref(), &self.metadata, &tensors, progress)
     }
 
     /// Writes the model as `PREFIX-00001-of-0000N.gguf` ... with at most
@@ -219,7 +229,7 @@ impl Writer {
             let end = (start + max_tensors_per_shard).min(n);
             let tensors: Vec<&Pending> = self.tensors[start..end].iter().collect();
             let path = split_path(&prefix, i, count);
-            write_file(&path, &m, &tensors)?;
+            write_file(&path, &m, &tensors, &|_, _| {})?;
             paths.push(path);
         }
         Ok(paths)
@@ -227,7 +237,12 @@ impl Writer {
 }
 
 /// Writes one file: header, tensor table, padding, aligned tensor data.
-fn write_file(path: &Path, metadata: &Metadata, tensors: &[&Pending]) -> Result<(), GgufError> {
+fn write_file(
+    path: &Path,
+    metadata: &Metadata,
+    tensors: &[&Pending],
+    progress: &dyn Fn(u64, u64),
+) -> Result<(), GgufError> {
     let alignment = alignment_of(metadata)?;
     let pad = |n: u64| (n.next_multiple_of(alignment) - n) as usize;
 
@@ -266,6 +281,8 @@ fn write_file(path: &Path, metadata: &Metadata, tensors: &[&Pending]) -> Result<
     };
     let mut w = BufWriter::new(File::create(path).map_err(io)?);
     w.write_all(&h).map_err(io)?;
+    let total: u64 = tensors.iter().map(|t| t.data.len()).sum();
+    let mut done = 0u64;
     for t in tensors {
         match &t.data {
             Data::Bytes(b) => w.write_all(b).map_err(io)?,
@@ -281,6 +298,8 @@ fn write_file(path: &Path, metadata: &Metadata, tensors: &[&Pending]) -> Result<
                 w.write_all(&b).map_err(io)?;
             }
         }
+        done += t.data.len();
+        progress(done, total);
         let n = pad(t.data.len()) as u64;
         std::io::copy(&mut std::io::repeat(0).take(n), &mut w).map_err(io)?;
     }

@@ -14,8 +14,10 @@ struct Loader<'a, B: Backend> {
     backend: &'a B,
     file: &'a Arc<gguf::Model>,
     /// Read resident tensors into memory instead of using the mapping
-    /// (longhaul: no weight may depend on file pages staying valid).
-    copy: bool,
+    /// (longhaul: no weight may depend on file pages staying valid), with an
+    /// optional progress report against the total bytes to copy.
+    copy: Option<(Option<super::Progress>, u64)>,
+    copied: std::cell::Cell<u64>,
 }
 
 impl<B: Backend> Loader<'_, B> {
@@ -29,10 +31,14 @@ impl<B: Backend> Loader<'_, B> {
                 expected: dims.to_vec(),
             });
         }
-        if self.copy && !super::is_routed(&t.name) {
+        if let (Some((progress, total)), false) = (&self.copy, super::is_routed(&t.name)) {
             let mut bytes = vec![0u8; t.len as usize];
             self.file.read_at(t.shard, t.offset, &mut bytes)?;
             crate::longhaul::release_pages(self.file, t.shard, t.offset, t.len);
+            self.copied.set(self.copied.get() + t.len);
+            if let Some(p) = progress {
+                p(self.copied.get(), *total);
+            }
             return Ok(self.backend.weight_from_bytes(t, bytes)?);
         }
         Ok(self.backend.load_weight(self.file, t)?)
@@ -55,14 +61,16 @@ pub(super) fn load<B: Backend>(
     file: Arc<gguf::Model>,
     spec: ArchSpec,
     hp: Hparams,
-    copy_resident: bool,
+    copy_resident: Option<(Option<super::Progress>, u64)>,
 ) -> Result<Model<B>, ModelError> {
+    let copying = copy_resident.is_some();
     let l = Loader {
         backend: &backend,
         file: &file,
         copy: copy_resident,
+        copied: Default::default(),
     };
-    if copy_resident {
+    if copying {
         crate::longhaul::prepare_files(&file);
     }
     let (e, v) = (hp.n_embd as u64, hp.n_vocab as u64);

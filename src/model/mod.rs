@@ -123,6 +123,9 @@ pub enum Logits {
     All,
 }
 
+/// Called with `(bytes done, bytes total)` as a load progresses.
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
 /// True for routed-expert tensors (`*_exps.*`), which longhaul streams.
 pub fn is_routed(name: &str) -> bool {
     name.contains("_exps.")
@@ -155,6 +158,17 @@ impl<B: Backend> Model<B> {
         file: Arc<gguf::Model>,
         longhaul: Option<LonghaulConfig>,
     ) -> Result<Self, ModelError> {
+        Self::load_with_progress(backend, file, longhaul, None)
+    }
+
+    /// [`Model::load_with`], reporting `(bytes done, bytes total)` while
+    /// resident tensors are copied into memory (longhaul mode).
+    pub fn load_with_progress(
+        backend: B,
+        file: Arc<gguf::Model>,
+        longhaul: Option<LonghaulConfig>,
+        progress: Option<Progress>,
+    ) -> Result<Self, ModelError> {
         let md = file.metadata();
         let arch = md.architecture()?.to_string();
         let spec = arch::lookup(&arch).ok_or_else(|| ModelError::UnsupportedArch {
@@ -164,7 +178,16 @@ impl<B: Backend> Model<B> {
         let embd = file.require_tensor("token_embd.weight")?;
         let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
-        let mut m = block::load(backend, file.clone(), spec, hp, longhaul.is_some())?;
+        let copy = longhaul.is_some().then(|| {
+            let total: u64 = file
+                .tensors()
+                .iter()
+                .filter(|t| !is_routed(&t.name))
+                .map(|t| t.len)
+                .sum();
+            (progress, total)
+        });
+        let mut m = block::load(backend, file.clone(), spec, hp, copy)?;
         if let Some(cfg) = longhaul {
             stream::attach(&mut m, cfg)?;
         }

@@ -204,7 +204,7 @@ impl<B: TileKernels> BlockOps<B> {
 
     /// Blocks in a row of `n` elements, or BadLength.
     fn blocks_in(n: usize, what: &'static str) -> Result<usize, QuantError> {
-        if n % B::BLOCK != 0 || n % <B::Act as ActBlock>::BLOCK != 0 {
+        if !n.is_multiple_of(B::BLOCK) || !n.is_multiple_of(<B::Act as ActBlock>::BLOCK) {
             return Err(QuantError::BadLength {
                 ty: B::TYPE,
                 what,
@@ -516,7 +516,7 @@ pub fn kernel_for(ty: GgmlType, caps: CpuCaps) -> Result<&'static str, QuantErro
 }
 
 fn quantize_act_into<A: ActBlock>(x: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
-    if x.len() % A::BLOCK != 0 {
+    if !x.len().is_multiple_of(A::BLOCK) {
         return Err(QuantError::BadLength {
             ty: A::TYPE,
             what: "quantize_activations",
@@ -571,7 +571,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// Quantises `src` to `ty` with ggml's reference quantiser.
 pub fn quantize_row(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
     let o = ops(ty)?;
-    if src.len() % ty.block_size() != 0 {
+    if !src.len().is_multiple_of(ty.block_size()) {
         return Err(QuantError::BadLength {
             ty,
             what: "quantize_row",

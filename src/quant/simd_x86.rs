@@ -650,7 +650,7 @@ pub(super) struct Shapes<W, A> {
 /// The CPU must have the target features of the kernels in `s`.
 #[inline(always)]
 pub(super) unsafe fn drive<W, A>(nb: usize, w: &[W], a: &[A], out: &mut [f32], s: &Shapes<W, A>) {
-    if nb == 0 || w.len() % nb != 0 || a.len() % nb != 0 {
+    if nb == 0 || !w.len().is_multiple_of(nb) || !a.len().is_multiple_of(nb) {
         return;
     }
     let (nr, nt) = (w.len() / nb, a.len() / nb);

@@ -84,7 +84,7 @@ unsafe fn dot_pairs<W: BlockScales<A>, A>(
     a: &[A],
     pair: impl Fn(&W, &W, &A, &A) -> (__m512i, __m512i, i32),
 ) -> f32 {
-    debug_assert!(w.len() % 2 == 0);
+    debug_assert!(w.len().is_multiple_of(2));
     let mut acc = _mm512_setzero_ps();
     for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(2)) {
         let (d0, _) = block_scales(&x[0], &y[0]);

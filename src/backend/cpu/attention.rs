@@ -241,7 +241,7 @@ pub(super) fn attend(
     let hd = p.head_dim;
     if p.n_head == 0
         || p.n_head_kv == 0
-        || p.n_head % p.n_head_kv != 0
+        || !p.n_head.is_multiple_of(p.n_head_kv)
         || q.cols != p.n_head * hd
         || q.rows != pos.n_tokens
         || kv.n_embd_k != p.n_head_kv * hd

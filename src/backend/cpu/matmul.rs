@@ -184,7 +184,7 @@ pub(super) fn mul_mat_id(
 ) -> Result<CpuTensor, BackendError> {
     let n_exp = w.dims.get(2).copied().unwrap_or(1) as usize;
     let m = matrix("mul_mat_id", w, x.cols, n_exp)?;
-    if n_used == 0 || ids.len() % n_used != 0 {
+    if n_used == 0 || !ids.len().is_multiple_of(n_used) {
         return Err(shape_err(
             "mul_mat_id",
             format!("{} ids in groups of {n_used}", ids.len()),
@@ -195,7 +195,7 @@ pub(super) fn mul_mat_id(
         return Ok(CpuTensor::zeros(0, m.n));
     }
     let x_per_tok = x.rows / n_tok;
-    if x.rows % n_tok != 0 || !(x_per_tok == 1 || x_per_tok == n_used) {
+    if !x.rows.is_multiple_of(n_tok) || !(x_per_tok == 1 || x_per_tok == n_used) {
         return Err(shape_err(
             "mul_mat_id",
             format!(
