@@ -8,6 +8,7 @@
 
 pub mod cache;
 mod loader;
+pub mod trace;
 
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;

@@ -177,6 +177,7 @@ pub(super) fn load<B: Backend>(
         n_slots: 0,
         prefetch: false,
         prefetch_cancel,
+        trace: None,
     })
 }
 
@@ -295,6 +296,10 @@ fn moe_ffn<'s, B: Backend>(
         hp.expert_weights_scale,
     );
     let k = hp.n_expert_used;
+    if let Some(t) = &m.trace {
+        // A trace is a diagnostic: a failed write must not stop generation.
+        let _ = t.record(il, &ids, k);
+    }
     let down = match m.streamed.get(il).and_then(Option::as_ref) {
         None => expert_outputs(b, &f.experts, x, &ids, k, m.spec.glu)?,
         Some(layer) => super::stream::expert_outputs(m, il, layer, &f.experts, x, &ids, k, scope)?,

@@ -114,6 +114,8 @@ pub struct Model<B: Backend> {
     /// prefetch not yet started once the layer's own sync point arrives.
     pub prefetch: bool,
     pub prefetch_cancel: Vec<std::sync::atomic::AtomicBool>,
+    /// Where routing decisions are recorded (`--trace-experts`), if anywhere.
+    pub trace: Option<crate::longhaul::trace::TraceWriter>,
 }
 
 /// Which rows of logits a forward pass returns.
@@ -225,6 +227,17 @@ impl<B: Backend> Model<B> {
     /// a longhaul budget of `n * layers * bytes` gives `n` slots per layer.
     pub fn expert_slot_cost(&self) -> Result<(usize, u64), ModelError> {
         stream::slot_cost(self)
+    }
+
+    /// Records every MoE layer's routing decisions to `path` from now on.
+    pub fn trace_experts(&mut self, path: &std::path::Path) -> std::io::Result<()> {
+        self.trace = Some(crate::longhaul::trace::TraceWriter::create(
+            path,
+            self.hp.n_layer,
+            self.hp.n_expert,
+            self.hp.n_expert_used,
+        )?);
+        Ok(())
     }
 
     /// Bytes of the expert slots (the longhaul budget actually used).
