@@ -35,6 +35,27 @@ impl<B: Backend> KvCache<B> {
         self.n_past = self.n_past.min(n);
     }
 
+    /// Runs each `tokens[i]` after what `caches[i]` holds, all in one batch,
+    /// and returns the last-token logits of each (empty for empty inputs).
+    pub fn eval_multi(
+        model: &Model<B>,
+        caches: &mut [&mut KvCache<B>],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let seqs: Vec<(&[u32], usize)> = caches
+            .iter()
+            .zip(tokens)
+            .map(|(c, t)| (*t, c.n_past))
+            .collect();
+        let mut kvs: Vec<&mut [B::Kv]> =
+            caches.iter_mut().map(|c| c.layers.as_mut_slice()).collect();
+        let out = model.forward_multi(&mut kvs, &seqs, Logits::Last)?;
+        for (c, t) in caches.iter_mut().zip(tokens) {
+            c.n_past += t.len();
+        }
+        Ok(out)
+    }
+
     /// Runs `tokens` through `model` at the next positions of this cache
     /// (one forward pass, no ubatch splitting) and returns their logits.
     pub fn eval(

@@ -10,6 +10,7 @@ pub mod longhaul;
 pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod scheduler;
 pub mod synth;
 pub mod tensor;
 pub mod tokenizer;

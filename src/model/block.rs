@@ -319,16 +319,27 @@ fn moe_ffn<'s, B: Backend>(
 }
 
 /// The repeating layers over `x`.
+/// The repeating layers over `x`, whose rows are the tokens of `seqs` in
+/// order (sequence `i` owns `seqs[i].n_tokens` consecutive rows and its own
+/// KV caches `kvs[i]`). Matrix products run over all rows at once; rope and
+/// attention run per sequence, so each row is computed exactly as it would
+/// be alone.
 fn layers<'s, B: Backend>(
     m: &'s Model<B>,
-    kv: &mut [B::Kv],
+    kvs: &mut [&mut [B::Kv]],
     mut x: B::Tensor,
-    pos: BatchPos,
+    seqs: &[BatchPos],
     scope: &rayon::Scope<'s>,
 ) -> Result<B::Tensor, ModelError> {
     let b = &m.backend;
     let hp = &m.hp;
-    for (il, (layer, kv)) in m.layers.iter().zip(kv.iter_mut()).enumerate() {
+    let mut row0 = Vec::with_capacity(seqs.len());
+    let mut r = 0;
+    for s in seqs {
+        row0.push(r);
+        r += s.n_tokens;
+    }
+    for (il, layer) in m.layers.iter().enumerate() {
         let h = b.rms_norm(&x, &layer.attn_norm, hp.n_embd, hp.eps)?;
         let mut q = b.matmul(&layer.wq, &h)?;
         let mut k = b.matmul(&layer.wk, &h)?;
@@ -348,8 +359,6 @@ fn layers<'s, B: Backend>(
         if let Some(kn) = &layer.k_norm {
             k = b.rms_norm(&k, kn, hp.head_dim, hp.eps)?;
         }
-        b.rope(&mut q, hp.head_dim, pos, &m.rope)?;
-        b.rope(&mut k, hp.head_dim, pos, &m.rope)?;
         let p = AttnParams {
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
@@ -357,7 +366,23 @@ fn layers<'s, B: Backend>(
             scale: 1.0 / (hp.head_dim as f32).sqrt(),
             window: layer.window,
         };
-        let attn = b.attention(kv, &q, &k, &v, layer.sinks.as_ref(), pos, &p)?;
+        let attn = if let ([pos], [kv]) = (seqs, &mut *kvs) {
+            b.rope(&mut q, hp.head_dim, *pos, &m.rope)?;
+            b.rope(&mut k, hp.head_dim, *pos, &m.rope)?;
+            b.attention(&mut kv[il], &q, &k, &v, layer.sinks.as_ref(), *pos, &p)?
+        } else {
+            let mut attn = b.zeros(r, hp.n_head * hp.head_dim)?;
+            for ((pos, kv), &r0) in seqs.iter().zip(kvs.iter_mut()).zip(&row0) {
+                let rows: Vec<usize> = (r0..r0 + pos.n_tokens).collect();
+                let (mut qs, mut ks) = (b.gather_rows(&q, &rows)?, b.gather_rows(&k, &rows)?);
+                let vs = b.gather_rows(&v, &rows)?;
+                b.rope(&mut qs, hp.head_dim, *pos, &m.rope)?;
+                b.rope(&mut ks, hp.head_dim, *pos, &m.rope)?;
+                let a = b.attention(&mut kv[il], &qs, &ks, &vs, layer.sinks.as_ref(), *pos, &p)?;
+                b.scatter_rows(&mut attn, &a, &rows)?;
+            }
+            attn
+        };
         let mut o = b.matmul(&layer.wo, &attn)?;
         if let Some(bo) = &layer.bo {
             b.add_bias(&mut o, bo)?;
@@ -380,41 +405,89 @@ pub(super) fn forward<B: Backend>(
     pos0: usize,
     want: Logits,
 ) -> Result<Vec<f32>, ModelError> {
+    let mut out = forward_multi(m, &mut [kv], &[(tokens, pos0)], want)?;
+    Ok(out.pop().unwrap_or_default())
+}
+
+/// Runs several sequences in one batch: `seqs[i] = (tokens, pos0)` with KV
+/// caches `kvs[i]`. Returns each sequence's logits (last row or all rows).
+pub(super) fn forward_multi<B: Backend>(
+    m: &Model<B>,
+    kvs: &mut [&mut [B::Kv]],
+    seqs: &[(&[u32], usize)],
+    want: Logits,
+) -> Result<Vec<Vec<f32>>, ModelError> {
     let b = &m.backend;
     let hp = &m.hp;
-    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
-        return Err(ModelError::BadToken {
-            id,
-            n_vocab: hp.n_vocab,
-        });
-    }
-    if kv.len() != m.layers.len() {
+    if kvs.len() != seqs.len() || kvs.iter().any(|kv| kv.len() != m.layers.len()) {
         return Err(ModelError::BadHparam {
             key: "kv".into(),
-            reason: format!("{} caches for {} layers", kv.len(), m.layers.len()),
+            reason: format!(
+                "{} cache sets for {} sequences of {} layers",
+                kvs.len(),
+                seqs.len(),
+                m.layers.len()
+            ),
+        });
+    }
+    let mut tokens = Vec::new();
+    let mut spans = Vec::new();
+    for &(t, pos0) in seqs.iter().filter(|(t, _)| !t.is_empty()) {
+        if let Some(&id) = t.iter().find(|&&id| id as usize >= hp.n_vocab) {
+            return Err(ModelError::BadToken {
+                id,
+                n_vocab: hp.n_vocab,
+            });
+        }
+        tokens.extend_from_slice(t);
+        spans.push(BatchPos {
+            pos0,
+            n_tokens: t.len(),
         });
     }
     if tokens.is_empty() {
-        return Ok(Vec::new());
+        return Ok(vec![Vec::new(); seqs.len()]);
     }
-    let pos = BatchPos {
-        pos0,
-        n_tokens: tokens.len(),
-    };
-    let x = b.get_rows(&m.tok_embd, tokens)?;
+    // Sequences without tokens take no part in the batch.
+    let mut active: Vec<&mut [B::Kv]> = kvs
+        .iter_mut()
+        .zip(seqs)
+        .filter(|(_, (t, _))| !t.is_empty())
+        .map(|(kv, _)| &mut **kv)
+        .collect();
+    let x = b.get_rows(&m.tok_embd, &tokens)?;
     // Longhaul's lookahead reads run on the I/O pool while layers compute.
-    let x = crate::longhaul::io_scope(|scope| layers(m, kv, x, pos, scope))?;
-    let x = match want {
-        Logits::All => x,
-        Logits::Last => {
-            let all = b.to_host(&x)?;
-            let last = all[(tokens.len() - 1) * hp.n_embd..].to_vec();
-            b.from_host(last, 1, hp.n_embd)?
-        }
+    let x = crate::longhaul::io_scope(|scope| layers(m, &mut active, x, &spans, scope))?;
+    let rows: Vec<usize> = match want {
+        Logits::All => (0..tokens.len()).collect(),
+        Logits::Last => spans
+            .iter()
+            .scan(0, |end, s| {
+                *end += s.n_tokens;
+                Some(*end - 1)
+            })
+            .collect(),
+    };
+    let x = if rows.len() == tokens.len() {
+        x
+    } else {
+        b.gather_rows(&x, &rows)?
     };
     let x = b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?;
-    let logits = b.matmul(&m.output, &x)?;
-    Ok(b.to_host(&logits)?)
+    let logits = b.to_host(&b.matmul(&m.output, &x)?)?;
+    // Split the rows back per sequence.
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut at = 0;
+    for (t, _) in seqs {
+        let n = match (t.is_empty(), want) {
+            (true, _) => 0,
+            (false, Logits::Last) => 1,
+            (false, Logits::All) => t.len(),
+        };
+        out.push(logits[at * hp.n_vocab..(at + n) * hp.n_vocab].to_vec());
+        at += n;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

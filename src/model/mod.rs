@@ -273,4 +273,15 @@ impl<B: Backend> Model<B> {
     ) -> Result<Vec<f32>, ModelError> {
         block::forward(self, kv, tokens, pos0, want)
     }
+
+    /// Runs several sequences in one batch (`seqs[i] = (tokens, pos0)` with
+    /// KV caches `kvs[i]`); each sequence's logits equal a run of it alone.
+    pub fn forward_multi(
+        &self,
+        kvs: &mut [&mut [B::Kv]],
+        seqs: &[(&[u32], usize)],
+        want: Logits,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        block::forward_multi(self, kvs, seqs, want)
+    }
 }

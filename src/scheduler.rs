@@ -1,0 +1,546 @@
+//! Continuous batching: one engine thread owns the model and serves requests
+//! from a channel with `n_slots` sequences (slots). A new request is
+//! prefilled on a free slot (reusing the slot's KV prefix when asked); then
+//! every decode step evaluates the pending token of every active slot in one
+//! batch ([`KvCache::eval_multi`]), so each sequence's output equals a run
+//! of it alone. Tokens stream back over a per-request channel; a client that
+//! drops its [`GenStream`] cancels its generation and frees the slot.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::backend::Backend;
+use crate::engine::Engine;
+use crate::kv::KvCache;
+use crate::longhaul::CacheStats;
+use crate::sample::{Sampler, SamplerParams};
+use crate::tokenizer::StreamDecoder;
+
+/// One generation request (the prompt already tokenised).
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    /// Most new tokens (`usize::MAX`: until the context is full).
+    pub n_predict: usize,
+    pub sampler: SamplerParams,
+    /// Stop strings matched on the decoded text; the match is not emitted.
+    pub stop: Vec<String>,
+    /// Reuse the slot's KV cache for a common prompt prefix.
+    pub cache_prompt: bool,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End of generation or a stop string.
+    Stop,
+    /// `n_predict` reached or the context is full.
+    Length,
+}
+
+/// How a generation went, llama.cpp's `timings`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenSummary {
+    pub finish_reason: FinishReason,
+    pub n_prompt: usize,
+    /// Prompt tokens reused from the slot's cache.
+    pub n_cached: usize,
+    pub n_gen: usize,
+    pub prompt_ms: f64,
+    pub gen_ms: f64,
+    pub stopped_word: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenEvent {
+    /// A sampled token and the text it completes (possibly empty while a
+    /// multi-byte character or a possible stop string is pending).
+    Token {
+        id: u32,
+        text: String,
+    },
+    Done(GenSummary),
+    Error(String),
+}
+
+/// Counters for `/metrics`.
+#[derive(Clone, Debug, Default)]
+pub struct SchedulerMetrics {
+    pub requests_processing: usize,
+    pub requests_deferred: usize,
+    pub prompt_tokens_total: u64,
+    pub prompt_seconds_total: f64,
+    pub gen_tokens_total: u64,
+    pub gen_seconds_total: f64,
+    pub longhaul: Option<CacheStats>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("the prompt has {n_prompt} tokens but the context holds {n_ctx}; shorten it or start the server with a larger -c/--ctx-size")]
+    PromptTooLong { n_prompt: usize, n_ctx: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+struct Job {
+    req: GenRequest,
+    events: UnboundedSender<GenEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+struct Shared {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    metrics: Mutex<SchedulerMetrics>,
+    n_ctx: usize,
+}
+
+/// A handle to the engine thread (cheap to clone).
+#[derive(Clone)]
+pub struct Scheduler {
+    shared: Arc<Shared>,
+}
+
+/// The events of one request. Dropping it cancels the generation.
+pub struct GenStream {
+    rx: UnboundedReceiver<GenEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl GenStream {
+    /// The next event; `None` once the stream has ended.
+    pub async fn next(&mut self) -> Option<GenEvent> {
+        self.rx.recv().await
+    }
+
+    /// The next event, blocking the calling (non-async) thread.
+    pub fn next_blocking(&mut self) -> Option<GenEvent> {
+        self.rx.blocking_recv()
+    }
+
+    /// Stops the generation; the slot is freed at the next step.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for GenStream {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+impl Scheduler {
+    /// Starts the engine thread with `n_slots` parallel sequences.
+    pub fn spawn<B: Backend + 'static>(engine: Arc<Engine<B>>, n_slots: usize) -> Scheduler
+    where
+        B::Kv: 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            tx: Mutex::new(Some(tx)),
+            metrics: Mutex::default(),
+            n_ctx: engine.params.n_ctx,
+        });
+        let s2 = shared.clone();
+        std::thread::Builder::new()
+            .name("longhaul-engine".into())
+            .spawn(move || Worker::new(engine, n_slots.max(1), s2).run(rx))
+            .map(|_| ())
+            .unwrap_or_else(|e| eprintln!("cannot start the engine thread: {e}"));
+        Scheduler { shared }
+    }
+
+    /// Queues a request; its events arrive on the returned stream.
+    pub fn submit(&self, req: GenRequest) -> Result<GenStream, SchedulerError> {
+        if req.prompt.is_empty() {
+            return Err(SchedulerError::EmptyPrompt);
+        }
+        if req.prompt.len() >= self.shared.n_ctx {
+            return Err(SchedulerError::PromptTooLong {
+                n_prompt: req.prompt.len(),
+                n_ctx: self.shared.n_ctx,
+            });
+        }
+        let (etx, erx) = unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let job = Job {
+            req,
+            events: etx,
+            cancel: cancel.clone(),
+        };
+        let tx = self.shared.tx.lock().unwrap_or_else(|p| p.into_inner());
+        match tx.as_ref() {
+            Some(tx) if tx.send(job).is_ok() => Ok(GenStream { rx: erx, cancel }),
+            _ => Err(SchedulerError::ShuttingDown),
+        }
+    }
+
+    pub fn metrics(&self) -> SchedulerMetrics {
+        self.shared
+            .metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Context size of every slot.
+    pub fn n_ctx(&self) -> usize {
+        self.shared.n_ctx
+    }
+
+    /// Stops accepting requests; running ones finish, then the thread exits.
+    pub fn shutdown(&self) {
+        self.shared
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+}
+
+/// A request being generated on a slot.
+struct Active {
+    job: Job,
+    sampler: Sampler,
+    history: Vec<u32>,
+    /// Sampled, not yet evaluated.
+    pending: u32,
+    n_prompt: usize,
+    n_cached: usize,
+    n_gen: usize,
+    dec: StreamDecoder,
+    text: String,
+    emitted: usize,
+    prompt_ms: f64,
+    t_gen: Instant,
+}
+
+struct Slot<B: Backend> {
+    kv: KvCache<B>,
+    /// Tokens whose keys and values `kv` holds.
+    cached: Vec<u32>,
+    active: Option<Active>,
+}
+
+struct Worker<B: Backend> {
+    engine: Arc<Engine<B>>,
+    slots: Vec<Slot<B>>,
+    queue: VecDeque<Job>,
+    shared: Arc<Shared>,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl<B: Backend> Worker<B> {
+    fn new(engine: Arc<Engine<B>>, n_slots: usize, shared: Arc<Shared>) -> Self {
+        Self {
+            engine,
+            slots: Vec::with_capacity(n_slots),
+            queue: VecDeque::new(),
+            shared,
+        }
+        .with_slots(n_slots)
+    }
+
+    fn with_slots(mut self, n: usize) -> Self {
+        for _ in 0..n {
+            match self.engine.new_kv() {
+                Ok(kv) => self.slots.push(Slot {
+                    kv,
+                    cached: Vec::new(),
+                    active: None,
+                }),
+                Err(e) => {
+                    eprintln!("cannot allocate a KV cache slot: {e}");
+                    break;
+                }
+            }
+        }
+        self
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Job>) {
+        let mut open = true;
+        loop {
+            let busy = self.slots.iter().any(|s| s.active.is_some()) || !self.queue.is_empty();
+            if !busy {
+                if !open {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(job) => self.queue.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(job) => self.queue.push_back(job),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            self.admit();
+            self.step();
+            self.publish();
+        }
+    }
+
+    /// Starts queued requests on free slots (the one with the longest
+    /// reusable prefix first).
+    fn admit(&mut self) {
+        while let Some(job) = self.queue.pop_front() {
+            if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
+                continue;
+            }
+            let free = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.active.is_none())
+                .max_by_key(|(_, s)| {
+                    if job.req.cache_prompt {
+                        common_prefix(&s.cached, &job.req.prompt)
+                    } else {
+                        0
+                    }
+                })
+                .map(|(i, _)| i);
+            let Some(i) = free else {
+                self.queue.push_front(job);
+                return;
+            };
+            self.start(i, job);
+        }
+    }
+
+    fn start(&mut self, i: usize, job: Job) {
+        let engine = self.engine.clone();
+        let slot = &mut self.slots[i];
+        let prompt = &job.req.prompt;
+        let reuse = if job.req.cache_prompt {
+            common_prefix(&slot.cached, prompt)
+        } else {
+            0
+        };
+        // At least one prompt token is evaluated, for its logits.
+        let reuse = reuse.min(prompt.len() - 1);
+        slot.kv.truncate(reuse);
+        slot.cached.truncate(reuse);
+        let t0 = Instant::now();
+        let logits = match engine.eval(&mut slot.kv, &prompt[reuse..], crate::model::Logits::Last) {
+            Ok(l) => l,
+            Err(e) => {
+                // The cache may hold part of the prompt: forget all of it.
+                slot.kv.truncate(0);
+                slot.cached.clear();
+                let _ = job.events.send(GenEvent::Error(e.to_string()));
+                return;
+            }
+        };
+        slot.cached.extend_from_slice(&prompt[reuse..]);
+        let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let mut m = self
+            .shared
+            .metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        m.prompt_tokens_total += (prompt.len() - reuse) as u64;
+        m.prompt_seconds_total += prompt_ms / 1e3;
+        drop(m);
+        let mut a = Active {
+            sampler: Sampler::new(job.req.sampler.clone()),
+            history: prompt.clone(),
+            pending: 0,
+            n_prompt: prompt.len(),
+            n_cached: reuse,
+            n_gen: 0,
+            dec: StreamDecoder::new(false),
+            text: String::new(),
+            emitted: 0,
+            prompt_ms,
+            t_gen: Instant::now(),
+            job,
+        };
+        if !Self::accept(&engine, &mut a, &logits, slot.kv.n_past(), slot.kv.n_ctx()) {
+            slot.active = Some(a);
+        }
+    }
+
+    /// One decode step for every active slot, in one batch.
+    fn step(&mut self) {
+        let engine = self.engine.clone();
+        // Drop cancelled requests first.
+        for s in &mut self.slots {
+            if s.active
+                .as_ref()
+                .is_some_and(|a| a.job.cancel.load(Ordering::Relaxed) || a.job.events.is_closed())
+            {
+                s.active = None;
+            }
+        }
+        let idx: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].active.is_some())
+            .collect();
+        if idx.is_empty() {
+            return;
+        }
+        let toks: Vec<[u32; 1]> = idx
+            .iter()
+            .map(|&i| [self.slots[i].active.as_ref().map_or(0, |a| a.pending)])
+            .collect();
+        let tok_refs: Vec<&[u32]> = toks.iter().map(|t| &t[..]).collect();
+        let mut kvs: Vec<&mut KvCache<B>> = Vec::with_capacity(idx.len());
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if idx.contains(&i) {
+                kvs.push(&mut s.kv);
+            }
+        }
+        let t0 = Instant::now();
+        let res = KvCache::eval_multi(&engine.model, &mut kvs, &tok_refs);
+        drop(kvs);
+        {
+            let mut m = self
+                .shared
+                .metrics
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            m.gen_tokens_total += idx.len() as u64;
+            m.gen_seconds_total += t0.elapsed().as_secs_f64();
+        }
+        match res {
+            Ok(all) => {
+                for (&i, logits) in idx.iter().zip(all) {
+                    let s = &mut self.slots[i];
+                    let Some(mut a) = s.active.take() else {
+                        continue;
+                    };
+                    s.cached.push(a.pending);
+                    if !Self::accept(&engine, &mut a, &logits, s.kv.n_past(), s.kv.n_ctx()) {
+                        s.active = Some(a);
+                    }
+                }
+            }
+            Err(e) => {
+                for &i in &idx {
+                    let s = &mut self.slots[i];
+                    if let Some(a) = s.active.take() {
+                        let _ = a.job.events.send(GenEvent::Error(e.to_string()));
+                    }
+                    // Some layers may have written this position: start over.
+                    s.kv.truncate(0);
+                    s.cached.clear();
+                }
+            }
+        }
+    }
+
+    /// Samples from `logits`, emits the token, and returns true when the
+    /// request is finished (its `Done` already sent).
+    fn accept(
+        engine: &Engine<B>,
+        a: &mut Active,
+        logits: &[f32],
+        n_past: usize,
+        n_ctx: usize,
+    ) -> bool {
+        let tok = a.sampler.sample(logits, &a.history);
+        a.history.push(tok);
+        a.n_gen += 1;
+        a.pending = tok;
+        let req = &a.job.req;
+        if engine.tokenizer.is_eog(tok) && !req.ignore_eos {
+            let text = a.text[a.emitted..].to_string() + &a.dec.finish();
+            let _ = a.job.events.send(GenEvent::Token { id: tok, text });
+            return Self::finish(a, FinishReason::Stop, None);
+        }
+        a.text.push_str(&a.dec.push(&engine.tokenizer, tok));
+        // A complete stop string ends the generation before it.
+        let from = {
+            let longest = req.stop.iter().map(|s| s.len()).max().unwrap_or(0);
+            let mut i = a.emitted.saturating_sub(longest);
+            while !a.text.is_char_boundary(i) {
+                i -= 1;
+            }
+            i
+        };
+        let hit = req
+            .stop
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| {
+                a.text[from..]
+                    .find(s.as_str())
+                    .map(|p| (from + p, s.clone()))
+            })
+            .min_by_key(|(p, _)| *p);
+        if let Some((p, word)) = hit {
+            let text = a.text[a.emitted..p.max(a.emitted)].to_string();
+            a.emitted = p.max(a.emitted);
+            let _ = a.job.events.send(GenEvent::Token { id: tok, text });
+            return Self::finish(a, FinishReason::Stop, Some(word));
+        }
+        let done = a.n_gen >= req.n_predict || n_past + 1 >= n_ctx;
+        // Hold back a tail that may still become a stop string.
+        let mut keep = if done {
+            a.text.len()
+        } else {
+            let hold = req
+                .stop
+                .iter()
+                .flat_map(|s| {
+                    (1..s.len()).filter(|&k| s.is_char_boundary(k) && a.text.ends_with(&s[..k]))
+                })
+                .max()
+                .unwrap_or(0);
+            a.text.len() - hold
+        };
+        while !a.text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        let text = a.text[a.emitted..keep.max(a.emitted)].to_string();
+        a.emitted = keep.max(a.emitted);
+        let _ = a.job.events.send(GenEvent::Token { id: tok, text });
+        if done {
+            return Self::finish(a, FinishReason::Length, None);
+        }
+        false
+    }
+
+    fn finish(a: &mut Active, reason: FinishReason, stopped_word: Option<String>) -> bool {
+        let _ = a.job.events.send(GenEvent::Done(GenSummary {
+            finish_reason: reason,
+            n_prompt: a.n_prompt,
+            n_cached: a.n_cached,
+            n_gen: a.n_gen,
+            prompt_ms: a.prompt_ms,
+            gen_ms: a.t_gen.elapsed().as_secs_f64() * 1e3,
+            stopped_word,
+        }));
+        true
+    }
+
+    fn publish(&mut self) {
+        let mut m = self
+            .shared
+            .metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        m.requests_processing = self.slots.iter().filter(|s| s.active.is_some()).count();
+        m.requests_deferred = self.queue.len();
+        m.longhaul = self.engine.longhaul_stats().map(|(t, _)| t);
+    }
+}
