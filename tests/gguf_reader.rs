@@ -235,7 +235,7 @@ fn hand_file(version: u32, alignment: u32) -> Vec<u8> {
     b.extend(3u64.to_le_bytes());
     b.extend(0u32.to_le_bytes()); // f32
     b.extend(0u64.to_le_bytes()); // offset
-    while b.len() % alignment.max(1) as usize != 0 {
+    while !b.len().is_multiple_of(alignment.max(1) as usize) {
         b.push(0);
     }
     for i in 0..6 {

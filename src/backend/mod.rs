@@ -154,6 +154,7 @@ pub trait Backend: Send + Sync + Clone {
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor, BackendError>;
 
     /// Wraps host floats `[rows, cols]`.
+    #[allow(clippy::wrong_self_convention)]
     fn from_host(
         &self,
         data: Vec<f32>,
@@ -240,6 +241,7 @@ pub trait Backend: Send + Sync + Clone {
     ) -> Result<Self::Kv, BackendError>;
     /// Writes `k`, `v` (`[t, n_embd_kv]`) at `pos` and attends `q [t, n_head * head_dim]`
     /// causally over positions `0..pos0 + t`, with optional per-head sinks `[n_head]`.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         kv: &mut Self::Kv,

@@ -186,10 +186,7 @@ impl LayerCache {
     /// (slot 0, protected, when every slot is protected).
     fn victim(&self, protected: &[bool]) -> u32 {
         let mut best: Option<(usize, (f64, u64))> = None;
-        for s in 0..self.n_slots() {
-            if protected[s] {
-                continue;
-            }
+        for (s, _) in protected.iter().enumerate().filter(|(_, p)| !**p) {
             let key = match self.expert_in[s] {
                 None => return s as u32,
                 Some(e) => match self.policy {

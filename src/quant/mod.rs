@@ -187,7 +187,7 @@ pub fn cast_blocks<'a, T: Pod>(
     bytes: &'a [u8],
 ) -> Result<&'a [T], QuantError> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(QuantError::BadLength {
             ty,
             what,

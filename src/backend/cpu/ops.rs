@@ -40,7 +40,7 @@ pub(super) fn rms_norm(
     eps: f32,
 ) -> Result<CpuTensor, BackendError> {
     let weight = w.to_f32()?;
-    if group == 0 || x.cols % group != 0 || weight.len() != group {
+    if group == 0 || !x.cols.is_multiple_of(group) || weight.len() != group {
         return Err(shape_err(
             "rms_norm",
             format!(
@@ -108,9 +108,9 @@ pub(super) fn rope(
     p: &RopeParams,
 ) -> Result<(), BackendError> {
     if head_dim == 0
-        || x.cols % head_dim != 0
+        || !x.cols.is_multiple_of(head_dim)
         || p.n_rot > head_dim
-        || p.n_rot % 2 != 0
+        || !p.n_rot.is_multiple_of(2)
         || x.rows != pos.n_tokens
     {
         return Err(shape_err(
@@ -221,7 +221,7 @@ pub(super) fn weighted_sum(
     w: &[f32],
     n_used: usize,
 ) -> Result<CpuTensor, BackendError> {
-    if n_used == 0 || x.rows % n_used != 0 || w.len() != x.rows {
+    if n_used == 0 || !x.rows.is_multiple_of(n_used) || w.len() != x.rows {
         return Err(shape_err(
             "weighted_sum",
             format!(
