@@ -1,14 +1,23 @@
-//! `longhaul bench`: llama-bench's tests (`ppN`: a prompt of N tokens in one
-//! go; `tgN`: N single-token decode steps) and its markdown table.
+//! `longhaul bench`: llama-bench's tests and outputs. Tests: `ppN` (a prompt
+//! of N tokens in ubatches), `tgN` (N single-token decode steps), `ppN+tgM`
+//! (`-pg N,M`: both, timed together), each after `-d` tokens of context
+//! (`... @ dD`, filled before the clock starts). Every list flag multiplies the
+//! rows, as in llama-bench. Longhaul rows add the expert cache's hit rate and
+//! the expert bytes read while timed.
 
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Args;
 use longhaul::backend::cpu::CpuBackend;
-use longhaul::engine::{Engine, EngineParams};
-use longhaul::longhaul::CacheStats;
+use longhaul::engine::{CacheBudget, Engine, EngineParams, LonghaulParams};
+use longhaul::longhaul::{CacheStats, Policy};
 use longhaul::model::Logits;
 use longhaul::tensor::GgmlType;
+
+use crate::bench_out;
+
+pub(crate) const DEFAULT_UBATCH: usize = 512;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -30,20 +39,108 @@ pub struct BenchArgs {
         value_delimiter = ','
     )]
     pub n_gen: Vec<usize>,
-    /// Thread counts (comma-separated).
+    /// Prompt then generation, timed together (-pg PP,TG; repeat the flag for more).
+    #[arg(long = "pg", value_name = "PP,TG")]
+    pub pg: Vec<String>,
+    /// Context depth: tokens evaluated before each test, untimed (comma-separated).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        default_value = "0",
+        value_delimiter = ','
+    )]
+    pub n_depth: Vec<usize>,
+    /// Thread counts (comma-separated; default: all cores).
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     pub threads: Vec<usize>,
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
-    #[arg(long = "ubatch-size", default_value_t = 512)]
-    pub ubatch: usize,
+    /// Physical batch sizes (-ub, comma-separated).
+    #[arg(long = "ubatch-size", default_value = "512", value_delimiter = ',')]
+    pub ubatch: Vec<usize>,
+    /// Repeating layers on the GPU (-ngl, comma-separated): 0 = CPU.
+    #[arg(long = "n-gpu-layers", default_value = "0", value_delimiter = ',')]
+    pub n_gpu_layers: Vec<String>,
+    /// How weights are held (comma-separated): mmap (resident, memory-mapped)
+    /// or longhaul (experts streamed; needs --longhaul-cache). Default: mmap,
+    /// or longhaul with --longhaul.
+    #[arg(long = "load-mode", value_delimiter = ',')]
+    pub load_mode: Vec<String>,
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
+    /// --longhaul-cache and --longhaul-policy take comma-separated lists here.
     #[command(flatten)]
     pub longhaul: crate::args::LonghaulArgs,
-    /// Output format: md or json.
+    #[command(flatten)]
+    pub trace: crate::trace_args::TraceArgs,
+    /// Output format: md, json, jsonl or csv.
     #[arg(short = 'o', long = "output", default_value = "md")]
     pub output: String,
+}
+
+/// How the model's weights are held for one group of rows.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum LoadMode {
+    Mmap,
+    Longhaul {
+        gib: String,
+        budget: u64,
+        policy: Policy,
+    },
+}
+
+/// One test: `n_prompt` tokens at once, then `n_gen` single-token steps,
+/// after `n_depth` tokens of context.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Test {
+    pub(crate) n_prompt: usize,
+    pub(crate) n_gen: usize,
+    pub(crate) n_depth: usize,
+}
+
+impl Test {
+    pub(crate) fn name(&self) -> String {
+        let base = match (self.n_prompt, self.n_gen) {
+            (p, 0) => format!("pp{p}"),
+            (0, g) => format!("tg{g}"),
+            (p, g) => format!("pp{p}+tg{g}"),
+        };
+        if self.n_depth > 0 {
+            format!("{base} @ d{}", self.n_depth)
+        } else {
+            base
+        }
+    }
+}
+
+pub(crate) struct Row {
+    pub(crate) mode: LoadMode,
+    pub(crate) n_slots: Option<usize>,
+    pub(crate) n_ubatch: usize,
+    pub(crate) n_threads: usize,
+    pub(crate) test: Test,
+    pub(crate) samples_ns: Vec<u64>,
+    /// Longhaul counters over the timed part of every repetition.
+    pub(crate) cache: Option<CacheStats>,
+    pub(crate) test_time: String,
+}
+
+impl Row {
+    pub(crate) fn samples_ts(&self) -> Vec<f64> {
+        let n = (self.test.n_prompt + self.test.n_gen) as f64;
+        self.samples_ns
+            .iter()
+            .map(|&ns| n * 1e9 / ns.max(1) as f64)
+            .collect()
+    }
+}
+
+/// What every row shares: the model and the machine.
+pub(crate) struct ModelDesc {
+    pub(crate) filename: String,
+    pub(crate) model_type: String,
+    pub(crate) size: u64,
+    pub(crate) n_params: u64,
 }
 
 fn diff(a: &CacheStats, b: &CacheStats) -> CacheStats {
@@ -61,18 +158,200 @@ fn diff(a: &CacheStats, b: &CacheStats) -> CacheStats {
     }
 }
 
-fn mean_sd(v: &[f64]) -> (f64, f64) {
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let var = if v.len() > 1 {
-        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
-    } else {
-        0.0
+/// llama.cpp's name for a `general.file_type`.
+fn ftype_name(f: u64) -> String {
+    let s = match f {
+        0 => "all F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K - Medium",
+        11 => "Q3_K - Small",
+        12 => "Q3_K - Medium",
+        13 => "Q3_K - Large",
+        14 => "Q4_K - Small",
+        15 => "Q4_K - Medium",
+        16 => "Q5_K - Small",
+        17 => "Q5_K - Medium",
+        18 => "Q6_K",
+        25 => "IQ4_NL - 4.5 bpw",
+        30 => "IQ4_XS - 4.25 bpw",
+        32 => "BF16",
+        38 => "MXFP4 MoE",
+        other => return format!("ftype {other}"),
     };
-    (mean, var.sqrt())
+    s.to_string()
+}
+
+/// The UTC time as RFC 3339 (`2024-01-31T12:00:00Z`), as llama-bench writes it.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The load modes (with their caches and policies) from the flags.
+fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
+    let mut names: Vec<String> = a.load_mode.iter().map(|s| s.trim().to_string()).collect();
+    if names.is_empty() {
+        names.push(
+            if a.longhaul.longhaul {
+                "longhaul"
+            } else {
+                "mmap"
+            }
+            .into(),
+        );
+    }
+    let wants_longhaul = names.iter().any(|n| n == "longhaul");
+    if a.longhaul.longhaul && !wants_longhaul {
+        anyhow::bail!("--longhaul conflicts with --load-mode {}; add longhaul to the --load-mode list or drop --longhaul", names.join(","));
+    }
+    if !wants_longhaul && a.longhaul.cache.is_some() {
+        anyhow::bail!("--longhaul-cache only applies to longhaul rows; add --longhaul or --load-mode longhaul");
+    }
+    let policies: Vec<Policy> = a
+        .longhaul
+        .policy
+        .split(',')
+        .map(|p| p.trim().parse::<Policy>().map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    let mut modes = Vec::new();
+    for n in &names {
+        match n.as_str() {
+            "mmap" => modes.push(LoadMode::Mmap),
+            "longhaul" => {
+                let Some(list) = a.longhaul.cache.as_deref() else {
+                    anyhow::bail!("--load-mode longhaul needs --longhaul-cache GIB[,GIB...] (expert cache budgets, e.g. 0.5,1,2)");
+                };
+                for gib in list.split(',').map(str::trim) {
+                    let budget = match gib.parse::<f64>() {
+                        Ok(g) if g > 0.0 && g.is_finite() => (g * (1u64 << 30) as f64) as u64,
+                        _ => anyhow::bail!("--longhaul-cache {gib}: give positive numbers of GiB, comma-separated (e.g. 0.5,1,2); `auto` is for run and chat"),
+                    };
+                    for &policy in &policies {
+                        modes.push(LoadMode::Longhaul {
+                            gib: gib.to_string(),
+                            budget,
+                            policy,
+                        });
+                    }
+                }
+            }
+            "read" => anyhow::bail!("--load-mode read is not built: resident weights are memory-mapped (mmap); longhaul copies dense weights into memory and streams experts"),
+            other => anyhow::bail!("--load-mode {other}: use mmap or longhaul (comma-separated for both)"),
+        }
+    }
+    Ok(modes)
+}
+
+/// The tests in llama-bench's order: per depth, prompts, generations, pairs.
+fn tests(a: &BenchArgs) -> anyhow::Result<Vec<Test>> {
+    let mut pg = Vec::new();
+    for s in &a.pg {
+        let parsed = s
+            .split_once(',')
+            .and_then(|(p, g)| Some((p.trim().parse().ok()?, g.trim().parse().ok()?)));
+        match parsed {
+            Some((p, g)) if p > 0 || g > 0 => pg.push((p, g)),
+            _ => anyhow::bail!(
+                "-pg {s}: give prompt and generation sizes as PP,TG (e.g. -pg 512,128)"
+            ),
+        }
+    }
+    let mut out = Vec::new();
+    for &n_depth in &a.n_depth {
+        let t = |n_prompt, n_gen| Test {
+            n_prompt,
+            n_gen,
+            n_depth,
+        };
+        out.extend(a.n_prompt.iter().filter(|&&n| n > 0).map(|&n| t(n, 0)));
+        out.extend(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| t(0, n)));
+        out.extend(pg.iter().map(|&(p, g)| t(p, g)));
+    }
+    if out.is_empty() {
+        anyhow::bail!("no test to run: give a positive -p, -n or -pg");
+    }
+    Ok(out)
+}
+
+/// Deterministic pseudo-random tokens, like llama-bench's.
+fn tokens(n: usize, salt: u32, n_vocab: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_add(salt).wrapping_mul(2654435761) >> 7) % n_vocab.max(1))
+        .collect()
+}
+
+fn stats(engine: &Engine<CpuBackend>) -> Option<CacheStats> {
+    engine.longhaul_stats().map(|(total, _)| total)
+}
+
+/// One repetition: fills the depth, then times the test. Returns the
+/// nanoseconds and the longhaul counters of the timed part.
+fn run_once(
+    engine: &Engine<CpuBackend>,
+    t: &Test,
+    n_vocab: u32,
+) -> anyhow::Result<(u64, Option<CacheStats>)> {
+    let mut kv = engine.new_kv()?;
+    if t.n_depth > 0 {
+        engine.eval(&mut kv, &tokens(t.n_depth, 7, n_vocab), Logits::Last)?;
+    }
+    let prompt = tokens(t.n_prompt, 0, n_vocab);
+    let gen = tokens(t.n_gen, 1 << 20, n_vocab);
+    let before = stats(engine);
+    let t0 = Instant::now();
+    if !prompt.is_empty() {
+        engine.eval(&mut kv, &prompt, Logits::Last)?;
+    }
+    for &tk in &gen {
+        engine.eval(&mut kv, &[tk], Logits::Last)?;
+    }
+    let ns = t0.elapsed().as_nanos() as u64;
+    let delta = match (stats(engine), before) {
+        (Some(a), Some(b)) => Some(diff(&a, &b)),
+        _ => None,
+    };
+    Ok((ns, delta))
 }
 
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    let format = a.output.as_str();
+    if !matches!(format, "md" | "json" | "jsonl" | "csv") {
+        anyhow::bail!("-o {format}: use md, json, jsonl or csv");
+    }
+    for ngl in &a.n_gpu_layers {
+        if ngl.trim() != "0" {
+            anyhow::bail!("-ngl {ngl}: this build runs every repeating layer on the CPU; use -ngl 0 (the GPU placement, -ngl 99, is not built yet)");
+        }
+    }
+    if a.reps == 0 {
+        anyhow::bail!("-r 0: give at least one repetition");
+    }
+    let modes = load_modes(&a)?;
+    let tests = tests(&a)?;
     let threads = if a.threads.is_empty() {
         vec![std::thread::available_parallelism()
             .map(|n| n.get())
@@ -80,25 +359,101 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         a.threads.clone()
     };
-    let n_ctx = a
-        .n_prompt
+    let n_ctx = tests
         .iter()
-        .chain(&a.n_gen)
-        .copied()
+        .map(|t| t.n_depth + t.n_prompt + t.n_gen)
         .max()
         .unwrap_or(1)
         .max(1);
-    let params = EngineParams {
-        n_ctx,
-        n_ubatch: a.ubatch.max(1),
-        kv_type: GgmlType::F16,
-        longhaul: a.longhaul.params()?,
-    };
-    // Longhaul skips warmup: no expert byte is read before the first real run.
-    let warmup = !a.no_warmup && params.longhaul.is_none();
-    let engine = Engine::load(&a.model, CpuBackend::new(), params)?;
+    let mut rows = Vec::new();
+    let mut desc = None;
+    for (im, mode) in modes.iter().enumerate() {
+        let longhaul = match mode {
+            LoadMode::Mmap => None,
+            LoadMode::Longhaul { budget, policy, .. } => Some(LonghaulParams {
+                budget: CacheBudget::Bytes(*budget),
+                policy: *policy,
+                prefetch: a.longhaul.prefetch,
+            }),
+        };
+        // Longhaul skips warmup: no expert byte is read before the first real run.
+        let warmup = !a.no_warmup && longhaul.is_none();
+        let params = EngineParams {
+            n_ctx,
+            n_ubatch: DEFAULT_UBATCH,
+            kv_type: GgmlType::F16,
+            longhaul,
+        };
+        let mut engine = Engine::load(&a.model, CpuBackend::new(), params)
+            .with_context(|| format!("loading {}", a.model.display()))?;
+        if im == 0 {
+            // Routing does not depend on the load mode: one trace is enough.
+            a.trace.attach(&mut engine)?;
+        }
+        if desc.is_none() {
+            desc = Some(describe(&a.model, &engine));
+        }
+        let n_vocab = engine.model.hp.n_vocab as u32;
+        let n_slots = engine.longhaul.as_ref().map(|i| i.n_slots);
+        for &ub in &a.ubatch {
+            engine.params.n_ubatch = ub.max(1);
+            for &t in &threads {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(t.max(1))
+                    .build()?;
+                for test in &tests {
+                    let row = pool.install(|| -> anyhow::Result<Row> {
+                        if warmup {
+                            run_once(&engine, test, n_vocab)?;
+                        }
+                        let test_time = utc_now();
+                        let mut samples_ns = Vec::new();
+                        let mut cache: Option<CacheStats> = None;
+                        for _ in 0..a.reps {
+                            let (ns, c) = run_once(&engine, test, n_vocab)?;
+                            samples_ns.push(ns);
+                            if let Some(c) = c {
+                                cache.get_or_insert_with(CacheStats::default).add(&c);
+                            }
+                        }
+                        Ok(Row {
+                            mode: mode.clone(),
+                            n_slots,
+                            n_ubatch: ub,
+                            n_threads: t,
+                            test: *test,
+                            samples_ns,
+                            cache,
+                            test_time,
+                        })
+                    })?;
+                    if let (Some(d), "jsonl") = (&desc, format) {
+                        // Like llama-bench: each row as soon as it is measured.
+                        println!("{}", bench_out::to_json(&bench_out::fields(d, &row), false));
+                    }
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    let Some(desc) = desc else { return Ok(()) };
+    match format {
+        "json" => {
+            let objs: Vec<String> = rows
+                .iter()
+                .map(|r| bench_out::to_json(&bench_out::fields(&desc, r), true))
+                .collect();
+            println!("[\n{}\n]", objs.join(",\n"));
+        }
+        "csv" => bench_out::print_csv(&desc, &rows),
+        "md" => bench_out::print_md(&a, &desc, &rows),
+        _ => {}
+    }
+    Ok(())
+}
+
+fn describe(path: &std::path::Path, engine: &Engine<CpuBackend>) -> ModelDesc {
     let file = &engine.model.file;
-    let size: u64 = file.total_tensor_bytes();
     let n_params: u64 = file
         .tensors()
         .iter()
@@ -108,108 +463,17 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         .metadata()
         .get_u64("general.file_type")
         .ok()
-        .map(|f| format!("ftype {f}"))
+        .map(ftype_name)
         .unwrap_or_default();
-    let desc = format!(
-        "{} {:.1}M {}",
-        engine.model.hp.arch,
-        n_params as f64 / 1e6,
-        ftype
-    );
-    let n_vocab = engine.model.hp.n_vocab as u32;
-    let mut rows = Vec::new();
-    let mut last_cache: Option<CacheStats> = None;
-    for &t in &threads {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(t.max(1))
-            .build()?;
-        let tests: Vec<(String, usize, bool)> = a
-            .n_prompt
-            .iter()
-            .filter(|&&n| n > 0)
-            .map(|&n| (format!("pp{n}"), n, true))
-            .chain(
-                a.n_gen
-                    .iter()
-                    .filter(|&&n| n > 0)
-                    .map(|&n| (format!("tg{n}"), n, false)),
-            )
-            .collect();
-        for (name, n, is_pp) in tests {
-            let samples = pool.install(|| -> anyhow::Result<Vec<f64>> {
-                // Deterministic pseudo-random tokens, like llama-bench's.
-                let toks: Vec<u32> = (0..n as u32)
-                    .map(|i| (i.wrapping_mul(2654435761) >> 7) % n_vocab)
-                    .collect();
-                let run_once = || -> anyhow::Result<f64> {
-                    let mut kv = engine.new_kv()?;
-                    let t0 = Instant::now();
-                    if is_pp {
-                        engine.eval(&mut kv, &toks, Logits::Last)?;
-                    } else {
-                        for &tk in &toks {
-                            engine.eval(&mut kv, &[tk], Logits::Last)?;
-                        }
-                    }
-                    Ok(n as f64 / t0.elapsed().as_secs_f64())
-                };
-                if warmup {
-                    run_once()?;
-                }
-                (0..a.reps.max(1)).map(|_| run_once()).collect()
-            })?;
-            let cache = engine.longhaul_stats().map(|(total, _)| total);
-            let delta = match (cache, last_cache) {
-                (Some(c), Some(prev)) => Some(diff(&c, &prev)),
-                (c, _) => c,
-            };
-            last_cache = cache;
-            rows.push((t, name, samples, delta));
-        }
+    let label = if n_params >= 1_000_000_000 {
+        format!("{:.1}B", n_params as f64 / 1e9)
+    } else {
+        format!("{:.0}M", n_params as f64 / 1e6)
+    };
+    ModelDesc {
+        filename: path.display().to_string(),
+        model_type: format!("{} {label} {ftype}", engine.model.hp.arch),
+        size: file.total_tensor_bytes(),
+        n_params,
     }
-    let lh = engine.longhaul.is_some();
-    if a.output == "json" {
-        let arr: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|(t, name, s, c)| {
-                let (m, sd) = mean_sd(s);
-                let mut v = serde_json::json!({"model_filename": a.model.display().to_string(), "model_type": desc, "model_size": size, "model_n_params": n_params, "backends": "CPU", "n_threads": t, "test": name, "avg_ts": m, "stddev_ts": sd, "samples_ts": s});
-                if let Some(c) = c {
-                    v["longhaul_hit_rate"] = serde_json::json!(c.hit_rate());
-                    v["longhaul_bytes_read"] = serde_json::json!(c.bytes_read);
-                    v["longhaul_prefetch_precision"] = serde_json::json!(c.prefetch_precision());
-                    v["longhaul_prefetch_recall"] = serde_json::json!(c.prefetch_recall());
-                }
-                v
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&arr)?);
-        return Ok(());
-    }
-    let extra_h = if lh { " hit rate | expert GB |" } else { "" };
-    let extra_s = if lh { " -------: | --------: |" } else { "" };
-    println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |{extra_h}");
-    println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |{extra_s}");
-    for (t, name, s, c) in rows {
-        let (m, sd) = mean_sd(&s);
-        let extra = match c {
-            Some(c) if lh => format!(
-                " {:>7.1}% | {:>9.3} |",
-                100.0 * c.hit_rate(),
-                c.bytes_read as f64 / 1e9
-            ),
-            _ => String::new(),
-        };
-        println!(
-            "| {:<30} | {:>6.2} MiB | {:>8.2} M | {:<10} | {:>7} | {:>15} | {:>20} |{extra}",
-            desc,
-            size as f64 / (1 << 20) as f64,
-            n_params as f64 / 1e6,
-            "CPU",
-            t,
-            name,
-            format!("{m:.2} ± {sd:.2}")
-        );
-    }
-    Ok(())
 }

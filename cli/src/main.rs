@@ -1,11 +1,15 @@
 //! `longhaul`: run, chat with, inspect and benchmark GGUF models.
 
+mod advise;
+mod advise_svg;
 mod args;
 mod bench;
+mod bench_out;
 mod demo;
 mod gen_model;
 mod inspect;
 mod report;
+mod trace_args;
 
 use std::io::{BufRead, Write};
 
@@ -44,6 +48,10 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Write a deterministic synthetic MoE model shaped like a real one.
     GenModel(gen_model::GenModelArgs),
+    /// Serve the model over HTTP (OpenAI- and llama.cpp-compatible API).
+    Serve(longhaul_server::ServeArgs),
+    /// Replay a routing trace (--trace-experts) through LRU, LFU and Belady for every cache size.
+    Advise(advise::AdviseArgs),
 }
 
 #[derive(clap::Args)]
@@ -52,6 +60,8 @@ struct RunArgs {
     model: ModelArgs,
     #[command(flatten)]
     sample: SampleArgs,
+    #[command(flatten)]
+    trace: trace_args::TraceArgs,
     /// Prompt text.
     #[arg(short = 'p', long = "prompt", default_value = "")]
     prompt: String,
@@ -148,12 +158,13 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         None => a.prompt.clone(),
     };
     a.model.with_threads(|| -> anyhow::Result<()> {
-        let engine = Engine::load_with_progress(
+        let mut engine = Engine::load_with_progress(
             &a.model.model,
             CpuBackend::new(),
             params,
             Some(report::load_bar()),
         )?;
+        a.trace.attach(&mut engine)?;
         report::longhaul_start(&engine);
         let tokens = engine.tokenize(&prompt)?;
         if tokens.is_empty() {
@@ -242,7 +253,9 @@ fn chat(a: ChatArgs) -> anyhow::Result<()> {
 }
 
 fn main() {
-    let cli = Cli::parse_from(args::normalize_args(std::env::args()));
+    let cli = Cli::parse_from(args::normalize_args(
+        longhaul_server::args::normalize_args(std::env::args()).into_iter(),
+    ));
     let res = match cli.cmd {
         Cmd::Run(a) => run(a),
         Cmd::Chat(a) => chat(a),
@@ -250,6 +263,8 @@ fn main() {
         Cmd::Demo(a) => demo::demo(a),
         Cmd::Bench(a) => bench::bench(a),
         Cmd::GenModel(a) => gen_model::gen_model(a),
+        Cmd::Serve(a) => longhaul_server::run(a),
+        Cmd::Advise(a) => advise::advise(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

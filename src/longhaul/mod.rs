@@ -6,6 +6,7 @@
 //! the slots with slot ids. This module knows files and slots; it knows
 //! nothing about architectures or concrete backends.
 
+pub mod advisor;
 pub mod cache;
 mod loader;
 pub mod trace;

@@ -1,0 +1,285 @@
+//! `longhaul bench`: every output format parsed back and checked against the
+//! runs it describes (rows, samples per repetition, tests, longhaul columns),
+//! and the flag errors.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn bench(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("spawn longhaul");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+fn bench_ok(args: &[&str]) -> String {
+    let (ok, out, err) = bench(args);
+    assert!(ok, "bench {args:?} failed: {err}");
+    out
+}
+
+/// mmap plus longhaul at one and two slots per layer, three tests, three reps.
+fn matrix(model: &str, fmt: &'static str) -> Vec<String> {
+    [
+        "-m",
+        model,
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-pg",
+        "8,2",
+        "-r",
+        "3",
+        "-t",
+        "1",
+        "-ngl",
+        "0",
+        "--load-mode",
+        "mmap,longhaul",
+        "--longhaul-cache",
+        "0.0004,0.0008",
+        "-o",
+        fmt,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+const TESTS: [&str; 3] = ["pp8", "tg4", "pp8+tg2"];
+
+fn check_json_row(r: &Value, reps: usize) {
+    let ts = r["samples_ts"].as_array().expect("samples_ts");
+    let ns = r["samples_ns"].as_array().expect("samples_ns");
+    assert_eq!(ts.len(), reps, "{r}");
+    assert_eq!(ns.len(), reps, "{r}");
+    let n_tok = r["n_prompt"].as_u64().unwrap() + r["n_gen"].as_u64().unwrap();
+    for (t, n) in ts.iter().zip(ns) {
+        let (t, n) = (t.as_f64().unwrap(), n.as_f64().unwrap());
+        assert!(t > 0.0 && n > 0.0);
+        assert!((t - n_tok as f64 * 1e9 / n).abs() <= 1e-6 * t, "{t} vs {n}");
+    }
+    let mean = ts.iter().map(|t| t.as_f64().unwrap()).sum::<f64>() / reps as f64;
+    assert!((r["avg_ts"].as_f64().unwrap() - mean).abs() <= 1e-9 * mean);
+    for k in [
+        "model_filename",
+        "model_type",
+        "model_size",
+        "model_n_params",
+        "n_threads",
+        "n_ubatch",
+        "n_gpu_layers",
+        "backends",
+        "test_time",
+        "avg_ns",
+        "stddev_ts",
+    ] {
+        assert!(!r[k].is_null(), "{k} missing in {r}");
+    }
+    let name = r["test"].as_str().unwrap();
+    assert!(TESTS.contains(&name), "{name}");
+    let lh = r["load_mode"] == "longhaul";
+    for k in [
+        "longhaul_hit_rate",
+        "longhaul_hits",
+        "longhaul_misses",
+        "longhaul_bytes_read",
+        "longhaul_n_slots",
+    ] {
+        assert_eq!(!r[k].is_null(), lh, "{k} in {r}");
+    }
+    if lh {
+        let uses = r["longhaul_hits"].as_u64().unwrap() + r["longhaul_misses"].as_u64().unwrap();
+        assert!(uses > 0, "{r}");
+        assert!(r["longhaul_bytes_read"].as_u64().unwrap() > 0, "{r}");
+    }
+}
+
+#[test]
+fn json_and_jsonl_describe_every_run() {
+    let m = fixture("qwen3moe-f32.gguf");
+    let rows: Vec<Value> =
+        serde_json::from_str(&bench_ok(&args(&matrix(&m, "json")))).expect("JSON array");
+    // 3 load configurations x 3 tests.
+    assert_eq!(rows.len(), 9);
+    rows.iter().for_each(|r| check_json_row(r, 3));
+    let configs: BTreeSet<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["load_mode"].to_string(),
+                r["longhaul_n_slots"].to_string(),
+            )
+        })
+        .collect();
+    let want: BTreeSet<(String, String)> = [
+        ("\"mmap\"", "null"),
+        ("\"longhaul\"", "1"),
+        ("\"longhaul\"", "2"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(configs, want);
+    for c in &configs {
+        let tests: BTreeSet<&str> = rows
+            .iter()
+            .filter(|r| {
+                (
+                    r["load_mode"].to_string(),
+                    r["longhaul_n_slots"].to_string(),
+                ) == *c
+            })
+            .map(|r| r["test"].as_str().unwrap())
+            .collect();
+        assert_eq!(tests, TESTS.into_iter().collect(), "{c:?}");
+    }
+    let out = bench_ok(&args(&matrix(&m, "jsonl")));
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON object per line"))
+        .collect();
+    assert_eq!(lines.len(), 9);
+    lines.iter().for_each(|r| check_json_row(r, 3));
+}
+
+#[test]
+fn markdown_and_csv_have_a_row_per_run() {
+    let m = fixture("qwen3moe-f32.gguf");
+    let out = bench_ok(&args(&matrix(&m, "md")));
+    let table: Vec<Vec<String>> = out
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .collect();
+    let head = &table[0];
+    let col = |name: &str| {
+        head.iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no {name} column in {head:?}"))
+    };
+    for h in [
+        "model",
+        "size",
+        "params",
+        "backend",
+        "threads",
+        "load_mode",
+        "test",
+        "t/s",
+        "hit rate",
+        "expert GB",
+    ] {
+        col(h);
+    }
+    let rows = &table[2..];
+    assert_eq!(rows.len(), 9);
+    for r in rows {
+        assert_eq!(r.len(), head.len());
+        assert!(TESTS.contains(&r[col("test")].as_str()), "{r:?}");
+        let (mean, sd) = r[col("t/s")].split_once(" ± ").expect("mean ± sd");
+        assert!(mean.parse::<f64>().unwrap() > 0.0 && sd.parse::<f64>().unwrap() >= 0.0);
+        let hit = &r[col("hit rate")];
+        if r[col("load_mode")] == "longhaul" {
+            let v: f64 = hit.trim_end_matches('%').parse().expect("a percentage");
+            assert!((0.0..=100.0).contains(&v));
+            assert!(r[col("expert GB")].parse::<f64>().is_ok());
+        } else {
+            assert_eq!(hit, "-");
+        }
+    }
+    let out = bench_ok(&args(&matrix(&m, "csv")));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 10, "{out}");
+    let n = lines[0].split(',').count();
+    assert!(lines[0].contains("avg_ts") && lines[0].contains("longhaul_hit_rate"));
+    assert!(
+        lines[1..]
+            .iter()
+            .all(|l| l.matches("\",\"").count() + 1 == n),
+        "{out}"
+    );
+}
+
+#[test]
+fn depth_and_ubatch_lists_multiply_the_tests() {
+    let m = fixture("qwen3moe-q8_0.gguf");
+    let out = bench_ok(&[
+        "-m", &m, "-p", "8", "-n", "2", "-d", "0,4", "-ub", "4,8", "-r", "2", "-t", "1", "-o",
+        "json",
+    ]);
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows.len(), 2 * 2 * 2);
+    let names: BTreeSet<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["pp8", "tg2", "pp8 @ d4", "tg2 @ d4"].into_iter().collect()
+    );
+    let ubs: BTreeSet<u64> = rows
+        .iter()
+        .map(|r| r["n_ubatch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ubs, [4, 8].into_iter().collect());
+    rows.iter().for_each(check_json_row_depth);
+}
+
+fn check_json_row_depth(r: &Value) {
+    let d = r["n_depth"].as_u64().unwrap();
+    assert_eq!(
+        r["test"].as_str().unwrap().ends_with(" @ d4"),
+        d == 4,
+        "{r}"
+    );
+    assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn flag_errors_say_what_to_do() {
+    let m = fixture("qwen3moe-f32.gguf");
+    let err = |a: &[&str]| {
+        let (ok, _, e) = bench(a);
+        assert!(!ok, "{a:?} should fail");
+        e
+    };
+    let e = err(&["-m", &m, "-ngl", "0,99"]);
+    assert!(e.contains("-ngl 99") && e.contains("use -ngl 0"), "{e}");
+    let e = err(&["-m", &m, "--load-mode", "read"]);
+    assert!(e.contains("--load-mode read is not built"), "{e}");
+    let e = err(&["-m", &m, "--load-mode", "longhaul"]);
+    assert!(e.contains("needs --longhaul-cache"), "{e}");
+    let e = err(&["-m", &m, "--longhaul-cache", "1"]);
+    assert!(e.contains("add --longhaul or --load-mode longhaul"), "{e}");
+    let e = err(&["-m", &m, "--longhaul", "--longhaul-cache", "1,x"]);
+    assert!(e.contains("--longhaul-cache x"), "{e}");
+    let e = err(&["-m", &m, "-pg", "8"]);
+    assert!(e.contains("PP,TG"), "{e}");
+    let e = err(&["-m", &m, "-o", "xml"]);
+    assert!(e.contains("use md, json, jsonl or csv"), "{e}");
+}

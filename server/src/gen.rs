@@ -1,0 +1,158 @@
+//! Running one generation for a handler: submission, the event stream
+//! reduced to text pieces, shutdown aborts, and collection for non-streamed
+//! answers.
+
+use futures_util::stream::{self, Stream};
+use longhaul::scheduler::{FinishReason, GenEvent, GenRequest, GenStream, GenSummary};
+use tokio::sync::watch;
+
+use crate::error::ApiError;
+use crate::Ready;
+
+/// What a handler relays: text, then exactly one `Done` or `Error`.
+pub enum Piece {
+    Text(String),
+    Done(GenSummary),
+    Error(ApiError),
+}
+
+/// A started generation, or one that needs no engine work (`n_predict` 0).
+pub enum Started {
+    Running(GenStream),
+    Empty(GenSummary),
+}
+
+/// Submits `req` (checks the context limit first so that `n_predict: 0`
+/// answers the same errors as any other request).
+pub fn start(ready: &Ready, req: GenRequest) -> Result<Started, ApiError> {
+    let n_ctx = ready.scheduler.n_ctx();
+    if req.prompt.is_empty() {
+        return Err(longhaul::scheduler::SchedulerError::EmptyPrompt.into());
+    }
+    if req.prompt.len() >= n_ctx {
+        return Err(longhaul::scheduler::SchedulerError::PromptTooLong {
+            n_prompt: req.prompt.len(),
+            n_ctx,
+        }
+        .into());
+    }
+    if req.n_predict == 0 {
+        return Ok(Started::Empty(GenSummary {
+            finish_reason: FinishReason::Length,
+            n_prompt: req.prompt.len(),
+            n_cached: 0,
+            n_gen: 0,
+            prompt_ms: 0.0,
+            gen_ms: 0.0,
+            stopped_word: None,
+        }));
+    }
+    Ok(Started::Running(ready.scheduler.submit(req)?))
+}
+
+/// The generation as a stream of pieces; empty token texts are skipped. When
+/// `abort` turns true (shutdown), the generation is cancelled and the stream
+/// ends with a 503 error. Dropping the stream cancels the generation.
+pub fn pieces(started: Started, abort: watch::Receiver<bool>) -> impl Stream<Item = Piece> {
+    let (gen, first) = match started {
+        Started::Running(g) => (Some(g), None),
+        Started::Empty(s) => (None, Some(Piece::Done(s))),
+    };
+    stream::unfold(
+        (gen, first, abort),
+        |(mut gen, mut first, mut abort)| async move {
+            if let Some(p) = first.take() {
+                return Some((p, (gen, first, abort)));
+            }
+            let g = gen.as_mut()?;
+            loop {
+                let aborted = tokio::select! {
+                    ev = g.next() => Err(ev),
+                    _ = abort.wait_for(|&v| v) => Ok(()),
+                };
+                let ev = match aborted {
+                    Err(ev) => ev,
+                    Ok(()) => {
+                        g.cancel();
+                        let e = ApiError::unavailable(
+                            "the server is shutting down; the generation was cancelled",
+                        );
+                        return Some((Piece::Error(e), (None, None, abort)));
+                    }
+                };
+                let piece = match ev {
+                    Some(GenEvent::Token { text, .. }) if text.is_empty() => continue,
+                    Some(GenEvent::Token { text, .. }) => {
+                        return Some((Piece::Text(text), (gen, first, abort)))
+                    }
+                    Some(GenEvent::Done(s)) => Piece::Done(s),
+                    Some(GenEvent::Error(msg)) => Piece::Error(ApiError::new(
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("generation failed: {msg}"),
+                    )),
+                    None => Piece::Error(ApiError::unavailable(
+                        "the engine stopped before the generation finished",
+                    )),
+                };
+                return Some((piece, (None, None, abort)));
+            }
+        },
+    )
+}
+
+/// Runs a generation to its end: the full text and its summary.
+pub async fn collect(
+    started: Started,
+    abort: watch::Receiver<bool>,
+) -> Result<(String, GenSummary), ApiError> {
+    use futures_util::StreamExt;
+    let s = pieces(started, abort);
+    futures_util::pin_mut!(s);
+    let mut text = String::new();
+    while let Some(p) = s.next().await {
+        match p {
+            Piece::Text(t) => text.push_str(&t),
+            Piece::Done(sum) => return Ok((text, sum)),
+            Piece::Error(e) => return Err(e),
+        }
+    }
+    Err(ApiError::unavailable(
+        "the generation ended without a result",
+    ))
+}
+
+/// OpenAI's `finish_reason`.
+pub fn finish_reason(s: &GenSummary) -> &'static str {
+    match s.finish_reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// The `usage` object.
+pub fn usage(s: &GenSummary) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": s.n_prompt,
+        "completion_tokens": s.n_gen,
+        "total_tokens": s.n_prompt + s.n_gen,
+        "prompt_tokens_details": { "cached_tokens": s.n_cached },
+    })
+}
+
+/// llama.cpp's `timings` object.
+pub fn timings(s: &GenSummary) -> serde_json::Value {
+    let n_eval = s.n_prompt.saturating_sub(s.n_cached);
+    let per_tok = |ms: f64, n: usize| if n == 0 { 0.0 } else { ms / n as f64 };
+    let per_sec = |ms: f64, n: usize| if ms <= 0.0 { 0.0 } else { 1e3 * n as f64 / ms };
+    serde_json::json!({
+        "cache_n": s.n_cached,
+        "prompt_n": n_eval,
+        "prompt_ms": s.prompt_ms,
+        "prompt_per_token_ms": per_tok(s.prompt_ms, n_eval),
+        "prompt_per_second": per_sec(s.prompt_ms, n_eval),
+        "predicted_n": s.n_gen,
+        "predicted_ms": s.gen_ms,
+        "predicted_per_token_ms": per_tok(s.gen_ms, s.n_gen),
+        "predicted_per_second": per_sec(s.gen_ms, s.n_gen),
+    })
+}

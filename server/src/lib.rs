@@ -1,0 +1,424 @@
+//! `longhaul-server`: an HTTP server over the engine with OpenAI's API
+//! (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) and
+//! llama-server's native endpoints (`/completion`, `/tokenize`,
+//! `/detokenize`, `/apply-template`, `/props`, `/health`, `/metrics`).
+//!
+//! This crate owns HTTP: routing, request parsing and validation, response
+//! and server-sent-event shapes, authentication, body limits and shutdown.
+//! Generation itself belongs to [`longhaul::scheduler`]: one engine thread
+//! that batches every active request; a handler tokenises, submits a
+//! [`GenRequest`](longhaul::scheduler::GenRequest) and relays the events.
+//! The crate knows nothing about models or backends beyond the engine's
+//! public surface ([`EngineInfo`]); only [`run`] picks the CPU placement, as
+//! the CLI does.
+
+pub mod args;
+pub mod error;
+mod gen;
+mod metrics;
+mod native;
+mod openai;
+mod request;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use longhaul::backend::Backend;
+use longhaul::engine::{Engine, EngineError};
+use longhaul::sample::SamplerParams;
+use longhaul::scheduler::Scheduler;
+use longhaul::tokenizer::{ChatMessage, Tokenizer};
+use serde_json::json;
+use tokio::sync::watch;
+
+pub use args::ServeArgs;
+use error::ApiError;
+
+/// What the HTTP layer needs from a loaded engine, whatever its backend.
+pub trait EngineInfo: Send + Sync {
+    fn tokenizer(&self) -> &Tokenizer;
+    fn apply_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError>;
+    fn template_source(&self) -> Option<&str>;
+    fn n_ctx(&self) -> usize;
+}
+
+impl<B: Backend> EngineInfo for Engine<B> {
+    fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+    fn apply_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        Engine::apply_template(self, messages, add_generation_prompt)
+    }
+    fn template_source(&self) -> Option<&str> {
+        self.template.as_ref().map(|t| t.source())
+    }
+    fn n_ctx(&self) -> usize {
+        self.params.n_ctx
+    }
+}
+
+/// A loaded model being served.
+pub struct Ready {
+    pub scheduler: Scheduler,
+    pub engine: Arc<dyn EngineInfo>,
+    /// The `model` name reported and accepted (`--alias`, else the file name).
+    pub model_id: String,
+    pub model_path: String,
+    pub n_slots: usize,
+    /// Sampling settings of requests that do not give their own (the
+    /// command line's `--temp`, `--top-k`, ...).
+    pub defaults: SamplerParams,
+    /// Unix time the model became ready.
+    pub created: u64,
+}
+
+/// Settings of the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// Requests must carry `Authorization: Bearer KEY` (except `/health`).
+    pub api_key: Option<String>,
+    /// Larger request bodies are refused with 413.
+    pub body_limit: usize,
+    /// Print one line per request on stderr.
+    pub log_requests: bool,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            api_key: None,
+            body_limit: 16 << 20,
+            log_requests: false,
+        }
+    }
+}
+
+/// Shared state of every handler.
+pub struct AppState {
+    ready: OnceLock<Ready>,
+    config: HttpConfig,
+    /// Flips to `true` when in-flight generations must stop (shutdown).
+    abort: watch::Receiver<bool>,
+    abort_tx: watch::Sender<bool>,
+}
+
+impl AppState {
+    /// A server still loading its model (`/health` answers 503).
+    pub fn new(config: HttpConfig) -> Arc<Self> {
+        let (abort_tx, abort) = watch::channel(false);
+        Arc::new(Self {
+            ready: OnceLock::new(),
+            config,
+            abort,
+            abort_tx,
+        })
+    }
+
+    /// Marks the model loaded; requests are served from now on.
+    pub fn set_ready(&self, ready: Ready) {
+        if self.ready.set(ready).is_err() {
+            eprintln!("longhaul-server: the model was already set; ignoring the second one");
+        }
+    }
+
+    fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready
+            .get()
+            .ok_or_else(|| ApiError::unavailable("Loading model"))
+    }
+
+    /// Stops accepting generations and ends the in-flight ones: they finish
+    /// normally within `grace`, after which they are cancelled and their
+    /// clients get a 503 error (an error event on a stream).
+    pub async fn drain(&self, grace: Duration) {
+        let Some(r) = self.ready.get() else { return };
+        r.scheduler.shutdown();
+        let t0 = Instant::now();
+        while t0.elapsed() < grace {
+            let m = r.scheduler.metrics();
+            if m.requests_processing + m.requests_deferred == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self.abort_tx.send(true);
+    }
+}
+
+/// The application: every route, authentication and the body limit.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.config.body_limit;
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/v1/models", get(openai::models))
+        .route("/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/completion", post(native::completion))
+        .route("/completions", post(native::completion))
+        .route("/tokenize", post(native::tokenize))
+        .route("/detokenize", post(native::detokenize))
+        .route("/apply-template", post(native::apply_template))
+        .route("/props", get(native::props))
+        .route("/metrics", get(metrics::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serves `router(state)` on `listener` until `shutdown` resolves, then
+/// drains in-flight generations (see [`AppState::drain`]) and returns once
+/// every connection is closed.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let app = router(state.clone());
+    let st = state.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            st.drain(grace).await;
+        })
+        .await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Authentication (`--api-key`) and the request log.
+async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let t0 = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let public = matches!(path.as_str(), "/health" | "/v1/health");
+    if let (Some(key), false) = (&state.config.api_key, public) {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if given != Some(key.as_str()) {
+            let mut resp = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid or missing API key: send `Authorization: Bearer <key>`",
+            )
+            .into_response();
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            return resp;
+        }
+    }
+    let resp = next.run(req).await;
+    if state.config.log_requests {
+        eprintln!(
+            "{method} {path} {} {:.1} ms",
+            resp.status().as_u16(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    resp
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.ready.get() {
+        Some(_) => Json(json!({"status": "ok"})).into_response(),
+        None => ApiError::unavailable("Loading model").into_response(),
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no endpoint {} {}", req.method(), req.uri().path()),
+    )
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A fresh response id such as `chatcmpl-3f9a...`.
+fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    // splitmix64 of time and counter: unique per process, unpredictable enough for ids.
+    let mut z = t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    format!("{prefix}-{z:016x}{n:x}")
+}
+
+/// Loads the model named by `args` (CPU placement) and serves it until
+/// SIGINT/SIGTERM. `/health` answers 503 while the model loads.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let params = args.model.engine_params()?;
+    let defaults = args.sample.params();
+    let n_threads = args.model.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    // The engine thread runs its ops on rayon's global pool.
+    if let Err(e) = rayon::ThreadPoolBuilder::new()
+        .num_threads(n_threads.max(1))
+        .build_global()
+    {
+        eprintln!("longhaul-server: keeping the existing thread pool ({e})");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+            .parse()
+            .or_else(|_| {
+                use std::net::ToSocketAddrs;
+                (args.host.as_str(), args.port)
+                    .to_socket_addrs()?
+                    .next()
+                    .ok_or_else(|| std::io::Error::other("no address"))
+            })
+            .map_err(|e| anyhow::anyhow!("--host {} --port {}: {e}", args.host, args.port))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+        let state = AppState::new(HttpConfig {
+            api_key: args.api_key.clone(),
+            body_limit: args.body_limit,
+            log_requests: !args.quiet,
+        });
+        eprintln!(
+            "longhaul-server: listening on http://{} (loading {})",
+            listener.local_addr()?,
+            args.model.model.display()
+        );
+        let (fail_tx, fail_rx) = tokio::sync::oneshot::channel::<String>();
+        let st = state.clone();
+        let model_path = args.model.model.clone();
+        let alias = args.alias.clone();
+        let n_slots = args.parallel.max(1);
+        tokio::task::spawn_blocking(move || {
+            let t0 = Instant::now();
+            match Engine::load(&model_path, longhaul::backend::cpu::CpuBackend::new(), params) {
+                Ok(engine) => {
+                    let engine = Arc::new(engine);
+                    let scheduler = Scheduler::spawn(engine.clone(), n_slots);
+                    let model_id = alias.unwrap_or_else(|| {
+                        model_path
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_else(|| model_path.display().to_string())
+                    });
+                    eprintln!(
+                        "longhaul-server: {model_id} ready in {:.2} s ({} slots, n_ctx {}, {} threads)",
+                        t0.elapsed().as_secs_f64(),
+                        n_slots,
+                        engine.params.n_ctx,
+                        n_threads
+                    );
+                    st.set_ready(Ready {
+                        scheduler,
+                        engine,
+                        model_id,
+                        model_path: model_path.display().to_string(),
+                        n_slots,
+                        defaults,
+                        created: unix_now(),
+                    });
+                }
+                Err(e) => {
+                    let _ = fail_tx.send(e.to_string());
+                }
+            }
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+        let failed2 = failed.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown_signal() => eprintln!("longhaul-server: shutting down"),
+                Ok(msg) = fail_rx => {
+                    *failed2.lock().unwrap_or_else(|p| p.into_inner()) = Some(msg);
+                }
+            }
+            let _ = stop_tx.send(());
+        });
+        let grace = Duration::from_secs_f64(args.shutdown_timeout.max(0.0));
+        serve(
+            listener,
+            state,
+            async move {
+                let _ = stop_rx.await;
+            },
+            grace,
+        )
+        .await?;
+        if let Some(msg) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            anyhow::bail!("{msg}");
+        }
+        Ok(())
+    })
+}

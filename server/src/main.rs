@@ -1,0 +1,13 @@
+//! `longhaul-server`: the same as `longhaul serve`.
+
+use clap::Parser;
+
+fn main() {
+    let cli = longhaul_server::args::Cli::parse_from(longhaul_server::args::normalize_args(
+        std::env::args(),
+    ));
+    if let Err(e) = longhaul_server::run(cli.serve) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

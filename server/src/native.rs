@@ -1,0 +1,244 @@
+//! llama-server's native endpoints: `/completion`, `/tokenize`,
+//! `/detokenize`, `/apply-template`, `/props`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, StreamExt};
+use longhaul::sample::SamplerParams;
+use longhaul::scheduler::{FinishReason, GenRequest, GenSummary};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::gen::{self, Piece};
+use crate::openai::{data, sse};
+use crate::request::{self, MessageIn, PromptField, Sampling, StopField};
+use crate::AppState;
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    pub prompt: PromptField,
+    pub n_predict: Option<i64>,
+    /// OpenAI's name, accepted here too.
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub cache_prompt: Option<bool>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<i32>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+fn settings(p: &SamplerParams, n_predict: usize, stop: &[String], n_ctx: usize) -> Value {
+    json!({
+        "n_ctx": n_ctx,
+        "n_predict": if n_predict == usize::MAX { -1 } else { n_predict as i64 },
+        "temperature": p.temp,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "repeat_penalty": p.repeat_penalty,
+        "repeat_last_n": p.repeat_last_n,
+        "seed": p.seed.map(|s| s as i64).unwrap_or(-1),
+        "stop": stop,
+    })
+}
+
+/// The fields of the last object of a completion (streamed or not).
+fn final_fields(v: &mut Value, sum: &GenSummary) {
+    let stop_type = match (&sum.finish_reason, &sum.stopped_word) {
+        (FinishReason::Stop, Some(_)) => "word",
+        (FinishReason::Stop, None) => "eos",
+        (FinishReason::Length, _) => "limit",
+    };
+    v["stop"] = json!(true);
+    v["stop_type"] = json!(stop_type);
+    v["stopping_word"] = json!(sum.stopped_word.clone().unwrap_or_default());
+    v["tokens_predicted"] = json!(sum.n_gen);
+    v["tokens_evaluated"] = json!(sum.n_prompt);
+    v["tokens_cached"] = json!(sum.n_cached);
+    v["truncated"] = json!(false);
+    v["timings"] = gen::timings(sum);
+}
+
+pub async fn completion(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let r = state.ready()?;
+    let req: CompletionRequest = request::parse_json(&body)?;
+    let prompt = req.prompt.tokenize(r.engine.as_ref())?;
+    let (field, max) = match (req.n_predict, req.max_tokens) {
+        (Some(n), _) => ("n_predict", Some(n)),
+        (None, m) => ("max_tokens", m),
+    };
+    let n_predict = request::n_predict(field, max)?;
+    let sampler = Sampling {
+        temperature: req.temperature,
+        top_k: req.top_k,
+        top_p: req.top_p,
+        min_p: req.min_p,
+        repeat_penalty: req.repeat_penalty,
+        repeat_last_n: req.repeat_last_n,
+        seed: req.seed,
+    }
+    .params(&r.defaults)?;
+    let stop = req.stop.map(StopField::into_vec).unwrap_or_default();
+    let generation_settings = settings(&sampler, n_predict, &stop, r.engine.n_ctx());
+    let greq = GenRequest {
+        prompt,
+        n_predict,
+        sampler,
+        stop,
+        cache_prompt: req.cache_prompt.unwrap_or(true),
+        ignore_eos: req.ignore_eos,
+    };
+    let started = gen::start(r, greq)?;
+    let model = r.model_id.clone();
+    if !req.stream {
+        let (text, sum) = gen::collect(started, state.abort.clone()).await?;
+        let mut v = json!({
+            "content": text,
+            "model": model,
+            "generation_settings": generation_settings,
+        });
+        final_fields(&mut v, &sum);
+        return Ok(Json(v).into_response());
+    }
+    let events = gen::pieces(started, state.abort.clone()).map(move |p| match p {
+        Piece::Text(t) => data(&json!({ "content": t, "stop": false })),
+        Piece::Done(sum) => {
+            let mut v = json!({
+                "content": "",
+                "model": model,
+                "generation_settings": generation_settings,
+            });
+            final_fields(&mut v, &sum);
+            data(&v)
+        }
+        Piece::Error(e) => data(&e.body()),
+    });
+    Ok(sse(events.chain(stream::empty())))
+}
+
+#[derive(Deserialize, Debug)]
+pub struct TokenizeRequest {
+    pub content: String,
+    #[serde(default)]
+    pub add_special: bool,
+    #[serde(default = "yes")]
+    pub parse_special: bool,
+    #[serde(default)]
+    pub with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body?;
+    let r = state.ready()?;
+    let req: TokenizeRequest = request::parse_json(&body)?;
+    let tok = r.engine.tokenizer();
+    let ids = tok
+        .encode(&req.content, req.add_special, req.parse_special)
+        .map_err(|e| ApiError::invalid_field("content", e.to_string()))?;
+    if !req.with_pieces {
+        return Ok(Json(json!({ "tokens": ids })));
+    }
+    let tokens: Vec<Value> = ids
+        .iter()
+        .map(|&id| {
+            let bytes = tok.token_to_piece(id);
+            // A piece that is not valid UTF-8 (part of a character) is given as bytes.
+            let piece = match String::from_utf8(bytes) {
+                Ok(s) => json!(s),
+                Err(e) => json!(e.into_bytes()),
+            };
+            json!({ "id": id, "piece": piece })
+        })
+        .collect();
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+#[derive(Deserialize, Debug)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+}
+
+pub async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body?;
+    let r = state.ready()?;
+    let req: DetokenizeRequest = request::parse_json(&body)?;
+    let tok = r.engine.tokenizer();
+    let n_vocab = tok.n_vocab();
+    if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(ApiError::invalid_field(
+            "tokens",
+            format!("token id {bad} is out of range (the vocabulary has {n_vocab} tokens)"),
+        ));
+    }
+    Ok(Json(json!({ "content": tok.decode(&req.tokens) })))
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ApplyTemplateRequest {
+    pub messages: Vec<MessageIn>,
+    #[serde(default = "yes")]
+    pub add_generation_prompt: bool,
+}
+
+pub async fn apply_template(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body?;
+    let r = state.ready()?;
+    let req: ApplyTemplateRequest = request::parse_json(&body)?;
+    let messages = request::chat_messages(req.messages)?;
+    let prompt = request::render_chat(r.engine.as_ref(), &messages, req.add_generation_prompt)?;
+    Ok(Json(json!({ "prompt": prompt })))
+}
+
+pub async fn props(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let r = state.ready()?;
+    let tok = r.engine.tokenizer();
+    let piece = |id: Option<u32>| {
+        id.map(|i| String::from_utf8_lossy(tok.token_to_piece_with(i, true)).into_owned())
+            .unwrap_or_default()
+    };
+    Ok(Json(json!({
+        "default_generation_settings": {
+            "n_ctx": r.engine.n_ctx(),
+            "params": settings(&r.defaults, usize::MAX, &[], r.engine.n_ctx()),
+        },
+        "total_slots": r.n_slots,
+        "model_path": r.model_path,
+        "model_alias": r.model_id,
+        "chat_template": r.engine.template_source().unwrap_or(""),
+        "bos_token": piece(tok.bos()),
+        "eos_token": piece(tok.eos()),
+        "build_info": format!("longhaul-server {}", env!("CARGO_PKG_VERSION")),
+    }))
+    .into_response())
+}

@@ -1,0 +1,304 @@
+//! OpenAI's API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
+//! non-streamed JSON or server-sent events (`data: {chunk}` ... then
+//! `data: [DONE]`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, StreamExt};
+use longhaul::scheduler::GenRequest;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::gen::{self, Piece};
+use crate::request::{self, MessageIn, PromptField, Sampling, StopField};
+use crate::{new_id, unix_now, AppState};
+
+pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let r = state.ready()?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": r.model_id,
+            "object": "model",
+            "created": r.created,
+            "owned_by": "longhaul",
+            "meta": {
+                "n_ctx": r.engine.n_ctx(),
+                "n_vocab": r.engine.tokenizer().n_vocab(),
+                "n_slots": r.n_slots,
+            },
+        }],
+    })))
+}
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields both OpenAI generation endpoints take.
+#[derive(Deserialize, Debug, Default)]
+pub struct Common {
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    pub n: Option<i64>,
+    pub logprobs: Option<Value>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub cache_prompt: Option<bool>,
+}
+
+impl Common {
+    /// Checks the fields and builds the engine request for `prompt`.
+    fn request(self, state: &AppState, prompt: Vec<u32>) -> Result<GenRequest, ApiError> {
+        let r = state.ready()?;
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::invalid_field(
+                    "n",
+                    format!("n = {n}: this server generates one choice per request (n = 1)"),
+                ));
+            }
+        }
+        if matches!(
+            self.logprobs,
+            Some(Value::Bool(true)) | Some(Value::Number(_))
+        ) {
+            return Err(ApiError::invalid_field(
+                "logprobs",
+                "logprobs are not supported by this server",
+            ));
+        }
+        let (field, max) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => ("max_completion_tokens", Some(m)),
+            (None, m) => ("max_tokens", m),
+        };
+        let n_predict = request::n_predict(field, max)?;
+        let sampler = Sampling {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        }
+        .params(&r.defaults)?;
+        Ok(GenRequest {
+            prompt,
+            n_predict,
+            sampler,
+            stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
+            cache_prompt: self.cache_prompt.unwrap_or(true),
+            ignore_eos: self.ignore_eos,
+        })
+    }
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatRequest {
+    pub messages: Vec<MessageIn>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let r = state.ready()?;
+    let req: ChatRequest = request::parse_json(&body)?;
+    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid_field(
+            "tools",
+            "tool calls are not supported by this server",
+        ));
+    }
+    let messages = request::chat_messages(req.messages)?;
+    let text = request::render_chat(r.engine.as_ref(), &messages, true)?;
+    let prompt = request::tokenize_rendered(r.engine.as_ref(), &text)?;
+    let stream = req.common.stream;
+    let include_usage = req
+        .common
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    let greq = req.common.request(&state, prompt)?;
+    let started = gen::start(r, greq)?;
+    let id = new_id("chatcmpl");
+    let created = unix_now();
+    let model = r.model_id.clone();
+    if !stream {
+        let (text, sum) = gen::collect(started, state.abort.clone()).await?;
+        return Ok(Json(json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": { "role": "assistant", "content": text },
+                "logprobs": null,
+                "finish_reason": gen::finish_reason(&sum),
+            }],
+            "usage": gen::usage(&sum),
+            "timings": gen::timings(&sum),
+        }))
+        .into_response());
+    }
+    let chunk = move |delta: Value, finish: Option<&str>| {
+        json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }],
+        })
+    };
+    let first = data(&chunk(json!({"role": "assistant", "content": ""}), None));
+    let events = gen::pieces(started, state.abort.clone()).flat_map(move |p| {
+        let evs = match p {
+            Piece::Text(t) => vec![data(&chunk(json!({ "content": t }), None))],
+            Piece::Done(sum) => {
+                let mut last = chunk(json!({}), Some(gen::finish_reason(&sum)));
+                last["timings"] = gen::timings(&sum);
+                let mut v = vec![data(&last)];
+                if include_usage {
+                    let mut u = chunk(json!({}), None);
+                    u["choices"] = json!([]);
+                    u["usage"] = gen::usage(&sum);
+                    v.push(data(&u));
+                }
+                v.push(done());
+                v
+            }
+            Piece::Error(e) => vec![data(&e.body()), done()],
+        };
+        stream::iter(evs)
+    });
+    Ok(sse(stream::once(async move { first }).chain(events)))
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    pub prompt: PromptField,
+    #[serde(default)]
+    pub echo: bool,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let r = state.ready()?;
+    let req: CompletionRequest = request::parse_json(&body)?;
+    if req.echo {
+        return Err(ApiError::invalid_field(
+            "echo",
+            "echo is not supported by this server",
+        ));
+    }
+    let prompt = req.prompt.tokenize(r.engine.as_ref())?;
+    let stream = req.common.stream;
+    let include_usage = req
+        .common
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    let greq = req.common.request(&state, prompt)?;
+    let started = gen::start(r, greq)?;
+    let id = new_id("cmpl");
+    let created = unix_now();
+    let model = r.model_id.clone();
+    if !stream {
+        let (text, sum) = gen::collect(started, state.abort.clone()).await?;
+        return Ok(Json(json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": gen::finish_reason(&sum),
+            }],
+            "usage": gen::usage(&sum),
+            "timings": gen::timings(&sum),
+        }))
+        .into_response());
+    }
+    let chunk = move |text: &str, finish: Option<&str>| {
+        json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
+        })
+    };
+    let events = gen::pieces(started, state.abort.clone()).flat_map(move |p| {
+        let evs = match p {
+            Piece::Text(t) => vec![data(&chunk(&t, None))],
+            Piece::Done(sum) => {
+                let mut last = chunk("", Some(gen::finish_reason(&sum)));
+                last["timings"] = gen::timings(&sum);
+                let mut v = vec![data(&last)];
+                if include_usage {
+                    let mut u = chunk("", None);
+                    u["choices"] = json!([]);
+                    u["usage"] = gen::usage(&sum);
+                    v.push(data(&u));
+                }
+                v.push(done());
+                v
+            }
+            Piece::Error(e) => vec![data(&e.body()), done()],
+        };
+        stream::iter(evs)
+    });
+    Ok(sse(events))
+}
+
+/// One `data: {json}` event.
+pub fn data(v: &Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(v.to_string()))
+}
+
+/// `data: [DONE]`.
+fn done() -> Result<Event, Infallible> {
+    Ok(Event::default().data("[DONE]"))
+}
+
+/// A server-sent-events response.
+pub fn sse(
+    events: impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static,
+) -> Response {
+    Sse::new(events).into_response()
+}
