@@ -57,7 +57,7 @@ pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
         i.budget_note
     );
     eprintln!(
-        "longhaul: outside the budget: resident weights {} (memory-mapped), KV cache {}",
+        "longhaul: outside the budget: resident weights {} (read into memory), KV cache {}",
         mib(i.resident_bytes),
         mib(i.kv_bytes)
     );

@@ -25,17 +25,6 @@ use rayon::prelude::*;
 use super::{CpuKv, CpuTensor, KvStore};
 use crate::backend::{AttnParams, BackendError, BatchPos};
 
-/// Reads `dst.len()` values starting at element `at` of a cache store.
-#[inline]
-fn load(store: &KvStore, at: usize, dst: &mut [f32]) {
-    let n = dst.len();
-    match store {
-        KvStore::F32(v) => dst.copy_from_slice(&v[at..at + n]),
-        // Bulk conversion (F16C, eight at a time where available).
-        KvStore::F16(v) => v[at..at + n].convert_to_f32_slice(dst),
-    }
-}
-
 /// GCC's `_mm512_reduce_add_ps`: halves of 256, then of 128, then
 /// `(l0 + l2) + (l1 + l3)`.
 #[inline(always)]
@@ -120,15 +109,35 @@ pub(super) fn v_expf(x: f32) -> f32 {
 
 /// Scratch of one (token, head) row.
 struct Row {
-    kbuf: Vec<f32>,
     w: Vec<f32>,
     acc: Vec<f32>,
+}
+
+/// The keys and values of positions `0..n` as f32 rows of `n_embd_k` /
+/// `n_embd_v`: borrowed from an f32 cache, converted once per call from an
+/// f16 one (not once per (token, head) as a per-row load would).
+struct KvView<'a> {
+    k: std::borrow::Cow<'a, [f32]>,
+    v: std::borrow::Cow<'a, [f32]>,
+    n_embd_k: usize,
+    n_embd_v: usize,
+}
+
+fn view(store: &KvStore, n: usize) -> std::borrow::Cow<'_, [f32]> {
+    match store {
+        KvStore::F32(v) => std::borrow::Cow::Borrowed(&v[..n]),
+        KvStore::F16(v) => {
+            let mut out = vec![0f32; n];
+            out.par_chunks_mut(4096).zip(v[..n].par_chunks(4096)).for_each(|(d, s)| s.convert_to_f32_slice(d));
+            std::borrow::Cow::Owned(out)
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend_row(
-    kv: &CpuKv,
+    kv: &KvView,
     q: &CpuTensor,
     sinks: Option<&[f32]>,
     pos: BatchPos,
@@ -149,13 +158,13 @@ fn attend_row(
     let qrow = &q.data[t * q.cols + h * hd..t * q.cols + (h + 1) * hd];
     // Scores, padded with masked cells to whole blocks of 16.
     let n_pad = (qp + 1).div_ceil(16) * 16;
-    let Row { kbuf, w, acc } = row;
+    let Row { w, acc } = row;
     w.clear();
     w.resize(n_pad, f32::NEG_INFINITY);
     let mut max = f32::NEG_INFINITY;
     for (j, wj) in w.iter_mut().enumerate().take(qp + 1).skip(lo) {
-        load(&kv.k, j * kv.n_embd_k + kvh * hd, kbuf);
-        *wj = vec_dot_f32(kbuf, qrow) * p.scale;
+        let at = j * kv.n_embd_k + kvh * hd;
+        *wj = vec_dot_f32(&kv.k[at..at + hd], qrow) * p.scale;
         max = max.max(*wj);
     }
     let sink = sinks.map(|s| s[h]);
@@ -175,26 +184,34 @@ fn attend_row(
     }
     let inv = (1.0 / sum) as f32;
     w.iter_mut().for_each(|v| *v *= inv);
-    // KQV: lanes of 16 positions (tinyBLAS) or 64 (vec_dot_f32).
+    // KQV: lanes of 16 positions (tinyBLAS) or 64 (vec_dot_f32). Lane `l`
+    // of output `d` lives at `acc[l * hd + d]`, so each position updates one
+    // contiguous row (vectorised across `d`); every lane still sums its
+    // positions in order, as in ggml.
     let lanes = if pos.n_tokens >= 2 { 16 } else { 64 };
     acc.clear();
     acc.resize(hd * lanes, 0.0);
     for (j, &pj) in w.iter().enumerate().take(qp + 1).skip(lo) {
-        load(&kv.v, j * kv.n_embd_v + kvh * hd, kbuf);
+        let at = j * kv.n_embd_v + kvh * hd;
         let l = j % lanes;
-        for (d, &v) in kbuf.iter().enumerate() {
-            let a = &mut acc[d * lanes + l];
+        let a = &mut acc[l * hd..(l + 1) * hd];
+        for (a, &v) in a.iter_mut().zip(&kv.v[at..at + hd]) {
             *a = v.mul_add(pj, *a);
         }
     }
     for (d, o) in dst.iter_mut().enumerate() {
-        let a = &acc[d * lanes..(d + 1) * lanes];
         *o = if lanes == 16 {
-            reduce16(a.try_into().expect("16"))
+            let mut r = [0f32; 16];
+            for (l, rl) in r.iter_mut().enumerate() {
+                *rl = acc[l * hd + d];
+            }
+            reduce16(&r)
         } else {
             let mut r = [[0f32; 16]; 4];
             for (k, rk) in r.iter_mut().enumerate() {
-                rk.copy_from_slice(&a[16 * k..16 * k + 16]);
+                for (l, rl) in rk.iter_mut().enumerate() {
+                    *rl = acc[(16 * k + l) * hd + d];
+                }
             }
             reduce_4x16(&r)
         };
@@ -210,7 +227,7 @@ fn attend_row(
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_row_fma(
-    kv: &CpuKv,
+    kv: &KvView,
     q: &CpuTensor,
     sinks: Option<&[f32]>,
     pos: BatchPos,
@@ -264,13 +281,19 @@ pub(super) fn attend(
         }
     }
     let fma = has_fma();
+    let n_pos = pos.pos0 + pos.n_tokens;
+    let kv = &KvView {
+        k: view(&kv.k, n_pos * kv.n_embd_k),
+        v: view(&kv.v, n_pos * kv.n_embd_v),
+        n_embd_k: kv.n_embd_k,
+        n_embd_v: kv.n_embd_v,
+    };
     let mut out = CpuTensor::zeros(q.rows, q.cols);
     out.data
         .par_chunks_mut(hd.max(1))
         .enumerate()
         .for_each_init(
             || Row {
-                kbuf: vec![0f32; hd],
                 w: Vec::new(),
                 acc: Vec::new(),
             },
