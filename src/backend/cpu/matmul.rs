@@ -153,11 +153,12 @@ pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendE
             }
             Ok::<(), quant::QuantError>(())
         })?;
-    for r in 0..m.n {
-        for t in 0..n_tok {
-            out.data[t * m.n + r] = out_t[r * n_tok + t];
+    // Transpose back, one output row per task.
+    out.data.par_chunks_mut(m.n).enumerate().for_each(|(t, row)| {
+        for (r, o) in row.iter_mut().enumerate() {
+            *o = out_t[r * n_tok + t];
         }
-    }
+    });
     Ok(out)
 }
 
