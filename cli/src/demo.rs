@@ -38,7 +38,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let spec = SynthSpec::demo();
     let path = dir.join(format!(
-        "demo-qwen3moe-{}-seed{}.gguf",
+        "demo-qwen3moe-{}-seed{}-v2.gguf", // v2: generator version (random Q4_K blocks)
         spec.expert_type, spec.seed
     ));
     let threads = a.threads.unwrap_or_else(|| {
