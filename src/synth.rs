@@ -231,7 +231,10 @@ const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['r
 /// Builds the synthetic qwen3moe model in memory.
 pub fn build(spec: &SynthSpec) -> Result<Writer, SynthError> {
     let s = spec;
-    if !s.n_head.is_multiple_of(s.n_head_kv.max(1)) || s.n_expert_used == 0 || s.n_expert_used > s.n_expert {
+    if !s.n_head.is_multiple_of(s.n_head_kv.max(1))
+        || s.n_expert_used == 0
+        || s.n_expert_used > s.n_expert
+    {
         return Err(SynthError::Spec(format!("{s:?}")));
     }
     let mut w = Writer::new();

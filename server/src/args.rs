@@ -75,10 +75,10 @@ pub struct ModelArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// Context size of each slot; 0 = the model's training context.
+    /// Context size; 0 = the model's training context.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: usize,
-    /// Logical batch size (accepted for llama.cpp compatibility).
+    /// Logical batch size (accepted for llama.cpp compatibility; prompts are split by --ubatch-size).
     #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
     pub batch_size: usize,
     /// Physical batch size for prompt processing (-ub).
@@ -93,6 +93,13 @@ pub struct ModelArgs {
     /// Repeating layers on the GPU (-ngl): 0 = all on the CPU.
     #[arg(long = "n-gpu-layers", default_value = "0")]
     pub n_gpu_layers: String,
+    #[command(flatten)]
+    pub longhaul: LonghaulArgs,
+}
+
+/// Streaming of routed experts.
+#[derive(Args, Debug, Clone, Default)]
+pub struct LonghaulArgs {
     /// Stream routed experts from the file into a fixed-budget cache.
     #[arg(long = "longhaul")]
     pub longhaul: bool,
@@ -102,43 +109,42 @@ pub struct ModelArgs {
         value_name = "GIB|auto",
         allow_hyphen_values = true
     )]
-    pub longhaul_cache: Option<String>,
+    pub cache: Option<String>,
     /// Eviction policy: lru (default) or lfu.
     #[arg(long = "longhaul-policy", default_value = "lru")]
-    pub longhaul_policy: String,
-    /// Lookahead prefetch of the next layer's experts.
+    pub policy: String,
+    /// Lookahead prefetch: while layer L computes, read the experts layer
+    /// L+1's router picks from layer L's input.
     #[arg(long = "longhaul-prefetch")]
-    pub longhaul_prefetch: bool,
+    pub prefetch: bool,
 }
 
-impl ModelArgs {
-    fn longhaul_params(&self) -> anyhow::Result<Option<LonghaulParams>> {
+impl LonghaulArgs {
+    pub fn params(&self) -> anyhow::Result<Option<LonghaulParams>> {
         if !self.longhaul {
-            if self.longhaul_cache.is_some() {
+            if self.cache.is_some() {
                 anyhow::bail!("--longhaul-cache only applies with --longhaul");
             }
             return Ok(None);
         }
-        let budget = match self.longhaul_cache.as_deref() {
+        let budget = match self.cache.as_deref() {
             None => anyhow::bail!("--longhaul needs --longhaul-cache GIB (the expert cache budget, e.g. 8) or --longhaul-cache auto"),
             Some("auto") => CacheBudget::Auto,
             Some(v) => match v.parse::<f64>() {
-                Ok(g) if g > 0.0 && g.is_finite() => {
-                    CacheBudget::Bytes((g * (1u64 << 30) as f64) as u64)
-                }
-                _ => anyhow::bail!(
-                    "--longhaul-cache {v}: give a positive number of GiB (e.g. 4 or 0.5) or auto"
-                ),
+                Ok(g) if g > 0.0 && g.is_finite() => CacheBudget::Bytes((g * (1u64 << 30) as f64) as u64),
+                _ => anyhow::bail!("--longhaul-cache {v}: give a positive number of GiB (e.g. 4 or 0.5) or auto"),
             },
         };
-        let policy: Policy = self.longhaul_policy.parse().map_err(anyhow::Error::msg)?;
+        let policy: Policy = self.policy.parse().map_err(anyhow::Error::msg)?;
         Ok(Some(LonghaulParams {
             budget,
             policy,
-            prefetch: self.longhaul_prefetch,
+            prefetch: self.prefetch,
         }))
     }
+}
 
+impl ModelArgs {
     pub fn engine_params(&self) -> anyhow::Result<EngineParams> {
         let kv = |s: &str| -> anyhow::Result<GgmlType> {
             match GgmlType::from_name(s) {
@@ -154,22 +160,34 @@ impl ModelArgs {
                 self.cache_type_v
             );
         }
-        if self.n_gpu_layers != "0" {
-            anyhow::bail!(
-                "--n-gpu-layers {}: this build runs every repeating layer on the CPU; use -ngl 0",
-                self.n_gpu_layers
-            );
+        match self.n_gpu_layers.as_str() {
+            "0" => {}
+            other => anyhow::bail!(
+                "--n-gpu-layers {other}: this build runs every repeating layer on the CPU; use -ngl 0 (the GPU placement, -ngl 99, is not built yet)"
+            ),
         }
         Ok(EngineParams {
             n_ctx: self.ctx_size,
             n_ubatch: self.ubatch_size.max(1),
             kv_type: k,
-            longhaul: self.longhaul_params()?,
+            longhaul: self.longhaul.params()?,
         })
+    }
+
+    /// Runs `f` on a rayon pool with the requested thread count.
+    pub fn with_threads<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+        let n = self.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build()?;
+        Ok(pool.install(f))
     }
 }
 
-/// Default sampling settings (requests override them field by field).
 #[derive(Args, Debug, Clone)]
 pub struct SampleArgs {
     /// Temperature; 0 = greedy.

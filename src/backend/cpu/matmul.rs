@@ -154,11 +154,14 @@ pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendE
             Ok::<(), quant::QuantError>(())
         })?;
     // Transpose back, one output row per task.
-    out.data.par_chunks_mut(m.n).enumerate().for_each(|(t, row)| {
-        for (r, o) in row.iter_mut().enumerate() {
-            *o = out_t[r * n_tok + t];
-        }
-    });
+    out.data
+        .par_chunks_mut(m.n)
+        .enumerate()
+        .for_each(|(t, row)| {
+            for (r, o) in row.iter_mut().enumerate() {
+                *o = out_t[r * n_tok + t];
+            }
+        });
     Ok(out)
 }
 
