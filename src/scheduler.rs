@@ -139,7 +139,8 @@ impl Drop for GenStream {
 }
 
 impl Scheduler {
-    /// Starts the engine thread with `n_slots` parallel sequences.
+    /// Starts the engine loop with `n_slots` parallel sequences on a worker
+    /// of the current rayon pool (size it with the thread count first).
     pub fn spawn<B: Backend + 'static>(engine: Arc<Engine<B>>, n_slots: usize) -> Scheduler
     where
         B::Kv: 'static,
@@ -151,11 +152,10 @@ impl Scheduler {
             n_ctx: engine.params.n_ctx,
         });
         let s2 = shared.clone();
-        std::thread::Builder::new()
-            .name("longhaul-engine".into())
-            .spawn(move || Worker::new(engine, n_slots.max(1), s2).run(rx))
-            .map(|_| ())
-            .unwrap_or_else(|e| eprintln!("cannot start the engine thread: {e}"));
+        // The loop runs on a worker of the current rayon pool, so the ops'
+        // parallel loops fork and join in place instead of handing every op
+        // to the pool from an outside thread (a context switch per op).
+        rayon::spawn(move || Worker::new(engine, n_slots.max(1), s2).run(rx));
         Scheduler { shared }
     }
 
