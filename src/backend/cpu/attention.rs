@@ -78,7 +78,9 @@ fn reduce_4x16(acc: &[[f32; 16]; 4]) -> f32 {
 
 /// ggml's AVX-512 `ggml_v_expf` for one lane (the vector code has no
 /// cross-lane steps): range reduction by FMA, a degree-5 polynomial and
-/// `vscalefps`; |n| > 192 saturates to 0 or +inf.
+/// `vscalefps`; |n| > 192 saturates to 0 or +inf. Written without branches
+/// (out-of-range and NaN lanes are selected at the end) so that loops over
+/// it vectorise.
 #[inline(always)]
 pub(super) fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
@@ -96,46 +98,25 @@ pub(super) fn v_expf(x: f32) -> f32 {
             f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
         )
         .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
+    // vscalefps: j * 2^n, rounded once (n clamped first so out-of-range
+    // lanes stay well-defined before they are replaced).
+    let nc = n.clamp(-192.0, 192.0);
+    let scale = f64::from_bits(((nc as i64 + 1023) as u64) << 52);
+    let scaled = (j as f64 * scale) as f32;
+    let sat = if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    let out = if n.abs() > 192.0 { sat } else { scaled };
     if n.is_nan() {
-        return j;
+        j
+    } else {
+        out
     }
-    // vscalefps: j * 2^n, rounded once (n is an integer in [-192, 192]).
-    let scale = f64::from_bits(((n as i64 + 1023) as u64) << 52);
-    (j as f64 * scale) as f32
 }
 
-/// [`v_expf`] over 16 lanes written without branches, so the compiler can
-/// vectorise it: every lane computes exactly what `v_expf` computes.
+/// [`v_expf`] over a block of 16 lanes (one AVX-512 vector in ggml).
 #[inline(always)]
 pub(super) fn v_expf16(x: &mut [f32; 16]) {
-    let r = f32::from_bits(0x4b40_0000);
     for v in x.iter_mut() {
-        let xv = *v;
-        let z = xv.mul_add(f32::from_bits(0x3fb8_aa3b), r);
-        let n = z - r;
-        let b = (-n).mul_add(
-            f32::from_bits(0x35bf_be8e),
-            (-n).mul_add(f32::from_bits(0x3f31_7200), xv),
-        );
-        let u = b * b;
-        let j = f32::from_bits(0x3c07_2010)
-            .mul_add(b, f32::from_bits(0x3d2b_9f17))
-            .mul_add(
-                u,
-                f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
-            )
-            .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
-        // Clamp before building 2^n so out-of-range lanes stay well-defined,
-        // then select the saturated or NaN results as `v_expf` does.
-        let nc = n.clamp(-192.0, 192.0);
-        let scale = f64::from_bits(((nc as i64 + 1023) as u64) << 52);
-        let scaled = (j as f64 * scale) as f32;
-        let sat = if n <= 0.0 { 0.0 } else { f32::INFINITY };
-        let out = if n.abs() > 192.0 { sat } else { scaled };
-        *v = if n.is_nan() { j } else { out };
+        *v = v_expf(*v);
     }
 }
 
