@@ -9,6 +9,7 @@
 //! expert weights `[k, n, n_expert]` store `n_expert` such matrices back to back.
 
 pub mod cpu;
+pub mod gpu;
 
 use crate::quant::QuantError;
 use crate::tensor::GgmlType;
@@ -26,6 +27,8 @@ pub enum BackendError {
     Shape { op: &'static str, detail: String },
     #[error(transparent)]
     Quant(#[from] QuantError),
+    #[error(transparent)]
+    Gpu(#[from] gpu::GpuError),
     #[error("KV cache is full: position {pos} does not fit in a context of {n_ctx}; raise -c/--ctx-size")]
     ContextFull { pos: usize, n_ctx: usize },
 }

@@ -1,0 +1,392 @@
+//! The device, its queue, the pipeline cache and the one command stream every
+//! op records into. Ops record dispatches into a pending encoder; reading a
+//! tensor back (or writing expert slots) submits it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use super::GpuError;
+use crate::tensor::GgmlType;
+
+/// What the kernels may use on this device (after the user's settings).
+#[derive(Clone, Debug)]
+pub struct Caps {
+    /// `shader-f16` is enabled: kernels may hold f16 values.
+    pub f16: bool,
+    /// Subgroup operations are enabled.
+    pub subgroups: bool,
+    /// The adapter's subgroup size range (kernels read the actual size from
+    /// the `subgroup_size` builtin; workgroups are sized as a multiple of max).
+    pub subgroup_min: u32,
+    pub subgroup_max: u32,
+    /// Largest storage binding; larger tensors are split into parts.
+    pub max_binding: u64,
+    pub max_workgroups_per_dim: u32,
+    /// Fill every new activation with NaN before kernels write it (tests).
+    pub poison: bool,
+}
+
+/// A compiled kernel's identity: the pipeline cache key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelKey {
+    pub name: &'static str,
+    /// The weight type a quantised kernel is specialised for.
+    pub ty: Option<GgmlType>,
+    /// Kernel-specific variant bits (tile shape, dtype of the KV cache, ...).
+    pub variant: u32,
+}
+
+impl KernelKey {
+    pub fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            ty: None,
+            variant: 0,
+        }
+    }
+    pub fn ty(mut self, ty: GgmlType) -> Self {
+        self.ty = Some(ty);
+        self
+    }
+    pub fn variant(mut self, v: u32) -> Self {
+        self.variant = v;
+        self
+    }
+}
+
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    dispatches: usize,
+}
+
+/// Submit after this many recorded dispatches, so memory held by finished
+/// temporaries is returned during long prompts.
+const MAX_PENDING: usize = 512;
+
+pub struct Ctx {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub caps: Caps,
+    pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
+    pending: Mutex<Pending>,
+}
+
+/// Binding `i` of a dispatch: a whole buffer or a byte range of one.
+#[derive(Clone, Copy)]
+pub enum Arg<'a> {
+    Buf(&'a wgpu::Buffer),
+    Range(&'a wgpu::Buffer, u64, u64),
+}
+
+impl Ctx {
+    pub fn new(device: wgpu::Device, queue: wgpu::Queue, caps: Caps) -> Self {
+        Self {
+            device,
+            queue,
+            caps,
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending {
+                encoder: None,
+                dispatches: 0,
+            }),
+        }
+    }
+
+    /// Shader source for this device: `enable f16;` when available, the
+    /// constants as `const NAME: u32 = V;`, then `parts` with `#if NAME` /
+    /// `#else` / `#endif` lines resolved (defined names: `F16`, `SUBGROUPS`,
+    /// and every constant whose value is non-zero).
+    pub fn source(&self, parts: &[&str], consts: &[(&str, u32)]) -> String {
+        let mut out = String::new();
+        if self.caps.f16 {
+            out.push_str("enable f16;\n");
+        }
+        for (k, v) in consts {
+            out.push_str(&format!("const {k}: u32 = {v}u;\n"));
+        }
+        let defined = |name: &str| match name {
+            "F16" => self.caps.f16,
+            "SUBGROUPS" => self.caps.subgroups,
+            _ => consts.iter().any(|(k, v)| *k == name && *v != 0),
+        };
+        for p in parts {
+            out.push_str(&preprocess(p, &defined));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The pipeline for `key`, compiled from `source()` on first use
+    /// (entry point `main`, layout derived from the shader).
+    pub fn pipeline(
+        &self,
+        key: &KernelKey,
+        source: impl FnOnce() -> String,
+    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return Ok(p.clone());
+        }
+        let src = source();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(key.name),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let pipe = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key.name),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Shader {
+                kernel: format!("{key:?}"),
+                detail: e.to_string(),
+            });
+        }
+        let pipe = Arc::new(pipe);
+        self.pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), pipe.clone());
+        Ok(pipe)
+    }
+
+    /// Records one dispatch: `args` at bindings `0..n`, then `params` (u32
+    /// words; floats as bits) as a uniform at binding `n` when non-empty.
+    pub fn dispatch(
+        &self,
+        pipe: &wgpu::ComputePipeline,
+        args: &[Arg<'_>],
+        params: &[u32],
+        groups: [u32; 3],
+    ) {
+        if groups.contains(&0) {
+            return;
+        }
+        let uniform = (!params.is_empty()).then(|| {
+            let mut words = params.to_vec();
+            words.resize(params.len().div_ceil(4) * 4, 0);
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("params"),
+                    contents: bytemuck::cast_slice(&words),
+                    usage: wgpu::BufferUsages::UNIFORM,
+                })
+        });
+        let mut entries: Vec<wgpu::BindGroupEntry> = args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: match *a {
+                    Arg::Buf(b) => b.as_entire_binding(),
+                    Arg::Range(b, off, size) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: b,
+                        offset: off,
+                        size: wgpu::BufferSize::new(size),
+                    }),
+                },
+            })
+            .collect();
+        if let Some(u) = &uniform {
+            entries.push(wgpu::BindGroupEntry {
+                binding: args.len() as u32,
+                resource: u.as_entire_binding(),
+            });
+        }
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        self.record(|enc| {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(pipe);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        });
+    }
+
+    /// Records commands into the pending encoder (submitted in order with
+    /// every dispatch recorded before and after).
+    pub fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+        });
+        f(enc);
+        p.dispatches += 1;
+        if p.dispatches >= MAX_PENDING {
+            let enc = p.encoder.take();
+            p.dispatches = 0;
+            if let Some(enc) = enc {
+                self.queue.submit([enc.finish()]);
+            }
+        }
+    }
+
+    /// Submits everything recorded so far.
+    pub fn flush(&self) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.dispatches = 0;
+        if let Some(enc) = p.encoder.take() {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// Blocks until the device has finished all submitted work.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| GpuError::Lost(e.to_string()))
+    }
+
+    /// Splits `n` workgroups into a grid within the per-dimension limit; a
+    /// kernel recovers its index as `wg.x + wg.y * num_workgroups.x`.
+    pub fn grid(&self, n: u32) -> [u32; 3] {
+        let lim = self.caps.max_workgroups_per_dim.max(1);
+        if n <= lim {
+            [n, 1, 1]
+        } else {
+            let y = n.div_ceil(lim);
+            [n.div_ceil(y), y, 1]
+        }
+    }
+
+    /// A storage buffer of at least `bytes` (rounded up to 16), NaN-poisoned
+    /// when the caps ask for it.
+    pub fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer, GpuError> {
+        let size = bytes.max(16).next_multiple_of(16);
+        if size > self.caps.max_binding {
+            return Err(GpuError::TooLarge {
+                what: label.to_string(),
+                bytes: size,
+                limit: self.caps.max_binding,
+            });
+        }
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: self.caps.poison,
+        });
+        if self.caps.poison {
+            let nan = f32::NAN.to_le_bytes();
+            let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
+            let bytes: Vec<u8> = (0..size as usize).map(|i| nan[i % 4]).collect();
+            view.copy_from_slice(&bytes);
+            drop(view);
+            buf.unmap();
+        }
+        Ok(buf)
+    }
+
+    /// A storage buffer holding `data` (padded to a multiple of 16 bytes).
+    pub fn upload(&self, data: &[u8], label: &str) -> Result<wgpu::Buffer, GpuError> {
+        let size = (data.len() as u64).max(16).next_multiple_of(16);
+        if size > self.caps.max_binding {
+            return Err(GpuError::TooLarge {
+                what: label.to_string(),
+                bytes: size,
+                limit: self.caps.max_binding,
+            });
+        }
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
+            view.slice(..data.len()).copy_from_slice(data);
+        }
+        buf.unmap();
+        Ok(buf)
+    }
+
+    /// Reads `len` bytes at `offset` of `buf` back to the host, after every
+    /// recorded command has run.
+    pub fn read(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, GpuError> {
+        let size = len.next_multiple_of(4).max(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.record(|enc| enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size));
+        self.flush();
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        self.wait()?;
+        rx.recv()
+            .map_err(|e| GpuError::Lost(e.to_string()))?
+            .map_err(|e| GpuError::Lost(e.to_string()))?;
+        let view = staging.slice(..).get_mapped_range().map_err(map_err)?;
+        Ok(view[..len as usize].to_vec())
+    }
+}
+
+fn map_err(e: impl std::fmt::Display) -> GpuError {
+    GpuError::Lost(e.to_string())
+}
+
+/// Resolves `#if NAME` / `#else` / `#endif` lines (nestable).
+pub fn preprocess(src: &str, defined: &dyn Fn(&str) -> bool) -> String {
+    let mut out = String::with_capacity(src.len());
+    // Each level: (this branch active, some branch of this #if was taken).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let active = |s: &Vec<(bool, bool)>| s.iter().all(|(a, _)| *a);
+    for line in src.lines() {
+        let t = line.trim_start();
+        if let Some(name) = t.strip_prefix("#if ") {
+            let on = defined(name.trim());
+            stack.push((on, on));
+        } else if t.starts_with("#else") {
+            if let Some(top) = stack.last_mut() {
+                top.0 = !top.1;
+                top.1 = true;
+            }
+        } else if t.starts_with("#endif") {
+            stack.pop();
+        } else if active(&stack) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preprocess;
+
+    #[test]
+    fn preprocess_picks_branches() {
+        let src = "a\n#if X\nb\n#if Y\nc\n#else\nd\n#endif\n#else\ne\n#endif\nf\n";
+        let on = |n: &str| n == "X";
+        assert_eq!(preprocess(src, &on), "a\nb\nd\nf\n");
+        let off = |_: &str| false;
+        assert_eq!(preprocess(src, &off), "a\ne\nf\n");
+    }
+}

@@ -1,0 +1,139 @@
+//! Adapters: listing, choosing one, and opening a device with the adapter's
+//! real limits and the optional features the kernels use.
+
+use super::GpuError;
+
+/// What `longhaul devices` prints about one adapter.
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+    pub f16: bool,
+    pub subgroups: bool,
+    pub subgroup_min: u32,
+    pub subgroup_max: u32,
+    pub max_binding: u64,
+    pub max_buffer: u64,
+    /// A software rasteriser (lavapipe, llvmpipe, WARP): used only when asked for.
+    pub is_cpu: bool,
+}
+
+fn summarize(a: &wgpu::Adapter) -> AdapterSummary {
+    let i = a.get_info();
+    let l = a.limits();
+    let f = a.features();
+    AdapterSummary {
+        name: i.name.clone(),
+        backend: format!("{:?}", i.backend),
+        device_type: format!("{:?}", i.device_type),
+        driver: i.driver.clone(),
+        driver_info: i.driver_info.clone(),
+        f16: f.contains(wgpu::Features::SHADER_F16),
+        subgroups: f.contains(wgpu::Features::SUBGROUP),
+        subgroup_min: i.subgroup_min_size,
+        subgroup_max: i.subgroup_max_size,
+        max_binding: l.max_storage_buffer_binding_size,
+        max_buffer: l.max_buffer_size,
+        is_cpu: matches!(i.device_type, wgpu::DeviceType::Cpu),
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    // WGPU_BACKEND=vulkan (etc.) restricts the search, so a missing driver
+    // fails loudly instead of falling back to another API.
+    let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
+    wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    })
+}
+
+/// Every adapter the enabled backends report, in the order wgpu lists them.
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    adapters().iter().map(summarize).collect()
+}
+
+fn adapters() -> Vec<wgpu::Adapter> {
+    let inst = instance();
+    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
+}
+
+/// How to choose an adapter.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The first discrete GPU, else the first integrated one; software
+    /// adapters are never picked automatically.
+    #[default]
+    Auto,
+    /// The first adapter whose name contains this (case-insensitive).
+    Named(String),
+}
+
+/// The adapter `choice` designates; `Ok(None)` when `Auto` finds no GPU.
+pub(super) fn choose(choice: &DeviceChoice) -> Result<Option<wgpu::Adapter>, GpuError> {
+    let all = adapters();
+    match choice {
+        DeviceChoice::Auto => {
+            let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+                wgpu::DeviceType::DiscreteGpu => Some(0),
+                wgpu::DeviceType::IntegratedGpu => Some(1),
+                _ => None,
+            };
+            let mut best: Option<(u8, wgpu::Adapter)> = None;
+            for a in all {
+                if let Some(r) = rank(&a) {
+                    if best.as_ref().is_none_or(|(b, _)| r < *b) {
+                        best = Some((r, a));
+                    }
+                }
+            }
+            Ok(best.map(|(_, a)| a))
+        }
+        DeviceChoice::Named(name) => {
+            let want = name.to_lowercase();
+            let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
+            all.into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&want))
+                .map(Some)
+                .ok_or_else(|| GpuError::NoSuchDevice {
+                    name: name.clone(),
+                    available: if names.is_empty() {
+                        "none".into()
+                    } else {
+                        names.join(", ")
+                    },
+                })
+        }
+    }
+}
+
+/// Opens `adapter` with its own limits (not wgpu's defaults) and the
+/// optional features the kernels can use.
+pub(super) fn open(
+    adapter: &wgpu::Adapter,
+    want_f16: bool,
+    want_subgroups: bool,
+) -> Result<(wgpu::Device, wgpu::Queue, AdapterSummary), GpuError> {
+    let s = summarize(adapter);
+    let mut features = wgpu::Features::empty();
+    if want_f16 && s.f16 {
+        features |= wgpu::Features::SHADER_F16;
+    }
+    if want_subgroups && s.subgroups {
+        features |= wgpu::Features::SUBGROUP;
+    }
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("longhaul"),
+        required_features: features,
+        required_limits: adapter.limits(),
+        ..Default::default()
+    }))
+    .map_err(|e| GpuError::Device {
+        name: s.name.clone(),
+        detail: e.to_string(),
+    })?;
+    Ok((device, queue, s))
+}
