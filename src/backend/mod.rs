@@ -10,6 +10,7 @@
 
 pub mod cpu;
 pub mod gpu;
+pub(crate) mod rope_math;
 
 use crate::quant::QuantError;
 use crate::tensor::GgmlType;

@@ -1,20 +1,342 @@
 //! Element-wise and row ops: rms_norm, rope, glu, add, biases, scaling,
-//! weighted sums, row gathers and scatters.
+//! weighted sums, row gathers and scatters. One thread per output value
+//! unless noted; indices beyond 65535 workgroups use a 2-D grid.
 
-use super::{GpuBackend, GpuTensor, GpuWeight};
-use crate::backend::{BackendError, BatchPos, Glu, RopeParams};
-use crate::tensor::GgmlType;
+use super::{Arg, GpuBackend, GpuTensor, GpuWeight, KernelKey};
+use crate::backend::rope_math::{rope_cache, yarn_corr_dims};
+use crate::backend::{BackendError, BatchPos, Glu, RopeMode, RopeParams};
 
-fn todo(op: &'static str) -> BackendError {
-    BackendError::Unsupported { op, backend: "gpu", dtype: GgmlType::F32 }
+const RMS_NORM: &str = include_str!("../../../shaders/rms_norm.wgsl");
+const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
+const GLU: &str = include_str!("../../../shaders/glu.wgsl");
+const ADD: &str = include_str!("../../../shaders/add.wgsl");
+const ADD_BIAS: &str = include_str!("../../../shaders/add_bias.wgsl");
+const SCALE_ROWS: &str = include_str!("../../../shaders/scale_rows.wgsl");
+const WEIGHTED_SUM: &str = include_str!("../../../shaders/weighted_sum.wgsl");
+const COPY_ROWS: &str = include_str!("../../../shaders/copy_rows.wgsl");
+
+fn shape(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
 }
 
-pub(super) fn gather_rows(_b: &GpuBackend, _x: &GpuTensor, _rows: &[usize]) -> Result<GpuTensor, BackendError> { Err(todo("gather_rows")) }
-pub(super) fn scatter_rows(_b: &GpuBackend, _d: &mut GpuTensor, _s: &GpuTensor, _rows: &[usize]) -> Result<(), BackendError> { Err(todo("scatter_rows")) }
-pub(super) fn add_bias(_b: &GpuBackend, _x: &mut GpuTensor, _w: &GpuWeight, _ids: Option<&[u32]>) -> Result<(), BackendError> { Err(todo("add_bias")) }
-pub(super) fn add(_b: &GpuBackend, _a: &mut GpuTensor, _x: &GpuTensor) -> Result<(), BackendError> { Err(todo("add")) }
-pub(super) fn scale_rows(_b: &GpuBackend, _x: &mut GpuTensor, _s: &[f32]) -> Result<(), BackendError> { Err(todo("scale_rows")) }
-pub(super) fn rms_norm(_b: &GpuBackend, _x: &GpuTensor, _w: &GpuWeight, _g: usize, _eps: f32) -> Result<GpuTensor, BackendError> { Err(todo("rms_norm")) }
-pub(super) fn rope(_b: &GpuBackend, _x: &mut GpuTensor, _hd: usize, _pos: BatchPos, _p: &RopeParams) -> Result<(), BackendError> { Err(todo("rope")) }
-pub(super) fn glu(_b: &GpuBackend, _g: &GpuTensor, _u: &GpuTensor, _k: Glu) -> Result<GpuTensor, BackendError> { Err(todo("glu")) }
-pub(super) fn weighted_sum(_b: &GpuBackend, _x: &GpuTensor, _w: &[f32], _n: usize) -> Result<GpuTensor, BackendError> { Err(todo("weighted_sum")) }
+/// A kernel with no constants: compiled once per device.
+fn simple(
+    b: &GpuBackend,
+    name: &'static str,
+    src: &'static str,
+    consts: &[(&str, u32)],
+    variant: u32,
+) -> Result<std::sync::Arc<wgpu::ComputePipeline>, BackendError> {
+    let ctx = b.ctx();
+    Ok(ctx.pipeline(&KernelKey::new(name).variant(variant), || {
+        ctx.source(&[src], consts)
+    })?)
+}
+
+/// Workgroups of 256 threads covering `n` items.
+fn groups(b: &GpuBackend, n: usize) -> [u32; 3] {
+    b.ctx().grid(n.div_ceil(256) as u32)
+}
+
+fn f32s(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+/// `dst[map[i].1] = src[map[i].0]` for rows of `cols`.
+fn copy_rows(
+    b: &GpuBackend,
+    src: &GpuTensor,
+    dst: &GpuTensor,
+    map: &[[u32; 2]],
+) -> Result<(), BackendError> {
+    if map.is_empty() || src.cols == 0 {
+        return Ok(());
+    }
+    let ctx = b.ctx();
+    let pipe = simple(b, "copy_rows", COPY_ROWS, &[], 0)?;
+    let m = ctx.upload(bytemuck::cast_slice(map), "row map")?;
+    ctx.dispatch(
+        &pipe,
+        &[Arg::Buf(&src.buf), Arg::Buf(&dst.buf), Arg::Buf(&m)],
+        &[map.len() as u32, src.cols as u32],
+        groups(b, map.len() * src.cols),
+    );
+    Ok(())
+}
+
+pub(super) fn gather_rows(
+    b: &GpuBackend,
+    x: &GpuTensor,
+    rows: &[usize],
+) -> Result<GpuTensor, BackendError> {
+    if let Some(&r) = rows.iter().find(|&&r| r >= x.rows) {
+        return Err(shape("gather_rows", format!("row {r} of {}", x.rows)));
+    }
+    let out = b.tensor(rows.len(), x.cols)?;
+    let map: Vec<[u32; 2]> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| [r as u32, i as u32])
+        .collect();
+    copy_rows(b, x, &out, &map)?;
+    Ok(out)
+}
+
+pub(super) fn scatter_rows(
+    b: &GpuBackend,
+    dst: &mut GpuTensor,
+    src: &GpuTensor,
+    rows: &[usize],
+) -> Result<(), BackendError> {
+    if src.cols != dst.cols || src.rows != rows.len() || rows.iter().any(|&r| r >= dst.rows) {
+        return Err(shape(
+            "scatter_rows",
+            format!(
+                "[{}, {}] into [{}, {}] at {} rows",
+                src.rows,
+                src.cols,
+                dst.rows,
+                dst.cols,
+                rows.len()
+            ),
+        ));
+    }
+    let map: Vec<[u32; 2]> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| [i as u32, r as u32])
+        .collect();
+    copy_rows(b, src, dst, &map)
+}
+
+pub(super) fn add_bias(
+    b: &GpuBackend,
+    x: &mut GpuTensor,
+    w: &GpuWeight,
+    ids: Option<&[u32]>,
+) -> Result<(), BackendError> {
+    let ctx = b.ctx();
+    let (n, rows) = (w.ne[0], w.ne[1]);
+    let vector = w.ty == crate::tensor::GgmlType::F32 && w.parts.len() == 1;
+    if !vector || n != x.cols {
+        return Err(shape(
+            "add_bias",
+            format!("bias {:?} ({}) for rows of {}", w.ne, w.ty.name(), x.cols),
+        ));
+    }
+    let bias = &w.parts[0].buf;
+    match ids {
+        None => {
+            let pipe = simple(b, "add_bias", ADD_BIAS, &[("IDS", 0)], 0)?;
+            ctx.dispatch(
+                &pipe,
+                &[Arg::Buf(&x.buf), Arg::Buf(bias)],
+                &[x.rows as u32, x.cols as u32],
+                groups(b, x.rows * x.cols),
+            );
+        }
+        Some(ids) => {
+            if ids.len() != x.rows || ids.iter().any(|&i| i as usize >= rows) {
+                return Err(shape(
+                    "add_bias_id",
+                    format!("{} ids for {} rows of a {rows}-row bias", ids.len(), x.rows),
+                ));
+            }
+            let pipe = simple(b, "add_bias_id", ADD_BIAS, &[("IDS", 1)], 1)?;
+            let idb = ctx.upload(bytemuck::cast_slice(ids), "bias ids")?;
+            ctx.dispatch(
+                &pipe,
+                &[Arg::Buf(&x.buf), Arg::Buf(bias), Arg::Buf(&idb)],
+                &[x.rows as u32, x.cols as u32],
+                groups(b, x.rows * x.cols),
+            );
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn add(b: &GpuBackend, a: &mut GpuTensor, x: &GpuTensor) -> Result<(), BackendError> {
+    if a.rows != x.rows || a.cols != x.cols {
+        return Err(shape(
+            "add",
+            format!("[{}, {}] + [{}, {}]", a.rows, a.cols, x.rows, x.cols),
+        ));
+    }
+    let n = a.rows * a.cols;
+    let pipe = simple(b, "add", ADD, &[], 0)?;
+    b.ctx().dispatch(
+        &pipe,
+        &[Arg::Buf(&a.buf), Arg::Buf(&x.buf)],
+        &[n as u32],
+        groups(b, n),
+    );
+    Ok(())
+}
+
+pub(super) fn scale_rows(b: &GpuBackend, x: &mut GpuTensor, s: &[f32]) -> Result<(), BackendError> {
+    if s.len() != x.rows {
+        return Err(shape(
+            "scale_rows",
+            format!("{} scales for {} rows", s.len(), x.rows),
+        ));
+    }
+    let ctx = b.ctx();
+    let pipe = simple(b, "scale_rows", SCALE_ROWS, &[], 0)?;
+    let sb = ctx.upload(f32s(s), "row scales")?;
+    ctx.dispatch(
+        &pipe,
+        &[Arg::Buf(&x.buf), Arg::Buf(&sb)],
+        &[x.rows as u32, x.cols as u32],
+        groups(b, x.rows * x.cols),
+    );
+    Ok(())
+}
+
+pub(super) fn rms_norm(
+    b: &GpuBackend,
+    x: &GpuTensor,
+    w: &GpuWeight,
+    group: usize,
+    eps: f32,
+) -> Result<GpuTensor, BackendError> {
+    if group == 0
+        || !x.cols.is_multiple_of(group)
+        || w.ne[0] != group
+        || w.ty != crate::tensor::GgmlType::F32
+    {
+        return Err(shape(
+            "rms_norm",
+            format!(
+                "groups of {group} over rows of {} with a weight of {:?}",
+                x.cols, w.ne
+            ),
+        ));
+    }
+    let ctx = b.ctx();
+    const WG: u32 = 64;
+    let pipe = simple(b, "rms_norm", RMS_NORM, &[("WG", WG)], WG)?;
+    let out = b.tensor(x.rows, x.cols)?;
+    let n_groups = x.rows * x.cols / group;
+    ctx.dispatch(
+        &pipe,
+        &[
+            Arg::Buf(&x.buf),
+            Arg::Buf(&w.parts[0].buf),
+            Arg::Buf(&out.buf),
+        ],
+        &[group as u32, n_groups as u32, eps.to_bits()],
+        ctx.grid(n_groups as u32),
+    );
+    Ok(out)
+}
+
+pub(super) fn rope(
+    b: &GpuBackend,
+    x: &mut GpuTensor,
+    head_dim: usize,
+    pos: BatchPos,
+    p: &RopeParams,
+) -> Result<(), BackendError> {
+    if head_dim == 0
+        || !x.cols.is_multiple_of(head_dim)
+        || p.n_rot > head_dim
+        || !p.n_rot.is_multiple_of(2)
+        || x.rows != pos.n_tokens
+    {
+        return Err(shape(
+            "rope",
+            format!(
+                "rows of {} in heads of {head_dim}, n_rot {}, {} rows for {} tokens",
+                x.cols, p.n_rot, x.rows, pos.n_tokens
+            ),
+        ));
+    }
+    let half = p.n_rot / 2;
+    if half == 0 || x.rows == 0 {
+        return Ok(());
+    }
+    let corr = yarn_corr_dims(p.n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow);
+    let mut table = vec![(0f32, 0f32); x.rows * half];
+    for (t, row) in table.chunks_mut(half).enumerate() {
+        rope_cache(p, (pos.pos0 + t) as f32, corr, row);
+    }
+    let flat: Vec<f32> = table.iter().flat_map(|&(c, s)| [c, s]).collect();
+    let ctx = b.ctx();
+    let cs = ctx.upload(f32s(&flat), "rope table")?;
+    let pipe = simple(b, "rope", ROPE, &[], 0)?;
+    let n = x.rows * (x.cols / head_dim) * half;
+    ctx.dispatch(
+        &pipe,
+        &[Arg::Buf(&x.buf), Arg::Buf(&cs)],
+        &[
+            x.cols as u32,
+            head_dim as u32,
+            half as u32,
+            (p.mode == RopeMode::Neox) as u32,
+            x.rows as u32,
+        ],
+        groups(b, n),
+    );
+    Ok(())
+}
+
+pub(super) fn glu(
+    b: &GpuBackend,
+    gate: &GpuTensor,
+    up: &GpuTensor,
+    kind: Glu,
+) -> Result<GpuTensor, BackendError> {
+    if gate.rows != up.rows || gate.cols != up.cols {
+        return Err(shape(
+            "glu",
+            format!(
+                "gate [{}, {}] vs up [{}, {}]",
+                gate.rows, gate.cols, up.rows, up.cols
+            ),
+        ));
+    }
+    let (oai, alpha, limit) = match kind {
+        Glu::SwiGlu => (0, 0.0f32, 0.0f32),
+        Glu::SwiGluOai { alpha, limit } => (1, alpha, limit),
+    };
+    let pipe = simple(b, "glu", GLU, &[("OAI", oai)], oai)?;
+    let out = b.tensor(gate.rows, gate.cols)?;
+    let n = gate.rows * gate.cols;
+    b.ctx().dispatch(
+        &pipe,
+        &[Arg::Buf(&gate.buf), Arg::Buf(&up.buf), Arg::Buf(&out.buf)],
+        &[n as u32, alpha.to_bits(), limit.to_bits()],
+        groups(b, n),
+    );
+    Ok(out)
+}
+
+pub(super) fn weighted_sum(
+    b: &GpuBackend,
+    x: &GpuTensor,
+    w: &[f32],
+    n_used: usize,
+) -> Result<GpuTensor, BackendError> {
+    if n_used == 0 || !x.rows.is_multiple_of(n_used) || w.len() != x.rows {
+        return Err(shape(
+            "weighted_sum",
+            format!(
+                "{} rows in groups of {n_used} with {} weights",
+                x.rows,
+                w.len()
+            ),
+        ));
+    }
+    let ctx = b.ctx();
+    let n_tok = x.rows / n_used;
+    let out = b.tensor(n_tok, x.cols)?;
+    let pipe = simple(b, "weighted_sum", WEIGHTED_SUM, &[], 0)?;
+    let wb = ctx.upload(f32s(w), "pair weights")?;
+    ctx.dispatch(
+        &pipe,
+        &[Arg::Buf(&x.buf), Arg::Buf(&wb), Arg::Buf(&out.buf)],
+        &[n_tok as u32, x.cols as u32, n_used as u32],
+        groups(b, n_tok * x.cols),
+    );
+    Ok(out)
+}

@@ -1,0 +1,184 @@
+//! Element-wise and row ops of the GPU placement against the CPU placement
+//! on seeded random inputs, outputs NaN-poisoned before the kernels run.
+//! Bound: normalised MSE <= 1e-6 (the GPU issue's bound for element-wise
+//! ops in f32).
+
+mod gpu_util;
+
+use std::sync::Arc;
+
+use gpu_util::{nmse, randn, variants};
+use longhaul::backend::cpu::{CpuBackend, CpuWeight};
+use longhaul::backend::gpu::GpuBackend;
+use longhaul::backend::{Backend, BatchPos, Glu, RopeMode, RopeParams};
+use longhaul::tensor::GgmlType;
+
+const BOUND: f64 = 1e-6;
+
+fn pair(
+    g: &GpuBackend,
+    data: &[f32],
+    rows: usize,
+    cols: usize,
+) -> (
+    <GpuBackend as Backend>::Tensor,
+    <CpuBackend as Backend>::Tensor,
+) {
+    (
+        g.from_host(data.to_vec(), rows, cols).unwrap(),
+        CpuBackend::new()
+            .from_host(data.to_vec(), rows, cols)
+            .unwrap(),
+    )
+}
+
+fn weights(
+    g: &GpuBackend,
+    data: &[f32],
+    dims: &[u64],
+) -> (<GpuBackend as Backend>::Weight, CpuWeight) {
+    let bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
+    (
+        g.upload_weight("w", GgmlType::F32, dims, &bytes).unwrap(),
+        CpuWeight::host(GgmlType::F32, dims.to_vec(), Arc::new(bytes)),
+    )
+}
+
+fn check(
+    what: &str,
+    g: &GpuBackend,
+    gt: &<GpuBackend as Backend>::Tensor,
+    ct: &<CpuBackend as Backend>::Tensor,
+) {
+    let a = g.to_host(gt).unwrap();
+    let b = CpuBackend::new().to_host(ct).unwrap();
+    let e = nmse(&a, &b);
+    assert!(e <= BOUND, "{what}: nmse {e:e} > {BOUND:e}");
+}
+
+fn rope_params(mode: RopeMode, n_rot: usize, ext: f32) -> RopeParams {
+    RopeParams {
+        mode,
+        n_rot,
+        freq_base: 150000.0,
+        freq_scale: if ext > 0.0 { 1.0 / 32.0 } else { 1.0 },
+        n_ctx_orig: 4096,
+        ext_factor: ext,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+    }
+}
+
+#[test]
+fn elementwise_ops_match_cpu() {
+    let c = CpuBackend::new();
+    for (name, g) in variants() {
+        let (rows, cols) = (37, 96);
+        let x = randn(rows * cols, 1, 3.0);
+        let y = randn(rows * cols, 2, 3.0);
+
+        // rms_norm over whole rows and per head (QK-norm).
+        for group in [cols, 32] {
+            let (gx, cx) = pair(&g, &x, rows, cols);
+            let (gw, cw) = weights(&g, &randn(group, 3, 1.0), &[group as u64]);
+            let go = g.rms_norm(&gx, &gw, group, 1e-6).unwrap();
+            let co = c.rms_norm(&cx, &cw, group, 1e-6).unwrap();
+            check(&format!("{name} rms_norm/{group}"), &g, &go, &co);
+        }
+
+        // rope: llama pairs, neox halves, partial rotation, YaRN, far positions.
+        for (mode, n_rot, ext, pos0) in [
+            (RopeMode::Norm, 32, 0.0, 0),
+            (RopeMode::Neox, 32, 0.0, 5),
+            (RopeMode::Neox, 16, 0.0, 3000),
+            (RopeMode::Neox, 32, 1.0, 70000),
+        ] {
+            let (mut gx, mut cx) = pair(&g, &x, rows, cols);
+            let p = rope_params(mode, n_rot, ext);
+            let pos = BatchPos {
+                pos0,
+                n_tokens: rows,
+            };
+            g.rope(&mut gx, 32, pos, &p).unwrap();
+            c.rope(&mut cx, 32, pos, &p).unwrap();
+            check(
+                &format!("{name} rope {mode:?}/{n_rot}/{ext}/{pos0}"),
+                &g,
+                &gx,
+                &cx,
+            );
+        }
+
+        // GLUs.
+        for kind in [
+            Glu::SwiGlu,
+            Glu::SwiGluOai {
+                alpha: 1.702,
+                limit: 7.0,
+            },
+        ] {
+            let (gg, cg) = pair(&g, &x, rows, cols);
+            let (gu, cu) = pair(&g, &y, rows, cols);
+            let go = g.glu(&gg, &gu, kind).unwrap();
+            let co = c.glu(&cg, &cu, kind).unwrap();
+            check(&format!("{name} glu {kind:?}"), &g, &go, &co);
+        }
+
+        // add, biases, row scales.
+        let (mut ga, mut ca) = pair(&g, &x, rows, cols);
+        let (gb, cb) = pair(&g, &y, rows, cols);
+        g.add(&mut ga, &gb).unwrap();
+        c.add(&mut ca, &cb).unwrap();
+        let (gw, cw) = weights(&g, &randn(cols, 4, 1.0), &[cols as u64]);
+        g.add_bias(&mut ga, &gw).unwrap();
+        c.add_bias(&mut ca, &cw).unwrap();
+        let n_exp = 5;
+        let ids: Vec<u32> = (0..rows as u32).map(|r| (r * 7 + 3) % n_exp).collect();
+        let (gw, cw) = weights(
+            &g,
+            &randn(cols * n_exp as usize, 5, 1.0),
+            &[cols as u64, n_exp as u64],
+        );
+        g.add_bias_id(&mut ga, &gw, &ids).unwrap();
+        c.add_bias_id(&mut ca, &cw, &ids).unwrap();
+        let s = randn(rows, 6, 2.0);
+        g.scale_rows(&mut ga, &s).unwrap();
+        c.scale_rows(&mut ca, &s).unwrap();
+        check(&format!("{name} add/bias/bias_id/scale"), &g, &ga, &ca);
+
+        // weighted sums of expert rows (rows = t * n_used).
+        let n_used = 4;
+        let (gx, cx) = pair(&g, &randn(36 * cols, 7, 2.0), 36, cols);
+        let w = randn(36, 8, 1.0);
+        let go = g.weighted_sum(&gx, &w, n_used).unwrap();
+        let co = c.weighted_sum(&cx, &w, n_used).unwrap();
+        assert_eq!(g.shape(&go), (9, cols));
+        check(&format!("{name} weighted_sum"), &g, &go, &co);
+
+        // gather, then scatter into zeros.
+        let rows_idx = [4usize, 0, 36, 17, 17];
+        let (gx, cx) = pair(&g, &x, rows, cols);
+        let gg = g.gather_rows(&gx, &rows_idx).unwrap();
+        let cg = c.gather_rows(&cx, &rows_idx).unwrap();
+        check(&format!("{name} gather_rows"), &g, &gg, &cg);
+        let mut gz = g.zeros(rows, cols).unwrap();
+        let mut cz = c.zeros(rows, cols).unwrap();
+        let dst = [3usize, 9, 1, 30, 20];
+        g.scatter_rows(&mut gz, &gg, &dst).unwrap();
+        c.scatter_rows(&mut cz, &cg, &dst).unwrap();
+        check(&format!("{name} scatter_rows"), &g, &gz, &cz);
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors_not_panics() {
+    let g = gpu_util::gpu();
+    let a = g.from_host(vec![1.0; 6], 2, 3).unwrap();
+    let mut b = g.from_host(vec![1.0; 8], 2, 4).unwrap();
+    assert!(g.add(&mut b, &a).is_err());
+    assert!(g.gather_rows(&a, &[2]).is_err());
+    assert!(g.weighted_sum(&a, &[1.0], 2).is_err());
+    assert!(g.scale_rows(&mut b, &[1.0]).is_err());
+    assert!(g.from_host(vec![1.0; 5], 2, 3).is_err());
+}
