@@ -125,7 +125,12 @@ impl Ctx {
         key: &KernelKey,
         source: impl FnOnce() -> String,
     ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
-        if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+        {
             return Ok(p.clone());
         }
         let src = source();
@@ -189,11 +194,13 @@ impl Ctx {
                 binding: i as u32,
                 resource: match *a {
                     Arg::Buf(b) => b.as_entire_binding(),
-                    Arg::Range(b, off, size) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: b,
-                        offset: off,
-                        size: wgpu::BufferSize::new(size),
-                    }),
+                    Arg::Range(b, off, size) => {
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: b,
+                            offset: off,
+                            size: wgpu::BufferSize::new(size),
+                        })
+                    }
                 },
             })
             .collect();
@@ -333,11 +340,9 @@ impl Ctx {
         self.record(|enc| enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size));
         self.flush();
         let (tx, rx) = std::sync::mpsc::channel();
-        staging
-            .slice(..)
-            .map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
         self.wait()?;
         rx.recv()
             .map_err(|e| GpuError::Lost(e.to_string()))?

@@ -27,14 +27,20 @@ use crate::tensor::GgmlType;
 pub enum GpuError {
     #[error("no GPU adapter found (wgpu saw: {seen}); run on the CPU with -ngl 0, or pick a software adapter with --device NAME")]
     NoAdapter { seen: String },
-    #[error("no adapter matches --device {name:?}; available: {available} (see `longhaul devices`)")]
+    #[error(
+        "no adapter matches --device {name:?}; available: {available} (see `longhaul devices`)"
+    )]
     NoSuchDevice { name: String, available: String },
     #[error("could not open {name}: {detail}")]
     Device { name: String, detail: String },
     #[error("kernel {kernel} failed to compile: {detail}")]
     Shader { kernel: String, detail: String },
     #[error("{what} needs {bytes} bytes in one binding but the adapter allows {limit}; this tensor cannot be split further")]
-    TooLarge { what: String, bytes: u64, limit: u64 },
+    TooLarge {
+        what: String,
+        bytes: u64,
+        limit: u64,
+    },
     #[error("GPU device lost or failed: {0}")]
     Lost(String),
 }
@@ -223,10 +229,8 @@ impl GpuBackend {
             let mut first = 0;
             while first < ne1 {
                 let count = per.min(ne1 - first);
-                let buf = ctx.upload(
-                    &bytes[first * row_bytes..(first + count) * row_bytes],
-                    name,
-                )?;
+                let buf =
+                    ctx.upload(&bytes[first * row_bytes..(first + count) * row_bytes], name)?;
                 parts.push(WeightPart { buf, first, count });
                 first += count;
             }
@@ -289,7 +293,9 @@ impl Backend for GpuBackend {
         model: &Arc<gguf::Model>,
         t: &gguf::TensorInfo,
     ) -> Result<GpuWeight, BackendError> {
-        let bytes = model.tensor_data(t).map_err(|e| shape("load_weight", e.to_string()))?;
+        let bytes = model
+            .tensor_data(t)
+            .map_err(|e| shape("load_weight", e.to_string()))?;
         self.upload_weight(&t.name, t.ty, &t.dims, bytes)
     }
 
@@ -328,7 +334,12 @@ impl Backend for GpuBackend {
         Ok(t)
     }
 
-    fn from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<GpuTensor, BackendError> {
+    fn from_host(
+        &self,
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<GpuTensor, BackendError> {
         if data.len() != rows * cols {
             return Err(shape(
                 "from_host",
@@ -371,7 +382,12 @@ impl Backend for GpuBackend {
         ops::add_bias(self, x, b, None)
     }
 
-    fn add_bias_id(&self, x: &mut GpuTensor, b: &GpuWeight, ids: &[u32]) -> Result<(), BackendError> {
+    fn add_bias_id(
+        &self,
+        x: &mut GpuTensor,
+        b: &GpuWeight,
+        ids: &[u32],
+    ) -> Result<(), BackendError> {
         ops::add_bias(self, x, b, Some(ids))
     }
 
@@ -407,7 +423,12 @@ impl Backend for GpuBackend {
         ops::glu(self, gate, up, kind)
     }
 
-    fn weighted_sum(&self, x: &GpuTensor, w: &[f32], n_used: usize) -> Result<GpuTensor, BackendError> {
+    fn weighted_sum(
+        &self,
+        x: &GpuTensor,
+        w: &[f32],
+        n_used: usize,
+    ) -> Result<GpuTensor, BackendError> {
         ops::weighted_sum(self, x, w, n_used)
     }
 
