@@ -107,6 +107,12 @@ pub trait SlotStore: Send {
     /// in the same order. A weight handed out by `slot_weight` must be dropped
     /// before slots are written again.
     fn slots_mut(&mut self, which: &[(usize, usize)]) -> Result<Vec<&mut [u8]>, BackendError>;
+    /// Makes the bytes written through `slots_mut` visible to the weights
+    /// `slot_weight` hands out (a GPU store copies its staging buffer into the
+    /// slots here). Called after every fill, successful or not.
+    fn commit(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
     /// Bytes held by the store.
     fn bytes(&self) -> u64;
 }

@@ -329,11 +329,16 @@ impl<S: SlotStore> StreamedLayer<S> {
                 .collect();
             loader::read_all(file, jobs, cancel)
         };
+        let committed = self.slots.commit();
         // Drop the page cache of the whole stacked tensors, not slice by slice:
         // the kernel keeps any page-cache folio only partly inside a range,
         // and large folios straddle slice boundaries.
         for t in &self.tensors {
             release_pages(file, t.shard, t.offset, t.len);
+        }
+        if let Err(e) = committed {
+            loads.iter().for_each(|&(_, s)| self.cache.forget(s));
+            return Err(e.into());
         }
         res.map_err(|(shard, source)| {
             loads.iter().for_each(|&(_, s)| self.cache.forget(s));
