@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/fetch-models.sh
+# GPU tests use wgpu's Vulkan backend only, so a missing driver fails loudly
+# instead of falling back to another API (lavapipe in CI).
+export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
+# Mesa's software driver warns when this is unset.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
