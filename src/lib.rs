@@ -8,6 +8,7 @@ pub mod gguf;
 pub mod kv;
 pub mod longhaul;
 pub mod model;
+pub mod placement;
 pub mod quant;
 pub mod sample;
 pub mod scheduler;

@@ -4,8 +4,9 @@
 /// `-ctk`); clap takes one-letter shorts, so those are rewritten to their long
 /// forms before parsing.
 pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    const MULTI: [(&str, &str); 8] = [
+    const MULTI: [(&str, &str); 9] = [
         ("-ngl", "--n-gpu-layers"),
+        ("-dev", "--device"),
         ("-ub", "--ubatch-size"),
         ("-ctk", "--cache-type-k"),
         ("-ctv", "--cache-type-v"),
@@ -30,4 +31,4 @@ pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
 
 // The model, longhaul and sampling flags are shared with `longhaul serve`;
 // they live in the server crate, which the CLI depends on.
-pub use longhaul_server::args::{LonghaulArgs, ModelArgs, SampleArgs};
+pub use longhaul_server::args::{LonghaulArgs, ModelArgs, PlacementArgs, SampleArgs};

@@ -2,17 +2,20 @@
 //! of N tokens in ubatches), `tgN` (N single-token decode steps), `ppN+tgM`
 //! (`-pg N,M`: both, timed together), each after `-d` tokens of context
 //! (`... @ dD`, filled before the clock starts). Every list flag multiplies the
-//! rows, as in llama-bench. Longhaul rows add the expert cache's hit rate and
-//! the expert bytes read while timed.
+//! rows, as in llama-bench; `-ngl 0,99` gives a CPU row and a GPU row per
+//! test (the placements are resolved, checked and opened before any row is
+//! measured). Longhaul rows add the expert cache's hit rate and the expert
+//! bytes read while timed.
 
 use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use longhaul::backend::cpu::CpuBackend;
+use longhaul::backend::Backend;
 use longhaul::engine::{CacheBudget, Engine, EngineParams, LonghaulParams};
 use longhaul::longhaul::{CacheStats, Policy};
 use longhaul::model::Logits;
+use longhaul::placement::{self, GpuLayers, Placed};
 use longhaul::tensor::GgmlType;
 
 use crate::bench_out;
@@ -58,9 +61,21 @@ pub struct BenchArgs {
     /// Physical batch sizes (-ub, comma-separated).
     #[arg(long = "ubatch-size", default_value = "512", value_delimiter = ',')]
     pub ubatch: Vec<usize>,
-    /// Repeating layers on the GPU (-ngl, comma-separated): 0 = CPU.
-    #[arg(long = "n-gpu-layers", default_value = "0", value_delimiter = ',')]
+    /// Repeating layers on the GPU (-ngl, comma-separated; one row per
+    /// value): auto (a GPU when one is found, else the CPU), 0 (CPU), all or
+    /// 99 (GPU); nothing in between.
+    #[arg(
+        long = "n-gpu-layers",
+        value_name = "auto|0|all|N",
+        default_value = "auto",
+        value_delimiter = ',',
+        allow_hyphen_values = true
+    )]
     pub n_gpu_layers: Vec<String>,
+    /// GPU adapter by name (-dev; substring, case-insensitive; `none` = the
+    /// CPU; also LONGHAUL_DEVICE). `longhaul devices` lists them.
+    #[arg(long = "device", value_name = "NAME")]
+    pub device: Option<String>,
     /// How weights are held (comma-separated): mmap (resident, memory-mapped)
     /// or longhaul (experts streamed; needs --longhaul-cache). Default: mmap,
     /// or longhaul with --longhaul.
@@ -113,7 +128,40 @@ impl Test {
     }
 }
 
+/// Where a row ran, as llama-bench reports it.
+#[derive(Clone, Debug)]
+pub(crate) struct RowPlacement {
+    /// `CPU`, or the GPU's API (`Vulkan`, `Metal`, `Dx12`).
+    pub(crate) backend: String,
+    /// The adapter's name (empty on the CPU).
+    pub(crate) gpu_info: String,
+    /// llama-bench's `n_gpu_layers`: 0 on the CPU; on the GPU the number
+    /// given, or 99 (llama-bench's default, every layer) for `all`/`auto`.
+    pub(crate) ngl: u32,
+}
+
+impl RowPlacement {
+    fn new(g: GpuLayers, p: &Placed) -> Self {
+        match p.placement.adapter() {
+            None => Self {
+                backend: "CPU".into(),
+                gpu_info: String::new(),
+                ngl: 0,
+            },
+            Some(a) => Self {
+                backend: p.placement.backend_name(),
+                gpu_info: a.name.clone(),
+                ngl: match g {
+                    GpuLayers::Count(n) => n,
+                    GpuLayers::All | GpuLayers::Auto => 99,
+                },
+            },
+        }
+    }
+}
+
 pub(crate) struct Row {
+    pub(crate) placement: RowPlacement,
     pub(crate) mode: LoadMode,
     pub(crate) n_slots: Option<usize>,
     pub(crate) n_ubatch: usize,
@@ -304,14 +352,14 @@ fn tokens(n: usize, salt: u32, n_vocab: u32) -> Vec<u32> {
         .collect()
 }
 
-fn stats(engine: &Engine<CpuBackend>) -> Option<CacheStats> {
+fn stats<B: Backend>(engine: &Engine<B>) -> Option<CacheStats> {
     engine.longhaul_stats().map(|(total, _)| total)
 }
 
 /// One repetition: fills the depth, then times the test. Returns the
 /// nanoseconds and the longhaul counters of the timed part.
-fn run_once(
-    engine: &Engine<CpuBackend>,
+fn run_once<B: Backend>(
+    engine: &Engine<B>,
     t: &Test,
     n_vocab: u32,
 ) -> anyhow::Result<(u64, Option<CacheStats>)> {
@@ -337,21 +385,36 @@ fn run_once(
     Ok((ns, delta))
 }
 
+/// What the runs of every placement add to.
+struct Out {
+    rows: Vec<Row>,
+    desc: Option<ModelDesc>,
+    /// `--trace-experts` is attached to the first engine only: routing does
+    /// not depend on the load mode or the placement.
+    traced: bool,
+}
+
+/// The shared settings of every row.
+struct Settings<'a> {
+    a: &'a BenchArgs,
+    modes: &'a [LoadMode],
+    tests: &'a [Test],
+    threads: &'a [usize],
+    n_ctx: usize,
+}
+
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let format = a.output.as_str();
     if !matches!(format, "md" | "json" | "jsonl" | "csv") {
         anyhow::bail!("-o {format}: use md, json, jsonl or csv");
-    }
-    for ngl in &a.n_gpu_layers {
-        if ngl.trim() != "0" {
-            anyhow::bail!("-ngl {ngl}: this build runs every repeating layer on the CPU; use -ngl 0 (the GPU placement, -ngl 99, is not built yet)");
-        }
     }
     if a.reps == 0 {
         anyhow::bail!("-r 0: give at least one repetition");
     }
     let modes = load_modes(&a)?;
     let tests = tests(&a)?;
+    let ngl: Vec<&str> = a.n_gpu_layers.iter().map(String::as_str).collect();
+    let placements = placement::resolve_all(&a.model, &ngl, a.device.as_deref())?;
     let threads = if a.threads.is_empty() {
         vec![std::thread::available_parallelism()
             .map(|n| n.get())
@@ -365,77 +428,26 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         .max()
         .unwrap_or(1)
         .max(1);
-    let mut rows = Vec::new();
-    let mut desc = None;
-    for (im, mode) in modes.iter().enumerate() {
-        let longhaul = match mode {
-            LoadMode::Mmap => None,
-            LoadMode::Longhaul { budget, policy, .. } => Some(LonghaulParams {
-                budget: CacheBudget::Bytes(*budget),
-                policy: *policy,
-                prefetch: a.longhaul.prefetch,
-            }),
-        };
-        // Longhaul skips warmup: no expert byte is read before the first real run.
-        let warmup = !a.no_warmup && longhaul.is_none();
-        let params = EngineParams {
-            n_ctx,
-            n_ubatch: DEFAULT_UBATCH,
-            kv_type: GgmlType::F16,
-            longhaul,
-        };
-        let mut engine = Engine::load(&a.model, CpuBackend::new(), params)
-            .with_context(|| format!("loading {}", a.model.display()))?;
-        if im == 0 {
-            // Routing does not depend on the load mode: one trace is enough.
-            a.trace.attach(&mut engine)?;
-        }
-        if desc.is_none() {
-            desc = Some(describe(&a.model, &engine));
-        }
-        let n_vocab = engine.model.hp.n_vocab as u32;
-        let n_slots = engine.longhaul.as_ref().map(|i| i.n_slots);
-        for &ub in &a.ubatch {
-            engine.params.n_ubatch = ub.max(1);
-            for &t in &threads {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(t.max(1))
-                    .build()?;
-                for test in &tests {
-                    let row = pool.install(|| -> anyhow::Result<Row> {
-                        if warmup {
-                            run_once(&engine, test, n_vocab)?;
-                        }
-                        let test_time = utc_now();
-                        let mut samples_ns = Vec::new();
-                        let mut cache: Option<CacheStats> = None;
-                        for _ in 0..a.reps {
-                            let (ns, c) = run_once(&engine, test, n_vocab)?;
-                            samples_ns.push(ns);
-                            if let Some(c) = c {
-                                cache.get_or_insert_with(CacheStats::default).add(&c);
-                            }
-                        }
-                        Ok(Row {
-                            mode: mode.clone(),
-                            n_slots,
-                            n_ubatch: ub,
-                            n_threads: t,
-                            test: *test,
-                            samples_ns,
-                            cache,
-                            test_time,
-                        })
-                    })?;
-                    if let (Some(d), "jsonl") = (&desc, format) {
-                        // Like llama-bench: each row as soon as it is measured.
-                        println!("{}", bench_out::to_json(&bench_out::fields(d, &row), false));
-                    }
-                    rows.push(row);
-                }
-            }
-        }
+    let settings = Settings {
+        a: &a,
+        modes: &modes,
+        tests: &tests,
+        threads: &threads,
+        n_ctx,
+    };
+    let mut out = Out {
+        rows: Vec::new(),
+        desc: None,
+        traced: false,
+    };
+    for (g, placed) in &placements {
+        eprintln!("placement (-ngl {g}): {}", placed.summary);
+        let rp = RowPlacement::new(*g, placed);
+        longhaul::with_backend!(&placed.placement, |backend| bench_on(
+            backend, &settings, &rp, &mut out
+        ))?;
     }
+    let Out { rows, desc, .. } = out;
     let Some(desc) = desc else { return Ok(()) };
     match format {
         "json" => {
@@ -452,7 +464,89 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn describe(path: &std::path::Path, engine: &Engine<CpuBackend>) -> ModelDesc {
+/// Every row of one placement: load modes, then ubatch sizes, thread
+/// counts and tests, as llama-bench nests them.
+fn bench_on<B: Backend>(
+    backend: B,
+    p: &Settings,
+    rp: &RowPlacement,
+    out: &mut Out,
+) -> anyhow::Result<()> {
+    let a = p.a;
+    for mode in p.modes {
+        let longhaul = match mode {
+            LoadMode::Mmap => None,
+            LoadMode::Longhaul { budget, policy, .. } => Some(LonghaulParams {
+                budget: CacheBudget::Bytes(*budget),
+                policy: *policy,
+                prefetch: a.longhaul.prefetch,
+            }),
+        };
+        // Longhaul skips warmup: no expert byte is read before the first real run.
+        let warmup = !a.no_warmup && longhaul.is_none();
+        let params = EngineParams {
+            n_ctx: p.n_ctx,
+            n_ubatch: DEFAULT_UBATCH,
+            kv_type: GgmlType::F16,
+            longhaul,
+        };
+        let mut engine = Engine::load(&a.model, backend.clone(), params)
+            .with_context(|| format!("loading {}", a.model.display()))?;
+        if !out.traced {
+            a.trace.attach(&mut engine)?;
+            out.traced = true;
+        }
+        if out.desc.is_none() {
+            out.desc = Some(describe(&a.model, &engine));
+        }
+        let n_vocab = engine.model.hp.n_vocab as u32;
+        let n_slots = engine.longhaul.as_ref().map(|i| i.n_slots);
+        for &ub in &a.ubatch {
+            engine.params.n_ubatch = ub.max(1);
+            for &t in p.threads {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(t.max(1))
+                    .build()?;
+                for test in p.tests {
+                    let row = pool.install(|| -> anyhow::Result<Row> {
+                        if warmup {
+                            run_once(&engine, test, n_vocab)?;
+                        }
+                        let test_time = utc_now();
+                        let mut samples_ns = Vec::new();
+                        let mut cache: Option<CacheStats> = None;
+                        for _ in 0..a.reps {
+                            let (ns, c) = run_once(&engine, test, n_vocab)?;
+                            samples_ns.push(ns);
+                            if let Some(c) = c {
+                                cache.get_or_insert_with(CacheStats::default).add(&c);
+                            }
+                        }
+                        Ok(Row {
+                            placement: rp.clone(),
+                            mode: mode.clone(),
+                            n_slots,
+                            n_ubatch: ub,
+                            n_threads: t,
+                            test: *test,
+                            samples_ns,
+                            cache,
+                            test_time,
+                        })
+                    })?;
+                    if let (Some(d), "jsonl") = (&out.desc, a.output.as_str()) {
+                        // Like llama-bench: each row as soon as it is measured.
+                        println!("{}", bench_out::to_json(&bench_out::fields(d, &row), false));
+                    }
+                    out.rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe<B: Backend>(path: &std::path::Path, engine: &Engine<B>) -> ModelDesc {
     let file = &engine.model.file;
     let n_params: u64 = file
         .tensors()

@@ -54,8 +54,8 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
         ),
         ("build_number", json!(0)),
         ("cpu_info", json!(cpu_info())),
-        ("gpu_info", json!("")),
-        ("backends", json!("CPU")),
+        ("gpu_info", json!(r.placement.gpu_info)),
+        ("backends", json!(r.placement.backend)),
         ("model_filename", json!(d.filename)),
         ("model_type", json!(d.model_type)),
         ("model_size", json!(d.size)),
@@ -64,7 +64,7 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
         ("n_threads", json!(r.n_threads)),
         ("type_k", json!("f16")),
         ("type_v", json!("f16")),
-        ("n_gpu_layers", json!(0)),
+        ("n_gpu_layers", json!(r.placement.ngl)),
         ("load_mode", json!(mode)),
         ("n_prompt", json!(r.test.n_prompt)),
         ("n_gen", json!(r.test.n_gen)),
@@ -158,6 +158,8 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
         .iter()
         .any(|r| matches!(r.mode, LoadMode::Longhaul { .. }));
     let mixed_modes = rows.iter().any(|r| r.mode == LoadMode::Mmap) && any_lh;
+    let any_gpu = rows.iter().any(|r| r.placement.backend != "CPU");
+    let any_cpu = rows.iter().any(|r| r.placement.backend == "CPU");
     let policies_differ = rows
         .iter()
         .any(|r| matches!(r.mode, LoadMode::Longhaul { policy, .. } if policy != Policy::Lru));
@@ -174,9 +176,20 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
             true,
             Box::new(|_: &Row| format!("{:.2} M", d.n_params as f64 / 1e6)),
         ),
-        ("backend", false, Box::new(|_: &Row| "CPU".to_string())),
-        ("threads", true, Box::new(|r: &Row| r.n_threads.to_string())),
+        (
+            "backend",
+            false,
+            Box::new(|r: &Row| r.placement.backend.clone()),
+        ),
     ];
+    // llama-bench shows `ngl` unless everything ran on the CPU, and
+    // `threads` when something ran on the CPU or the count was chosen.
+    if any_gpu {
+        cols.push(("ngl", true, Box::new(|r: &Row| r.placement.ngl.to_string())));
+    }
+    if any_cpu || !a.threads.is_empty() {
+        cols.push(("threads", true, Box::new(|r: &Row| r.n_threads.to_string())));
+    }
     if a.ubatch != [DEFAULT_UBATCH] {
         cols.push(("n_ubatch", true, Box::new(|r: &Row| r.n_ubatch.to_string())));
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use longhaul::backend::cpu::CpuBackend;
+use longhaul::backend::Backend;
 use longhaul::engine::{CacheBudget, Engine, EngineParams, GenStats, LonghaulParams};
 use longhaul::longhaul::Policy;
 use longhaul::sample::{Sampler, SamplerParams};
@@ -24,6 +24,8 @@ pub struct DemoArgs {
     pub prompt: String,
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub placement: crate::args::PlacementArgs,
 }
 
 pub fn cache_dir(explicit: Option<PathBuf>) -> PathBuf {
@@ -70,60 +72,100 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             std::fs::rename(&tmp, &path)?;
             eprintln!("  wrote {:.1} MiB in {:.1} s", std::fs::metadata(&path)?.len() as f64 / (1 << 20) as f64, t0.elapsed().as_secs_f64());
         }
-        let gen = |params: EngineParams| -> anyhow::Result<(Engine<CpuBackend>, Vec<u32>, String, GenStats)> {
-            let engine = Engine::load(&path, CpuBackend::new(), params)?;
-            let tokens = engine.tokenize(&a.prompt)?;
-            let mut kv = engine.new_kv()?;
-            let mut sampler = Sampler::new(SamplerParams { temp: 0.0, ..SamplerParams::default() });
-            let mut dec = StreamDecoder::new(false);
-            let mut text = String::new();
-            let (out, stats) = engine.generate(&mut kv, &tokens, a.n_predict, &mut sampler, |t| {
-                text.push_str(&dec.push(&engine.tokenizer, t));
-                true
-            })?;
-            text.push_str(&dec.finish());
-            Ok((engine, out, text, stats))
-        };
-
-        eprintln!("\n1) resident: every weight read in place from the memory-mapped file, greedy, {} tokens", a.n_predict);
-        let (_, out_r, text_r, st_r) = gen(EngineParams::default())?;
-        println!("{}{}", a.prompt, text_r.escape_debug());
-        eprintln!("   prompt {} tokens at {:.1} t/s, generation {} tokens at {:.1} t/s", st_r.n_prompt, st_r.prompt_tps(), st_r.n_gen, st_r.gen_tps());
-
-        // A cache of a quarter of the experts: most routed experts stream from disk.
-        let probe = Engine::load(&path, CpuBackend::new(), EngineParams::default())?;
-        let (n_layers, expert_bytes) = probe.model.expert_slot_cost()?;
-        drop(probe);
-        let slots = (spec.n_expert / 4).max(1);
-        let budget = slots as u64 * n_layers as u64 * expert_bytes;
-        eprintln!(
-            "\n2) longhaul: routed experts streamed from the file into a cache of {} slots per layer ({} of {} experts, {:.1} MiB of {:.1} MiB)",
-            slots,
-            slots,
-            spec.n_expert,
-            budget as f64 / (1 << 20) as f64,
-            (spec.n_expert as u64 * n_layers as u64 * expert_bytes) as f64 / (1 << 20) as f64
-        );
-        let lp = LonghaulParams { budget: CacheBudget::Bytes(budget), policy: Policy::Lru, prefetch: false };
-        let (eng_l, out_l, text_l, st_l) = gen(EngineParams { longhaul: Some(lp), ..EngineParams::default() })?;
-        println!("{}{}", a.prompt, text_l.escape_debug());
-        eprintln!("   prompt {} tokens at {:.1} t/s, generation {} tokens at {:.1} t/s", st_l.n_prompt, st_l.prompt_tps(), st_l.n_gen, st_l.gen_tps());
-        if let Some((t, _)) = eng_l.longhaul_stats() {
-            eprintln!(
-                "   cache: hit rate {:.1}% ({} hits, {} misses), {:.1} MiB of experts streamed, {:.3} s blocked on reads",
-                100.0 * t.hit_rate(),
-                t.hits,
-                t.misses,
-                t.bytes_read as f64 / (1 << 20) as f64,
-                t.io_time.as_secs_f64()
-            );
-        }
-        if out_r == out_l {
-            eprintln!("\nidentical: longhaul produced the same {} tokens as resident mode.", out_r.len());
-        } else {
-            anyhow::bail!("longhaul output differs from resident output: {out_l:?} vs {out_r:?}");
-        }
-        eprintln!("(random weights: the text is noise; the point is the pipeline. Try `longhaul inspect {}`.)", path.display());
-        Ok(())
+        let placed = a.placement.resolve(&path)?;
+        eprintln!("  placement: {}", placed.summary);
+        longhaul::with_backend!(placed.placement, |backend| demo_on(backend, &a, &path, &spec))
     })
+}
+
+/// Generates resident, then streamed, on one backend, and compares.
+fn demo_on<B: Backend>(
+    backend: B,
+    a: &DemoArgs,
+    path: &std::path::Path,
+    spec: &SynthSpec,
+) -> anyhow::Result<()> {
+    let gen = |params: EngineParams| -> anyhow::Result<(Engine<B>, Vec<u32>, String, GenStats)> {
+        let engine = Engine::load(path, backend.clone(), params)?;
+        let tokens = engine.tokenize(&a.prompt)?;
+        let mut kv = engine.new_kv()?;
+        let mut sampler = Sampler::new(SamplerParams {
+            temp: 0.0,
+            ..SamplerParams::default()
+        });
+        let mut dec = StreamDecoder::new(false);
+        let mut text = String::new();
+        let (out, stats) = engine.generate(&mut kv, &tokens, a.n_predict, &mut sampler, |t| {
+            text.push_str(&dec.push(&engine.tokenizer, t));
+            true
+        })?;
+        text.push_str(&dec.finish());
+        Ok((engine, out, text, stats))
+    };
+
+    eprintln!(
+        "\n1) resident: every weight read in place from the memory-mapped file, greedy, {} tokens",
+        a.n_predict
+    );
+    let (_, out_r, text_r, st_r) = gen(EngineParams::default())?;
+    println!("{}{}", a.prompt, text_r.escape_debug());
+    eprintln!(
+        "   prompt {} tokens at {:.1} t/s, generation {} tokens at {:.1} t/s",
+        st_r.n_prompt,
+        st_r.prompt_tps(),
+        st_r.n_gen,
+        st_r.gen_tps()
+    );
+
+    // A cache of a quarter of the experts: most routed experts stream from disk.
+    let probe = Engine::load(path, backend.clone(), EngineParams::default())?;
+    let (n_layers, expert_bytes) = probe.model.expert_slot_cost()?;
+    drop(probe);
+    let slots = (spec.n_expert / 4).max(1);
+    let budget = slots as u64 * n_layers as u64 * expert_bytes;
+    eprintln!(
+        "\n2) longhaul: routed experts streamed from the file into a cache of {} slots per layer ({} of {} experts, {:.1} MiB of {:.1} MiB)",
+        slots,
+        slots,
+        spec.n_expert,
+        budget as f64 / (1 << 20) as f64,
+        (spec.n_expert as u64 * n_layers as u64 * expert_bytes) as f64 / (1 << 20) as f64
+    );
+    let lp = LonghaulParams {
+        budget: CacheBudget::Bytes(budget),
+        policy: Policy::Lru,
+        prefetch: false,
+    };
+    let (eng_l, out_l, text_l, st_l) = gen(EngineParams {
+        longhaul: Some(lp),
+        ..EngineParams::default()
+    })?;
+    println!("{}{}", a.prompt, text_l.escape_debug());
+    eprintln!(
+        "   prompt {} tokens at {:.1} t/s, generation {} tokens at {:.1} t/s",
+        st_l.n_prompt,
+        st_l.prompt_tps(),
+        st_l.n_gen,
+        st_l.gen_tps()
+    );
+    if let Some((t, _)) = eng_l.longhaul_stats() {
+        eprintln!(
+            "   cache: hit rate {:.1}% ({} hits, {} misses), {:.1} MiB of experts streamed, {:.3} s blocked on reads",
+            100.0 * t.hit_rate(),
+            t.hits,
+            t.misses,
+            t.bytes_read as f64 / (1 << 20) as f64,
+            t.io_time.as_secs_f64()
+        );
+    }
+    if out_r == out_l {
+        eprintln!(
+            "\nidentical: longhaul produced the same {} tokens as resident mode.",
+            out_r.len()
+        );
+    } else {
+        anyhow::bail!("longhaul output differs from resident output: {out_l:?} vs {out_r:?}");
+    }
+    eprintln!("(random weights: the text is noise; the point is the pipeline. Try `longhaul inspect {}`.)", path.display());
+    Ok(())
 }

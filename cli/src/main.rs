@@ -6,6 +6,7 @@ mod args;
 mod bench;
 mod bench_out;
 mod demo;
+mod devices;
 mod gen_model;
 mod inspect;
 mod report;
@@ -15,8 +16,8 @@ use std::io::{BufRead, Write};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use longhaul::backend::cpu::CpuBackend;
-use longhaul::engine::{Engine, GenStats};
+use longhaul::backend::Backend;
+use longhaul::engine::{Engine, EngineParams, GenStats};
 use longhaul::kv::KvCache;
 use longhaul::sample::Sampler;
 use longhaul::tokenizer::{ChatMessage, StreamDecoder};
@@ -52,6 +53,8 @@ enum Cmd {
     Serve(longhaul_server::ServeArgs),
     /// Replay a routing trace (--trace-experts) through LRU, LFU and Belady for every cache size.
     Advise(advise::AdviseArgs),
+    /// List GPU adapters and say which one -ngl auto would use.
+    Devices(devices::DevicesArgs),
 }
 
 #[derive(clap::Args)]
@@ -113,8 +116,8 @@ fn print_stats(engine_load: std::time::Duration, s: &GenStats) {
 }
 
 /// Generates from `prompt`, streaming text to stdout.
-fn stream(
-    engine: &Engine<CpuBackend>,
+fn stream<B: Backend>(
+    engine: &Engine<B>,
     prompt: &[u32],
     n_predict: usize,
     sampler: &mut Sampler,
@@ -124,9 +127,9 @@ fn stream(
 }
 
 /// [`stream`] continuing the sequence held by `kv`.
-fn stream_kv(
-    engine: &Engine<CpuBackend>,
-    kv: &mut KvCache<CpuBackend>,
+fn stream_kv<B: Backend>(
+    engine: &Engine<B>,
+    kv: &mut KvCache<B>,
     prompt: &[u32],
     n_predict: usize,
     sampler: &mut Sampler,
@@ -157,99 +160,112 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading prompt file {}", f.display()))?,
         None => a.prompt.clone(),
     };
-    a.model.with_threads(|| -> anyhow::Result<()> {
-        let mut engine = Engine::load_with_progress(
-            &a.model.model,
-            CpuBackend::new(),
-            params,
-            Some(report::load_bar()),
-        )?;
-        a.trace.attach(&mut engine)?;
-        report::longhaul_start(&engine);
-        let tokens = engine.tokenize(&prompt)?;
-        if tokens.is_empty() {
-            anyhow::bail!("the prompt is empty; pass one with -p or -f");
-        }
-        let n_predict = if a.n_predict < 0 {
-            usize::MAX
-        } else {
-            a.n_predict as usize
-        };
-        if !a.no_display_prompt {
-            print!("{prompt}");
-        }
-        let mut sampler = Sampler::new(a.sample.params());
-        let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler)?;
-        println!();
-        print_stats(engine.load_time, &stats);
-        report::longhaul_summary(&engine);
-        Ok(())
+    let placed = a.model.placement.resolve(&a.model.model)?;
+    eprintln!("placement: {}", placed.summary);
+    a.model.with_threads(|| {
+        longhaul::with_backend!(placed.placement, |backend| run_on(
+            backend, &a, params, &prompt
+        ))
     })?
+}
+
+/// `run` on one backend.
+fn run_on<B: Backend>(
+    backend: B,
+    a: &RunArgs,
+    params: EngineParams,
+    prompt: &str,
+) -> anyhow::Result<()> {
+    let mut engine =
+        Engine::load_with_progress(&a.model.model, backend, params, Some(report::load_bar()))?;
+    a.trace.attach(&mut engine)?;
+    report::longhaul_start(&engine);
+    let tokens = engine.tokenize(prompt)?;
+    if tokens.is_empty() {
+        anyhow::bail!("the prompt is empty; pass one with -p or -f");
+    }
+    let n_predict = if a.n_predict < 0 {
+        usize::MAX
+    } else {
+        a.n_predict as usize
+    };
+    if !a.no_display_prompt {
+        print!("{prompt}");
+    }
+    let mut sampler = Sampler::new(a.sample.params());
+    let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler)?;
+    println!();
+    print_stats(engine.load_time, &stats);
+    report::longhaul_summary(&engine);
+    Ok(())
 }
 
 fn chat(a: ChatArgs) -> anyhow::Result<()> {
     let params = a.model.engine_params()?;
-    a.model.with_threads(|| -> anyhow::Result<()> {
-        let engine = Engine::load_with_progress(
-            &a.model.model,
-            CpuBackend::new(),
-            params,
-            Some(report::load_bar()),
-        )?;
-        report::longhaul_start(&engine);
-        let mut messages = Vec::new();
-        if let Some(s) = &a.system {
-            messages.push(ChatMessage::new("system", s.clone()));
-        }
-        let mut sampler = Sampler::new(a.sample.params());
-        let mut kv = engine.new_kv()?;
-        let mut cached: Vec<u32> = Vec::new();
-        eprintln!("chatting with {} (Ctrl-D to quit)", a.model.model.display());
-        let stdin = std::io::stdin();
-        loop {
-            eprint!("\n> ");
-            let mut line = String::new();
-            if stdin.lock().read_line(&mut line)? == 0 {
-                break;
-            }
-            let line = line.trim_end_matches(['\n', '\r']);
-            if line.is_empty() {
-                continue;
-            }
-            messages.push(ChatMessage::new("user", line));
-            let text = engine.apply_template(&messages, true)?;
-            // The template spells out BOS itself where the model wants it.
-            let tokens = engine.tokenizer.encode(&text, false, true)?;
-            // Reuse the KV cache for the conversation so far: only the new
-            // suffix is evaluated.
-            let common = cached
-                .iter()
-                .zip(&tokens)
-                .take_while(|(a, b)| a == b)
-                .count();
-            let common = common.min(tokens.len().saturating_sub(1));
-            kv.truncate(common);
-            cached.truncate(common);
-            let (reply, stats) = stream_kv(
-                &engine,
-                &mut kv,
-                &tokens[common..],
-                a.n_predict,
-                &mut sampler,
-            )?;
-            // Every sampled token but the last was evaluated into the cache.
-            cached.extend_from_slice(&tokens[common..]);
-            cached.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
-            let content = engine.tokenizer.decode(&reply);
-            messages.push(ChatMessage::new("assistant", content));
-            eprintln!(
-                "\n[{:.1} t/s prompt, {:.1} t/s generation]",
-                stats.prompt_tps(),
-                stats.gen_tps()
-            );
-        }
-        Ok(())
+    let placed = a.model.placement.resolve(&a.model.model)?;
+    eprintln!("placement: {}", placed.summary);
+    a.model.with_threads(|| {
+        longhaul::with_backend!(placed.placement, |backend| chat_on(backend, &a, params))
     })?
+}
+
+/// `chat` on one backend.
+fn chat_on<B: Backend>(backend: B, a: &ChatArgs, params: EngineParams) -> anyhow::Result<()> {
+    let engine =
+        Engine::load_with_progress(&a.model.model, backend, params, Some(report::load_bar()))?;
+    report::longhaul_start(&engine);
+    let mut messages = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(ChatMessage::new("system", s.clone()));
+    }
+    let mut sampler = Sampler::new(a.sample.params());
+    let mut kv = engine.new_kv()?;
+    let mut cached: Vec<u32> = Vec::new();
+    eprintln!("chatting with {} (Ctrl-D to quit)", a.model.model.display());
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("\n> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.is_empty() {
+            continue;
+        }
+        messages.push(ChatMessage::new("user", line));
+        let text = engine.apply_template(&messages, true)?;
+        // The template spells out BOS itself where the model wants it.
+        let tokens = engine.tokenizer.encode(&text, false, true)?;
+        // Reuse the KV cache for the conversation so far: only the new
+        // suffix is evaluated.
+        let common = cached
+            .iter()
+            .zip(&tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let common = common.min(tokens.len().saturating_sub(1));
+        kv.truncate(common);
+        cached.truncate(common);
+        let (reply, stats) = stream_kv(
+            &engine,
+            &mut kv,
+            &tokens[common..],
+            a.n_predict,
+            &mut sampler,
+        )?;
+        // Every sampled token but the last was evaluated into the cache.
+        cached.extend_from_slice(&tokens[common..]);
+        cached.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
+        let content = engine.tokenizer.decode(&reply);
+        messages.push(ChatMessage::new("assistant", content));
+        eprintln!(
+            "\n[{:.1} t/s prompt, {:.1} t/s generation]",
+            stats.prompt_tps(),
+            stats.gen_tps()
+        );
+    }
+    Ok(())
 }
 
 fn main() {
@@ -265,6 +281,7 @@ fn main() {
         Cmd::GenModel(a) => gen_model::gen_model(a),
         Cmd::Serve(a) => longhaul_server::run(a),
         Cmd::Advise(a) => advise::advise(a),
+        Cmd::Devices(a) => devices::devices(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -1,5 +1,6 @@
-//! The `longhaul` binary: flag errors with their messages, and a longhaul run
-//! on a fixture that streams experts and reports it.
+//! The `longhaul` binary: flag errors with their messages, the placement
+//! (`-ngl`, `--device`, `longhaul devices`) on Mesa's lavapipe, and a
+//! longhaul run on a fixture that streams experts and reports it.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -77,21 +78,310 @@ fn longhaul_flag_errors_say_what_to_do() {
     );
 }
 
+/// The model, placement and sampling flags are shared by these subcommands;
+/// each takes `-m MODEL` and fails on a bad placement before loading.
+const MODEL_COMMANDS: [&str; 4] = ["run", "chat", "bench", "serve"];
+
+/// Runs `longhaul CMD -m model ARGS` for a model-taking subcommand, with
+/// `WGPU_BACKEND=vulkan` so that a missing Vulkan driver fails loudly.
+fn model_cmd(cmd: &str, model: &str, args: &[&str]) -> std::process::Output {
+    let mut c = bin();
+    c.env("WGPU_BACKEND", "vulkan")
+        .env_remove("LONGHAUL_DEVICE")
+        .args([cmd, "-m", model]);
+    match cmd {
+        "run" => c.args(["-p", "hi", "-n", "1"]),
+        "bench" => c.args(["-p", "4", "-n", "1", "-r", "1"]),
+        "serve" => c.args(["--port", "0"]),
+        _ => &mut c,
+    };
+    c.args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("spawn")
+}
+
+fn cmd_err(cmd: &str, model: &str, args: &[&str]) -> String {
+    let out = model_cmd(cmd, model, args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{cmd} {args:?} should fail: {err}");
+    err
+}
+
+/// A copy of a fixture whose metadata claims `n_layer` repeating layers (the
+/// tensors are still those of the two real ones: loading it would fail).
+fn fixture_with_layers(name: &str, n_layer: u32) -> PathBuf {
+    let src = longhaul::gguf::Model::open(fixture(name)).expect("open");
+    let mut w = longhaul::gguf::Writer::new();
+    for (k, v) in src.metadata().iter() {
+        w.set(k, v.clone());
+    }
+    w.set(
+        "qwen3moe.block_count",
+        longhaul::gguf::MetaValue::U32(n_layer),
+    );
+    for t in src.tensors() {
+        w.add_tensor(
+            &t.name,
+            &t.dims,
+            t.ty,
+            src.tensor_data(t).expect("data").to_vec(),
+        )
+        .expect("add");
+    }
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{n_layer}-layers-{name}"));
+    w.write(&path).expect("write");
+    path
+}
+
 #[test]
 fn partial_gpu_offload_is_refused_before_loading() {
+    // The file says 24 layers but holds tensors for 2: any attempt to load
+    // weights would fail on a missing tensor, so the message proves the
+    // refusal comes first.
+    let m = fixture_with_layers("qwen3moe-q4_k_m.gguf", 24);
+    let m = m.to_str().expect("path");
+    for cmd in MODEL_COMMANDS {
+        for ngl in [["-ngl", "5"], ["--n-gpu-layers", "5"], ["-ngl=5", ""]] {
+            let args: Vec<&str> = ngl.into_iter().filter(|a| !a.is_empty()).collect();
+            let e = cmd_err(cmd, m, &args);
+            assert!(
+                e.contains("-ngl 5: longhaul places all repeating layers on one device")
+                    && e.contains("use -ngl 0 (CPU)")
+                    && e.contains("-ngl all / 99")
+                    && e.contains("this model has 24 layers"),
+                "{cmd} {args:?}: {e}"
+            );
+            assert!(
+                !e.contains("not in the model") && !e.contains("listening"),
+                "{cmd}: {e}"
+            );
+        }
+    }
+    // The two-layer fixture: 1 is partial, 2 and more mean every layer.
+    let f = fixture("qwen3moe-q4_k_m.gguf");
+    let e = cmd_err("run", f.to_str().expect("path"), &["-ngl", "1"]);
+    assert!(e.contains("this model has 2 layers"), "{e}");
+}
+
+#[test]
+fn bad_ngl_value_names_the_valid_ones() {
     let m = fixture("qwen3moe-q4_k_m.gguf");
-    let e = run_err(&[
+    let m = m.to_str().expect("path");
+    for cmd in MODEL_COMMANDS {
+        for bad in ["abc", "-2", "1.5"] {
+            let e = cmd_err(cmd, m, &["-ngl", bad]);
+            assert!(
+                e.contains(&format!("-ngl {bad}: give auto"))
+                    && e.contains("0 (every repeating layer on the CPU)")
+                    && e.contains("all / 99"),
+                "{cmd} -ngl {bad}: {e}"
+            );
+        }
+    }
+    // A bench list is checked value by value before anything runs.
+    let e = cmd_err("bench", m, &["-ngl", "0,abc"]);
+    assert!(e.contains("-ngl abc: give auto"), "{e}");
+}
+
+#[test]
+fn unknown_device_fails_naming_the_adapters() {
+    let m = fixture("qwen3moe-q4_k_m.gguf");
+    let m = m.to_str().expect("path");
+    for cmd in MODEL_COMMANDS {
+        for dev in ["--device", "-dev"] {
+            let e = cmd_err(cmd, m, &[dev, "nosuchdevice", "-ngl", "99"]);
+            assert!(
+                e.contains("no adapter matches --device \"nosuchdevice\"")
+                    && e.contains("available: ")
+                    && e.to_lowercase().contains("llvmpipe"),
+                "{cmd} {dev}: {e}"
+            );
+        }
+    }
+    // --device alone asks for the GPU too: no fall back to the CPU.
+    let e = cmd_err("run", m, &["--device", "nosuchdevice"]);
+    assert!(e.contains("no adapter matches"), "{e}");
+    // So does -ngl 99 when the only adapter is a software one.
+    let e = cmd_err("run", m, &["-ngl", "99"]);
+    assert!(
+        e.contains("-ngl 99 asks for the GPU") && e.contains("use -ngl 0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn devices_lists_lavapipe_with_its_limits() {
+    // CI installs Mesa's lavapipe; no adapter here is a failure, not a skip.
+    let out = bin()
+        .arg("devices")
+        .env("WGPU_BACKEND", "vulkan")
+        .env_remove("LONGHAUL_DEVICE")
+        .output()
+        .expect("spawn");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("llvmpipe"))
+        .unwrap_or_else(|| {
+            panic!("no llvmpipe adapter listed (install mesa-vulkan-drivers):\n{text}")
+        });
+    let block = lines[at..(at + 4).min(lines.len())].join("\n");
+    assert!(block.contains("#"), "{block}");
+    assert!(
+        block.contains("backend Vulkan") && block.contains("type Cpu"),
+        "{block}"
+    );
+    assert!(block.contains("driver "), "{block}");
+    assert!(block.contains("f16 yes"), "{block}");
+    // Subgroups with their min..max sizes (8 lanes on a 256-bit llvmpipe).
+    let sg = block
+        .split("subgroups yes (")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no subgroup sizes: {block}"));
+    let (lo, hi) = sg.split_once("..").expect("min..max");
+    let (lo, hi): (u32, u32) = (lo.parse().expect("min"), hi.parse().expect("max"));
+    assert!(lo >= 1 && lo <= hi, "{sg}");
+    // lavapipe's storage binding limit (DESIGN.md: 128 MiB) and a buffer limit.
+    assert!(block.contains("max storage binding 128 MiB"), "{block}");
+    assert!(block.contains("max buffer "), "{block}");
+    // A software adapter is never the default.
+    assert!(
+        text.contains("default placement (-ngl auto): CPU") && text.contains("--device llvmpipe"),
+        "{text}"
+    );
+    // Named, it is.
+    let out = bin()
+        .args(["devices", "-dev", "LLVMPIPE"])
+        .env("WGPU_BACKEND", "vulkan")
+        .output()
+        .expect("spawn");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("default placement (--device LLVMPIPE): every repeating layer on GPU #"),
+        "{text}"
+    );
+}
+
+#[test]
+fn ngl_0_output_equals_the_default_cpu_output() {
+    let m = fixture("qwen3moe-f32.gguf");
+    let m = m.to_str().expect("path");
+    let base = [
         "run",
         "-m",
-        m.to_str().expect("path"),
+        m,
         "-p",
-        "hi",
+        "hello world",
         "-n",
-        "1",
-        "-ngl",
-        "5",
-    ]);
-    assert!(e.contains("-ngl 0"), "{e}");
+        "12",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+    ];
+    let run = |extra: &[&str], wgpu: &str| {
+        let out = bin()
+            .args(base)
+            .args(extra)
+            .env("WGPU_BACKEND", wgpu)
+            .env_remove("LONGHAUL_DEVICE")
+            .output()
+            .expect("spawn");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{extra:?}: {err}");
+        (out.stdout, err)
+    };
+    // GL is not compiled in, so wgpu sees no adapter on any machine and the
+    // default (-ngl auto) runs on the CPU, saying so.
+    let (default, err) = run(&[], "gl");
+    assert!(
+        err.contains("placement: CPU (no GPU adapter found)"),
+        "{err}"
+    );
+    let (zero, err) = run(&["-ngl", "0"], "vulkan");
+    assert!(err.contains("placement: CPU (-ngl 0)"), "{err}");
+    assert_eq!(zero, default, "-ngl 0 differs from the default CPU run");
+    let (none, _) = run(&["--device", "none"], "vulkan");
+    assert_eq!(
+        none, default,
+        "--device none differs from the default CPU run"
+    );
+}
+
+#[test]
+fn named_software_adapter_runs_every_layer_on_the_gpu() {
+    let m = fixture("qwen3moe-f32.gguf");
+    let m = m.to_str().expect("path");
+    let out = model_cmd("run", m, &["--device", "llvmpipe", "-ngl", "all"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("placement: 2 repeating layers on GPU llvmpipe") && err.contains("(Vulkan)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bench_gives_one_row_per_ngl_value() {
+    let m = fixture("qwen3moe-f32.gguf");
+    let m = m.to_str().expect("path");
+    let out = model_cmd(
+        "bench",
+        m,
+        &["-ngl", "0,99", "-dev", "llvmpipe", "-t", "2", "-o", "jsonl"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json row"))
+        .collect();
+    // -p 4 -n 1: two tests per placement.
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for (r, (backend, ngl)) in
+        rows.iter()
+            .zip([("CPU", 0), ("CPU", 0), ("Vulkan", 99), ("Vulkan", 99)])
+    {
+        assert_eq!(r["backends"], backend, "{r}");
+        assert_eq!(r["n_gpu_layers"], ngl, "{r}");
+        let gpu = r["gpu_info"].as_str().expect("gpu_info");
+        assert_eq!(gpu.contains("llvmpipe"), ngl == 99, "{r}");
+    }
+    assert!(
+        err.contains("placement (-ngl 0): CPU (-ngl 0)")
+            && err.contains("placement (-ngl 99): 2 repeating layers on GPU llvmpipe"),
+        "{err}"
+    );
+    // The markdown table shows llama-bench's `ngl` column once a row ran on a GPU.
+    let out = model_cmd("bench", m, &["-ngl", "0,99", "-dev", "llvmpipe", "-t", "2"]);
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let header = md.lines().next().expect("header");
+    assert!(
+        header.contains("| backend ") && header.contains("| ngl "),
+        "{md}"
+    );
+    assert!(
+        md.lines()
+            .any(|l| l.contains("| Vulkan ") && l.contains("|  99 |")),
+        "{md}"
+    );
+    assert!(
+        md.lines()
+            .any(|l| l.contains("| CPU ") && l.contains("|   0 |")),
+        "{md}"
+    );
 }
 
 #[test]

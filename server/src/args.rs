@@ -1,20 +1,22 @@
 //! `longhaul serve` / `longhaul-server` flags, named as llama-server names
-//! them. The model, placement, context and longhaul flags are the same as
-//! `longhaul run`'s (copied from the CLI so that this crate does not depend
-//! on it).
+//! them. The model, placement, context, sampling and longhaul flags are
+//! defined here once and re-exported by the CLI, so `run`, `chat`, `bench`
+//! and `serve` spell them the same.
 
 use clap::Args;
 use longhaul::engine::{CacheBudget, EngineParams, LonghaulParams};
 use longhaul::longhaul::Policy;
+use longhaul::placement::{self, Placed};
 use longhaul::sample::SamplerParams;
 use longhaul::tensor::GgmlType;
 
 /// llama.cpp's multi-letter short flags (`-np`, `-ngl`, ...) rewritten to
 /// their long forms, since clap takes one-letter shorts only.
 pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    const MULTI: [(&str, &str); 5] = [
+    const MULTI: [(&str, &str); 6] = [
         ("-np", "--parallel"),
         ("-ngl", "--n-gpu-layers"),
+        ("-dev", "--device"),
         ("-ub", "--ubatch-size"),
         ("-ctk", "--cache-type-k"),
         ("-ctv", "--cache-type-v"),
@@ -90,11 +92,40 @@ pub struct ModelArgs {
     /// KV cache type for V (-ctv): must equal -ctk.
     #[arg(long = "cache-type-v", default_value = "f16")]
     pub cache_type_v: String,
-    /// Repeating layers on the GPU (-ngl): 0 = all on the CPU.
-    #[arg(long = "n-gpu-layers", default_value = "0")]
-    pub n_gpu_layers: String,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     #[command(flatten)]
     pub longhaul: LonghaulArgs,
+}
+
+/// Where the repeating layers run: all on the CPU or all on one GPU.
+#[derive(Args, Debug, Clone)]
+pub struct PlacementArgs {
+    /// Repeating layers on the GPU (-ngl): auto (a GPU when one is found,
+    /// else the CPU), 0 (CPU), all or 99 (GPU); nothing in between.
+    #[arg(
+        long = "n-gpu-layers",
+        value_name = "auto|0|all|N",
+        default_value = "auto",
+        allow_hyphen_values = true
+    )]
+    pub n_gpu_layers: String,
+    /// GPU adapter by name (-dev; substring, case-insensitive; `none` = the
+    /// CPU; also LONGHAUL_DEVICE). `longhaul devices` lists them.
+    #[arg(long = "device", value_name = "NAME")]
+    pub device: Option<String>,
+}
+
+impl PlacementArgs {
+    /// Resolves the placement for the model at `path` (reads its header,
+    /// opens the GPU when one is chosen; no weight is read).
+    pub fn resolve(&self, path: &std::path::Path) -> anyhow::Result<Placed> {
+        Ok(placement::resolve(
+            path,
+            &self.n_gpu_layers,
+            self.device.as_deref(),
+        )?)
+    }
 }
 
 /// Streaming of routed experts.
@@ -159,12 +190,6 @@ impl ModelArgs {
                 self.cache_type_k,
                 self.cache_type_v
             );
-        }
-        match self.n_gpu_layers.as_str() {
-            "0" => {}
-            other => anyhow::bail!(
-                "--n-gpu-layers {other}: this build runs every repeating layer on the CPU; use -ngl 0 (the GPU placement, -ngl 99, is not built yet)"
-            ),
         }
         Ok(EngineParams {
             n_ctx: self.ctx_size,

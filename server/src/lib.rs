@@ -9,8 +9,9 @@
 //! that batches every active request; a handler tokenises, submits a
 //! [`GenRequest`](longhaul::scheduler::GenRequest) and relays the events.
 //! The crate knows nothing about models or backends beyond the engine's
-//! public surface ([`EngineInfo`]); only [`run`] picks the CPU placement, as
-//! the CLI does.
+//! public surface ([`EngineInfo`]); only [`run`] resolves the placement
+//! (`-ngl`, `--device`) through [`longhaul::placement`] and loads the engine
+//! on it, as the CLI does.
 
 pub mod args;
 pub mod error;
@@ -310,10 +311,14 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}-{z:016x}{n:x}")
 }
 
-/// Loads the model named by `args` (CPU placement) and serves it until
-/// SIGINT/SIGTERM. `/health` answers 503 while the model loads.
+/// Loads the model named by `args` on the placement its `-ngl`/`--device`
+/// choose and serves it until SIGINT/SIGTERM. `/health` answers 503 while
+/// the model loads. Flag errors, a refused placement and a GPU that cannot
+/// be opened fail before the server listens.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let params = args.model.engine_params()?;
+    let placed = args.model.placement.resolve(&args.model.model)?;
+    eprintln!("longhaul-server: placement: {}", placed.summary);
     let defaults = args.sample.params();
     let n_threads = args.model.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
@@ -362,10 +367,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let n_slots = args.parallel.max(1);
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
-            match Engine::load(&model_path, longhaul::backend::cpu::CpuBackend::new(), params) {
-                Ok(engine) => {
-                    let engine = Arc::new(engine);
-                    let scheduler = Scheduler::spawn(engine.clone(), n_slots);
+            // The only code that names the backend type: load and start the
+            // engine loop, once per backend.
+            let loaded: Result<(Scheduler, Arc<dyn EngineInfo>), EngineError> =
+                longhaul::with_backend!(placed.placement, |backend| {
+                    Engine::load(&model_path, backend, params).map(|engine| {
+                        let engine = Arc::new(engine);
+                        let scheduler = Scheduler::spawn(engine.clone(), n_slots);
+                        (scheduler, engine as Arc<dyn EngineInfo>)
+                    })
+                });
+            match loaded {
+                Ok((scheduler, engine)) => {
                     let model_id = alias.unwrap_or_else(|| {
                         model_path
                             .file_name()
@@ -376,7 +389,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         "longhaul-server: {model_id} ready in {:.2} s ({} slots, n_ctx {}, {} threads)",
                         t0.elapsed().as_secs_f64(),
                         n_slots,
-                        engine.params.n_ctx,
+                        engine.n_ctx(),
                         n_threads
                     );
                     st.set_ready(Ready {

@@ -72,42 +72,58 @@ pub enum DeviceChoice {
     Named(String),
 }
 
+/// The adapter `-ngl auto` takes (index into `adapters`): the first discrete
+/// GPU, else the first integrated one; never a software adapter.
+pub fn default_adapter(adapters: &[AdapterSummary]) -> Option<usize> {
+    let rank = |a: &AdapterSummary| match a.device_type.as_str() {
+        "DiscreteGpu" => Some(0u8),
+        "IntegratedGpu" => Some(1),
+        _ => None,
+    };
+    let mut best: Option<(u8, usize)> = None;
+    for (i, a) in adapters.iter().enumerate() {
+        if let Some(r) = rank(a) {
+            if best.is_none_or(|(b, _)| r < b) {
+                best = Some((r, i));
+            }
+        }
+    }
+    best.map(|(_, i)| i)
+}
+
+/// The adapter `--device name` designates (index): the first whose name
+/// contains `name`, case-insensitively.
+pub fn named_adapter(adapters: &[AdapterSummary], name: &str) -> Option<usize> {
+    let want = name.to_lowercase();
+    adapters
+        .iter()
+        .position(|a| a.name.to_lowercase().contains(&want))
+}
+
 /// The adapter `choice` designates; `Ok(None)` when `Auto` finds no GPU.
 pub(super) fn choose(choice: &DeviceChoice) -> Result<Option<wgpu::Adapter>, GpuError> {
     let all = adapters();
-    match choice {
-        DeviceChoice::Auto => {
-            let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
-                wgpu::DeviceType::DiscreteGpu => Some(0),
-                wgpu::DeviceType::IntegratedGpu => Some(1),
-                _ => None,
-            };
-            let mut best: Option<(u8, wgpu::Adapter)> = None;
-            for a in all {
-                if let Some(r) = rank(&a) {
-                    if best.as_ref().is_none_or(|(b, _)| r < *b) {
-                        best = Some((r, a));
-                    }
-                }
-            }
-            Ok(best.map(|(_, a)| a))
-        }
+    let sums: Vec<AdapterSummary> = all.iter().map(summarize).collect();
+    let pick = match choice {
+        DeviceChoice::Auto => match default_adapter(&sums) {
+            Some(i) => i,
+            None => return Ok(None),
+        },
         DeviceChoice::Named(name) => {
-            let want = name.to_lowercase();
-            let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
-            all.into_iter()
-                .find(|a| a.get_info().name.to_lowercase().contains(&want))
-                .map(Some)
-                .ok_or_else(|| GpuError::NoSuchDevice {
-                    name: name.clone(),
-                    available: if names.is_empty() {
-                        "none".into()
-                    } else {
-                        names.join(", ")
-                    },
-                })
+            named_adapter(&sums, name).ok_or_else(|| GpuError::NoSuchDevice {
+                name: name.clone(),
+                available: if sums.is_empty() {
+                    "none".into()
+                } else {
+                    sums.iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+            })?
         }
-    }
+    };
+    Ok(all.into_iter().nth(pick))
 }
 
 /// Opens `adapter` with its own limits (not wgpu's defaults) and the

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 pub use attention::GpuKv;
 pub use context::{Arg, Caps, Ctx, KernelKey};
-pub use device::{list_adapters, AdapterSummary, DeviceChoice};
+pub use device::{default_adapter, list_adapters, named_adapter, AdapterSummary, DeviceChoice};
 pub use slots::GpuSlots;
 
 use super::{AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams, SlotTensor};
