@@ -268,8 +268,9 @@ fn flag_errors_say_what_to_do() {
         assert!(!ok, "{a:?} should fail");
         e
     };
-    let e = err(&["-m", &m, "-ngl", "0,99"]);
-    assert!(e.contains("-ngl 99") && e.contains("use -ngl 0"), "{e}");
+    // A partial offload is refused before anything runs.
+    let e = err(&["-m", &m, "-ngl", "0,1"]);
+    assert!(e.contains("-ngl 1:") && e.contains("use -ngl 0"), "{e}");
     let e = err(&["-m", &m, "--load-mode", "read"]);
     assert!(e.contains("--load-mode read is not built"), "{e}");
     let e = err(&["-m", &m, "--load-mode", "longhaul"]);
