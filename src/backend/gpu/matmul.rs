@@ -1,30 +1,658 @@
 //! Quantised mat-vec / mat-mul, MUL_MAT_ID and get_rows over GGUF blocks.
+//!
+//! Weights stay in their GGUF bytes; `shaders/quant.wgsl` dequantises any
+//! supported block in place (4 values at a time) and each kernel is compiled
+//! per weight type. Three shapes of work:
+//!
+//! - **mat-vec** (`shaders/matvec.wgsl`, decode): up to [`MV_TOK`] tokens; a
+//!   workgroup owns [`MV_ROWS`] output rows and its threads split K, so every
+//!   weight byte is read once for all tokens.
+//! - **tiled mat-mul** (`shaders/matmul.wgsl`, prompts): 64-row x 16- or
+//!   64-token output tiles through workgroup memory.
+//! - **MUL_MAT_ID** (`shaders/mul_mat_id.wgsl` + either of the above). Expert
+//!   ids are on the host in this engine (routing syncs at every MoE layer for
+//!   the streamed expert cache), so the host groups the (token, expert) pairs
+//!   by expert, uploads the grouped pairs and a compact list of work items
+//!   (expert, first pair, pair count), and dispatches one workgroup per (work
+//!   item, row block): only experts that have tokens are touched. An expert
+//!   with at most [`MV_TOK`] pairs gets one mat-vec work item (decode); an
+//!   expert with more gets one item per token tile of the grouped GEMM.
+//!
+//! Weights larger than one storage binding come in parts (rows of a matrix,
+//! experts of a stacked tensor, see [`GpuWeight`]); every op dispatches per
+//! part. Activations are f32 rows. Nothing here knows about models.
 
-use super::{GpuBackend, GpuTensor, GpuWeight};
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::{Arg, GpuBackend, GpuError, GpuTensor, GpuWeight, KernelKey};
 use crate::backend::BackendError;
+use crate::tensor::GgmlType;
 
-fn todo(op: &'static str, w: &GpuWeight) -> BackendError {
-    BackendError::Unsupported {
-        op,
-        backend: "gpu",
-        dtype: w.ty,
+const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
+const MATVEC: &str = include_str!("../../../shaders/matvec.wgsl");
+const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+const MUL_MAT_ID: &str = include_str!("../../../shaders/mul_mat_id.wgsl");
+const GET_ROWS: &str = include_str!("../../../shaders/get_rows.wgsl");
+
+/// Tokens (or pairs of one expert) up to which the mat-vec kernel runs;
+/// more go through the tiled kernel.
+pub const MV_TOK: usize = 4;
+/// Output rows per mat-vec workgroup.
+pub const MV_ROWS: u32 = 4;
+/// Threads per get_rows workgroup (as in `get_rows.wgsl`).
+const GET_ROWS_WG: u64 = 64;
+
+/// An output tile of the tiled kernel: `bm` weight rows x `bn` tokens, each
+/// thread computing `tm` x `tn` of them (256 threads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tile {
+    bm: u32,
+    bn: u32,
+    tm: u32,
+    tn: u32,
+    /// The KernelKey variant bit of this shape.
+    variant: u32,
+}
+
+/// For few tokens per weight (small prompts, most experts of a batch).
+const NARROW: Tile = Tile {
+    bm: 64,
+    bn: 16,
+    tm: 4,
+    tn: 1,
+    variant: 0,
+};
+/// For many tokens per weight.
+const WIDE: Tile = Tile {
+    bm: 64,
+    bn: 64,
+    tm: 4,
+    tn: 4,
+    variant: 1,
+};
+
+/// The tile for groups of `tokens` tokens (on average).
+fn tile_for(tokens: usize) -> Tile {
+    if tokens > 32 {
+        WIDE
+    } else {
+        NARROW
     }
 }
 
-pub(super) fn get_rows(_b: &GpuBackend, w: &GpuWeight, _ids: &[u32]) -> Result<GpuTensor, BackendError> {
-    Err(todo("get_rows", w))
+/// The `#if` name selecting the type's `deq4` in quant.wgsl.
+fn type_flag(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => "T_F32",
+        F16 => "T_F16",
+        BF16 => "T_BF16",
+        Q8_0 => "T_Q8_0",
+        Q4_0 => "T_Q4_0",
+        Q4_1 => "T_Q4_1",
+        Q5_0 => "T_Q5_0",
+        Q5_1 => "T_Q5_1",
+        Q2_K => "T_Q2_K",
+        Q3_K => "T_Q3_K",
+        Q4_K => "T_Q4_K",
+        Q5_K => "T_Q5_K",
+        Q6_K => "T_Q6_K",
+        IQ4_NL => "T_IQ4_NL",
+        IQ4_XS => "T_IQ4_XS",
+        MXFP4 => "T_MXFP4",
+        _ => return None,
+    })
 }
 
-pub(super) fn matmul(_b: &GpuBackend, w: &GpuWeight, _x: &GpuTensor) -> Result<GpuTensor, BackendError> {
-    Err(todo("matmul", w))
+/// The weight types these kernels read.
+pub fn supported(ty: GgmlType) -> bool {
+    type_flag(ty).is_some()
 }
 
-pub(super) fn mul_mat_id(
-    _b: &GpuBackend,
+/// quant.wgsl's per-type constants.
+fn type_consts(ty: GgmlType) -> Vec<(&'static str, u32)> {
+    let mut c = vec![
+        ("BLK", ty.block_size() as u32),
+        ("BLK_BYTES", ty.type_size() as u32),
+    ];
+    if let Some(f) = type_flag(ty) {
+        c.push((f, 1));
+    }
+    c
+}
+
+fn shape(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+/// `v` as a kernel word, or a shape error naming `what`.
+fn word(op: &'static str, what: &str, v: u64) -> Result<u32, BackendError> {
+    u32::try_from(v).map_err(|_| {
+        shape(
+            op,
+            format!("{what} = {v} does not fit the kernels' 32-bit indices"),
+        )
+    })
+}
+
+/// Checks what every kernel here assumes of a weight.
+fn check_weight(op: &'static str, w: &GpuWeight) -> Result<(), BackendError> {
+    if !supported(w.ty) {
+        return Err(BackendError::Unsupported {
+            op,
+            backend: "gpu",
+            dtype: w.ty,
+        });
+    }
+    if !w.ne[0].is_multiple_of(4) {
+        return Err(shape(
+            op,
+            format!(
+                "rows of {} {} values; the GPU kernels need a multiple of 4",
+                w.ne[0],
+                w.ty.name()
+            ),
+        ));
+    }
+    for p in &w.parts {
+        // Byte offsets inside a part are u32 in the kernels.
+        if p.buf.size() > u32::MAX as u64 {
+            return Err(GpuError::TooLarge {
+                what: format!("a part of a {} weight", w.ty.name()),
+                bytes: p.buf.size(),
+                limit: u32::MAX as u64,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The uniform block of matvec.wgsl / matmul.wgsl (`struct Params`).
+#[derive(Default)]
+struct Params {
+    k: u32,
+    n: u32,
+    row0: u32,
+    rows: u32,
+    row_bytes: u32,
+    ntok: u32,
+    expert_stride: u32,
+    item0: u32,
+    n_items: u32,
+    blocks: u32,
+    tok_tiles: u32,
+}
+
+impl Params {
+    fn words(&self) -> [u32; 11] {
+        [
+            self.k,
+            self.n,
+            self.row0,
+            self.rows,
+            self.row_bytes,
+            self.ntok,
+            self.expert_stride,
+            self.item0,
+            self.n_items,
+            self.blocks,
+            self.tok_tiles,
+        ]
+    }
+}
+
+/// Mat-vec threads per workgroup: a power of two holding whole subgroups of
+/// the largest size the adapter may run.
+fn matvec_wg(b: &GpuBackend) -> u32 {
+    b.caps().subgroup_max.clamp(64, 256).next_power_of_two()
+}
+
+fn matvec_pipeline(
+    b: &GpuBackend,
+    ty: GgmlType,
+    id: bool,
+) -> Result<Arc<wgpu::ComputePipeline>, BackendError> {
+    let ctx = b.ctx();
+    let name = if id { "matvec_id" } else { "matvec" };
+    let mut consts = type_consts(ty);
+    consts.extend([
+        ("WG", matvec_wg(b)),
+        ("MV_ROWS", MV_ROWS),
+        ("MV_TOK", MV_TOK as u32),
+        ("MUL_MAT_ID", id as u32),
+    ]);
+    let parts: &[&str] = if id {
+        &[QUANT, MUL_MAT_ID, MATVEC]
+    } else {
+        &[QUANT, MATVEC]
+    };
+    Ok(ctx.pipeline(&KernelKey::new(name).ty(ty), || ctx.source(parts, &consts))?)
+}
+
+fn matmul_pipeline(
+    b: &GpuBackend,
+    ty: GgmlType,
+    tile: Tile,
+    id: bool,
+) -> Result<Arc<wgpu::ComputePipeline>, BackendError> {
+    let ctx = b.ctx();
+    let name = if id { "matmul_id" } else { "matmul" };
+    let mut consts = type_consts(ty);
+    consts.extend([
+        ("BM", tile.bm),
+        ("BN", tile.bn),
+        ("TM", tile.tm),
+        ("TN", tile.tn),
+        ("MUL_MAT_ID", id as u32),
+    ]);
+    let parts: &[&str] = if id {
+        &[QUANT, MUL_MAT_ID, MATMUL]
+    } else {
+        &[QUANT, MATMUL]
+    };
+    Ok(
+        ctx.pipeline(&KernelKey::new(name).ty(ty).variant(tile.variant), || {
+            ctx.source(parts, &consts)
+        })?,
+    )
+}
+
+/// `get_rows(w, ids)`: rows `ids` of the matrix `w`, dequantised, `[ids.len(), ne0]`.
+pub(super) fn get_rows(
+    b: &GpuBackend,
     w: &GpuWeight,
-    _x: &GpuTensor,
-    _ids: &[u32],
-    _n_used: usize,
+    ids: &[u32],
 ) -> Result<GpuTensor, BackendError> {
-    Err(todo("mul_mat_id", w))
+    const OP: &str = "get_rows";
+    check_weight(OP, w)?;
+    let [k, n, n_mat] = w.ne;
+    if n_mat != 1 {
+        return Err(shape(
+            OP,
+            format!("weight of {n_mat} stacked matrices; get_rows reads one matrix"),
+        ));
+    }
+    let out = b.tensor(ids.len(), k)?;
+    if ids.is_empty() || k == 0 {
+        return Ok(out);
+    }
+    // (output row, row within the part), grouped by part.
+    let mut per_part: Vec<Vec<[u32; 2]>> = vec![Vec::new(); w.parts.len()];
+    for (r, &id) in ids.iter().enumerate() {
+        let i = id as usize;
+        let p = w
+            .parts
+            .iter()
+            .position(|p| i >= p.first && i < p.first + p.count)
+            .filter(|_| i < n)
+            .ok_or_else(|| shape(OP, format!("row {id} of a weight with {n} rows")))?;
+        per_part[p].push([r as u32, (i - w.parts[p].first) as u32]);
+    }
+    let pairs: Vec<[u32; 2]> = per_part.concat();
+    let ctx = b.ctx();
+    let pairs_buf = ctx.upload(bytemuck::cast_slice(&pairs), "get_rows pairs")?;
+    let pipe = ctx.pipeline(&KernelKey::new("get_rows").ty(w.ty), || {
+        ctx.source(&[QUANT, GET_ROWS], &type_consts(w.ty))
+    })?;
+    let nu = (k / 4) as u64;
+    let row_bytes = word(OP, "row bytes", w.row_bytes as u64)?;
+    let mut pair0 = 0usize;
+    for (part, list) in w.parts.iter().zip(&per_part) {
+        if !list.is_empty() {
+            let threads = list.len() as u64 * nu;
+            let groups = word(OP, "workgroups", threads.div_ceil(GET_ROWS_WG))?;
+            word(OP, "threads", threads)?;
+            let params = [nu as u32, row_bytes, pair0 as u32, list.len() as u32];
+            ctx.dispatch(
+                &pipe,
+                &[
+                    Arg::Buf(&part.buf),
+                    Arg::Buf(&pairs_buf),
+                    Arg::Buf(&out.buf),
+                ],
+                &params,
+                ctx.grid(groups),
+            );
+        }
+        pair0 += list.len();
+    }
+    Ok(out)
+}
+
+/// `matmul(w, x)`: `w [k, n]`, `x [t, k]` -> `[t, n]`.
+pub(super) fn matmul(
+    b: &GpuBackend,
+    w: &GpuWeight,
+    x: &GpuTensor,
+) -> Result<GpuTensor, BackendError> {
+    const OP: &str = "matmul";
+    check_weight(OP, w)?;
+    let [k, n, n_mat] = w.ne;
+    if n_mat != 1 {
+        return Err(shape(
+            OP,
+            format!("weight of {n_mat} stacked matrices; use mul_mat_id"),
+        ));
+    }
+    if x.cols != k {
+        return Err(shape(
+            OP,
+            format!("weight rows of {k} for inputs of {}", x.cols),
+        ));
+    }
+    let t = x.rows;
+    let out = b.tensor(t, n)?;
+    if t == 0 || n == 0 {
+        return Ok(out);
+    }
+    let ctx = b.ctx();
+    let base = Params {
+        k: word(OP, "row length", k as u64)?,
+        n: word(OP, "rows", n as u64)?,
+        row_bytes: word(OP, "row bytes", w.row_bytes as u64)?,
+        ntok: word(OP, "tokens", t as u64)?,
+        ..Params::default()
+    };
+    if t <= MV_TOK {
+        let pipe = matvec_pipeline(b, w.ty, false)?;
+        for part in &w.parts {
+            let blocks = (part.count as u32).div_ceil(MV_ROWS);
+            let p = Params {
+                row0: part.first as u32,
+                rows: part.count as u32,
+                blocks,
+                ..base
+            };
+            ctx.dispatch(
+                &pipe,
+                &[Arg::Buf(&part.buf), Arg::Buf(&x.buf), Arg::Buf(&out.buf)],
+                &p.words(),
+                ctx.grid(blocks),
+            );
+        }
+    } else {
+        let tile = tile_for(t);
+        let pipe = matmul_pipeline(b, w.ty, tile, false)?;
+        let tok_tiles = (t as u32).div_ceil(tile.bn);
+        for part in &w.parts {
+            let blocks = (part.count as u32).div_ceil(tile.bm);
+            let p = Params {
+                row0: part.first as u32,
+                rows: part.count as u32,
+                blocks,
+                tok_tiles,
+                ..base
+            };
+            let groups = word(OP, "workgroups", blocks as u64 * tok_tiles as u64)?;
+            ctx.dispatch(
+                &pipe,
+                &[Arg::Buf(&part.buf), Arg::Buf(&x.buf), Arg::Buf(&out.buf)],
+                &p.words(),
+                ctx.grid(groups),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// `mul_mat_id(w, x, ids, n_used)`, ggml's MUL_MAT_ID (see the module docs
+/// for how work is laid out).
+pub(super) fn mul_mat_id(
+    b: &GpuBackend,
+    w: &GpuWeight,
+    x: &GpuTensor,
+    ids: &[u32],
+    n_used: usize,
+) -> Result<GpuTensor, BackendError> {
+    const OP: &str = "mul_mat_id";
+    check_weight(OP, w)?;
+    let [k, n, n_exp] = w.ne;
+    if x.cols != k {
+        return Err(shape(
+            OP,
+            format!("weight rows of {k} for inputs of {}", x.cols),
+        ));
+    }
+    if n_used == 0 || !ids.len().is_multiple_of(n_used) {
+        return Err(shape(
+            OP,
+            format!("{} ids in groups of {n_used}", ids.len()),
+        ));
+    }
+    let n_tok = ids.len() / n_used;
+    let out = b.tensor(ids.len(), n)?;
+    if n_tok == 0 || n == 0 {
+        return Ok(out);
+    }
+    let x_per_tok = x.rows / n_tok;
+    if !x.rows.is_multiple_of(n_tok) || !(x_per_tok == 1 || x_per_tok == n_used) {
+        return Err(shape(
+            OP,
+            format!(
+                "{} input rows for {n_tok} tokens x {n_used} experts",
+                x.rows
+            ),
+        ));
+    }
+
+    let parts: Vec<(usize, usize)> = w.parts.iter().map(|p| (p.first, p.count)).collect();
+    let IdPlan {
+        toks,
+        items,
+        parts: plan,
+        tile,
+    } = IdPlan::new(ids, n_used, x_per_tok, n_exp, &parts).map_err(|d| shape(OP, d))?;
+
+    let ctx = b.ctx();
+    let toks_buf = ctx.upload(bytemuck::cast_slice(&toks), "mul_mat_id pairs")?;
+    let items_buf = ctx.upload(bytemuck::cast_slice(&items), "mul_mat_id items")?;
+    let base = Params {
+        k: word(OP, "row length", k as u64)?,
+        n: word(OP, "rows", n as u64)?,
+        rows: word(OP, "rows", n as u64)?,
+        row_bytes: word(OP, "row bytes", w.row_bytes as u64)?,
+        expert_stride: word(OP, "expert stride", w.expert_stride)?,
+        ..Params::default()
+    };
+    let any_mv = plan.iter().any(|p| !p.mv.is_empty());
+    let any_mm = plan.iter().any(|p| !p.mm.is_empty());
+    let mv_pipe = any_mv.then(|| matvec_pipeline(b, w.ty, true)).transpose()?;
+    let mm_pipe = any_mm
+        .then(|| matmul_pipeline(b, w.ty, tile, true))
+        .transpose()?;
+    for (part, pp) in w.parts.iter().zip(&plan) {
+        let args = [
+            Arg::Buf(&part.buf),
+            Arg::Buf(&x.buf),
+            Arg::Buf(&out.buf),
+            Arg::Buf(&toks_buf),
+            Arg::Buf(&items_buf),
+        ];
+        if let (Some(pipe), false) = (&mv_pipe, pp.mv.is_empty()) {
+            let blocks = (n as u32).div_ceil(MV_ROWS);
+            let p = Params {
+                item0: pp.mv.start as u32,
+                n_items: pp.mv.len() as u32,
+                blocks,
+                ..base
+            };
+            let groups = word(OP, "workgroups", pp.mv.len() as u64 * blocks as u64)?;
+            ctx.dispatch(pipe, &args, &p.words(), ctx.grid(groups));
+        }
+        if let (Some(pipe), false) = (&mm_pipe, pp.mm.is_empty()) {
+            let blocks = (n as u32).div_ceil(tile.bm);
+            let p = Params {
+                item0: pp.mm.start as u32,
+                n_items: pp.mm.len() as u32,
+                blocks,
+                ..base
+            };
+            let groups = word(OP, "workgroups", pp.mm.len() as u64 * blocks as u64)?;
+            ctx.dispatch(pipe, &args, &p.words(), ctx.grid(groups));
+        }
+    }
+    Ok(out)
+}
+
+/// The work items of one weight part: ranges of [`IdPlan::items`].
+#[derive(Debug, PartialEq, Eq)]
+struct PartItems {
+    /// Mat-vec items (experts with at most [`MV_TOK`] pairs).
+    mv: Range<usize>,
+    /// GEMM items (token tiles of experts with more).
+    mm: Range<usize>,
+}
+
+/// The host side of MUL_MAT_ID: pairs grouped by expert and the work items
+/// that touch only experts with pairs. A pure function of the routing.
+#[derive(Debug)]
+struct IdPlan {
+    /// Every expert's pairs back to back, in pair order within an expert:
+    /// (input row of x, output row of y).
+    toks: Vec<[u32; 2]>,
+    /// (expert index inside its part, first pair in `toks`, pair count, 0).
+    items: Vec<[u32; 4]>,
+    /// Per weight part, its items.
+    parts: Vec<PartItems>,
+    /// The GEMM tile (its `bn` bounds the pairs of a GEMM item).
+    tile: Tile,
+}
+
+impl IdPlan {
+    /// `parts`: (first expert, expert count) of each weight part. Errors
+    /// (as a message) on an expert id outside `0..n_exp`.
+    fn new(
+        ids: &[u32],
+        n_used: usize,
+        x_per_tok: usize,
+        n_exp: usize,
+        parts: &[(usize, usize)],
+    ) -> Result<IdPlan, String> {
+        let mut off = vec![0usize; n_exp + 1];
+        for &e in ids {
+            let e = e as usize;
+            if e >= n_exp {
+                return Err(format!("expert id {e} >= {n_exp}"));
+            }
+            off[e + 1] += 1;
+        }
+        for e in 0..n_exp {
+            off[e + 1] += off[e];
+        }
+        let mut fill = off.clone();
+        let mut toks = vec![[0u32; 2]; ids.len()];
+        for (r, &e) in ids.iter().enumerate() {
+            let (t, j) = (r / n_used, r % n_used);
+            let slot = &mut fill[e as usize];
+            toks[*slot] = [(t * x_per_tok + j % x_per_tok) as u32, r as u32];
+            *slot += 1;
+        }
+        let count = |e: usize| off[e + 1] - off[e];
+        let (gemm_pairs, gemm_experts) = (0..n_exp)
+            .map(count)
+            .filter(|&c| c > MV_TOK)
+            .fold((0, 0), |(p, e), c| (p + c, e + 1));
+        let tile = tile_for(gemm_pairs / gemm_experts.max(1));
+        let mut items: Vec<[u32; 4]> = Vec::new();
+        let mut plan = Vec::with_capacity(parts.len());
+        for &(first, n_in_part) in parts {
+            let experts = first.min(n_exp)..(first + n_in_part).min(n_exp);
+            let mv0 = items.len();
+            for e in experts.clone() {
+                let c = count(e);
+                if c > 0 && c <= MV_TOK {
+                    items.push([(e - first) as u32, off[e] as u32, c as u32, 0]);
+                }
+            }
+            let mm0 = items.len();
+            for e in experts {
+                let c = count(e);
+                if c > MV_TOK {
+                    for s in (0..c).step_by(tile.bn as usize) {
+                        let len = (tile.bn as usize).min(c - s);
+                        items.push([(e - first) as u32, (off[e] + s) as u32, len as u32, 0]);
+                    }
+                }
+            }
+            plan.push(PartItems {
+                mv: mv0..mm0,
+                mm: mm0..items.len(),
+            });
+        }
+        Ok(IdPlan {
+            toks,
+            items,
+            parts: plan,
+            tile,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_shapes_follow_token_counts() {
+        assert_eq!(tile_for(5), NARROW);
+        assert_eq!(tile_for(32), NARROW);
+        assert_eq!(tile_for(33), WIDE);
+        for t in [NARROW, WIDE] {
+            assert_eq!((t.bm / t.tm) * (t.bn / t.tn), 256, "{t:?}: threads");
+            // f32 tiles of BK = 32 within WebGPU's 16 KiB of workgroup memory.
+            assert!((t.bm + t.bn) * 32 * 4 <= 16384, "{t:?}: workgroup memory");
+        }
+    }
+
+    #[test]
+    fn id_plan_touches_only_routed_experts() {
+        // 12 tokens x 2 of 8 experts, in 3 parts; experts 1 and 5 get 12
+        // and 8 pairs (GEMM), experts 3 and 6 two each (mat-vec), the rest none.
+        let mut ids = Vec::new();
+        for t in 0..12u32 {
+            ids.push(1);
+            ids.push(match t {
+                0 | 5 => 3,
+                1 | 7 => 6,
+                _ => 5,
+            });
+        }
+        for x_per_tok in [1, 2] {
+            let p = IdPlan::new(&ids, 2, x_per_tok, 8, &[(0, 3), (3, 3), (6, 2)]).unwrap();
+            // Every pair listed once, grouped by expert, with its input row.
+            let mut outs: Vec<u32> = p.toks.iter().map(|t| t[1]).collect();
+            outs.sort_unstable();
+            assert_eq!(outs, (0..24).collect::<Vec<_>>());
+            for &[x, y] in &p.toks {
+                let (t, j) = (y as usize / 2, y as usize % 2);
+                assert_eq!(x as usize, t * x_per_tok + j % x_per_tok);
+            }
+            // Items cover every pair exactly once, each inside its part.
+            let mut covered = vec![0; 24];
+            for (pi, (first, _)) in [(0usize, 3usize), (3, 3), (6, 2)].iter().enumerate() {
+                let pp = &p.parts[pi];
+                for (range, is_mv) in [(&pp.mv, true), (&pp.mm, false)] {
+                    for it in &p.items[range.clone()] {
+                        let e = first + it[0] as usize;
+                        assert!(it[2] > 0 && (it[2] as usize <= MV_TOK) == is_mv);
+                        for &[_, y] in &p.toks[it[1] as usize..(it[1] + it[2]) as usize] {
+                            assert_eq!(ids[y as usize] as usize, e, "pair of another expert");
+                            covered[y as usize] += 1;
+                        }
+                    }
+                }
+            }
+            assert!(covered.iter().all(|&c| c == 1), "{covered:?}");
+            // Experts 0, 2, 4, 7 have no items; 3 and 6 one mat-vec item each.
+            assert_eq!(p.parts[0].mv.len(), 0);
+            assert_eq!(p.parts[0].mm.len(), 1);
+            assert_eq!(p.parts[1].mv.len(), 1);
+            assert_eq!(p.parts[1].mm.len(), 1);
+            assert_eq!(p.parts[2].mv.len(), 1);
+            assert_eq!(p.parts[2].mm.len(), 0);
+        }
+        assert!(IdPlan::new(&[0, 8], 2, 1, 8, &[(0, 8)]).is_err());
+    }
 }

@@ -1,0 +1,266 @@
+// GGUF weight blocks dequantised in place.
+//
+// The weight is bound as `W: array<u32>` (binding 0 of every quantised
+// kernel) holding the blocks exactly as stored in the file, so blocks of 18,
+// 34, 17 or 210 bytes start at any byte: the `ld*` helpers read 1, 2 or 4
+// bytes at any byte offset. The host prepends, per weight type:
+//   const BLK: u32        elements per block (1 for F32/F16/BF16)
+//   const BLK_BYTES: u32  bytes per block
+//   const T_<TYPE>: u32   = 1, selecting one `deq4` below
+// and kernels call `deq4(blk, i)`: the 4 consecutive values `i..i+4` (i a
+// multiple of 4) of the block starting at byte `blk`. For the float types a
+// "block" is one element and `deq4` returns 4 consecutive elements.
+// Byte layouts and arithmetic follow src/quant/*.rs (byte-exact to ggml).
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+
+// One byte at byte offset `b`.
+fn ld8(b: u32) -> u32 {
+    return (W[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
+}
+
+// Little-endian u16 at any byte offset.
+fn ld16(b: u32) -> u32 {
+    let i = b >> 2u;
+    let s = (b & 3u) * 8u;
+    if (s <= 16u) {
+        return (W[i] >> s) & 0xffffu;
+    }
+    return ((W[i] >> 24u) | (W[i + 1u] << 8u)) & 0xffffu;
+}
+
+// Little-endian u32 at any byte offset.
+fn ld32(b: u32) -> u32 {
+    let i = b >> 2u;
+    let s = (b & 3u) * 8u;
+    if (s == 0u) {
+        return W[i];
+    }
+    return (W[i] >> s) | (W[i + 1u] << (32u - s));
+}
+
+// IEEE half at byte offset `b` (core WGSL: no shader-f16 needed).
+fn f16at(b: u32) -> f32 {
+    return unpack2x16float(ld16(b)).x;
+}
+
+// The 4 bytes of `w`, unsigned.
+fn bytes4(w: u32) -> vec4<u32> {
+    return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
+}
+
+// The 4 bytes of `w` as signed 8-bit values.
+fn sbytes4(w: u32) -> vec4<f32> {
+    let v = bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u));
+    return vec4<f32>(v >> vec4<u32>(24u));
+}
+
+// Nibble `s / 4` (s = 0: low, 4: high) of each byte of `w`.
+fn nibs4(w: u32, s: u32) -> vec4<u32> {
+    return (bytes4(w) >> vec4<u32>(s)) & vec4<u32>(0xfu);
+}
+
+// Entry `q` (0..16) of a 16-entry table of signed bytes packed little-endian
+// into four words, without memory lookups (selects and shifts only).
+fn table16(q: vec4<u32>, t0: u32, t1: u32, t2: u32, t3: u32) -> vec4<f32> {
+    let hi4 = (q & vec4<u32>(4u)) != vec4<u32>(0u);
+    let hi8 = q >= vec4<u32>(8u);
+    let w = select(select(vec4<u32>(t0), vec4<u32>(t1), hi4), select(vec4<u32>(t2), vec4<u32>(t3), hi4), hi8);
+    let v = bitcast<vec4<i32>>(w << (vec4<u32>(24u) - 8u * (q & vec4<u32>(3u))));
+    return vec4<f32>(v >> vec4<u32>(24u));
+}
+
+// ggml's kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113.
+fn kv_iq4nl(q: vec4<u32>) -> vec4<f32> {
+    return table16(q, 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
+}
+
+// ggml's kvalues_mxfp4 (E2M1 doubled): 0 1 2 3 4 6 8 12 0 -1 -2 -3 -4 -6 -8 -12.
+fn kv_mxfp4(q: vec4<u32>) -> vec4<f32> {
+    return table16(q, 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu);
+}
+
+// Sub-block `j` (0..8) scale and min of a Q4_K / Q5_K super-block whose
+// 12 packed scale bytes start at `s` (ggml's get_scale_min_k4).
+fn scale_min_k4(s: u32, j: u32) -> vec2<f32> {
+    if (j < 4u) {
+        return vec2<f32>(f32(ld8(s + j) & 63u), f32(ld8(s + j + 4u) & 63u));
+    }
+    let a = ld8(s + j + 4u);
+    let sc = (a & 0xfu) | ((ld8(s + j - 4u) >> 6u) << 4u);
+    let m = (a >> 4u) | ((ld8(s + j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+
+#if T_F32
+// Rows of F32 are 4-byte aligned.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let w = b >> 2u;
+    return bitcast<vec4<f32>>(vec4<u32>(W[w], W[w + 1u], W[w + 2u], W[w + 3u]));
+}
+#endif
+
+#if T_F16
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(ld32(b)), unpack2x16float(ld32(b + 4u)));
+}
+#endif
+
+#if T_BF16
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let a = ld32(b);
+    let c = ld32(b + 4u);
+    return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, c << 16u, c & 0xffff0000u));
+}
+#endif
+
+#if T_Q8_0
+// d: f16, qs: [i8; 32]. x = d * q.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    return f16at(b) * sbytes4(ld32(b + 2u + i));
+}
+#endif
+
+#if T_Q4_0
+// d: f16, qs: [u8; 16]; byte j: weight j low nibble, j + 16 high. x = d * (q - 8).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let q = nibs4(ld32(b + 2u + (i & 15u)), (i >> 4u) * 4u);
+    return f16at(b) * (vec4<f32>(q) - 8.0);
+}
+#endif
+
+#if T_Q4_1
+// d: f16, m: f16, qs: [u8; 16] as Q4_0. x = d * q + m.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let q = nibs4(ld32(b + 4u + (i & 15u)), (i >> 4u) * 4u);
+    return f16at(b) * vec4<f32>(q) + f16at(b + 2u);
+}
+#endif
+
+#if T_Q5_0
+// d: f16, qh: u32 (bit i = fifth bit of weight i), qs: [u8; 16] as Q4_0.
+// x = d * (q - 16).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let lo = nibs4(ld32(b + 6u + (i & 15u)), (i >> 4u) * 4u);
+    let h = (vec4<u32>(ld32(b + 2u)) >> (vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u);
+    return f16at(b) * (vec4<f32>(lo | (h << vec4<u32>(4u))) - 16.0);
+}
+#endif
+
+#if T_Q5_1
+// d: f16, m: f16, qh: u32, qs: [u8; 16]. x = d * q + m.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let lo = nibs4(ld32(b + 8u + (i & 15u)), (i >> 4u) * 4u);
+    let h = (vec4<u32>(ld32(b + 4u)) >> (vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u);
+    return f16at(b) * vec4<f32>(lo | (h << vec4<u32>(4u))) + f16at(b + 2u);
+}
+#endif
+
+#if T_IQ4_NL
+// d: f16, qs: [u8; 16] as Q4_0. x = d * kv[q].
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let q = nibs4(ld32(b + 2u + (i & 15u)), (i >> 4u) * 4u);
+    return f16at(b) * kv_iq4nl(q);
+}
+#endif
+
+#if T_IQ4_XS
+// d: f16, scales_h: u16, scales_l: [u8; 4], qs: [u8; 128]; 8 sub-blocks of
+// 32 with 6-bit scales, each nibble-packed as IQ4_NL. x = d * (ls - 32) * kv[q].
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let ib = i >> 5u;
+    let j = i & 31u;
+    let lo = (ld8(b + 4u + (ib >> 1u)) >> (4u * (ib & 1u))) & 0xfu;
+    let hi = (ld16(b + 2u) >> (2u * ib)) & 3u;
+    let dl = f16at(b) * (f32(lo | (hi << 4u)) - 32.0);
+    let q = nibs4(ld32(b + 8u + 16u * ib + (j & 15u)), (j >> 4u) * 4u);
+    return dl * kv_iq4nl(q);
+}
+#endif
+
+#if T_MXFP4
+// e: u8 (E8M0), qs: [u8; 16] as Q4_0. x = kv[q] * 2^(e - 128) (doubled grid).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let e = ld8(b);
+    let d = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
+    let q = nibs4(ld32(b + 1u + (i & 15u)), (i >> 4u) * 4u);
+    return d * kv_mxfp4(q);
+}
+#endif
+
+#if T_Q2_K
+// scales: [u8; 16] at 0 (low nibble scale, high nibble min, per 16 weights),
+// qs: [u8; 64] at 16, d at 80, dmin at 82. Half h (128 weights) uses qs
+// bytes 32h..32h+32; its four 32-weight runs take bit pairs 0, 2, 4, 6.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let h = i >> 7u;
+    let s = (i >> 5u) & 3u;
+    let l = i & 31u;
+    let sc = ld8(b + 8u * h + 2u * s + (l >> 4u));
+    let q = (bytes4(ld32(b + 16u + 32u * h + l)) >> vec4<u32>(2u * s)) & vec4<u32>(3u);
+    return f16at(b + 80u) * f32(sc & 0xfu) * vec4<f32>(q) - f16at(b + 82u) * f32(sc >> 4u);
+}
+#endif
+
+#if T_Q3_K
+// hmask: [u8; 32] at 0, qs: [u8; 64] at 32 (low bit pairs as Q2_K),
+// scales: [u8; 12] at 96 (16 six-bit scales biased by 32), d at 108.
+// A clear hmask bit subtracts 4. x = d * (sc - 32) * q.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let h = i >> 7u;
+    let s = (i >> 5u) & 3u;
+    let l = i & 31u;
+    let q2 = (bytes4(ld32(b + 32u + 32u * h + l)) >> vec4<u32>(2u * s)) & vec4<u32>(3u);
+    let hm = (bytes4(ld32(b + l)) & vec4<u32>(1u << (4u * h + s))) != vec4<u32>(0u);
+    let q = vec4<f32>(q2) - select(vec4<f32>(4.0), vec4<f32>(0.0), hm);
+    let g = i >> 4u;
+    let lo = (ld8(b + 96u + (g & 7u)) >> (4u * (g >> 3u))) & 0xfu;
+    let hi = (ld8(b + 104u + (g & 3u)) >> (2u * (g >> 2u))) & 3u;
+    return f16at(b + 108u) * (f32(lo | (hi << 4u)) - 32.0) * q;
+}
+#endif
+
+#if T_Q4_K
+// d at 0, dmin at 2, scales: [u8; 12] at 4, qs: [u8; 128] at 16. Chunk c of
+// 64 weights uses qs bytes 32c..32c+32: low nibbles then high nibbles.
+// x = d * sc * q - dmin * m.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let c = i >> 6u;
+    let hi = (i >> 5u) & 1u;
+    let l = i & 31u;
+    let sm = scale_min_k4(b + 4u, 2u * c + hi);
+    let q = nibs4(ld32(b + 16u + 32u * c + l), 4u * hi);
+    return f16at(b) * sm.x * vec4<f32>(q) - f16at(b + 2u) * sm.y;
+}
+#endif
+
+#if T_Q5_K
+// d at 0, dmin at 2, scales at 4 (as Q4_K), qh: [u8; 32] at 16 (bit k of
+// byte l: fifth bit of weight 32k + l), qs: [u8; 128] at 48 (as Q4_K).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let c = i >> 6u;
+    let hi = (i >> 5u) & 1u;
+    let l = i & 31u;
+    let sm = scale_min_k4(b + 4u, 2u * c + hi);
+    let lo = nibs4(ld32(b + 48u + 32u * c + l), 4u * hi);
+    let h = (bytes4(ld32(b + 16u + l)) >> vec4<u32>(2u * c + hi)) & vec4<u32>(1u);
+    let q = lo | (h << vec4<u32>(4u));
+    return f16at(b) * sm.x * vec4<f32>(q) - f16at(b + 2u) * sm.y;
+}
+#endif
+
+#if T_Q6_K
+// ql: [u8; 128] at 0, qh: [u8; 64] at 128, scales: [i8; 16] at 192, d at 208.
+// Half h: run s (32 weights) takes nibble s >> 1 of ql[64h + 32(s & 1) + l]
+// and bit pair s of qh[32h + l]. x = d * sc * (q - 32).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let h = i >> 7u;
+    let s = (i >> 5u) & 3u;
+    let l = i & 31u;
+    let lo = nibs4(ld32(b + 64u * h + 32u * (s & 1u) + l), 4u * (s >> 1u));
+    let hb = (bytes4(ld32(b + 128u + 32u * h + l)) >> vec4<u32>(2u * s)) & vec4<u32>(3u);
+    let q = vec4<f32>(lo | (hb << vec4<u32>(4u))) - 32.0;
+    let sc = f32(bitcast<i32>(ld8(b + 192u + (i >> 4u)) << 24u) >> 24u);
+    return f16at(b + 208u) * sc * q;
+}
+#endif
