@@ -10,7 +10,7 @@ use longhaul::tensor::GgmlType;
 
 #[derive(Args)]
 pub struct GenModelArgs {
-    /// Shape: demo, tiny or qwen3-30b-a3b.
+    /// Shape: demo, tiny, qwen3-30b-a3b or gpt-oss-20b.
     #[arg(long, default_value = "demo")]
     pub preset: String,
     /// Output file.
@@ -19,18 +19,26 @@ pub struct GenModelArgs {
     /// Type of the routed experts (e.g. q4_K, q8_0, mxfp4).
     #[arg(long = "type")]
     pub ty: Option<String>,
+    /// Seed of the random weights (default: the preset's).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Write split shards with at most this many tensors each.
     #[arg(long = "split-max-tensors")]
     pub split_max_tensors: Option<usize>,
+    /// Zipf-like exponent of each layer's expert popularity: 0 routes
+    /// uniformly; 1 sends about 40% of the demo model's selections to its
+    /// top 10% of experts (uniform: 9%). Recorded as
+    /// `longhaul.synth.router_skew`.
+    #[arg(long = "router-skew", default_value_t = 0.0, value_name = "S")]
+    pub router_skew: f32,
 }
 
 pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
     let mut spec = SynthSpec::preset(&a.preset).ok_or_else(|| {
         anyhow::anyhow!(
-            "unknown preset `{}`; use demo, tiny or qwen3-30b-a3b",
-            a.preset
+            "unknown preset `{}`; use one of {}",
+            a.preset,
+            synth::PRESETS.join(", ")
         )
     })?;
     if let Some(t) = &a.ty {
@@ -40,6 +48,7 @@ pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
     if let Some(s) = a.seed {
         spec.seed = s;
     }
+    spec.router_skew = a.router_skew;
     eprintln!("writing {:?} to {}", spec, a.output.display());
     let t0 = Instant::now();
     let w = synth::build(&spec)?;
