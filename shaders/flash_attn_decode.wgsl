@@ -56,7 +56,7 @@ var<workgroup> accs: array<vec2<f32>, R * NP>;
 
 fn kpair(i: u32) -> vec2<f32> {
 #if KV_F16
-    return unpack2x16float(kc[i]);
+    return unpack_half2(kc[i]);
 #else
     return kc[i];
 #endif
@@ -64,7 +64,7 @@ fn kpair(i: u32) -> vec2<f32> {
 
 fn vpair(i: u32) -> vec2<f32> {
 #if KV_F16
-    return unpack2x16float(vc[i]);
+    return unpack_half2(vc[i]);
 #else
     return vc[i];
 #endif

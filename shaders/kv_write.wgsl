@@ -1,7 +1,7 @@
 // Writes f32 keys or values into one part of the KV cache.
 //
 // `src` holds `[t, n_embd]` f32 rows; `dst` is one part of the cache as u32
-// words: f16 pairs packed with pack2x16float when KV_F16 (one word per pair
+// words: f16 pairs packed with pack_half2 (f16.wgsl) when KV_F16 (one word per pair
 // of elements; portable WGSL, no shader-f16 needed), f32 bits otherwise.
 // Thread i writes word `dst_off + i` from unit `i` of `src` starting at
 // float `src_off` (a unit is a pair of floats for f16, one float for f32).
@@ -29,7 +29,7 @@ fn main(
     }
 #if KV_F16
     let s = p.src_off + 2u * i;
-    dst[p.dst_off + i] = pack2x16float(vec2<f32>(src[s], src[s + 1u]));
+    dst[p.dst_off + i] = pack_half2(vec2<f32>(src[s], src[s + 1u]));
 #else
     dst[p.dst_off + i] = bitcast<u32>(src[p.src_off + i]);
 #endif

@@ -1,7 +1,7 @@
 // Quantised tiled mat-mul for prompts: y[t, r] = sum_j w[r, j] x[t, j].
 // A workgroup computes a BM (weight rows) x BN (tokens) output tile: per
 // step of BK values of K it dequantises the BM x BK weight tile and loads the
-// BN x BK activation tile into workgroup memory (f16 when F16, else f32),
+// BN x BK activation tile into workgroup memory (f16 with TILE_F16, else f32),
 // then every thread accumulates TM x TN outputs in f32. Ragged edges (rows of
 // the part, tokens, K) are zero-filled in the tiles and skipped on write.
 // With MUL_MAT_ID a workgroup's tokens are one work item's pairs of one expert.
@@ -39,7 +39,7 @@ fn yrow(c: u32) -> u32 {
 }
 #endif
 
-#if F16
+#if TILE_F16
 alias TT = f16;
 #else
 alias TT = f32;

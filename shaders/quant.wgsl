@@ -41,7 +41,7 @@ fn ld32(b: u32) -> u32 {
 
 // IEEE half at byte offset `b` (core WGSL: no shader-f16 needed).
 fn f16at(b: u32) -> f32 {
-    return unpack2x16float(ld16(b)).x;
+    return half_to_f32(ld16(b));
 }
 
 // The 4 bytes of `w`, unsigned.
@@ -102,7 +102,7 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
 
 #if T_F16
 fn deq4(b: u32, i: u32) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(ld32(b)), unpack2x16float(ld32(b + 4u)));
+    return vec4<f32>(unpack_half2(ld32(b)), unpack_half2(ld32(b + 4u)));
 }
 #endif
 

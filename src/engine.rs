@@ -10,7 +10,7 @@ use crate::backend::Backend;
 use crate::gguf::{self, GgufError};
 use crate::kv::KvCache;
 use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
-use crate::model::{Logits, Model, ModelError, Progress};
+use crate::model::{LoadOptions, Logits, Model, ModelError, Progress};
 use crate::sample::Sampler;
 use crate::tensor::GgmlType;
 use crate::tokenizer::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
@@ -47,6 +47,9 @@ pub struct EngineParams {
     pub kv_type: GgmlType,
     /// Stream routed experts (`--longhaul`) with this budget and policy.
     pub longhaul: Option<LonghaulParams>,
+    /// Read resident weights into memory instead of mapping the file
+    /// (`--no-mmap`, bench's `--load-mode read`).
+    pub no_mmap: bool,
 }
 
 /// The expert budget (`--longhaul-cache GIB|auto`).
@@ -100,6 +103,7 @@ impl Default for EngineParams {
             n_ubatch: 512,
             kv_type: GgmlType::F16,
             longhaul: None,
+            no_mmap: false,
         }
     }
 }
@@ -154,21 +158,29 @@ impl<B: Backend> Engine<B> {
         let tokenizer = Tokenizer::from_metadata(file.metadata())?;
         let template = ChatTemplate::from_metadata(file.metadata())?;
         let file = Arc::new(file);
-        // Mapping and parsing are cheap: the resident model also sizes longhaul.
-        let mut model = Model::load(backend.clone(), file.clone())?;
+        // The structure alone (no weight read or uploaded) sizes longhaul.
+        let shapes = Model::load_shapes(backend.clone(), file.clone())?;
         if params.n_ctx == 0 {
-            params.n_ctx = model.hp.n_ctx_train;
+            params.n_ctx = shapes.hp.n_ctx_train;
         }
-        let longhaul = match params.longhaul {
+        let (model, longhaul) = match params.longhaul {
             Some(lp) => {
-                let (cfg, mut info) = Self::plan_longhaul(&model, &params, lp)?;
-                // Reload with resident tensors copied into memory and experts streamed.
-                model = Model::load_with_progress(backend, file, Some(cfg), progress)?;
+                let (cfg, mut info) = Self::plan_longhaul(&shapes, &params, lp)?;
+                drop(shapes);
+                // Resident tensors copied into memory, experts streamed.
+                let model = Model::load_with_progress(backend, file, Some(cfg), progress)?;
                 info.n_slots = model.n_slots;
                 info.slot_bytes = model.slot_bytes();
-                Some(info)
+                (model, Some(info))
             }
-            None => None,
+            None => {
+                drop(shapes);
+                let opts = LoadOptions {
+                    no_mmap: params.no_mmap,
+                    ..Default::default()
+                };
+                (Model::load_opts(backend, file, opts, progress)?, None)
+            }
         };
         params.n_ubatch = params.n_ubatch.max(1);
         Ok(Self {

@@ -135,6 +135,12 @@ pub trait Backend: Send + Sync + Clone {
         t: &crate::gguf::TensorInfo,
     ) -> Result<Self::Weight, BackendError>;
 
+    /// A weight that is never read: routed experts in longhaul mode (their
+    /// bytes go to slots) and the shapes-only probe of a model. A GPU backend
+    /// uploads nothing.
+    fn placeholder_weight(&self, t: &crate::gguf::TensorInfo)
+        -> Result<Self::Weight, BackendError>;
+
     /// A weight over bytes already read from the file (resident copies).
     fn weight_from_bytes(
         &self,

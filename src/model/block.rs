@@ -13,8 +13,9 @@ use crate::gguf;
 struct Loader<'a, B: Backend> {
     backend: &'a B,
     file: &'a Arc<gguf::Model>,
-    /// Read resident tensors into memory instead of using the mapping
-    /// (longhaul: no weight may depend on file pages staying valid), with an
+    how: &'a super::LoadHow,
+    /// Read tensors into memory instead of using the mapping (longhaul: no
+    /// weight may depend on file pages staying valid; `--no-mmap`), with an
     /// optional progress report against the total bytes to copy.
     copy: Option<(Option<super::Progress>, u64)>,
     copied: std::cell::Cell<u64>,
@@ -31,7 +32,11 @@ impl<B: Backend> Loader<'_, B> {
                 expected: dims.to_vec(),
             });
         }
-        if let (Some((progress, total)), false) = (&self.copy, super::is_routed(&t.name)) {
+        let routed = super::is_routed(&t.name);
+        if self.how.shapes_only || (routed && self.how.longhaul) {
+            return Ok(self.backend.placeholder_weight(t)?);
+        }
+        if let Some((progress, total)) = &self.copy {
             let mut bytes = vec![0u8; t.len as usize];
             self.file.read_at(t.shard, t.offset, &mut bytes)?;
             crate::longhaul::release_pages(self.file, t.shard, t.offset, t.len);
@@ -61,13 +66,15 @@ pub(super) fn load<B: Backend>(
     file: Arc<gguf::Model>,
     spec: ArchSpec,
     hp: Hparams,
-    copy_resident: Option<(Option<super::Progress>, u64)>,
+    how: &super::LoadHow,
+    copy: Option<(Option<super::Progress>, u64)>,
 ) -> Result<Model<B>, ModelError> {
-    let copying = copy_resident.is_some();
+    let copying = copy.is_some();
     let l = Loader {
         backend: &backend,
         file: &file,
-        copy: copy_resident,
+        how,
+        copy,
         copied: Default::default(),
     };
     if copying {

@@ -128,6 +128,25 @@ pub enum Logits {
 /// Called with `(bytes done, bytes total)` as a load progresses.
 pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
+/// How to load a model.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Stream routed experts into a slot cache of this budget.
+    pub longhaul: Option<LonghaulConfig>,
+    /// Read resident tensors into memory instead of mapping the file
+    /// (llama.cpp's `--no-mmap`; always so in longhaul mode).
+    pub no_mmap: bool,
+    /// Load no weight at all (see [`Model::load_shapes`]).
+    pub shapes_only: bool,
+}
+
+/// What the block loader needs to know of [`LoadOptions`].
+pub(crate) struct LoadHow {
+    /// Routed experts get placeholders (their bytes go to slots).
+    pub longhaul: bool,
+    pub shapes_only: bool,
+}
+
 /// True for routed-expert tensors (`*_exps.*`), which longhaul streams.
 pub fn is_routed(name: &str) -> bool {
     name.contains("_exps.")
@@ -171,6 +190,44 @@ impl<B: Backend> Model<B> {
         longhaul: Option<LonghaulConfig>,
         progress: Option<Progress>,
     ) -> Result<Self, ModelError> {
+        Self::load_opts(
+            backend,
+            file,
+            LoadOptions {
+                longhaul,
+                ..Default::default()
+            },
+            progress,
+        )
+    }
+
+    /// The model's structure without its weights (nothing is read or
+    /// uploaded): enough to size a longhaul cache or print hyperparameters.
+    pub fn load_shapes(backend: B, file: Arc<gguf::Model>) -> Result<Self, ModelError> {
+        Self::load_opts(
+            backend,
+            file,
+            LoadOptions {
+                shapes_only: true,
+                ..Default::default()
+            },
+            None,
+        )
+    }
+
+    /// Builds the model as `opts` says, reporting `(bytes done, bytes
+    /// total)` while tensors are read into memory.
+    pub fn load_opts(
+        backend: B,
+        file: Arc<gguf::Model>,
+        opts: LoadOptions,
+        progress: Option<Progress>,
+    ) -> Result<Self, ModelError> {
+        let LoadOptions {
+            longhaul,
+            no_mmap,
+            shapes_only,
+        } = opts;
         let md = file.metadata();
         let arch = md.architecture()?.to_string();
         let spec = arch::lookup(&arch).ok_or_else(|| ModelError::UnsupportedArch {
@@ -180,16 +237,20 @@ impl<B: Backend> Model<B> {
         let embd = file.require_tensor("token_embd.weight")?;
         let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
-        let copy = longhaul.is_some().then(|| {
+        let how = LoadHow {
+            longhaul: longhaul.is_some(),
+            shapes_only,
+        };
+        let copy = (!shapes_only && (longhaul.is_some() || no_mmap)).then(|| {
             let total: u64 = file
                 .tensors()
                 .iter()
-                .filter(|t| !is_routed(&t.name))
+                .filter(|t| !(how.longhaul && is_routed(&t.name)))
                 .map(|t| t.len)
                 .sum();
             (progress, total)
         });
-        let mut m = block::load(backend, file.clone(), spec, hp, copy)?;
+        let mut m = block::load(backend, file.clone(), spec, hp, &how, copy)?;
         if let Some(cfg) = longhaul {
             stream::attach(&mut m, cfg)?;
         }

@@ -226,6 +226,11 @@ impl Backend for CpuBackend {
         Ok(CpuWeight::mapped(model, t))
     }
 
+    fn placeholder_weight(&self, t: &gguf::TensorInfo) -> Result<CpuWeight, BackendError> {
+        // No bytes: any read of it is a shape error, not a fault on the mapping.
+        Ok(CpuWeight::host(t.ty, t.dims.clone(), Arc::new(Vec::new())))
+    }
+
     fn weight_from_bytes(
         &self,
         t: &gguf::TensorInfo,

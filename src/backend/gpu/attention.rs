@@ -162,9 +162,9 @@ impl Spec {
     }
 }
 
-/// Tile shape of the prompt kernel for `head_dim` and tile element size:
-/// `(BR query rows, BC keys)`, the first of a preference list whose Q tile,
-/// K/V tile and score tile fit [`WG_MEMORY`].
+/// Tile shape of the prompt kernel for `head_dim` and the K/V tile element
+/// size (the Q tile is f32): `(BR query rows, BC keys)`, the first of a
+/// preference list whose Q tile, K/V tile and score tile fit [`WG_MEMORY`].
 fn prompt_tiles(head_dim: usize, elt: usize) -> Option<(usize, usize)> {
     const PREF: [(usize, usize); 9] = [
         (16, 32),
@@ -178,7 +178,7 @@ fn prompt_tiles(head_dim: usize, elt: usize) -> Option<(usize, usize)> {
         (4, 4),
     ];
     PREF.into_iter()
-        .find(|&(br, bc)| (br + bc) * head_dim * elt + br * bc * 4 <= WG_MEMORY)
+        .find(|&(br, bc)| br * head_dim * 4 + bc * head_dim * elt + br * bc * 4 <= WG_MEMORY)
 }
 
 /// Workgroup size of the decode kernel: a power of two of at least 64 and
@@ -565,10 +565,11 @@ mod tests {
         for hd in (2..=MAX_HEAD_DIM).step_by(2) {
             for elt in [2, 4] {
                 let (br, bc) = prompt_tiles(hd, elt).expect("tiles");
-                assert!((br + bc) * hd * elt + br * bc * 4 <= WG_MEMORY);
+                assert!(br * hd * 4 + bc * hd * elt + br * bc * 4 <= WG_MEMORY);
             }
         }
         assert_eq!(prompt_tiles(64, 2), Some((16, 32)));
+        assert_eq!(prompt_tiles(128, 2), Some((16, 16)));
         assert_eq!(prompt_tiles(128, 4), Some((16, 8)));
     }
 }

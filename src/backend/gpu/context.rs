@@ -95,7 +95,8 @@ impl Ctx {
     }
 
     /// Shader source for this device: `enable f16;` when available, the
-    /// constants as `const NAME: u32 = V;`, then `parts` with `#if NAME` /
+    /// constants as `const NAME: u32 = V;`, the exact half-float helpers of
+    /// `shaders/f16.wgsl`, then `parts` with `#if NAME` /
     /// `#else` / `#endif` lines resolved (defined names: `F16`, `SUBGROUPS`,
     /// and every constant whose value is non-zero).
     pub fn source(&self, parts: &[&str], consts: &[(&str, u32)]) -> String {
@@ -111,6 +112,7 @@ impl Ctx {
             "SUBGROUPS" => self.caps.subgroups,
             _ => consts.iter().any(|(k, v)| *k == name && *v != 0),
         };
+        out.push_str(include_str!("../../../shaders/f16.wgsl"));
         for p in parts {
             out.push_str(&preprocess(p, &defined));
             out.push('\n');

@@ -299,6 +299,17 @@ impl Backend for GpuBackend {
         self.upload_weight(&t.name, t.ty, &t.dims, bytes)
     }
 
+    fn placeholder_weight(&self, t: &gguf::TensorInfo) -> Result<GpuWeight, BackendError> {
+        let d = |i: usize| t.dims.get(i).copied().unwrap_or(1) as usize;
+        Ok(GpuWeight {
+            ty: t.ty,
+            ne: [d(0), d(1), d(2)],
+            row_bytes: 0,
+            expert_stride: 0,
+            parts: Vec::new(),
+        })
+    }
+
     fn weight_from_bytes(
         &self,
         t: &gguf::TensorInfo,
