@@ -97,6 +97,8 @@ pub struct BenchArgs {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum LoadMode {
     Mmap,
+    /// Resident weights read into memory (llama.cpp's `--no-mmap`).
+    Read,
     Longhaul {
         gib: String,
         budget: u64,
@@ -307,8 +309,8 @@ fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
                     }
                 }
             }
-            "read" => anyhow::bail!("--load-mode read is not built: resident weights are memory-mapped (mmap); longhaul copies dense weights into memory and streams experts"),
-            other => anyhow::bail!("--load-mode {other}: use mmap or longhaul (comma-separated for both)"),
+            "read" => modes.push(LoadMode::Read),
+            other => anyhow::bail!("--load-mode {other}: use mmap, read or longhaul (comma-separated for several)"),
         }
     }
     Ok(modes)
@@ -475,7 +477,7 @@ fn bench_on<B: Backend>(
     let a = p.a;
     for mode in p.modes {
         let longhaul = match mode {
-            LoadMode::Mmap => None,
+            LoadMode::Mmap | LoadMode::Read => None,
             LoadMode::Longhaul { budget, policy, .. } => Some(LonghaulParams {
                 budget: CacheBudget::Bytes(*budget),
                 policy: *policy,
@@ -489,6 +491,7 @@ fn bench_on<B: Backend>(
             n_ubatch: DEFAULT_UBATCH,
             kv_type: GgmlType::F16,
             longhaul,
+            no_mmap: *mode == LoadMode::Read,
         };
         let mut engine = Engine::load(&a.model, backend.clone(), params)
             .with_context(|| format!("loading {}", a.model.display()))?;

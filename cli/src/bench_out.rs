@@ -41,6 +41,7 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
     let (avg_ts, sd_ts) = mean_sd(&ts);
     let (mode, gib, policy) = match &r.mode {
         LoadMode::Mmap => ("mmap", Value::Null, Value::Null),
+        LoadMode::Read => ("read", Value::Null, Value::Null),
         LoadMode::Longhaul { gib, policy, .. } => (
             "longhaul",
             json!(gib.parse::<f64>().unwrap_or(0.0)),
@@ -65,6 +66,7 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
         ("type_k", json!("f16")),
         ("type_v", json!("f16")),
         ("n_gpu_layers", json!(r.placement.ngl)),
+        ("use_mmap", json!(mode == "mmap")),
         ("load_mode", json!(mode)),
         ("n_prompt", json!(r.test.n_prompt)),
         ("n_gen", json!(r.test.n_gen)),
@@ -157,7 +159,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
     let any_lh = rows
         .iter()
         .any(|r| matches!(r.mode, LoadMode::Longhaul { .. }));
-    let mixed_modes = rows.iter().any(|r| r.mode == LoadMode::Mmap) && any_lh;
+    let mixed_modes = rows.iter().any(|r| r.mode != rows[0].mode);
     let any_gpu = rows.iter().any(|r| r.placement.backend != "CPU");
     let any_cpu = rows.iter().any(|r| r.placement.backend == "CPU");
     let policies_differ = rows
@@ -199,6 +201,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
             false,
             Box::new(|r: &Row| match r.mode {
                 LoadMode::Mmap => "mmap".into(),
+                LoadMode::Read => "read".into(),
                 LoadMode::Longhaul { .. } => "longhaul".into(),
             }),
         ));
@@ -219,7 +222,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
             false,
             Box::new(|r: &Row| match &r.mode {
                 LoadMode::Longhaul { policy, .. } => format!("{policy:?}").to_lowercase(),
-                LoadMode::Mmap => "-".into(),
+                LoadMode::Mmap | LoadMode::Read => "-".into(),
             }),
         ));
     }

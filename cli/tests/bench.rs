@@ -271,8 +271,8 @@ fn flag_errors_say_what_to_do() {
     // A partial offload is refused before anything runs.
     let e = err(&["-m", &m, "-ngl", "0,1"]);
     assert!(e.contains("-ngl 1:") && e.contains("use -ngl 0"), "{e}");
-    let e = err(&["-m", &m, "--load-mode", "read"]);
-    assert!(e.contains("--load-mode read is not built"), "{e}");
+    let e = err(&["-m", &m, "--load-mode", "mapped"]);
+    assert!(e.contains("use mmap, read or longhaul"), "{e}");
     let e = err(&["-m", &m, "--load-mode", "longhaul"]);
     assert!(e.contains("needs --longhaul-cache"), "{e}");
     let e = err(&["-m", &m, "--longhaul-cache", "1"]);
@@ -283,4 +283,54 @@ fn flag_errors_say_what_to_do() {
     assert!(e.contains("PP,TG"), "{e}");
     let e = err(&["-m", &m, "-o", "xml"]);
     assert!(e.contains("use md, json, jsonl or csv"), "{e}");
+}
+
+#[test]
+fn read_load_mode_gives_its_own_rows() {
+    let m = fixture("qwen3moe-q8_0.gguf");
+    let out = bench_ok(&[
+        "-m",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "-ngl",
+        "0",
+        "--load-mode",
+        "mmap,read",
+        "-o",
+        "jsonl",
+    ]);
+    let rows: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("jsonl row"))
+        .collect();
+    assert_eq!(rows.len(), 4, "2 load modes x 2 tests: {out}");
+    let modes: Vec<(&str, bool)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["load_mode"].as_str().unwrap(),
+                r["use_mmap"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("mmap", true),
+            ("mmap", true),
+            ("read", false),
+            ("read", false)
+        ]
+    );
+    for r in &rows {
+        assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+    }
 }

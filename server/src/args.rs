@@ -92,6 +92,9 @@ pub struct ModelArgs {
     /// KV cache type for V (-ctv): must equal -ctk.
     #[arg(long = "cache-type-v", default_value = "f16")]
     pub cache_type_v: String,
+    /// Read the weights into memory instead of memory-mapping the file.
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
     #[command(flatten)]
     pub placement: PlacementArgs,
     #[command(flatten)]
@@ -196,6 +199,7 @@ impl ModelArgs {
             n_ubatch: self.ubatch_size.max(1),
             kv_type: k,
             longhaul: self.longhaul.params()?,
+            no_mmap: self.no_mmap,
         })
     }
 

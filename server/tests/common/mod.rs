@@ -92,6 +92,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
             policy: "lru".parse().expect("policy"),
             prefetch: false,
         }),
+        no_mmap: false,
     };
     let engine = Arc::new(
         Engine::load(path, CpuBackend::new(), params)
