@@ -351,7 +351,7 @@ fn act_rounded(
         _ => return Ok(None),
     };
     let elementwise = mode >= 2;
-    if !elementwise && x.cols % blk != 0 {
+    if !elementwise && !x.cols.is_multiple_of(blk) {
         return Err(shape(
             "matmul",
             format!("rows of {} are not whole {} blocks", x.cols, act.name()),

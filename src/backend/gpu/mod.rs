@@ -208,7 +208,7 @@ impl GpuBackend {
         let ne0 = dims[0] as usize;
         let ne1 = dims.get(1).copied().unwrap_or(1) as usize;
         let ne2 = dims.get(2).copied().unwrap_or(1) as usize;
-        if dims.len() > 3 || ne0 % ty.block_size() != 0 {
+        if dims.len() > 3 || !ne0.is_multiple_of(ty.block_size()) {
             return Err(BackendError::Shape {
                 op: "upload_weight",
                 detail: format!("`{name}`: unsupported dims {dims:?} for {}", ty.name()),
