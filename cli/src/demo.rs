@@ -103,8 +103,13 @@ fn demo_on<B: Backend>(
         Ok((engine, out, text, stats))
     };
 
+    let resident = if backend.name() == "CPU" {
+        "read in place from the memory-mapped file"
+    } else {
+        "uploaded to the GPU"
+    };
     eprintln!(
-        "\n1) resident: every weight read in place from the memory-mapped file, greedy, {} tokens",
+        "\n1) resident: every weight {resident}, greedy, {} tokens",
         a.n_predict
     );
     let (_, out_r, text_r, st_r) = gen(EngineParams::default())?;
