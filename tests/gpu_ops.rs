@@ -182,3 +182,33 @@ fn bad_shapes_are_errors_not_panics() {
     assert!(g.scale_rows(&mut b, &[1.0]).is_err());
     assert!(g.from_host(vec![1.0; 5], 2, 3).is_err());
 }
+
+#[test]
+fn device_errors_come_back_as_typed_errors() {
+    use longhaul::backend::gpu::{Arg, KernelKey};
+    let g = gpu_util::gpu();
+    let ctx = g.ctx();
+    let pipe = ctx
+        .pipeline(&KernelKey::new("test_two_bindings"), || {
+            ctx.source(
+                &["@group(0) @binding(0) var<storage, read> a: array<f32>;\n\
+                   @group(0) @binding(1) var<storage, read_write> b: array<f32>;\n\
+                   @compute @workgroup_size(1) fn main() { b[0] = a[0]; }"],
+                &[],
+            )
+        })
+        .expect("compile");
+    let t = g.from_host(vec![1.0; 4], 2, 2).unwrap();
+    // One binding for a kernel that declares two: wgpu's validation fails;
+    // the default handler would panic, ours reports it at the next read.
+    ctx.dispatch(&pipe, &[Arg::Buf(&t.buf)], &[], [1, 1, 1]);
+    let e = g
+        .to_host(&t)
+        .expect_err("the invalid dispatch must surface");
+    assert!(e.to_string().contains("GPU error"), "{e}");
+    // The error is reported once; the device keeps working.
+    assert_eq!(g.to_host(&t).unwrap(), vec![1.0; 4]);
+    // A shader that does not compile is a typed error too.
+    let bad = ctx.pipeline(&KernelKey::new("test_bad_shader"), || "fn main( {".into());
+    assert!(bad.is_err());
+}

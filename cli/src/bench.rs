@@ -310,7 +310,9 @@ fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
                 }
             }
             "read" => modes.push(LoadMode::Read),
-            other => anyhow::bail!("--load-mode {other}: use mmap, read or longhaul (comma-separated for several)"),
+            other => anyhow::bail!(
+                "--load-mode {other}: use mmap, read or longhaul (comma-separated for several)"
+            ),
         }
     }
     Ok(modes)

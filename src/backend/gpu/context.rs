@@ -71,6 +71,10 @@ pub struct Ctx {
     pub caps: Caps,
     pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
     pending: Mutex<Pending>,
+    /// The first device error not caught by an error scope (out of memory,
+    /// validation): wgpu's default handler would panic; we report it as a
+    /// [`GpuError`] at the next allocation or read-back.
+    failed: Arc<Mutex<Option<String>>>,
 }
 
 /// Binding `i` of a dispatch: a whole buffer or a byte range of one.
@@ -82,6 +86,14 @@ pub enum Arg<'a> {
 
 impl Ctx {
     pub fn new(device: wgpu::Device, queue: wgpu::Queue, caps: Caps) -> Self {
+        let failed: Arc<Mutex<Option<String>>> = Arc::default();
+        let sink = failed.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut f = sink.lock().unwrap_or_else(|p| p.into_inner());
+            if f.is_none() {
+                *f = Some(e.to_string());
+            }
+        }));
         Self {
             device,
             queue,
@@ -91,6 +103,15 @@ impl Ctx {
                 encoder: None,
                 dispatches: 0,
             }),
+            failed,
+        }
+    }
+
+    /// The device error recorded since the last check, if any.
+    pub fn check(&self) -> Result<(), GpuError> {
+        match self.failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            None => Ok(()),
+            Some(e) => Err(GpuError::Failed(e)),
         }
     }
 
@@ -292,6 +313,7 @@ impl Ctx {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: self.caps.poison,
         });
+        self.check()?;
         if self.caps.poison {
             let nan = f32::NAN.to_le_bytes();
             let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
@@ -321,6 +343,7 @@ impl Ctx {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: true,
         });
+        self.check()?;
         {
             let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
             view.slice(..data.len()).copy_from_slice(data);
@@ -346,6 +369,7 @@ impl Ctx {
             let _ = tx.send(r);
         });
         self.wait()?;
+        self.check()?;
         rx.recv()
             .map_err(|e| GpuError::Lost(e.to_string()))?
             .map_err(|e| GpuError::Lost(e.to_string()))?;

@@ -43,6 +43,8 @@ pub enum GpuError {
     },
     #[error("GPU device lost or failed: {0}")]
     Lost(String),
+    #[error("GPU error: {0}; if the device ran out of memory, stream the experts (--longhaul --longhaul-cache GIB) or run on the CPU (-ngl 0)")]
+    Failed(String),
 }
 
 /// User settings for the GPU placement (also read from the environment by
