@@ -121,15 +121,24 @@ fn gpu_longhaul_equals_gpu_resident() {
         let want = greedy(&resident, 12);
         let (layers, per_slot) = resident.expert_slot_cost().expect("cost");
         let n_expert = resident.hp.n_expert;
-        for slots in [1, n_expert / 2, n_expert] {
+        for (slots, policy, prefetch) in [
+            (1, Policy::Lru, false),
+            (n_expert / 2, Policy::Lru, false),
+            (n_expert / 2, Policy::Lfu, true),
+            (n_expert, Policy::Lru, false),
+        ] {
             let cfg = LonghaulConfig {
                 budget_bytes: (slots * layers) as u64 * per_slot,
-                policy: Policy::Lru,
-                prefetch: false,
+                policy,
+                prefetch,
             };
             let m = Model::load_with(g.clone(), open(&name), Some(cfg)).expect("longhaul load");
             assert_eq!(m.n_slots, slots);
-            assert_eq!(greedy(&m, 12), want, "{name} with {slots} slots");
+            assert_eq!(
+                greedy(&m, 12),
+                want,
+                "{name} with {slots} slots, {policy:?}, prefetch {prefetch}"
+            );
             let read: u64 = m
                 .longhaul_stats()
                 .expect("stats")
