@@ -46,14 +46,12 @@ fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     let np = n & !63;
     let mut acc = [[0f32; 16]; 4];
-    let mut i = 0;
-    while i < np {
+    // Steps of 64 as four fixed 16-lane FMAs: no bounds checks or dynamic
+    // indices, so each becomes one vector FMA.
+    for (xc, yc) in x[..np].chunks_exact(64).zip(y[..np].chunks_exact(64)) {
         for (k, a) in acc.iter_mut().enumerate() {
-            for (l, s) in a.iter_mut().enumerate() {
-                *s = x[i + 16 * k + l].mul_add(y[i + 16 * k + l], *s);
-            }
+            fma16(a, &xc[16 * k..16 * k + 16], &yc[16 * k..16 * k + 16]);
         }
-        i += 64;
     }
     let mut sum = 0f32;
     if np > 0 {
@@ -63,6 +61,15 @@ fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
         sum += x[j] * y[j];
     }
     sum
+}
+
+/// `a[l] = x[l] * y[l] + a[l]` (fused) for 16 lanes.
+#[inline(always)]
+fn fma16(a: &mut [f32; 16], x: &[f32], y: &[f32]) {
+    let (x, y) = (&x[..16], &y[..16]);
+    for l in 0..16 {
+        a[l] = x[l].mul_add(y[l], a[l]);
+    }
 }
 
 /// `GGML_F32x16_REDUCE` over four accumulators: `(a0 + a2) + (a1 + a3)`,
@@ -215,22 +222,52 @@ fn attend_row(
             *a = v.mul_add(pj, *a);
         }
     }
-    for (d, o) in dst.iter_mut().enumerate() {
-        *o = if lanes == 16 {
-            let mut r = [0f32; 16];
-            for (l, rl) in r.iter_mut().enumerate() {
-                *rl = acc[l * hd + d];
+    if lanes == 16 {
+        reduce16_rows(acc, hd, dst);
+    } else {
+        // GGML_F32x16_REDUCE's first step, `(a0 + a2) + (a1 + a3)`, into the
+        // first 16 lane rows, then the 16-lane reduction.
+        let (lo, hi) = acc.split_at_mut(32 * hd);
+        for l in 0..16 {
+            let (a0, a1) = (&lo[l * hd..(l + 1) * hd], &lo[(16 + l) * hd..(17 + l) * hd]);
+            let (a2, a3) = (&hi[l * hd..(l + 1) * hd], &hi[(16 + l) * hd..(17 + l) * hd]);
+            let mut r = vec![0f32; hd];
+            for d in 0..hd {
+                r[d] = (a0[d] + a2[d]) + (a1[d] + a3[d]);
             }
-            reduce16(&r)
-        } else {
-            let mut r = [[0f32; 16]; 4];
-            for (k, rk) in r.iter_mut().enumerate() {
-                for (l, rl) in rk.iter_mut().enumerate() {
-                    *rl = acc[(16 * k + l) * hd + d];
-                }
-            }
-            reduce_4x16(&r)
-        };
+            lo[l * hd..(l + 1) * hd].copy_from_slice(&r);
+        }
+        reduce16_rows(&mut lo[..16 * hd], hd, dst);
+    }
+}
+
+/// [`reduce16`] of every column `d` of 16 lane rows (`acc[l * hd + d]`),
+/// computed row-wise so it vectorises over `d`; the same additions in the
+/// same order as [`reduce16`] per column. Clobbers `acc`.
+#[inline(always)]
+fn reduce16_rows(acc: &mut [f32], hd: usize, dst: &mut [f32]) {
+    let (lo, hi) = acc.split_at_mut(8 * hd);
+    // t[i] = a[i + 8] + a[i]
+    for i in 0..8 {
+        let (t, a) = (&mut lo[i * hd..(i + 1) * hd], &hi[i * hd..(i + 1) * hd]);
+        for (t, a) in t.iter_mut().zip(a) {
+            *t = *a + *t;
+        }
+    }
+    // u[i] = t[i + 4] + t[i]
+    let (lo, hi) = lo.split_at_mut(4 * hd);
+    for i in 0..4 {
+        let (u, t) = (&mut lo[i * hd..(i + 1) * hd], &hi[i * hd..(i + 1) * hd]);
+        for (u, t) in u.iter_mut().zip(t) {
+            *u = *t + *u;
+        }
+    }
+    // (u0 + u2) + (u1 + u3)
+    let (u0, rest) = lo.split_at(hd);
+    let (u1, rest) = rest.split_at(hd);
+    let (u2, u3) = rest.split_at(hd);
+    for (d, o) in dst.iter_mut().enumerate().take(hd) {
+        *o = (u0[d] + u2[d]) + (u1[d] + u3[d]);
     }
 }
 
@@ -253,6 +290,40 @@ unsafe fn attend_row_fma(
     dst: &mut [f32],
 ) {
     attend_row(kv, q, sinks, pos, p, i, row, dst)
+}
+
+/// [`attend_row`] compiled for AVX-512 (same operations in the same order,
+/// so the same bits; the 16-lane accumulators become single registers).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_row_avx512(
+    kv: &KvView,
+    q: &CpuTensor,
+    sinks: Option<&[f32]>,
+    pos: BatchPos,
+    p: &AttnParams,
+    i: usize,
+    row: &mut Row,
+    dst: &mut [f32],
+) {
+    attend_row(kv, q, sinks, pos, p, i, row, dst)
+}
+
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_fma()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bw")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 fn has_fma() -> bool {
@@ -297,6 +368,7 @@ pub(super) fn attend(
         }
     }
     let fma = has_fma();
+    let avx512 = has_avx512();
     let n_pos = pos.pos0 + pos.n_tokens;
     let kv = &KvView {
         k: view(&kv.k, n_pos * kv.n_embd_k),
@@ -315,12 +387,18 @@ pub(super) fn attend(
             },
             |row, (i, dst)| {
                 #[cfg(target_arch = "x86_64")]
+                if avx512 {
+                    // SAFETY: has_avx512() checked the CPU.
+                    unsafe { attend_row_avx512(kv, q, sinks, pos, p, i, row, dst) };
+                    return;
+                }
+                #[cfg(target_arch = "x86_64")]
                 if fma {
                     // SAFETY: has_fma() checked the CPU.
                     unsafe { attend_row_fma(kv, q, sinks, pos, p, i, row, dst) };
                     return;
                 }
-                let _ = fma;
+                let _ = (fma, avx512);
                 attend_row(kv, q, sinks, pos, p, i, row, dst)
             },
         );
