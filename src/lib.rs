@@ -2,6 +2,7 @@
 //! GGUF that keeps dense weights resident and streams routed experts into a
 //! fixed-budget per-layer cache. See DESIGN.md in the shared folder for the map.
 
+pub mod alloc;
 pub mod backend;
 pub mod engine;
 pub mod gguf;

@@ -3,6 +3,7 @@
 use clap::Parser;
 
 fn main() {
+    longhaul::alloc::keep_freed_buffers();
     let cli = longhaul_server::args::Cli::parse_from(longhaul_server::args::normalize_args(
         std::env::args(),
     ));
