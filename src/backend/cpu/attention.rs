@@ -251,7 +251,7 @@ fn reduce16_rows(acc: &mut [f32], hd: usize, dst: &mut [f32]) {
     for i in 0..8 {
         let (t, a) = (&mut lo[i * hd..(i + 1) * hd], &hi[i * hd..(i + 1) * hd]);
         for (t, a) in t.iter_mut().zip(a) {
-            *t = *a + *t;
+            *t += *a;
         }
     }
     // u[i] = t[i + 4] + t[i]
@@ -259,7 +259,7 @@ fn reduce16_rows(acc: &mut [f32], hd: usize, dst: &mut [f32]) {
     for i in 0..4 {
         let (u, t) = (&mut lo[i * hd..(i + 1) * hd], &hi[i * hd..(i + 1) * hd]);
         for (u, t) in u.iter_mut().zip(t) {
-            *u = *t + *u;
+            *u += *t;
         }
     }
     // (u0 + u2) + (u1 + u3)
