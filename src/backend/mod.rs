@@ -231,6 +231,28 @@ pub trait Backend: Send + Sync + Clone {
         pos: BatchPos,
         p: &RopeParams,
     ) -> Result<(), BackendError>;
+    /// [`Backend::rope`] over the rows of several sequences: `seqs[i]` owns
+    /// the next `seqs[i].n_tokens` rows of `x`, at positions `pos0..`.
+    fn rope_multi(
+        &self,
+        x: &mut Self::Tensor,
+        head_dim: usize,
+        seqs: &[BatchPos],
+        p: &RopeParams,
+    ) -> Result<(), BackendError> {
+        if let [pos] = seqs {
+            return self.rope(x, head_dim, *pos, p);
+        }
+        let mut r0 = 0;
+        for pos in seqs {
+            let rows: Vec<usize> = (r0..r0 + pos.n_tokens).collect();
+            let mut part = self.gather_rows(x, &rows)?;
+            self.rope(&mut part, head_dim, *pos, p)?;
+            self.scatter_rows(x, &part, &rows)?;
+            r0 += pos.n_tokens;
+        }
+        Ok(())
+    }
     /// `glu(gate, up)` element-wise.
     fn glu(
         &self,
@@ -268,4 +290,44 @@ pub trait Backend: Send + Sync + Clone {
         pos: BatchPos,
         p: &AttnParams,
     ) -> Result<Self::Tensor, BackendError>;
+
+    /// [`Backend::attention`] for several sequences whose rows follow each
+    /// other in `q`, `k` and `v` (`seqs[i]` owns the next `n_tokens` rows and
+    /// the cache `kvs[i]`); each row equals its sequence's attention alone.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_multi(
+        &self,
+        kvs: &mut [&mut Self::Kv],
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        sinks: Option<&Self::Weight>,
+        seqs: &[BatchPos],
+        p: &AttnParams,
+    ) -> Result<Self::Tensor, BackendError> {
+        if let ([kv], [pos]) = (&mut *kvs, seqs) {
+            return self.attention(kv, q, k, v, sinks, *pos, p);
+        }
+        if kvs.len() != seqs.len() {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!("{} caches for {} sequences", kvs.len(), seqs.len()),
+            });
+        }
+        let (rows, cols) = self.shape(q);
+        let mut out = self.zeros(rows, cols)?;
+        let mut r0 = 0;
+        for (kv, pos) in kvs.iter_mut().zip(seqs) {
+            let r: Vec<usize> = (r0..r0 + pos.n_tokens).collect();
+            let (qs, ks, vs) = (
+                self.gather_rows(q, &r)?,
+                self.gather_rows(k, &r)?,
+                self.gather_rows(v, &r)?,
+            );
+            let a = self.attention(kv, &qs, &ks, &vs, sinks, *pos, p)?;
+            self.scatter_rows(&mut out, &a, &r)?;
+            r0 += pos.n_tokens;
+        }
+        Ok(out)
+    }
 }

@@ -328,9 +328,9 @@ fn moe_ffn<'s, B: Backend>(
 /// The repeating layers over `x`.
 /// The repeating layers over `x`, whose rows are the tokens of `seqs` in
 /// order (sequence `i` owns `seqs[i].n_tokens` consecutive rows and its own
-/// KV caches `kvs[i]`). Matrix products run over all rows at once; rope and
-/// attention run per sequence, so each row is computed exactly as it would
-/// be alone.
+/// KV caches `kvs[i]`). Every op runs over all rows at once; rope and
+/// attention take each row's sequence into account, so each row is computed
+/// exactly as it would be alone.
 fn layers<'s, B: Backend>(
     m: &'s Model<B>,
     kvs: &mut [&mut [B::Kv]],
@@ -340,12 +340,6 @@ fn layers<'s, B: Backend>(
 ) -> Result<B::Tensor, ModelError> {
     let b = &m.backend;
     let hp = &m.hp;
-    let mut row0 = Vec::with_capacity(seqs.len());
-    let mut r = 0;
-    for s in seqs {
-        row0.push(r);
-        r += s.n_tokens;
-    }
     for (il, layer) in m.layers.iter().enumerate() {
         let h = b.rms_norm(&x, &layer.attn_norm, hp.n_embd, hp.eps)?;
         let mut q = b.matmul(&layer.wq, &h)?;
@@ -373,23 +367,10 @@ fn layers<'s, B: Backend>(
             scale: 1.0 / (hp.head_dim as f32).sqrt(),
             window: layer.window,
         };
-        let attn = if let ([pos], [kv]) = (seqs, &mut *kvs) {
-            b.rope(&mut q, hp.head_dim, *pos, &m.rope)?;
-            b.rope(&mut k, hp.head_dim, *pos, &m.rope)?;
-            b.attention(&mut kv[il], &q, &k, &v, layer.sinks.as_ref(), *pos, &p)?
-        } else {
-            let mut attn = b.zeros(r, hp.n_head * hp.head_dim)?;
-            for ((pos, kv), &r0) in seqs.iter().zip(kvs.iter_mut()).zip(&row0) {
-                let rows: Vec<usize> = (r0..r0 + pos.n_tokens).collect();
-                let (mut qs, mut ks) = (b.gather_rows(&q, &rows)?, b.gather_rows(&k, &rows)?);
-                let vs = b.gather_rows(&v, &rows)?;
-                b.rope(&mut qs, hp.head_dim, *pos, &m.rope)?;
-                b.rope(&mut ks, hp.head_dim, *pos, &m.rope)?;
-                let a = b.attention(&mut kv[il], &qs, &ks, &vs, layer.sinks.as_ref(), *pos, &p)?;
-                b.scatter_rows(&mut attn, &a, &rows)?;
-            }
-            attn
-        };
+        b.rope_multi(&mut q, hp.head_dim, seqs, &m.rope)?;
+        b.rope_multi(&mut k, hp.head_dim, seqs, &m.rope)?;
+        let mut layer_kvs: Vec<&mut B::Kv> = kvs.iter_mut().map(|kv| &mut kv[il]).collect();
+        let attn = b.attention_multi(&mut layer_kvs, &q, &k, &v, layer.sinks.as_ref(), seqs, &p)?;
         let mut o = b.matmul(&layer.wo, &attn)?;
         if let Some(bo) = &layer.bo {
             b.add_bias(&mut o, bo)?;

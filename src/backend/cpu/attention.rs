@@ -161,6 +161,7 @@ fn view(store: &KvStore, n: usize) -> std::borrow::Cow<'_, [f32]> {
 fn attend_row(
     kv: &KvView,
     q: &CpuTensor,
+    row0: usize,
     sinks: Option<&[f32]>,
     pos: BatchPos,
     p: &AttnParams,
@@ -177,7 +178,8 @@ fn attend_row(
         None => 0,
     };
     let kvh = h / group;
-    let qrow = &q.data[t * q.cols + h * hd..t * q.cols + (h + 1) * hd];
+    let qr = (row0 + t) * q.cols;
+    let qrow = &q.data[qr + h * hd..qr + (h + 1) * hd];
     // Scores, padded with masked cells to whole blocks of 16.
     let n_pad = (qp + 1).div_ceil(16) * 16;
     let Row { w, acc } = row;
@@ -282,6 +284,7 @@ fn reduce16_rows(acc: &mut [f32], hd: usize, dst: &mut [f32]) {
 unsafe fn attend_row_fma(
     kv: &KvView,
     q: &CpuTensor,
+    row0: usize,
     sinks: Option<&[f32]>,
     pos: BatchPos,
     p: &AttnParams,
@@ -289,7 +292,7 @@ unsafe fn attend_row_fma(
     row: &mut Row,
     dst: &mut [f32],
 ) {
-    attend_row(kv, q, sinks, pos, p, i, row, dst)
+    attend_row(kv, q, row0, sinks, pos, p, i, row, dst)
 }
 
 /// [`attend_row`] compiled for AVX-512 (same operations in the same order,
@@ -303,6 +306,7 @@ unsafe fn attend_row_fma(
 unsafe fn attend_row_avx512(
     kv: &KvView,
     q: &CpuTensor,
+    row0: usize,
     sinks: Option<&[f32]>,
     pos: BatchPos,
     p: &AttnParams,
@@ -310,7 +314,7 @@ unsafe fn attend_row_avx512(
     row: &mut Row,
     dst: &mut [f32],
 ) {
-    attend_row(kv, q, sinks, pos, p, i, row, dst)
+    attend_row(kv, q, row0, sinks, pos, p, i, row, dst)
 }
 
 fn has_avx512() -> bool {
@@ -335,27 +339,39 @@ fn has_fma() -> bool {
     false
 }
 
+/// Attention for several sequences at once: `q` holds their rows back to
+/// back (`seqs[i].n_tokens` rows each) and `kvs[i]` is sequence `i`'s cache,
+/// already holding its new keys and values. One parallel pass over every
+/// (token, head) row; each row is computed exactly as for its sequence alone.
 pub(super) fn attend(
-    kv: &CpuKv,
+    kvs: &[&CpuKv],
     q: &CpuTensor,
     sinks: Option<&[f32]>,
-    pos: BatchPos,
+    seqs: &[BatchPos],
     p: &AttnParams,
 ) -> Result<CpuTensor, BackendError> {
     let hd = p.head_dim;
+    let n_rows: usize = seqs.iter().map(|s| s.n_tokens).sum();
+    let bad_kv = kvs
+        .iter()
+        .any(|kv| kv.n_embd_k != p.n_head_kv * hd || kv.n_embd_v != p.n_head_kv * hd);
     if p.n_head == 0
         || p.n_head_kv == 0
         || !p.n_head.is_multiple_of(p.n_head_kv)
         || q.cols != p.n_head * hd
-        || q.rows != pos.n_tokens
-        || kv.n_embd_k != p.n_head_kv * hd
-        || kv.n_embd_v != p.n_head_kv * hd
+        || q.rows != n_rows
+        || kvs.len() != seqs.len()
+        || bad_kv
     {
         return Err(BackendError::Shape {
             op: "attention",
             detail: format!(
-                "q [{}, {}], {} heads / {} kv heads of {hd}, cache rows {}/{}",
-                q.rows, q.cols, p.n_head, p.n_head_kv, kv.n_embd_k, kv.n_embd_v
+                "q [{}, {}] for {n_rows} tokens of {} sequences, {} heads / {} kv heads of {hd}",
+                q.rows,
+                q.cols,
+                seqs.len(),
+                p.n_head,
+                p.n_head_kv
             ),
         });
     }
@@ -369,13 +385,26 @@ pub(super) fn attend(
     }
     let fma = has_fma();
     let avx512 = has_avx512();
-    let n_pos = pos.pos0 + pos.n_tokens;
-    let kv = &KvView {
-        k: view(&kv.k, n_pos * kv.n_embd_k),
-        v: view(&kv.v, n_pos * kv.n_embd_v),
-        n_embd_k: kv.n_embd_k,
-        n_embd_v: kv.n_embd_v,
-    };
+    let views: Vec<KvView> = kvs
+        .iter()
+        .zip(seqs)
+        .map(|(kv, pos)| {
+            let n_pos = pos.pos0 + pos.n_tokens;
+            KvView {
+                k: view(&kv.k, n_pos * kv.n_embd_k),
+                v: view(&kv.v, n_pos * kv.n_embd_v),
+                n_embd_k: kv.n_embd_k,
+                n_embd_v: kv.n_embd_v,
+            }
+        })
+        .collect();
+    // First row of each sequence.
+    let mut starts = Vec::with_capacity(seqs.len());
+    let mut r = 0;
+    for s in seqs {
+        starts.push(r);
+        r += s.n_tokens;
+    }
     let mut out = CpuTensor::zeros(q.rows, q.cols);
     out.data
         .par_chunks_mut(hd.max(1))
@@ -386,20 +415,24 @@ pub(super) fn attend(
                 acc: Vec::new(),
             },
             |row, (i, dst)| {
+                let tok = i / p.n_head;
+                let s = starts.partition_point(|&st| st <= tok) - 1;
+                let (kv, pos, row0) = (&views[s], seqs[s], starts[s]);
+                let i = i - row0 * p.n_head;
                 #[cfg(target_arch = "x86_64")]
                 if avx512 {
                     // SAFETY: has_avx512() checked the CPU.
-                    unsafe { attend_row_avx512(kv, q, sinks, pos, p, i, row, dst) };
+                    unsafe { attend_row_avx512(kv, q, row0, sinks, pos, p, i, row, dst) };
                     return;
                 }
                 #[cfg(target_arch = "x86_64")]
                 if fma {
                     // SAFETY: has_fma() checked the CPU.
-                    unsafe { attend_row_fma(kv, q, sinks, pos, p, i, row, dst) };
+                    unsafe { attend_row_fma(kv, q, row0, sinks, pos, p, i, row, dst) };
                     return;
                 }
                 let _ = (fma, avx512);
-                attend_row(kv, q, sinks, pos, p, i, row, dst)
+                attend_row(kv, q, row0, sinks, pos, p, i, row, dst)
             },
         );
     Ok(out)

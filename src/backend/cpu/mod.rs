@@ -500,12 +500,76 @@ impl Backend for CpuBackend {
                 ),
             ));
         }
-        kv.k.write(pos.pos0 * kv.n_embd_k, &k.data);
-        kv.v.write(pos.pos0 * kv.n_embd_v, &v.data);
+        self.attention_multi(&mut [kv], q, k, v, sinks, &[pos], p)
+    }
+
+    fn attention_multi(
+        &self,
+        kvs: &mut [&mut CpuKv],
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        sinks: Option<&CpuWeight>,
+        seqs: &[BatchPos],
+        p: &AttnParams,
+    ) -> Result<CpuTensor, BackendError> {
+        let n_rows: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        if kvs.len() != seqs.len() || k.rows != n_rows || v.rows != n_rows {
+            return Err(shape_err(
+                "attention",
+                format!(
+                    "{} caches, {} sequences of {n_rows} tokens, k/v rows {}/{}",
+                    kvs.len(),
+                    seqs.len(),
+                    k.rows,
+                    v.rows
+                ),
+            ));
+        }
+        let mut r0 = 0;
+        for (kv, pos) in kvs.iter_mut().zip(seqs) {
+            let end = pos.pos0 + pos.n_tokens;
+            if end > kv.n_ctx {
+                return Err(BackendError::ContextFull {
+                    pos: end - 1,
+                    n_ctx: kv.n_ctx,
+                });
+            }
+            if k.cols != kv.n_embd_k || v.cols != kv.n_embd_v {
+                return Err(shape_err(
+                    "attention",
+                    format!(
+                        "k [{}, {}], v [{}, {}] for cache rows {}/{}",
+                        k.rows, k.cols, v.rows, v.cols, kv.n_embd_k, kv.n_embd_v
+                    ),
+                ));
+            }
+            let (kr, vr) = (r0 * k.cols, r0 * v.cols);
+            kv.k.write(
+                pos.pos0 * kv.n_embd_k,
+                &k.data[kr..kr + pos.n_tokens * k.cols],
+            );
+            kv.v.write(
+                pos.pos0 * kv.n_embd_v,
+                &v.data[vr..vr + pos.n_tokens * v.cols],
+            );
+            r0 += pos.n_tokens;
+        }
         let sinks = match sinks {
             Some(w) => Some(w.to_f32()?),
             None => None,
         };
-        attention::attend(kv, q, sinks.as_deref(), pos, p)
+        let kvs: Vec<&CpuKv> = kvs.iter().map(|kv| &**kv).collect();
+        attention::attend(&kvs, q, sinks.as_deref(), seqs, p)
+    }
+
+    fn rope_multi(
+        &self,
+        x: &mut CpuTensor,
+        head_dim: usize,
+        seqs: &[BatchPos],
+        p: &RopeParams,
+    ) -> Result<(), BackendError> {
+        ops::rope_rows(x, head_dim, seqs, p)
     }
 }

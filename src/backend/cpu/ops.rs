@@ -69,20 +69,36 @@ pub(super) fn rope(
     pos: BatchPos,
     p: &RopeParams,
 ) -> Result<(), BackendError> {
+    rope_rows(x, head_dim, &[pos], p)
+}
+
+/// Rope over the rows of several sequences (`seqs[i]` owns the next
+/// `n_tokens` rows, at positions `pos0..`), in one parallel pass.
+pub(super) fn rope_rows(
+    x: &mut CpuTensor,
+    head_dim: usize,
+    seqs: &[BatchPos],
+    p: &RopeParams,
+) -> Result<(), BackendError> {
+    let n_tokens: usize = seqs.iter().map(|s| s.n_tokens).sum();
     if head_dim == 0
         || !x.cols.is_multiple_of(head_dim)
         || p.n_rot > head_dim
         || !p.n_rot.is_multiple_of(2)
-        || x.rows != pos.n_tokens
+        || x.rows != n_tokens
     {
         return Err(shape_err(
             "rope",
             format!(
-                "rows of {} in heads of {head_dim}, n_rot {}, {} rows for {} tokens",
-                x.cols, p.n_rot, x.rows, pos.n_tokens
+                "rows of {} in heads of {head_dim}, n_rot {}, {} rows for {n_tokens} tokens",
+                x.cols, p.n_rot, x.rows
             ),
         ));
     }
+    let positions: Vec<usize> = seqs
+        .iter()
+        .flat_map(|s| s.pos0..s.pos0 + s.n_tokens)
+        .collect();
     let corr = yarn_corr_dims(p.n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow);
     let half = p.n_rot / 2;
     let cols = x.cols;
@@ -91,7 +107,7 @@ pub(super) fn rope(
         .enumerate()
         .for_each(|(t, row)| {
             let mut cache = vec![(0.0f32, 0.0f32); half];
-            rope_cache(p, (pos.pos0 + t) as f32, corr, &mut cache);
+            rope_cache(p, positions[t] as f32, corr, &mut cache);
             for head in row.chunks_mut(head_dim) {
                 for (i, &(c, s)) in cache.iter().enumerate() {
                     let (a, b) = match p.mode {
