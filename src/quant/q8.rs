@@ -142,16 +142,15 @@ impl ActBlock for BlockQ8K {
     fn quantize_act(x: &[f32], out: &mut [Self]) {
         for (b, x) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
             *b = BlockQ8K::zeroed();
-            let (mut max, mut amax) = (0.0f32, 0.0f32);
-            for &v in x {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
+            // The largest |v| (a max, so any order gives it), then the first
+            // element reaching it: the value a sequential `>` scan keeps.
+            let amax = x
+                .iter()
+                .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
             if amax == 0.0 {
                 continue;
             }
+            let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
             let iscale = -127.0 / max;
             for (q, &v) in b.qs.iter_mut().zip(x) {
                 *q = nearest_int(iscale * v).min(127) as i8;
@@ -193,5 +192,21 @@ mod tests {
         let zeros = vec![0.0f32; 256];
         BlockQ8K::quantize_act(&zeros, &mut b);
         assert_eq!(b[0], BlockQ8K::zeroed());
+    }
+
+    #[test]
+    fn q8_k_scale_comes_from_the_first_extreme() {
+        // |-1.1| == |1.1|: ggml's scan keeps the first as `max`, so the
+        // scale is -127 / first: the first extreme becomes -127, the second
+        // +127, and d carries the first one's sign.
+        for (first, second) in [(-1.1f32, 1.1f32), (1.1, -1.1)] {
+            let mut x: Vec<f32> = (0..256).map(|i| (i as f32 * 0.37).sin() * 0.5).collect();
+            x[40] = first;
+            x[200] = second;
+            let mut b = [BlockQ8K::zeroed()];
+            BlockQ8K::quantize_act(&x, &mut b);
+            assert_eq!(b[0].d, 1.0 / (-127.0 / first));
+            assert_eq!((b[0].qs[40], b[0].qs[200]), (-127, 127));
+        }
     }
 }
