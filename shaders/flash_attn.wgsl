@@ -74,21 +74,7 @@ var<workgroup> qt: array<vec2<f32>, BR * NP>;
 var<workgroup> kvt: array<T2, BC * NP>;
 var<workgroup> st: array<f32, BR * BC>;
 
-fn kpair(i: u32) -> vec2<f32> {
-#if KV_F16
-    return unpack_half2(kc[i]);
-#else
-    return kc[i];
-#endif
-}
-
-fn vpair(i: u32) -> vec2<f32> {
-#if KV_F16
-    return unpack_half2(vc[i]);
-#else
-    return vc[i];
-#endif
-}
+// kpair / vpair: kv_read.wgsl.
 
 @compute @workgroup_size(64)
 fn main(

@@ -54,21 +54,7 @@ var<workgroup> ss: array<f32, WG>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> accs: array<vec2<f32>, R * NP>;
 
-fn kpair(i: u32) -> vec2<f32> {
-#if KV_F16
-    return unpack_half2(kc[i]);
-#else
-    return kc[i];
-#endif
-}
-
-fn vpair(i: u32) -> vec2<f32> {
-#if KV_F16
-    return unpack_half2(vc[i]);
-#else
-    return vc[i];
-#endif
-}
+// kpair / vpair: kv_read.wgsl.
 
 #if SUBGROUPS
 // Subgroups are assumed to hold consecutive invocations (lid / size).

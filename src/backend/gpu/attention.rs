@@ -388,7 +388,10 @@ fn prompt(c: &Common) -> Result<(), BackendError> {
     };
     let pipe = ctx.pipeline(&KernelKey::new("flash_attn").variant(spec.bits()), || {
         ctx.source(
-            &[include_str!("../../../shaders/flash_attn.wgsl")],
+            &[
+                include_str!("../../../shaders/kv_read.wgsl"),
+                include_str!("../../../shaders/flash_attn.wgsl"),
+            ],
             &[
                 ("HD", hd as u32),
                 ("BR", br as u32),
@@ -485,7 +488,10 @@ fn decode(c: &Common) -> Result<bool, BackendError> {
         &KernelKey::new("flash_attn_decode").variant(spec.bits()),
         || {
             ctx.source(
-                &[include_str!("../../../shaders/flash_attn_decode.wgsl")],
+                &[
+                    include_str!("../../../shaders/kv_read.wgsl"),
+                    include_str!("../../../shaders/flash_attn_decode.wgsl"),
+                ],
                 &[
                     ("HD", hd as u32),
                     ("WG", wg as u32),

@@ -294,9 +294,9 @@ impl Ctx {
         }
     }
 
-    /// A storage buffer of at least `bytes` (rounded up to 16), NaN-poisoned
-    /// when the caps ask for it.
-    pub fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer, GpuError> {
+    /// A storage buffer of at least `bytes` (rounded up to 16, within one
+    /// binding), mapped when `mapped`; its size is `buf.size()`.
+    fn buffer(&self, bytes: u64, label: &str, mapped: bool) -> Result<wgpu::Buffer, GpuError> {
         let size = bytes.max(16).next_multiple_of(16);
         if size > self.caps.max_binding {
             return Err(GpuError::TooLarge {
@@ -311,13 +311,20 @@ impl Ctx {
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: self.caps.poison,
+            mapped_at_creation: mapped,
         });
         self.check()?;
+        Ok(buf)
+    }
+
+    /// A storage buffer of at least `bytes` (rounded up to 16), NaN-poisoned
+    /// when the caps ask for it.
+    pub fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer, GpuError> {
+        let buf = self.buffer(bytes, label, self.caps.poison)?;
         if self.caps.poison {
             let nan = f32::NAN.to_le_bytes();
             let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
-            let bytes: Vec<u8> = (0..size as usize).map(|i| nan[i % 4]).collect();
+            let bytes: Vec<u8> = (0..buf.size() as usize).map(|i| nan[i % 4]).collect();
             view.copy_from_slice(&bytes);
             drop(view);
             buf.unmap();
@@ -327,23 +334,7 @@ impl Ctx {
 
     /// A storage buffer holding `data` (padded to a multiple of 16 bytes).
     pub fn upload(&self, data: &[u8], label: &str) -> Result<wgpu::Buffer, GpuError> {
-        let size = (data.len() as u64).max(16).next_multiple_of(16);
-        if size > self.caps.max_binding {
-            return Err(GpuError::TooLarge {
-                what: label.to_string(),
-                bytes: size,
-                limit: self.caps.max_binding,
-            });
-        }
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: true,
-        });
-        self.check()?;
+        let buf = self.buffer(data.len() as u64, label, true)?;
         {
             let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
             view.slice(..data.len()).copy_from_slice(data);

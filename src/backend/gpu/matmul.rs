@@ -30,6 +30,7 @@ use crate::backend::BackendError;
 use crate::tensor::GgmlType;
 
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
+const PRODUCT_IO: &str = include_str!("../../../shaders/product_io.wgsl");
 const MATVEC: &str = include_str!("../../../shaders/matvec.wgsl");
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
 const MUL_MAT_ID: &str = include_str!("../../../shaders/mul_mat_id.wgsl");
@@ -233,9 +234,9 @@ fn matvec_pipeline(
         ("TILE_F16", TILE_F16 as u32),
     ]);
     let parts: &[&str] = if id {
-        &[QUANT, MUL_MAT_ID, MATVEC]
+        &[QUANT, PRODUCT_IO, MUL_MAT_ID, MATVEC]
     } else {
-        &[QUANT, MATVEC]
+        &[QUANT, PRODUCT_IO, MATVEC]
     };
     Ok(ctx.pipeline(&KernelKey::new(name).ty(ty), || ctx.source(parts, &consts))?)
 }
@@ -257,9 +258,9 @@ fn matmul_pipeline(
         ("MUL_MAT_ID", id as u32),
     ]);
     let parts: &[&str] = if id {
-        &[QUANT, MUL_MAT_ID, MATMUL]
+        &[QUANT, PRODUCT_IO, MUL_MAT_ID, MATMUL]
     } else {
-        &[QUANT, MATMUL]
+        &[QUANT, PRODUCT_IO, MATMUL]
     };
     Ok(
         ctx.pipeline(&KernelKey::new(name).ty(ty).variant(tile.variant), || {
