@@ -29,13 +29,8 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub stream: bool,
     pub cache_prompt: Option<bool>,
-    pub temperature: Option<f32>,
-    pub top_k: Option<i32>,
-    pub top_p: Option<f32>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-    pub repeat_last_n: Option<i32>,
-    pub seed: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
     pub stop: Option<StopField>,
     #[serde(default)]
     pub ignore_eos: bool,
@@ -86,16 +81,7 @@ pub async fn completion(
         (None, m) => ("max_tokens", m),
     };
     let n_predict = request::n_predict(field, max)?;
-    let sampler = Sampling {
-        temperature: req.temperature,
-        top_k: req.top_k,
-        top_p: req.top_p,
-        min_p: req.min_p,
-        repeat_penalty: req.repeat_penalty,
-        repeat_last_n: req.repeat_last_n,
-        seed: req.seed,
-    }
-    .params(&r.defaults)?;
+    let sampler = req.sampling.params(&r.defaults)?;
     let stop = req.stop.map(StopField::into_vec).unwrap_or_default();
     let generation_settings = settings(&sampler, n_predict, &stop, r.engine.n_ctx());
     let greq = GenRequest {

@@ -12,7 +12,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
-use longhaul::scheduler::GenRequest;
+use longhaul::scheduler::{GenRequest, GenSummary};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -53,13 +53,8 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i32>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-    pub repeat_last_n: Option<i32>,
-    pub seed: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
     pub stop: Option<StopField>,
     pub n: Option<i64>,
     pub logprobs: Option<Value>,
@@ -69,6 +64,13 @@ pub struct Common {
 }
 
 impl Common {
+    /// `stream_options.include_usage`.
+    fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+
     /// Checks the fields and builds the engine request for `prompt`.
     fn request(self, state: &AppState, prompt: Vec<u32>) -> Result<GenRequest, ApiError> {
         let r = state.ready()?;
@@ -94,16 +96,7 @@ impl Common {
             (None, m) => ("max_tokens", m),
         };
         let n_predict = request::n_predict(field, max)?;
-        let sampler = Sampling {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
-            seed: self.seed,
-        }
-        .params(&r.defaults)?;
+        let sampler = self.sampling.params(&r.defaults)?;
         Ok(GenRequest {
             prompt,
             n_predict,
@@ -141,11 +134,7 @@ pub async fn chat_completions(
     let text = request::render_chat(r.engine.as_ref(), &messages, true)?;
     let prompt = request::tokenize_rendered(r.engine.as_ref(), &text)?;
     let stream = req.common.stream;
-    let include_usage = req
-        .common
-        .stream_options
-        .as_ref()
-        .is_some_and(|o| o.include_usage);
+    let include_usage = req.common.include_usage();
     let greq = req.common.request(&state, prompt)?;
     let started = gen::start(r, greq)?;
     let id = new_id("chatcmpl");
@@ -182,19 +171,11 @@ pub async fn chat_completions(
     let events = gen::pieces(started, state.abort.clone()).flat_map(move |p| {
         let evs = match p {
             Piece::Text(t) => vec![data(&chunk(json!({ "content": t }), None))],
-            Piece::Done(sum) => {
-                let mut last = chunk(json!({}), Some(gen::finish_reason(&sum)));
-                last["timings"] = gen::timings(&sum);
-                let mut v = vec![data(&last)];
-                if include_usage {
-                    let mut u = chunk(json!({}), None);
-                    u["choices"] = json!([]);
-                    u["usage"] = gen::usage(&sum);
-                    v.push(data(&u));
-                }
-                v.push(done());
-                v
-            }
+            Piece::Done(sum) => stream_end(
+                chunk(json!({}), Some(gen::finish_reason(&sum))),
+                include_usage.then(|| chunk(json!({}), None)),
+                &sum,
+            ),
             Piece::Error(e) => vec![data(&e.body()), done()],
         };
         stream::iter(evs)
@@ -226,11 +207,7 @@ pub async fn completions(
     }
     let prompt = req.prompt.tokenize(r.engine.as_ref())?;
     let stream = req.common.stream;
-    let include_usage = req
-        .common
-        .stream_options
-        .as_ref()
-        .is_some_and(|o| o.include_usage);
+    let include_usage = req.common.include_usage();
     let greq = req.common.request(&state, prompt)?;
     let started = gen::start(r, greq)?;
     let id = new_id("cmpl");
@@ -266,24 +243,36 @@ pub async fn completions(
     let events = gen::pieces(started, state.abort.clone()).flat_map(move |p| {
         let evs = match p {
             Piece::Text(t) => vec![data(&chunk(&t, None))],
-            Piece::Done(sum) => {
-                let mut last = chunk("", Some(gen::finish_reason(&sum)));
-                last["timings"] = gen::timings(&sum);
-                let mut v = vec![data(&last)];
-                if include_usage {
-                    let mut u = chunk("", None);
-                    u["choices"] = json!([]);
-                    u["usage"] = gen::usage(&sum);
-                    v.push(data(&u));
-                }
-                v.push(done());
-                v
-            }
+            Piece::Done(sum) => stream_end(
+                chunk("", Some(gen::finish_reason(&sum))),
+                include_usage.then(|| chunk("", None)),
+                &sum,
+            ),
             Piece::Error(e) => vec![data(&e.body()), done()],
         };
         stream::iter(evs)
     });
     Ok(sse(events))
+}
+
+/// The events that end an OpenAI stream: `last` (the chunk with the
+/// finish reason) with the timings, then `usage` (an empty chunk, sent when
+/// `stream_options.include_usage` asked for it) with no choices and the
+/// usage, then `[DONE]`.
+fn stream_end(
+    mut last: Value,
+    usage: Option<Value>,
+    sum: &GenSummary,
+) -> Vec<Result<Event, Infallible>> {
+    last["timings"] = gen::timings(sum);
+    let mut v = vec![data(&last)];
+    if let Some(mut u) = usage {
+        u["choices"] = json!([]);
+        u["usage"] = gen::usage(sum);
+        v.push(data(&u));
+    }
+    v.push(done());
+    v
 }
 
 /// One `data: {json}` event.

@@ -194,7 +194,7 @@ pub fn render_chat(
 
 /// Sampling fields common to every generation endpoint (`None` = the
 /// server's default from the command line).
-#[derive(Default, Debug, Clone)]
+#[derive(Default, Debug, Clone, serde::Deserialize)]
 pub struct Sampling {
     pub temperature: Option<f32>,
     pub top_k: Option<i32>,
