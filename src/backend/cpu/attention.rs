@@ -196,8 +196,8 @@ fn attend_row(
         max = max.max(s);
     }
     let mut sum = 0f64;
-    for blk in w.chunks_exact_mut(16) {
-        let blk: &mut [f32; 16] = blk.try_into().expect("16");
+    // `w` is padded to whole blocks of 16.
+    for blk in w.as_chunks_mut::<16>().0 {
         for v in blk.iter_mut() {
             *v -= max;
         }
@@ -295,41 +295,6 @@ unsafe fn attend_row_fma(
     attend_row(kv, q, row0, sinks, pos, p, i, row, dst)
 }
 
-/// [`attend_row`] compiled for AVX-512 (same operations in the same order,
-/// so the same bits; the 16-lane accumulators become single registers).
-///
-/// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_row_avx512(
-    kv: &KvView,
-    q: &CpuTensor,
-    row0: usize,
-    sinks: Option<&[f32]>,
-    pos: BatchPos,
-    p: &AttnParams,
-    i: usize,
-    row: &mut Row,
-    dst: &mut [f32],
-) {
-    attend_row(kv, q, row0, sinks, pos, p, i, row, dst)
-}
-
-fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        has_fma()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512dq")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512bw")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 fn has_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -384,7 +349,6 @@ pub(super) fn attend(
         }
     }
     let fma = has_fma();
-    let avx512 = has_avx512();
     let views: Vec<KvView> = kvs
         .iter()
         .zip(seqs)
@@ -420,18 +384,12 @@ pub(super) fn attend(
                 let (kv, pos, row0) = (&views[s], seqs[s], starts[s]);
                 let i = i - row0 * p.n_head;
                 #[cfg(target_arch = "x86_64")]
-                if avx512 {
-                    // SAFETY: has_avx512() checked the CPU.
-                    unsafe { attend_row_avx512(kv, q, row0, sinks, pos, p, i, row, dst) };
-                    return;
-                }
-                #[cfg(target_arch = "x86_64")]
                 if fma {
                     // SAFETY: has_fma() checked the CPU.
                     unsafe { attend_row_fma(kv, q, row0, sinks, pos, p, i, row, dst) };
                     return;
                 }
-                let _ = (fma, avx512);
+                let _ = fma;
                 attend_row(kv, q, row0, sinks, pos, p, i, row, dst)
             },
         );
