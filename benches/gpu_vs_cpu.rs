@@ -10,6 +10,9 @@
 //! `LONGHAUL_BENCH_MODEL=path.gguf` picks the end-to-end model (default:
 //! the qwen3moe Q4_K_M test fixture).
 
+#[path = "../tests/gpu_util/mod.rs"]
+mod gpu_util;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,16 +25,9 @@ use longhaul::model::{Logits, Model};
 use longhaul::quant::quantize_row;
 use longhaul::tensor::GgmlType;
 
+/// Seeded inputs in [-1, 1), as the GPU tests draw them.
 fn randn(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    gpu_util::randn(n, seed, 1.0)
 }
 
 /// Median of `reps` timings of `f` after one warmup call; `None` when the

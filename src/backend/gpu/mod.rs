@@ -189,7 +189,7 @@ impl GpuBackend {
     ) -> Result<GpuWeight, BackendError> {
         let ctx = &self.ctx;
         let lim = ctx.caps.max_binding;
-        if dims.len() <= 1 || (ty != GgmlType::F32 && dims.iter().skip(1).all(|&d| d == 1)) {
+        if dims.iter().skip(1).all(|&d| d == 1) {
             // Vectors (norms, biases, sinks) become f32.
             let n: u64 = dims.iter().product();
             let mut v = vec![0f32; n as usize];
