@@ -2,31 +2,17 @@
 
 /// llama.cpp spells some short flags with several letters (`-ngl`, `-ub`,
 /// `-ctk`); clap takes one-letter shorts, so those are rewritten to their long
-/// forms before parsing.
+/// forms before parsing: the server's (shared model flags), then bench's.
 pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    const MULTI: [(&str, &str); 9] = [
-        ("-ngl", "--n-gpu-layers"),
-        ("-dev", "--device"),
-        ("-ub", "--ubatch-size"),
-        ("-ctk", "--cache-type-k"),
-        ("-ctv", "--cache-type-v"),
-        ("-fa", "--flash-attn"),
-        ("-nr", "--no-repack"),
-        ("-pg", "--pg"),
-        ("-mmp", "--mmap"),
-    ];
-    args.map(|a| {
-        for (short, long) in MULTI {
-            if a == short {
-                return long.to_string();
-            }
-            if let Some(rest) = a.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
-                return format!("{long}={rest}");
-            }
-        }
-        a
-    })
-    .collect()
+    longhaul_server::args::rewrite_short_flags(
+        longhaul_server::args::normalize_args(args).into_iter(),
+        &[
+            ("-fa", "--flash-attn"),
+            ("-nr", "--no-repack"),
+            ("-pg", "--pg"),
+            ("-mmp", "--mmap"),
+        ],
+    )
 }
 
 // The model, longhaul and sampling flags are shared with `longhaul serve`;

@@ -270,9 +270,7 @@ fn chat_on<B: Backend>(backend: B, a: &ChatArgs, params: EngineParams) -> anyhow
 
 fn main() {
     longhaul::alloc::keep_freed_buffers();
-    let cli = Cli::parse_from(args::normalize_args(
-        longhaul_server::args::normalize_args(std::env::args()).into_iter(),
-    ));
+    let cli = Cli::parse_from(args::normalize_args(std::env::args()));
     let res = match cli.cmd {
         Cmd::Run(a) => run(a),
         Cmd::Chat(a) => chat(a),

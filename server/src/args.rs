@@ -13,16 +13,26 @@ use longhaul::tensor::GgmlType;
 /// llama.cpp's multi-letter short flags (`-np`, `-ngl`, ...) rewritten to
 /// their long forms, since clap takes one-letter shorts only.
 pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    const MULTI: [(&str, &str); 6] = [
-        ("-np", "--parallel"),
-        ("-ngl", "--n-gpu-layers"),
-        ("-dev", "--device"),
-        ("-ub", "--ubatch-size"),
-        ("-ctk", "--cache-type-k"),
-        ("-ctv", "--cache-type-v"),
-    ];
+    rewrite_short_flags(
+        args,
+        &[
+            ("-np", "--parallel"),
+            ("-ngl", "--n-gpu-layers"),
+            ("-dev", "--device"),
+            ("-ub", "--ubatch-size"),
+            ("-ctk", "--cache-type-k"),
+            ("-ctv", "--cache-type-v"),
+        ],
+    )
+}
+
+/// Rewrites each `short` (alone or as `short=value`) of `table` to its long form.
+pub fn rewrite_short_flags(
+    args: impl Iterator<Item = String>,
+    table: &[(&str, &str)],
+) -> Vec<String> {
     args.map(|a| {
-        for (short, long) in MULTI {
+        for &(short, long) in table {
             if a == short {
                 return long.to_string();
             }
