@@ -60,6 +60,9 @@ fn time(o: &dyn QuantOps, n: usize, w: &[u8], act: &[u8], out: &mut [f32]) -> f6
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "tiles") {
+        return tiles();
+    }
     let (n, rows) = (4096, 256);
     let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).cos()).collect();
     let best = CpuCaps::detect();
@@ -93,5 +96,44 @@ fn main() {
             ts / tb,
             fast.kernel_name()
         );
+    }
+}
+
+/// Tile kernels (`vec_dot_tile`): 64 weight rows x `t` activation rows per
+/// call, as the batched products call them; multiply-adds per second.
+fn tiles() {
+    // Weights in L2: this measures the kernels.
+    let (n, rows) = (576, 512);
+    println!("\ntile kernels, n={n}, {rows} rows, GMAC/s one thread");
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let o = ops(ty).unwrap();
+        let n = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) { 1536 } else { n };
+        let w = weights(ty, n, rows);
+        let rb = w.len() / rows;
+        let mut line = format!("{:8}", ty.name());
+        for t in [1usize, 2, 4, 8, 16] {
+            let mut acts = Vec::new();
+            for j in 0..t {
+                let x: Vec<f32> = (0..n).map(|i| ((i * (j + 3)) as f32 * 0.37).cos()).collect();
+                let mut a = Vec::new();
+                quantize_activations(o.act_type(), &x, &mut a).unwrap();
+                acts.extend_from_slice(&a);
+            }
+            let mut out = vec![0.0; 64 * t];
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let tm = Instant::now();
+                let mut iters = 0;
+                while tm.elapsed().as_secs_f64() < 0.05 {
+                    for c in w.chunks_exact(64 * rb) {
+                        o.vec_dot_tile(n, c, &acts, &mut out).unwrap();
+                    }
+                    iters += 1;
+                }
+                best = best.min(tm.elapsed().as_secs_f64() / iters as f64);
+            }
+            line += &format!(" t={t}:{:>7.2}", (n * rows * t) as f64 / best / 1e9);
+        }
+        println!("{line}");
     }
 }
