@@ -680,7 +680,17 @@ mod tests {
             for caps in levels {
                 let o = ops_with_caps(ty, caps).unwrap();
                 let n = if ty.block_size() == 256 { 512 } else { 96 };
-                for (n_rows, n_acts) in [(1, 1), (3, 1), (4, 1), (9, 1), (5, 3), (8, 4), (13, 7)] {
+                for (n_rows, n_acts) in [
+                    (1, 1),
+                    (3, 1),
+                    (4, 1),
+                    (9, 1),
+                    (5, 2),
+                    (5, 3),
+                    (6, 5),
+                    (8, 4),
+                    (13, 7),
+                ] {
                     // Weights: quantised noise with a few outliers, or (types
                     // without a quantiser) random bytes.
                     let x: Vec<f32> = bytes(7 + n_rows as u64, n * n_rows)

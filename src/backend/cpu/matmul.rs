@@ -15,6 +15,16 @@ fn shape_err(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
 }
 
+/// Inputs of at most this many values are quantised on the calling thread.
+const SEQUENTIAL_QUANTIZE: usize = 16 * 1024;
+
+fn act_len_err(got: usize, want: usize) -> BackendError {
+    shape_err(
+        "matmul",
+        format!("activation row of {got} bytes, expected {want}"),
+    )
+}
+
 /// Quantises every row of `x` to `act_ty`; returns the bytes and the row stride.
 pub(super) fn quantize_rows(
     act_ty: GgmlType,
@@ -27,20 +37,29 @@ pub(super) fn quantize_rows(
         )
     })? as usize;
     let mut acts = vec![0u8; arb * x.rows];
+    // A few decode rows quantise in microseconds: cheaper than a fork-join.
+    if x.rows * x.cols <= SEQUENTIAL_QUANTIZE {
+        let mut tmp = Vec::new();
+        for (dst, row) in acts
+            .chunks_mut(arb.max(1))
+            .zip(x.data.chunks(x.cols.max(1)))
+        {
+            tmp.clear();
+            quant::quantize_activations(act_ty, row, &mut tmp)?;
+            if tmp.len() != dst.len() {
+                return Err(act_len_err(tmp.len(), dst.len()));
+            }
+            dst.copy_from_slice(&tmp);
+        }
+        return Ok((acts, arb));
+    }
     acts.par_chunks_mut(arb.max(1))
         .zip(x.data.par_chunks(x.cols.max(1)))
         .try_for_each_init(Vec::new, |tmp, (dst, row)| -> Result<(), BackendError> {
             tmp.clear();
             quant::quantize_activations(act_ty, row, tmp)?;
             if tmp.len() != dst.len() {
-                return Err(shape_err(
-                    "matmul",
-                    format!(
-                        "activation row of {} bytes, expected {}",
-                        tmp.len(),
-                        dst.len()
-                    ),
-                ));
+                return Err(act_len_err(tmp.len(), dst.len()));
             }
             dst.copy_from_slice(tmp);
             Ok(())
@@ -127,15 +146,14 @@ pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendE
             })?;
         return Ok(out);
     }
-    // Row-chunk-major [n, n_tok] so each work item owns a contiguous block,
-    // then one transpose.
-    let mut out_t = vec![0f32; m.n * n_tok];
-    out_t
-        .par_chunks_mut(chunk * n_tok)
-        .enumerate()
-        .try_for_each_init(Vec::new, |tmp, (c, dst)| {
+    // Each work item owns a chunk of weight rows: a column block of the
+    // output, written in place.
+    let ptr = OutPtr(out.data.as_mut_ptr());
+    (0..m.n.div_ceil(chunk))
+        .into_par_iter()
+        .try_for_each_init(Vec::new, |tmp, c| {
             let r0 = c * chunk;
-            let rows = dst.len() / n_tok;
+            let rows = chunk.min(m.n - r0);
             let w_rows = &m.bytes[r0 * m.rb..(r0 + rows) * m.rb];
             tmp.resize(TILE_ROWS * TILE, 0.0);
             // Tiles of 64 rows x 16 tokens: the tile's weight rows and
@@ -149,23 +167,21 @@ pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendE
                     let res = &mut tmp[..nq * nt];
                     m.ops.vec_dot_tile(m.k, w_tile, a_tile, res)?;
                     for (t, res) in res.chunks_exact(nq).enumerate() {
-                        for (r, v) in res.iter().enumerate() {
-                            dst[(q0 + r) * n_tok + t0 + t] = *v;
-                        }
+                        // SAFETY: t0 + t < n_tok and r0 + q0 + nq <= m.n, so
+                        // the range is in bounds; these output rows' columns
+                        // r0..r0 + rows belong to this work item only.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                ptr.get().add((t0 + t) * m.n + r0 + q0),
+                                nq,
+                            )
+                        };
+                        dst.copy_from_slice(res);
                     }
                 }
             }
             Ok::<(), quant::QuantError>(())
         })?;
-    // Transpose back, one output row per task.
-    out.data
-        .par_chunks_mut(m.n)
-        .enumerate()
-        .for_each(|(t, row)| {
-            for (r, o) in row.iter_mut().enumerate() {
-                *o = out_t[r * n_tok + t];
-            }
-        });
     Ok(out)
 }
 

@@ -22,7 +22,8 @@ pub(in crate::quant) struct Shapes<W, A> {
     pub r: usize,
     pub t: usize,
     pub rt: Micro<W, A>,
-    /// `r` rows x 1 activation (activation remainder).
+    /// `r` rows x 2 activations, and `r` rows x 1 (activation remainders).
+    pub r2: Micro<W, A>,
     pub r1: Micro<W, A>,
     /// 1 row x `t` activations (row remainder).
     pub t1: Micro<W, A>,
@@ -71,26 +72,40 @@ pub(in crate::quant) unsafe fn drive<W, A>(
     }
     let mut t0 = 0;
     while t0 < nt {
-        let full_t = nt - t0 >= s.t;
+        // A full group of `s.t` activations, else two that share the weight
+        // decoding (rather than decoding every weight block once per
+        // activation), else one.
+        let tn = if nt - t0 >= s.t {
+            s.t
+        } else if nt - t0 >= 2 && s.t > 2 {
+            2
+        } else {
+            1
+        };
+        let at = |t: usize| a.as_ptr().add(t * nb);
         let mut r0 = 0;
         while r0 < nr {
-            let full_r = nr - r0 >= s.r;
-            let k = match (full_r, full_t) {
-                (true, true) => s.rt,
-                (true, false) => s.r1,
-                (false, true) => s.t1,
-                (false, false) => s.one,
-            };
-            k(
-                nb,
-                w.as_ptr().add(r0 * nb),
-                a.as_ptr().add(t0 * nb),
-                o.add(t0 * nr + r0),
-                nr,
-            );
-            r0 += if full_r { s.r } else { 1 };
+            let wr = w.as_ptr().add(r0 * nb);
+            if nr - r0 >= s.r {
+                let k = match tn {
+                    1 => s.r1,
+                    2 if s.t > 2 => s.r2,
+                    _ => s.rt,
+                };
+                k(nb, wr, at(t0), o.add(t0 * nr + r0), nr);
+                r0 += s.r;
+                continue;
+            }
+            if tn == s.t {
+                (s.t1)(nb, wr, at(t0), o.add(t0 * nr + r0), nr);
+            } else {
+                for t in t0..t0 + tn {
+                    (s.one)(nb, wr, at(t), o.add(t * nr + r0), nr);
+                }
+            }
+            r0 += 1;
         }
-        t0 += if full_t { s.t } else { 1 };
+        t0 += tn;
     }
 }
 
@@ -368,6 +383,7 @@ macro_rules! shapes {
             r: $r,
             t: $t,
             rt: $m::$k::<$r, $t>,
+            r2: $m::$k::<$r, 2>,
             r1: $m::$k::<$r, 1>,
             t1: $m::$k::<1, $t>,
             one: $m::$k::<1, 1>,
