@@ -59,7 +59,10 @@ fn run() {
     let engine = match Engine::load(&path, CpuBackend::new(), params) {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("cannot load {}: {e} (set LONGHAUL_BENCH_MODEL)", path.display());
+            eprintln!(
+                "cannot load {}: {e} (set LONGHAUL_BENCH_MODEL)",
+                path.display()
+            );
             return;
         }
     };
@@ -80,7 +83,9 @@ fn run() {
                     .tokenize(&format!("Write a long story about a robot number {i}."))
                     .unwrap();
                 n_pp += prompt.len();
-                let l = engine.eval(kv, &prompt, longhaul::model::Logits::Last).unwrap();
+                let l = engine
+                    .eval(kv, &prompt, longhaul::model::Logits::Last)
+                    .unwrap();
                 next.push(argmax(&l));
             }
             best_pp = best_pp.max(n_pp as f64 / t0.elapsed().as_secs_f64());
@@ -95,6 +100,9 @@ fn run() {
             best_tg = best_tg.max((npl * n_tg) as f64 / t0.elapsed().as_secs_f64());
         }
         let b = *base.get_or_insert(best_tg);
-        println!("| {npl} | {best_pp:.1} | {best_tg:.1} | {:.2} |", best_tg / b);
+        println!(
+            "| {npl} | {best_pp:.1} | {best_tg:.1} | {:.2} |",
+            best_tg / b
+        );
     }
 }

@@ -102,19 +102,35 @@ fn main() {
 /// Tile kernels (`vec_dot_tile`): 64 weight rows x `t` activation rows per
 /// call, as the batched products call them; multiply-adds per second.
 fn tiles() {
-    // Weights in L2: this measures the kernels.
-    let (n, rows) = (576, 512);
+    // Weights in L2: this measures the kernels (LONGHAUL_BENCH_ROWS=98304
+    // streams them from memory instead).
+    let rows = std::env::var("LONGHAUL_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
+    let n = 576;
     println!("\ntile kernels, n={n}, {rows} rows, GMAC/s one thread");
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
         let o = ops(ty).unwrap();
-        let n = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) { 1536 } else { n };
+        let n = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+            1536
+        } else {
+            n
+        };
         let w = weights(ty, n, rows);
         let rb = w.len() / rows;
         let mut line = format!("{:8}", ty.name());
         for t in [1usize, 2, 4, 8, 16] {
             let mut acts = Vec::new();
             for j in 0..t {
-                let x: Vec<f32> = (0..n).map(|i| ((i * (j + 3)) as f32 * 0.37).cos()).collect();
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i * (j + 3)) as f32 * 0.37).cos())
+                    .collect();
                 let mut a = Vec::new();
                 quantize_activations(o.act_type(), &x, &mut a).unwrap();
                 acts.extend_from_slice(&a);
@@ -126,7 +142,11 @@ fn tiles() {
                 let mut iters = 0;
                 while tm.elapsed().as_secs_f64() < 0.05 {
                     for c in w.chunks_exact(64 * rb) {
-                        o.vec_dot_tile(n, c, &acts, &mut out).unwrap();
+                        if t == 1 {
+                            o.vec_dot_rows(n, c, &acts, &mut out).unwrap();
+                        } else {
+                            o.vec_dot_tile(n, c, &acts, &mut out).unwrap();
+                        }
                     }
                     iters += 1;
                 }

@@ -22,7 +22,7 @@
 use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
     block_scales, dot_iq4_nl_avx2, dot_mxfp4_avx2, dot_q4_0_avx2, drive, h2f, h2f_pair, hsum_ps,
-    load32, nibbles_32, shapes, tile_kernels, tile_wrapper, BlockScales, Shapes,
+    load32, nibbles_32, prefetch_rows, shapes, tile_kernels, tile_wrapper, BlockScales, Shapes,
 };
 use super::{
     BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0,
@@ -297,24 +297,26 @@ unsafe fn hsum_halves(v: __m512) -> (f32, f32) {
 }
 
 /// Covers `nr` weight rows x `nt` activation rows with `pairs::<P, T>`
-/// (P row pairs, T <= GROUP activations) and `one` for an odd last row.
+/// (P row pairs, T <= GROUP activations) and `one` for an odd last row;
+/// `prefetch(r)` asks for the four rows from `r` (see `prefetch_rows`).
 #[inline(always)]
 unsafe fn drive_pairs(
     nr: usize,
     nt: usize,
     pairs: impl Fn(usize, usize, usize, usize),
     one: impl Fn(usize, usize),
+    prefetch: impl Fn(usize),
 ) {
     for t0 in (0..nt).step_by(GROUP) {
         let tn = GROUP.min(nt - t0);
         let mut r0 = 0;
-        while nr - r0 >= 4 {
-            pairs(2, tn, r0, t0);
-            r0 += 4;
-        }
-        if nr - r0 >= 2 {
-            pairs(1, tn, r0, t0);
-            r0 += 2;
+        while nr - r0 >= 2 {
+            if t0 == 0 {
+                prefetch(r0 + 4);
+            }
+            let p = if nr - r0 >= 4 { 2 } else { 1 };
+            pairs(p, tn, r0, t0);
+            r0 += 2 * p;
         }
         if r0 < nr {
             for t in t0..t0 + tn {
@@ -438,9 +440,15 @@ unsafe fn tile_q4_1_512(nb: usize, w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [
                 o.add(t0 * nr + r0),
                 nr,
             );
-            dispatch_pt!(q4_1_pairs, p, tn, (args.0, args.1, args.2, args.3, args.4, args.5))
+            dispatch_pt!(
+                q4_1_pairs,
+                p,
+                tn,
+                (args.0, args.1, args.2, args.3, args.4, args.5)
+            )
         },
         |r, t| vnni_tiles::q4_1::<1, 1>(nb, w.add(r * nb), a.add(t * nb), o.add(t * nr + r), nr),
+        |r| prefetch_rows(w.wrapping_add(r * nb), 4 * nb),
     );
 }
 
