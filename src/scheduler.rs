@@ -103,10 +103,27 @@ struct Shared {
     n_ctx: usize,
 }
 
-/// A handle to the engine thread (cheap to clone).
+/// A handle to the engine thread (cheap to clone). When the last clone is
+/// dropped the scheduler shuts down as [`Scheduler::shutdown`] does.
 #[derive(Clone)]
 pub struct Scheduler {
+    handle: Arc<Handle>,
+}
+
+struct Handle {
     shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        close(&self.shared);
+    }
+}
+
+/// Stops accepting requests: the engine loop ends once the running ones
+/// have finished.
+fn close(shared: &Shared) {
+    shared.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
 }
 
 /// The events of one request. Dropping it cancels the generation.
@@ -139,9 +156,22 @@ impl Drop for GenStream {
 }
 
 impl Scheduler {
-    /// Starts the engine loop with `n_slots` parallel sequences on a worker
-    /// of the current rayon pool (size it with the thread count first).
+    /// [`Scheduler::spawn_with_threads`] with as many threads as the
+    /// current rayon pool has.
     pub fn spawn<B: Backend + 'static>(engine: Arc<Engine<B>>, n_slots: usize) -> Scheduler
+    where
+        B::Kv: 'static,
+    {
+        Self::spawn_with_threads(engine, n_slots, rayon::current_num_threads())
+    }
+
+    /// Starts the engine loop with `n_slots` parallel sequences on a rayon
+    /// pool of its own with `n_threads` threads.
+    pub fn spawn_with_threads<B: Backend + 'static>(
+        engine: Arc<Engine<B>>,
+        n_slots: usize,
+        n_threads: usize,
+    ) -> Scheduler
     where
         B::Kv: 'static,
     {
@@ -152,11 +182,30 @@ impl Scheduler {
             n_ctx: engine.params.n_ctx,
         });
         let s2 = shared.clone();
-        // The loop runs on a worker of the current rayon pool, so the ops'
+        let run = move || Worker::new(engine, n_slots.max(1), s2).run(rx);
+        // The loop runs on a worker of the pool its ops use, so their
         // parallel loops fork and join in place instead of handing every op
-        // to the pool from an outside thread (a context switch per op).
-        rayon::spawn(move || Worker::new(engine, n_slots.max(1), s2).run(rx));
-        Scheduler { shared }
+        // to the pool from an outside thread (a context switch per op). The
+        // pool is its own: the loop blocks its worker while idle, and in a
+        // shared pool a worker waiting in a join may steal another
+        // scheduler's loop and never return from it (seen as a hang with
+        // several schedulers on two threads).
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n_threads.max(1))
+            .thread_name(|i| format!("longhaul-engine-{i}"))
+            .build();
+        match pool {
+            Ok(pool) => pool.spawn(run),
+            Err(e) => {
+                eprintln!(
+                    "longhaul: no thread pool for the engine ({e}); using rayon's global pool"
+                );
+                rayon::spawn(run)
+            }
+        }
+        Scheduler {
+            handle: Arc::new(Handle { shared }),
+        }
     }
 
     /// Queues a request; its events arrive on the returned stream.
@@ -164,10 +213,10 @@ impl Scheduler {
         if req.prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt);
         }
-        if req.prompt.len() >= self.shared.n_ctx {
+        if req.prompt.len() >= self.handle.shared.n_ctx {
             return Err(SchedulerError::PromptTooLong {
                 n_prompt: req.prompt.len(),
-                n_ctx: self.shared.n_ctx,
+                n_ctx: self.handle.shared.n_ctx,
             });
         }
         let (etx, erx) = unbounded_channel();
@@ -177,7 +226,12 @@ impl Scheduler {
             events: etx,
             cancel: cancel.clone(),
         };
-        let tx = self.shared.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = self
+            .handle
+            .shared
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         match tx.as_ref() {
             Some(tx) if tx.send(job).is_ok() => Ok(GenStream { rx: erx, cancel }),
             _ => Err(SchedulerError::ShuttingDown),
@@ -185,7 +239,8 @@ impl Scheduler {
     }
 
     pub fn metrics(&self) -> SchedulerMetrics {
-        self.shared
+        self.handle
+            .shared
             .metrics
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -194,16 +249,12 @@ impl Scheduler {
 
     /// Context size of every slot.
     pub fn n_ctx(&self) -> usize {
-        self.shared.n_ctx
+        self.handle.shared.n_ctx
     }
 
     /// Stops accepting requests; running ones finish, then the thread exits.
     pub fn shutdown(&self) {
-        self.shared
-            .tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        close(&self.handle.shared);
     }
 }
 

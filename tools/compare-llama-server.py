@@ -8,7 +8,7 @@
 
 Usage:
   tools/compare-llama-server.py [--model PATH] [--longhaul BIN] [--llama BIN]
-                                [--threads 2] [--tokens 64] [--streams 1,4,8]
+                                [--threads 2] [--tokens 64] [--streams 1,4,8] [--reps 3]
 Defaults: SmolLM2-135M-Instruct Q4_1 from ~/.cache/longhaul/models,
 target/release/longhaul-server, ~/.cache/longhaul/llama.cpp/build/bin/llama-server.
 Only the Python standard library is used.
@@ -107,6 +107,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--streams", default="1,4,8")
     ap.add_argument("--np", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=3, help="runs per stream count; the median is shown")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
 
@@ -131,7 +132,10 @@ def main():
             tmpl = post(f"{base}/apply-template", {"messages": question["messages"]})["prompt"]
             s_text, _ = post_stream(f"{base}/v1/chat/completions", dict(question, stream=True))
             post(f"{base}/v1/chat/completions", dict(question, max_tokens=8))  # warm-up
-            tps = {n: throughput(base, n, args.tokens) for n in streams}
+            tps = {}
+            for n in streams:
+                runs = sorted(throughput(base, n, args.tokens) for _ in range(args.reps))
+                tps[n] = runs[len(runs) // 2]
         finally:
             p.terminate()
             p.wait(timeout=30)
@@ -146,10 +150,12 @@ def main():
             and a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
             and a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"])
     print("template, tokens and greedy text equal:", same)
-    print(f"\naggregate generated tokens/s, {args.tokens} tokens per stream, -np {args.np}, -t {args.threads}")
-    print(f"{'streams':>8} {'llama-server':>14} {'longhaul-server':>16}")
+    print(f"\naggregate generated tokens/s (median of {args.reps}), {args.tokens} tokens per stream, -np {args.np}, -t {args.threads}")
+    print(f"{'streams':>8} {'llama-server':>14} {'x 1 stream':>11} {'longhaul-server':>16} {'x 1 stream':>11}")
     for n in streams:
-        print(f"{n:>8} {a['tps'][n][0]:>14.1f} {b['tps'][n][0]:>16.1f}")
+        ra = a['tps'][n][0] / a['tps'][streams[0]][0]
+        rb = b['tps'][n][0] / b['tps'][streams[0]][0]
+        print(f"{n:>8} {a['tps'][n][0]:>14.1f} {ra:>10.2f}x {b['tps'][n][0]:>16.1f} {rb:>10.2f}x")
     return 0 if same else 1
 
 

@@ -325,13 +325,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    // The engine thread runs its ops on rayon's global pool.
-    if let Err(e) = rayon::ThreadPoolBuilder::new()
-        .num_threads(n_threads.max(1))
-        .build_global()
-    {
-        eprintln!("longhaul-server: keeping the existing thread pool ({e})");
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -373,7 +366,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 longhaul::with_backend!(placed.placement, |backend| {
                     Engine::load(&model_path, backend, params).map(|engine| {
                         let engine = Arc::new(engine);
-                        let scheduler = Scheduler::spawn(engine.clone(), n_slots);
+                        let scheduler =
+                            Scheduler::spawn_with_threads(engine.clone(), n_slots, n_threads);
                         (scheduler, engine as Arc<dyn EngineInfo>)
                     })
                 });

@@ -79,10 +79,6 @@ impl Drop for TestServer {
 }
 
 pub fn load_ready(path: &Path, o: &Opts) -> Ready {
-    // The engine's ops run on rayon's global pool; the tests share two cores.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build_global();
     let params = EngineParams {
         n_ctx: o.n_ctx,
         n_ubatch: 512,
@@ -99,7 +95,8 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
             .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
     );
     Ready {
-        scheduler: Scheduler::spawn(engine.clone(), o.n_slots),
+        // Two threads per engine: the tests share two cores.
+        scheduler: Scheduler::spawn_with_threads(engine.clone(), o.n_slots, 2),
         engine,
         model_id: path.file_name().unwrap().to_string_lossy().into_owned(),
         model_path: path.display().to_string(),
