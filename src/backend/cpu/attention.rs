@@ -19,6 +19,7 @@
 //! matters. Matching these orders bit for bit is what keeps greedy output
 //! equal to llama.cpp's on models with outlier activations (SmolLM2).
 
+use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
@@ -131,27 +132,75 @@ pub(super) fn v_expf16(x: &mut [f32; 16]) {
 struct Row {
     w: Vec<f32>,
     acc: Vec<f32>,
+    /// One key or value row converted from an f16 cache.
+    kv: Vec<f32>,
 }
 
-/// The keys and values of positions `0..n` as f32 rows of `n_embd_k` /
-/// `n_embd_v`: borrowed from an f32 cache, converted once per call from an
-/// f16 one (not once per (token, head) as a per-row load would).
+/// A sequence's cached keys or values (`n_embd` per position), read in place.
+#[derive(Clone, Copy)]
+enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+/// The keys and values of positions `0..n` of one sequence. An f16 cache is
+/// converted one head row at a time as the row is used (exact, so the
+/// results are those of an f32 copy) rather than copied whole per call.
 struct KvView<'a> {
-    k: std::borrow::Cow<'a, [f32]>,
-    v: std::borrow::Cow<'a, [f32]>,
+    k: KvRows<'a>,
+    v: KvRows<'a>,
     n_embd_k: usize,
     n_embd_v: usize,
 }
 
-fn view(store: &KvStore, n: usize) -> std::borrow::Cow<'_, [f32]> {
+fn rows(store: &KvStore, n: usize) -> KvRows<'_> {
     match store {
-        KvStore::F32(v) => std::borrow::Cow::Borrowed(&v[..n]),
-        KvStore::F16(v) => {
-            let mut out = vec![0f32; n];
-            out.par_chunks_mut(4096)
-                .zip(v[..n].par_chunks(4096))
-                .for_each(|(d, s)| s.convert_to_f32_slice(d));
-            std::borrow::Cow::Owned(out)
+        KvStore::F32(v) => KvRows::F32(&v[..n]),
+        KvStore::F16(v) => KvRows::F16(&v[..n]),
+    }
+}
+
+/// Halves to floats: `half`'s portable conversion, or F16C in the FMA build.
+type Widen = fn(&[f16], &mut [f32]);
+
+fn widen_portable(src: &[f16], dst: &mut [f32]) {
+    src.convert_to_f32_slice(dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn widen_f16c(src: &[f16], dst: &mut [f32]) {
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        for j in i..n {
+            dst[j] = src[j].to_f32();
+        }
+    }
+    // SAFETY: only handed out by `has_fma`, which checked AVX2 and F16C.
+    unsafe { widen(src, dst) }
+}
+
+impl<'a> KvRows<'a> {
+    /// Row `at..at + len` as floats: borrowed, or widened into `buf`.
+    #[inline(always)]
+    fn row<'b>(self, at: usize, len: usize, buf: &'b mut Vec<f32>, widen: Widen) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        match self {
+            KvRows::F32(v) => &v[at..at + len],
+            KvRows::F16(v) => {
+                buf.resize(len, 0.0);
+                widen(&v[at..at + len], buf);
+                buf
+            }
         }
     }
 }
@@ -168,6 +217,7 @@ fn attend_row(
     i: usize,
     row: &mut Row,
     dst: &mut [f32],
+    widen: Widen,
 ) {
     let hd = p.head_dim;
     let group = p.n_head / p.n_head_kv;
@@ -182,13 +232,13 @@ fn attend_row(
     let qrow = &q.data[qr + h * hd..qr + (h + 1) * hd];
     // Scores, padded with masked cells to whole blocks of 16.
     let n_pad = (qp + 1).div_ceil(16) * 16;
-    let Row { w, acc } = row;
+    let Row { w, acc, kv: buf } = row;
     w.clear();
     w.resize(n_pad, f32::NEG_INFINITY);
     let mut max = f32::NEG_INFINITY;
     for (j, wj) in w.iter_mut().enumerate().take(qp + 1).skip(lo) {
         let at = j * kv.n_embd_k + kvh * hd;
-        *wj = vec_dot_f32(&kv.k[at..at + hd], qrow) * p.scale;
+        *wj = vec_dot_f32(kv.k.row(at, hd, buf, widen), qrow) * p.scale;
         max = max.max(*wj);
     }
     let sink = sinks.map(|s| s[h]);
@@ -220,7 +270,7 @@ fn attend_row(
         let at = j * kv.n_embd_v + kvh * hd;
         let l = j % lanes;
         let a = &mut acc[l * hd..(l + 1) * hd];
-        for (a, &v) in a.iter_mut().zip(&kv.v[at..at + hd]) {
+        for (a, &v) in a.iter_mut().zip(kv.v.row(at, hd, buf, widen)) {
             *a = v.mul_add(pj, *a);
         }
     }
@@ -277,7 +327,7 @@ fn reduce16_rows(acc: &mut [f32], hd: usize, dst: &mut [f32]) {
 /// libm call); the results are the same.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -292,13 +342,15 @@ unsafe fn attend_row_fma(
     row: &mut Row,
     dst: &mut [f32],
 ) {
-    attend_row(kv, q, row0, sinks, pos, p, i, row, dst)
+    attend_row(kv, q, row0, sinks, pos, p, i, row, dst, widen_f16c)
 }
 
 fn has_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -355,8 +407,8 @@ pub(super) fn attend(
         .map(|(kv, pos)| {
             let n_pos = pos.pos0 + pos.n_tokens;
             KvView {
-                k: view(&kv.k, n_pos * kv.n_embd_k),
-                v: view(&kv.v, n_pos * kv.n_embd_v),
+                k: rows(&kv.k, n_pos * kv.n_embd_k),
+                v: rows(&kv.v, n_pos * kv.n_embd_v),
                 n_embd_k: kv.n_embd_k,
                 n_embd_v: kv.n_embd_v,
             }
@@ -377,6 +429,7 @@ pub(super) fn attend(
             || Row {
                 w: Vec::new(),
                 acc: Vec::new(),
+                kv: Vec::new(),
             },
             |row, (i, dst)| {
                 let tok = i / p.n_head;
@@ -390,7 +443,7 @@ pub(super) fn attend(
                     return;
                 }
                 let _ = fma;
-                attend_row(kv, q, row0, sinks, pos, p, i, row, dst)
+                attend_row(kv, q, row0, sinks, pos, p, i, row, dst, widen_portable)
             },
         );
     Ok(out)
