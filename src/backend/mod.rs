@@ -186,6 +186,16 @@ pub trait Backend: Send + Sync + Clone {
     fn get_rows(&self, w: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor, BackendError>;
     /// `matmul(w, x)`: `w [k, n]`, `x [t, k]` -> `[t, n]`.
     fn matmul(&self, w: &Self::Weight, x: &Self::Tensor) -> Result<Self::Tensor, BackendError>;
+    /// `matmul(w, x)` for every `w` of `ws` (one input, several matrices:
+    /// the attention projections, an FFN's gate and up). Backends may share
+    /// the input's preparation and run the products as one pass.
+    fn matmul_many(
+        &self,
+        ws: &[&Self::Weight],
+        x: &Self::Tensor,
+    ) -> Result<Vec<Self::Tensor>, BackendError> {
+        ws.iter().map(|w| self.matmul(w, x)).collect()
+    }
     /// `mul_mat_id(w, x, ids)`, ggml's MUL_MAT_ID: `w [k, n, n_expert]`,
     /// `x [t * x_per_tok, k]` where row `t * x_per_tok + (j % x_per_tok)` is the
     /// input of pair `(t, j)`, `ids [t, n_used]` expert (or slot) ids.

@@ -243,13 +243,28 @@ pub(crate) fn route(
     (ids, weights)
 }
 
+/// [`Backend::matmul_many`] with its outputs as an array.
+fn matmuls<B: Backend, const N: usize>(
+    b: &B,
+    ws: [&B::Weight; N],
+    x: &B::Tensor,
+) -> Result<[B::Tensor; N], ModelError> {
+    let out = b.matmul_many(&ws, x)?;
+    let n = out.len();
+    out.try_into().map_err(|_| {
+        ModelError::from(crate::backend::BackendError::Shape {
+            op: "matmul_many",
+            detail: format!("{n} outputs for {N} matrices"),
+        })
+    })
+}
+
 fn dense_ffn<B: Backend>(
     b: &B,
     f: &DenseFfn<B::Weight>,
     x: &B::Tensor,
 ) -> Result<B::Tensor, ModelError> {
-    let g = b.matmul(&f.gate, x)?;
-    let u = b.matmul(&f.up, x)?;
+    let [g, u] = matmuls(b, [&f.gate, &f.up], x)?;
     let h = b.glu(&g, &u, Glu::SwiGlu)?;
     Ok(b.matmul(&f.down, &h)?)
 }
@@ -342,9 +357,7 @@ fn layers<'s, B: Backend>(
     let hp = &m.hp;
     for (il, layer) in m.layers.iter().enumerate() {
         let h = b.rms_norm(&x, &layer.attn_norm, hp.n_embd, hp.eps)?;
-        let mut q = b.matmul(&layer.wq, &h)?;
-        let mut k = b.matmul(&layer.wk, &h)?;
-        let mut v = b.matmul(&layer.wv, &h)?;
+        let [mut q, mut k, mut v] = matmuls(b, [&layer.wq, &layer.wk, &layer.wv], &h)?;
         for (t, bias) in [
             (&mut q, &layer.bq),
             (&mut k, &layer.bk),

@@ -127,34 +127,67 @@ fn matrix<'a>(
 }
 
 pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendError> {
-    let m = matrix("matmul", w, x.cols, 1)?;
-    let (acts, arb) = quantize_rows(m.ops.act_type(), x)?;
+    let mut out = matmul_many(&[w], x)?;
+    out.pop()
+        .ok_or_else(|| shape_err("matmul", "no output".into()))
+}
+
+/// `matmul(w, x)` for every `w` of `ws`, in one parallel pass: `x` is
+/// quantised once per activation type and the matrices' row chunks are one
+/// list of work items (the attention projections and the FFN's gate and up
+/// share their input).
+pub(super) fn matmul_many(
+    ws: &[&CpuWeight],
+    x: &CpuTensor,
+) -> Result<Vec<CpuTensor>, BackendError> {
+    let ms = ws
+        .iter()
+        .map(|w| matrix("matmul", w, x.cols, 1))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Quantised activations per distinct activation type.
+    let mut acts: Vec<(GgmlType, Vec<u8>, usize)> = Vec::new();
+    let mut act_of = Vec::with_capacity(ms.len());
+    for m in &ms {
+        let ty = m.ops.act_type();
+        let i = match acts.iter().position(|(t, _, _)| *t == ty) {
+            Some(i) => i,
+            None => {
+                let (a, arb) = quantize_rows(ty, x)?;
+                acts.push((ty, a, arb));
+                acts.len() - 1
+            }
+        };
+        act_of.push(i);
+    }
     let n_tok = x.rows;
-    let mut out = CpuTensor::zeros(n_tok, m.n);
-    if n_tok == 0 || m.n == 0 {
-        return Ok(out);
+    let mut outs: Vec<CpuTensor> = ms.iter().map(|m| CpuTensor::zeros(n_tok, m.n)).collect();
+    if n_tok == 0 {
+        return Ok(outs);
     }
-    let chunk = chunk_rows(m.n, n_tok);
-    if n_tok == 1 {
-        out.data
-            .par_chunks_mut(chunk)
-            .enumerate()
-            .try_for_each(|(c, dst)| {
-                let r0 = c * chunk;
-                let w_rows = &m.bytes[r0 * m.rb..(r0 + dst.len()) * m.rb];
-                m.ops.vec_dot_rows(m.k, w_rows, &acts[..arb], dst)
-            })?;
-        return Ok(out);
-    }
-    // Each work item owns a chunk of weight rows: a column block of the
-    // output, written in place.
-    let ptr = OutPtr(out.data.as_mut_ptr());
-    (0..m.n.div_ceil(chunk))
-        .into_par_iter()
-        .try_for_each_init(Vec::new, |tmp, c| {
-            let r0 = c * chunk;
-            let rows = chunk.min(m.n - r0);
+    let ptrs: Vec<OutPtr> = outs
+        .iter_mut()
+        .map(|o| OutPtr(o.data.as_mut_ptr()))
+        .collect();
+    let chunks: Vec<usize> = ms.iter().map(|m| chunk_rows(m.n, n_tok)).collect();
+    let work: Vec<(usize, usize)> = ms
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| (0..m.n.div_ceil(chunks[i])).map(move |c| (i, c)))
+        .collect();
+    work.par_iter()
+        .try_for_each_init(Vec::new, |tmp, &(i, c)| {
+            let (m, ptr) = (&ms[i], ptrs[i]);
+            let (_, acts, arb) = &acts[act_of[i]];
+            let arb = *arb;
+            let r0 = c * chunks[i];
+            let rows = chunks[i].min(m.n - r0);
             let w_rows = &m.bytes[r0 * m.rb..(r0 + rows) * m.rb];
+            if n_tok == 1 {
+                // SAFETY: r0 + rows <= m.n, the output's single row; these
+                // columns belong to this work item only.
+                let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r0), rows) };
+                return m.ops.vec_dot_rows(m.k, w_rows, &acts[..arb], dst);
+            }
             tmp.resize(TILE_ROWS * TILE, 0.0);
             // Tiles of 64 rows x 16 tokens: the tile's weight rows and
             // activation rows stay in cache while they are combined.
@@ -182,7 +215,7 @@ pub(super) fn matmul(w: &CpuWeight, x: &CpuTensor) -> Result<CpuTensor, BackendE
             }
             Ok::<(), quant::QuantError>(())
         })?;
-    Ok(out)
+    Ok(outs)
 }
 
 /// Raw output pointer shared by work items that write disjoint elements.

@@ -337,6 +337,14 @@ impl Backend for CpuBackend {
         matmul::matmul(w, x)
     }
 
+    fn matmul_many(
+        &self,
+        ws: &[&CpuWeight],
+        x: &CpuTensor,
+    ) -> Result<Vec<CpuTensor>, BackendError> {
+        matmul::matmul_many(ws, x)
+    }
+
     fn mul_mat_id(
         &self,
         w: &CpuWeight,
