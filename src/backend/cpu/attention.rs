@@ -134,6 +134,8 @@ struct Row {
     acc: Vec<f32>,
     /// One key or value row converted from an f16 cache.
     kv: Vec<f32>,
+    /// Each head's largest score.
+    max: Vec<f32>,
 }
 
 /// A sequence's cached keys or values (`n_embd` per position), read in place.
@@ -160,37 +162,79 @@ fn rows(store: &KvStore, n: usize) -> KvRows<'_> {
     }
 }
 
-/// Halves to floats: `half`'s portable conversion, or F16C in the FMA build.
-type Widen = fn(&[f16], &mut [f32]);
+/// Halves to floats: `half`'s portable conversion, or F16C inlined into
+/// the FMA build of [`attend_group`].
+trait Widen {
+    fn widen(src: &[f16], dst: &mut [f32]);
+}
 
-fn widen_portable(src: &[f16], dst: &mut [f32]) {
-    src.convert_to_f32_slice(dst);
+struct Portable;
+
+impl Widen for Portable {
+    #[inline(always)]
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn widen_f16c(src: &[f16], dst: &mut [f32]) {
-    #[target_feature(enable = "avx2,f16c")]
-    unsafe fn widen(src: &[f16], dst: &mut [f32]) {
-        use std::arch::x86_64::*;
-        let n = src.len().min(dst.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-            i += 8;
+struct F16c;
+
+#[cfg(target_arch = "x86_64")]
+impl Widen for F16c {
+    #[inline(always)]
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        #[inline]
+        #[target_feature(enable = "avx2,f16c")]
+        unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+            use std::arch::x86_64::*;
+            let n = src.len().min(dst.len());
+            let mut i = 0;
+            while i + 8 <= n {
+                let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+                i += 8;
+            }
+            for j in i..n {
+                dst[j] = src[j].to_f32();
+            }
         }
-        for j in i..n {
-            dst[j] = src[j].to_f32();
-        }
+        // SAFETY: only used by `attend_group_fma`, whose callers checked AVX2
+        // and F16C (`has_fma`).
+        unsafe { widen(src, dst) }
     }
-    // SAFETY: only handed out by `has_fma`, which checked AVX2 and F16C.
-    unsafe { widen(src, dst) }
 }
 
+/// Positions ahead whose key or value row is requested while one is used:
+/// the rows of a kv head are `n_embd` apart, a stride the hardware
+/// prefetchers follow poorly, and a long cache streams from memory.
+const PREFETCH_AHEAD: usize = 8;
+
 impl<'a> KvRows<'a> {
+    /// Asks for elements `at..at + len` (a later row) to be cached.
+    #[inline(always)]
+    fn prefetch(self, at: usize, len: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let (p, bytes) = match self {
+                KvRows::F32(v) if at + len <= v.len() => (v[at..].as_ptr() as *const i8, len * 4),
+                KvRows::F16(v) if at + len <= v.len() => (v[at..].as_ptr() as *const i8, len * 2),
+                _ => return,
+            };
+            for off in (0..bytes).step_by(64) {
+                // SAFETY: prefetching has no effect on memory; the address
+                // lies inside the slice.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (at, len);
+    }
+
     /// Row `at..at + len` as floats: borrowed, or widened into `buf`.
     #[inline(always)]
-    fn row<'b>(self, at: usize, len: usize, buf: &'b mut Vec<f32>, widen: Widen) -> &'b [f32]
+    fn row<'b, W: Widen>(self, at: usize, len: usize, buf: &'b mut Vec<f32>) -> &'b [f32]
     where
         'a: 'b,
     {
@@ -198,16 +242,20 @@ impl<'a> KvRows<'a> {
             KvRows::F32(v) => &v[at..at + len],
             KvRows::F16(v) => {
                 buf.resize(len, 0.0);
-                widen(&v[at..at + len], buf);
+                W::widen(&v[at..at + len], buf);
                 buf
             }
         }
     }
 }
 
+/// The `group` query heads that share kv head `kvh`, for one token: each
+/// key and value row is widened once and used by every head of the group.
+/// Every head's scores, softmax and weighted sum run exactly as for that
+/// head alone (the heads only interleave).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn attend_row(
+fn attend_group<W: Widen>(
     kv: &KvView,
     q: &CpuTensor,
     row0: usize,
@@ -217,79 +265,90 @@ fn attend_row(
     i: usize,
     row: &mut Row,
     dst: &mut [f32],
-    widen: Widen,
 ) {
     let hd = p.head_dim;
     let group = p.n_head / p.n_head_kv;
-    let (t, h) = (i / p.n_head, i % p.n_head);
+    let (t, kvh) = (i / p.n_head_kv, i % p.n_head_kv);
     let qp = pos.pos0 + t;
     let lo = match p.window {
         Some(w) => (qp + 1).saturating_sub(w as usize),
         None => 0,
     };
-    let kvh = h / group;
-    let qr = (row0 + t) * q.cols;
-    let qrow = &q.data[qr + h * hd..qr + (h + 1) * hd];
-    // Scores, padded with masked cells to whole blocks of 16.
+    let qr = (row0 + t) * q.cols + kvh * group * hd;
+    let qs = &q.data[qr..qr + group * hd];
+    // Scores of head g in w[g * n_pad..], padded with masked cells to whole
+    // blocks of 16.
     let n_pad = (qp + 1).div_ceil(16) * 16;
-    let Row { w, acc, kv: buf } = row;
+    let Row { w, acc, kv: buf, max } = row;
     w.clear();
-    w.resize(n_pad, f32::NEG_INFINITY);
-    let mut max = f32::NEG_INFINITY;
-    for (j, wj) in w.iter_mut().enumerate().take(qp + 1).skip(lo) {
-        let at = j * kv.n_embd_k + kvh * hd;
-        *wj = vec_dot_f32(kv.k.row(at, hd, buf, widen), qrow) * p.scale;
-        max = max.max(*wj);
-    }
-    let sink = sinks.map(|s| s[h]);
-    if let Some(s) = sink {
-        max = max.max(s);
-    }
-    let mut sum = 0f64;
-    // `w` is padded to whole blocks of 16.
-    for blk in w.as_chunks_mut::<16>().0 {
-        for v in blk.iter_mut() {
-            *v -= max;
+    w.resize(group * n_pad, f32::NEG_INFINITY);
+    max.clear();
+    max.resize(group, f32::NEG_INFINITY);
+    for j in lo..=qp {
+        kv.k.prefetch((j + PREFETCH_AHEAD) * kv.n_embd_k + kvh * hd, hd);
+        let k = kv.k.row::<W>(j * kv.n_embd_k + kvh * hd, hd, buf);
+        for (g, qrow) in qs.chunks_exact(hd).enumerate() {
+            let s = vec_dot_f32(k, qrow) * p.scale;
+            w[g * n_pad + j] = s;
+            max[g] = max[g].max(s);
         }
-        v_expf16(blk);
-        sum += reduce16(blk) as f64;
     }
-    if let Some(s) = sink {
-        sum += (s - max).exp() as f64;
+    for (g, w) in w.chunks_exact_mut(n_pad).enumerate() {
+        let sink = sinks.map(|s| s[kvh * group + g]);
+        let mut max = max[g];
+        if let Some(s) = sink {
+            max = max.max(s);
+        }
+        let mut sum = 0f64;
+        for blk in w.as_chunks_mut::<16>().0 {
+            for v in blk.iter_mut() {
+                *v -= max;
+            }
+            v_expf16(blk);
+            sum += reduce16(blk) as f64;
+        }
+        if let Some(s) = sink {
+            sum += (s - max).exp() as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        w.iter_mut().for_each(|v| *v *= inv);
     }
-    let inv = (1.0 / sum) as f32;
-    w.iter_mut().for_each(|v| *v *= inv);
     // KQV: lanes of 16 positions (tinyBLAS) or 64 (vec_dot_f32). Lane `l`
-    // of output `d` lives at `acc[l * hd + d]`, so each position updates one
-    // contiguous row (vectorised across `d`); every lane still sums its
-    // positions in order, as in ggml.
+    // of head g's output `d` lives at `acc[(g * lanes + l) * hd + d]`, so
+    // each position updates one contiguous row (vectorised across `d`);
+    // every lane still sums its positions in order, as in ggml.
     let lanes = if pos.n_tokens >= 2 { 16 } else { 64 };
     acc.clear();
-    acc.resize(hd * lanes, 0.0);
-    for (j, &pj) in w.iter().enumerate().take(qp + 1).skip(lo) {
-        let at = j * kv.n_embd_v + kvh * hd;
+    acc.resize(group * lanes * hd, 0.0);
+    for j in lo..=qp {
+        kv.v.prefetch((j + PREFETCH_AHEAD) * kv.n_embd_v + kvh * hd, hd);
+        let v = kv.v.row::<W>(j * kv.n_embd_v + kvh * hd, hd, buf);
         let l = j % lanes;
-        let a = &mut acc[l * hd..(l + 1) * hd];
-        for (a, &v) in a.iter_mut().zip(kv.v.row(at, hd, buf, widen)) {
-            *a = v.mul_add(pj, *a);
+        for g in 0..group {
+            let pj = w[g * n_pad + j];
+            let a = &mut acc[(g * lanes + l) * hd..(g * lanes + l + 1) * hd];
+            for (a, &v) in a.iter_mut().zip(v) {
+                *a = v.mul_add(pj, *a);
+            }
         }
     }
-    if lanes == 16 {
-        reduce16_rows(acc, hd, dst);
-    } else {
+    for (acc, dst) in acc.chunks_exact_mut(lanes * hd).zip(dst.chunks_exact_mut(hd)) {
+        if lanes == 16 {
+            reduce16_rows(acc, hd, dst);
+            continue;
+        }
         // GGML_F32x16_REDUCE's first step, `(a0 + a2) + (a1 + a3)`, into the
         // first 16 lane rows, then the 16-lane reduction.
         let (lo, hi) = acc.split_at_mut(32 * hd);
+        let (lo, mid) = lo.split_at_mut(16 * hd);
+        let (hi, top) = hi.split_at(16 * hd);
         for l in 0..16 {
-            let (a0, a1) = (&lo[l * hd..(l + 1) * hd], &lo[(16 + l) * hd..(17 + l) * hd]);
-            let (a2, a3) = (&hi[l * hd..(l + 1) * hd], &hi[(16 + l) * hd..(17 + l) * hd]);
-            let mut r = vec![0f32; hd];
-            for d in 0..hd {
-                r[d] = (a0[d] + a2[d]) + (a1[d] + a3[d]);
+            let r = l * hd..(l + 1) * hd;
+            for d in r {
+                lo[d] = (lo[d] + hi[d]) + (mid[d] + top[d]);
             }
-            lo[l * hd..(l + 1) * hd].copy_from_slice(&r);
         }
-        reduce16_rows(&mut lo[..16 * hd], hd, dst);
+        reduce16_rows(lo, hd, dst);
     }
 }
 
@@ -323,15 +382,15 @@ fn reduce16_rows(acc: &mut [f32], hd: usize, dst: &mut [f32]) {
     }
 }
 
-/// [`attend_row`] compiled with FMA instructions (`mul_add` is otherwise a
+/// [`attend_group`] compiled with FMA instructions (`mul_add` is otherwise a
 /// libm call); the results are the same.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_row_fma(
+unsafe fn attend_group_fma(
     kv: &KvView,
     q: &CpuTensor,
     row0: usize,
@@ -342,7 +401,7 @@ unsafe fn attend_row_fma(
     row: &mut Row,
     dst: &mut [f32],
 ) {
-    attend_row(kv, q, row0, sinks, pos, p, i, row, dst, widen_f16c)
+    attend_group::<F16c>(kv, q, row0, sinks, pos, p, i, row, dst)
 }
 
 fn has_fma() -> bool {
@@ -359,7 +418,7 @@ fn has_fma() -> bool {
 /// Attention for several sequences at once: `q` holds their rows back to
 /// back (`seqs[i].n_tokens` rows each) and `kvs[i]` is sequence `i`'s cache,
 /// already holding its new keys and values. One parallel pass over every
-/// (token, head) row; each row is computed exactly as for its sequence alone.
+/// (token, kv head); each row is computed exactly as for its sequence alone.
 pub(super) fn attend(
     kvs: &[&CpuKv],
     q: &CpuTensor,
@@ -422,28 +481,32 @@ pub(super) fn attend(
         r += s.n_tokens;
     }
     let mut out = CpuTensor::zeros(q.rows, q.cols);
+    // One work item per (token, kv head): the heads of a GQA group are
+    // adjacent in the output row.
+    let group = p.n_head / p.n_head_kv;
     out.data
-        .par_chunks_mut(hd.max(1))
+        .par_chunks_mut((group * hd).max(1))
         .enumerate()
         .for_each_init(
             || Row {
                 w: Vec::new(),
                 acc: Vec::new(),
                 kv: Vec::new(),
+                max: Vec::new(),
             },
             |row, (i, dst)| {
-                let tok = i / p.n_head;
+                let tok = i / p.n_head_kv;
                 let s = starts.partition_point(|&st| st <= tok) - 1;
                 let (kv, pos, row0) = (&views[s], seqs[s], starts[s]);
-                let i = i - row0 * p.n_head;
+                let i = i - row0 * p.n_head_kv;
                 #[cfg(target_arch = "x86_64")]
                 if fma {
                     // SAFETY: has_fma() checked the CPU.
-                    unsafe { attend_row_fma(kv, q, row0, sinks, pos, p, i, row, dst) };
+                    unsafe { attend_group_fma(kv, q, row0, sinks, pos, p, i, row, dst) };
                     return;
                 }
                 let _ = fma;
-                attend_row(kv, q, row0, sinks, pos, p, i, row, dst, widen_portable)
+                attend_group::<Portable>(kv, q, row0, sinks, pos, p, i, row, dst)
             },
         );
     Ok(out)
