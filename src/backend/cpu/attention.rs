@@ -279,7 +279,12 @@ fn attend_group<W: Widen>(
     // Scores of head g in w[g * n_pad..], padded with masked cells to whole
     // blocks of 16.
     let n_pad = (qp + 1).div_ceil(16) * 16;
-    let Row { w, acc, kv: buf, max } = row;
+    let Row {
+        w,
+        acc,
+        kv: buf,
+        max,
+    } = row;
     w.clear();
     w.resize(group * n_pad, f32::NEG_INFINITY);
     max.clear();
@@ -332,7 +337,10 @@ fn attend_group<W: Widen>(
             }
         }
     }
-    for (acc, dst) in acc.chunks_exact_mut(lanes * hd).zip(dst.chunks_exact_mut(hd)) {
+    for (acc, dst) in acc
+        .chunks_exact_mut(lanes * hd)
+        .zip(dst.chunks_exact_mut(hd))
+    {
         if lanes == 16 {
             reduce16_rows(acc, hd, dst);
             continue;
