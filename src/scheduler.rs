@@ -1,9 +1,10 @@
 //! Continuous batching: one engine thread owns the model and serves requests
-//! from a channel with `n_slots` sequences (slots). A new request is
-//! prefilled on a free slot (reusing the slot's KV prefix when asked); then
-//! every decode step evaluates the pending token of every active slot in one
-//! batch ([`KvCache::eval_multi`]), so each sequence's output equals a run
-//! of it alone. Tokens stream back over a per-request channel; a client that
+//! from a channel with `n_slots` sequences (slots). A new request takes a
+//! free slot (reusing the slot's KV prefix when asked); every step then
+//! evaluates, in one batch ([`KvCache::eval_multi`]), the pending token of
+//! every decoding slot and the next prompt chunk of every prefilling slot,
+//! so a new prompt joins the running generations instead of pausing them.
+//! Every token computes exactly as in a run of its sequence alone. Tokens stream back over a per-request channel; a client that
 //! drops its [`GenStream`] cancels its generation and frees the slot.
 
 use std::collections::VecDeque;
@@ -263,6 +264,8 @@ struct Active {
     job: Job,
     sampler: Sampler,
     history: Vec<u32>,
+    /// Prompt tokens not evaluated yet; empty once the request decodes.
+    prefill: Vec<u32>,
     /// Sampled, not yet evaluated.
     pending: u32,
     n_prompt: usize,
@@ -272,6 +275,8 @@ struct Active {
     text: String,
     emitted: usize,
     prompt_ms: f64,
+    /// When the prompt's first chunk was evaluated, then when decoding began.
+    t_prompt: Instant,
     t_gen: Instant,
 }
 
@@ -378,8 +383,9 @@ impl<B: Backend> Worker<B> {
         }
     }
 
+    /// Puts `job` on slot `i`: keeps the slot's reusable prefix and queues
+    /// the rest of the prompt for the next steps.
     fn start(&mut self, i: usize, job: Job) {
-        let engine = self.engine.clone();
         let slot = &mut self.slots[i];
         let prompt = &job.req.prompt;
         let reuse = if job.req.cache_prompt {
@@ -391,30 +397,11 @@ impl<B: Backend> Worker<B> {
         let reuse = reuse.min(prompt.len() - 1);
         slot.kv.truncate(reuse);
         slot.cached.truncate(reuse);
-        let t0 = Instant::now();
-        let logits = match engine.eval(&mut slot.kv, &prompt[reuse..], crate::model::Logits::Last) {
-            Ok(l) => l,
-            Err(e) => {
-                // The cache may hold part of the prompt: forget all of it.
-                slot.kv.truncate(0);
-                slot.cached.clear();
-                let _ = job.events.send(GenEvent::Error(e.to_string()));
-                return;
-            }
-        };
-        slot.cached.extend_from_slice(&prompt[reuse..]);
-        let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let mut m = self
-            .shared
-            .metrics
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        m.prompt_tokens_total += (prompt.len() - reuse) as u64;
-        m.prompt_seconds_total += prompt_ms / 1e3;
-        drop(m);
-        let mut a = Active {
+        let now = Instant::now();
+        slot.active = Some(Active {
             sampler: Sampler::new(job.req.sampler.clone()),
             history: prompt.clone(),
+            prefill: prompt[reuse..].to_vec(),
             pending: 0,
             n_prompt: prompt.len(),
             n_cached: reuse,
@@ -422,16 +409,18 @@ impl<B: Backend> Worker<B> {
             dec: StreamDecoder::new(false),
             text: String::new(),
             emitted: 0,
-            prompt_ms,
-            t_gen: Instant::now(),
+            prompt_ms: 0.0,
+            t_prompt: now,
+            t_gen: now,
             job,
-        };
-        if !Self::accept(&engine, &mut a, &logits, slot.kv.n_past(), slot.kv.n_ctx()) {
-            slot.active = Some(a);
-        }
+        });
     }
 
-    /// One decode step for every active slot, in one batch.
+    /// One forward pass over every active slot: the pending token of each
+    /// decoding slot, and the next prompt chunk of prefilling slots (chunks
+    /// of `n_ubatch` as [`Engine::eval`] cuts them, so a prompt evaluates
+    /// exactly as it would alone, and at most `n_ubatch` prompt tokens per
+    /// step; a chunk that does not fit waits for the next step).
     fn step(&mut self) {
         let engine = self.engine.clone();
         // Drop cancelled requests first.
@@ -443,20 +432,34 @@ impl<B: Backend> Worker<B> {
                 s.active = None;
             }
         }
-        let idx: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| self.slots[i].active.is_some())
-            .collect();
-        if idx.is_empty() {
+        let n_ubatch = engine.params.n_ubatch.max(1);
+        // (slot, tokens of this step), in slot order.
+        let mut batch: Vec<(usize, Vec<u32>)> = Vec::new();
+        let (mut n_prompt_toks, mut n_gen_toks) = (0, 0);
+        for (i, s) in self.slots.iter().enumerate() {
+            let Some(a) = &s.active else {
+                continue;
+            };
+            if a.prefill.is_empty() {
+                batch.push((i, vec![a.pending]));
+                n_gen_toks += 1;
+                continue;
+            }
+            let n = a.prefill.len().min(n_ubatch);
+            if n_prompt_toks + n <= n_ubatch {
+                n_prompt_toks += n;
+                batch.push((i, a.prefill[..n].to_vec()));
+            }
+        }
+        if batch.is_empty() {
             return;
         }
-        let toks: Vec<[u32; 1]> = idx
-            .iter()
-            .map(|&i| [self.slots[i].active.as_ref().map_or(0, |a| a.pending)])
-            .collect();
-        let tok_refs: Vec<&[u32]> = toks.iter().map(|t| &t[..]).collect();
-        let mut kvs: Vec<&mut KvCache<B>> = Vec::with_capacity(idx.len());
+        let tok_refs: Vec<&[u32]> = batch.iter().map(|(_, t)| &t[..]).collect();
+        let mut kvs: Vec<&mut KvCache<B>> = Vec::with_capacity(batch.len());
+        let mut next = batch.iter().map(|(i, _)| *i).peekable();
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if idx.contains(&i) {
+            if next.peek() == Some(&i) {
+                next.next();
                 kvs.push(&mut s.kv);
             }
         }
@@ -464,34 +467,51 @@ impl<B: Backend> Worker<B> {
         let res = KvCache::eval_multi(&engine.model, &mut kvs, &tok_refs);
         drop(kvs);
         {
+            // The step's time is shared by its prompt and generated tokens
+            // in proportion to their counts.
+            let dt = t0.elapsed().as_secs_f64();
+            let n = (n_prompt_toks + n_gen_toks).max(1) as f64;
             let mut m = self
                 .shared
                 .metrics
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            m.gen_tokens_total += idx.len() as u64;
-            m.gen_seconds_total += t0.elapsed().as_secs_f64();
+            m.prompt_tokens_total += n_prompt_toks as u64;
+            m.prompt_seconds_total += dt * n_prompt_toks as f64 / n;
+            m.gen_tokens_total += n_gen_toks as u64;
+            m.gen_seconds_total += dt * n_gen_toks as f64 / n;
         }
         match res {
             Ok(all) => {
-                for (&i, logits) in idx.iter().zip(all) {
+                for ((i, toks), logits) in batch.into_iter().zip(all) {
                     let s = &mut self.slots[i];
                     let Some(mut a) = s.active.take() else {
                         continue;
                     };
-                    s.cached.push(a.pending);
+                    if a.prefill.is_empty() {
+                        s.cached.push(a.pending);
+                    } else {
+                        a.prefill.drain(..toks.len());
+                        s.cached.extend_from_slice(&toks);
+                        if !a.prefill.is_empty() {
+                            s.active = Some(a);
+                            continue;
+                        }
+                        a.prompt_ms = a.t_prompt.elapsed().as_secs_f64() * 1e3;
+                        a.t_gen = Instant::now();
+                    }
                     if !Self::accept(&engine, &mut a, &logits, s.kv.n_past(), s.kv.n_ctx()) {
                         s.active = Some(a);
                     }
                 }
             }
             Err(e) => {
-                for &i in &idx {
+                for (i, _) in batch {
                     let s = &mut self.slots[i];
                     if let Some(a) = s.active.take() {
                         let _ = a.job.events.send(GenEvent::Error(e.to_string()));
                     }
-                    // Some layers may have written this position: start over.
+                    // Some layers may have written these positions: start over.
                     s.kv.truncate(0);
                     s.cached.clear();
                 }

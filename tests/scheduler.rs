@@ -13,6 +13,10 @@ use longhaul::sample::{Sampler, SamplerParams};
 use longhaul::scheduler::{FinishReason, GenEvent, GenRequest, Scheduler};
 
 fn engine() -> Arc<Engine<CpuBackend>> {
+    engine_ubatch(EngineParams::default().n_ubatch)
+}
+
+fn engine_ubatch(n_ubatch: usize) -> Arc<Engine<CpuBackend>> {
     let p = common::fixture("qwen3moe-f32.gguf");
     Arc::new(
         Engine::load(
@@ -20,6 +24,7 @@ fn engine() -> Arc<Engine<CpuBackend>> {
             CpuBackend::new(),
             EngineParams {
                 n_ctx: 256,
+                n_ubatch,
                 ..EngineParams::default()
             },
         )
@@ -78,7 +83,18 @@ fn collect(
 
 #[test]
 fn batched_requests_equal_each_request_alone() {
-    let e = engine();
+    batched_equal_alone(engine());
+}
+
+/// Prompts longer than a ubatch are evaluated a chunk per step (at most one
+/// ubatch of prompt tokens per step, next to the decoding slots' tokens):
+/// still the tokens of each request alone.
+#[test]
+fn chunked_prompts_join_running_generations_unchanged() {
+    batched_equal_alone(engine_ubatch(4));
+}
+
+fn batched_equal_alone(e: Arc<Engine<CpuBackend>>) {
     let n_vocab = e.model.hp.n_vocab as u32;
     let prompts: Vec<Vec<u32>> = (0..6u32)
         .map(|i| {
