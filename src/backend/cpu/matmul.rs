@@ -15,16 +15,6 @@ fn shape_err(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
 }
 
-/// Inputs of at most this many values are quantised on the calling thread.
-const SEQUENTIAL_QUANTIZE: usize = 16 * 1024;
-
-fn act_len_err(got: usize, want: usize) -> BackendError {
-    shape_err(
-        "matmul",
-        format!("activation row of {got} bytes, expected {want}"),
-    )
-}
-
 /// Quantises every row of `x` to `act_ty`; returns the bytes and the row stride.
 pub(super) fn quantize_rows(
     act_ty: GgmlType,
@@ -37,29 +27,20 @@ pub(super) fn quantize_rows(
         )
     })? as usize;
     let mut acts = vec![0u8; arb * x.rows];
-    // A few decode rows quantise in microseconds: cheaper than a fork-join.
-    if x.rows * x.cols <= SEQUENTIAL_QUANTIZE {
-        let mut tmp = Vec::new();
-        for (dst, row) in acts
-            .chunks_mut(arb.max(1))
-            .zip(x.data.chunks(x.cols.max(1)))
-        {
-            tmp.clear();
-            quant::quantize_activations(act_ty, row, &mut tmp)?;
-            if tmp.len() != dst.len() {
-                return Err(act_len_err(tmp.len(), dst.len()));
-            }
-            dst.copy_from_slice(&tmp);
-        }
-        return Ok((acts, arb));
-    }
     acts.par_chunks_mut(arb.max(1))
         .zip(x.data.par_chunks(x.cols.max(1)))
         .try_for_each_init(Vec::new, |tmp, (dst, row)| -> Result<(), BackendError> {
             tmp.clear();
             quant::quantize_activations(act_ty, row, tmp)?;
             if tmp.len() != dst.len() {
-                return Err(act_len_err(tmp.len(), dst.len()));
+                return Err(shape_err(
+                    "matmul",
+                    format!(
+                        "activation row of {} bytes, expected {}",
+                        tmp.len(),
+                        dst.len()
+                    ),
+                ));
             }
             dst.copy_from_slice(tmp);
             Ok(())
