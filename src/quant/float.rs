@@ -29,6 +29,7 @@ pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
 impl ActBlock for f32 {
     const TYPE: GgmlType = GgmlType::F32;
     const BLOCK: usize = 1;
+    #[inline(always)]
     fn quantize_act(x: &[f32], out: &mut [Self]) {
         out.copy_from_slice(x);
     }
@@ -59,6 +60,7 @@ impl GgmlBlock for f32 {
 impl ActBlock for f16 {
     const TYPE: GgmlType = GgmlType::F16;
     const BLOCK: usize = 1;
+    #[inline(always)]
     fn quantize_act(x: &[f32], out: &mut [Self]) {
         for (o, v) in out.iter_mut().zip(x) {
             *o = f16::from_f32(*v);
@@ -93,6 +95,7 @@ impl GgmlBlock for f16 {
 impl ActBlock for bf16 {
     const TYPE: GgmlType = GgmlType::BF16;
     const BLOCK: usize = 1;
+    #[inline(always)]
     fn quantize_act(x: &[f32], out: &mut [Self]) {
         for (o, v) in out.iter_mut().zip(x) {
             *o = f32_to_bf16(*v);
