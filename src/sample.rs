@@ -147,6 +147,18 @@ impl Sampler {
         if logits.is_empty() {
             return 0;
         }
+        if self.params.temp <= 0.0 && !self.penalises(history) {
+            // Greedy without penalties: the candidates' argmax, read straight
+            // from the logits (NaN counts as -inf, the lowest id wins a tie).
+            let mut best = (0, f32::NEG_INFINITY);
+            for (i, &l) in logits.iter().enumerate() {
+                let l = if l.is_nan() { f32::NEG_INFINITY } else { l };
+                if l > best.1 {
+                    best = (i, l);
+                }
+            }
+            return best.0 as u32;
+        }
         let mut cands = std::mem::take(&mut self.cands);
         cands.clear();
         cands.extend(logits.iter().enumerate().map(|(i, &l)| Cand {
@@ -170,10 +182,16 @@ impl Sampler {
         id
     }
 
+    /// Whether the repetition penalty changes anything for `history`.
+    fn penalises(&self, history: &[u32]) -> bool {
+        let p = &self.params;
+        !(p.repeat_penalty == 1.0 || p.repeat_last_n == 0 || history.is_empty())
+    }
+
     /// llama.cpp's repetition penalty over the last `repeat_last_n` tokens.
     fn apply_penalty(&self, cands: &mut [Cand], history: &[u32]) {
         let p = &self.params;
-        if p.repeat_penalty == 1.0 || p.repeat_last_n == 0 || history.is_empty() {
+        if !self.penalises(history) {
             return;
         }
         let n = if p.repeat_last_n < 0 {
