@@ -132,10 +132,13 @@ def main():
             tmpl = post(f"{base}/apply-template", {"messages": question["messages"]})["prompt"]
             s_text, _ = post_stream(f"{base}/v1/chat/completions", dict(question, stream=True))
             post(f"{base}/v1/chat/completions", dict(question, max_tokens=8))  # warm-up
-            tps = {}
-            for n in streams:
-                runs = sorted(throughput(base, n, args.tokens) for _ in range(args.reps))
-                tps[n] = runs[len(runs) // 2]
+            # Rounds over all stream counts, so drift on a shared machine
+            # touches every count alike; the median round per count is kept.
+            runs = {n: [] for n in streams}
+            for _ in range(args.reps):
+                for n in streams:
+                    runs[n].append(throughput(base, n, args.tokens))
+            tps = {n: sorted(r)[len(r) // 2] for n, r in runs.items()}
         finally:
             p.terminate()
             p.wait(timeout=30)

@@ -709,6 +709,9 @@ mod tests {
                     (6, 5),
                     (8, 4),
                     (13, 7),
+                    (8, 8),
+                    (5, 9),
+                    (12, 16),
                 ] {
                     // Weights: quantised noise with a few outliers, or (types
                     // without a quantiser) random bytes.
