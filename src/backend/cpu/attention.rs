@@ -350,11 +350,9 @@ fn attend_group<W: Widen>(
         let (lo, hi) = acc.split_at_mut(32 * hd);
         let (lo, mid) = lo.split_at_mut(16 * hd);
         let (hi, top) = hi.split_at(16 * hd);
-        for l in 0..16 {
-            let r = l * hd..(l + 1) * hd;
-            for d in r {
-                lo[d] = (lo[d] + hi[d]) + (mid[d] + top[d]);
-            }
+        // Lane rows l, 16 + l, 32 + l and 48 + l, element by element.
+        for (((a0, a1), a2), a3) in lo.iter_mut().zip(&*mid).zip(hi).zip(top) {
+            *a0 = (*a0 + *a2) + (*a1 + *a3);
         }
         reduce16_rows(lo, hd, dst);
     }
@@ -385,8 +383,8 @@ fn reduce16_rows(acc: &mut [f32], hd: usize, dst: &mut [f32]) {
     let (u0, rest) = lo.split_at(hd);
     let (u1, rest) = rest.split_at(hd);
     let (u2, u3) = rest.split_at(hd);
-    for (d, o) in dst.iter_mut().enumerate().take(hd) {
-        *o = (u0[d] + u2[d]) + (u1[d] + u3[d]);
+    for ((((o, a0), a1), a2), a3) in dst.iter_mut().zip(u0).zip(u1).zip(u2).zip(&u3[..hd]) {
+        *o = (*a0 + *a2) + (*a1 + *a3);
     }
 }
 
