@@ -518,9 +518,9 @@ unsafe fn q8_0_pairs<const P: usize, const T: usize>(
             }
         }
     }
-    for t in 0..T {
-        for p in 0..P {
-            let (x0, x1) = hsum_halves(acc[p][t]);
+    for (p, acc) in acc.iter().enumerate() {
+        for (t, acc) in acc.iter().enumerate() {
+            let (x0, x1) = hsum_halves(*acc);
             *out.add(t * ld + 2 * p) = x0;
             *out.add(t * ld + 2 * p + 1) = x1;
         }
@@ -566,7 +566,7 @@ unsafe fn tile_q8_0_512(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [
 /// Lengths as `drive` checks them: whole rows of `nb` blocks, `out` the
 /// product of the row counts; anything else writes nothing.
 fn tile_shape(nb: usize, nw: usize, na: usize, nout: usize) -> bool {
-    nb != 0 && nw % nb == 0 && na % nb == 0 && nout == (nw / nb) * (na / nb)
+    nb != 0 && nw.is_multiple_of(nb) && na.is_multiple_of(nb) && nout == (nw / nb) * (na / nb)
 }
 
 pub(crate) fn tile_q4_1(nb: usize, w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {
