@@ -9,6 +9,7 @@ mod ops;
 use std::sync::Arc;
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::{AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams, SlotStore, SlotTensor};
 use crate::gguf;
@@ -140,10 +141,9 @@ impl KvStore {
     }
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
-            KvStore::F16(v) => v[at..at + src.len()]
-                .iter_mut()
-                .zip(src)
-                .for_each(|(d, s)| *d = f16::from_f32(*s)),
+            // `half`'s slice conversion: F16C where the CPU has it, and the
+            // same round-to-nearest-even as `f16::from_f32` either way.
+            KvStore::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
             KvStore::F32(v) => v[at..at + src.len()].copy_from_slice(src),
         }
     }
