@@ -350,6 +350,31 @@ macro_rules! dispatch_pt {
     };
 }
 
+/// [`drive_pairs`] with the kernel family `$k::<P, T>(nb, weight rows,
+/// activation data, the group's scales, out, ld)` over `nr` weight rows
+/// (from `$w`) and `nt` activations (from `$x`, with group scales at `$sc`),
+/// `$one(r, t)` for an odd last row, and the weights prefetched ahead.
+macro_rules! run_pairs {
+    ($k:ident, $nb:expr, $nr:expr, $nt:expr, $w:expr, $x:expr, $sc:expr, $o:expr, $one:expr) => {{
+        let (nb, nr, w, x, sc, o) = ($nb, $nr, $w, $x, $sc, $o);
+        drive_pairs(
+            nr,
+            $nt,
+            |p, tn, r0, t0| {
+                let args = (
+                    w.add(r0 * nb),
+                    x.add(t0 * nb),
+                    sc.add(t0 / GROUP * nb),
+                    o.add(t0 * nr + r0),
+                );
+                dispatch_pt!($k, p, tn, (nb, args.0, args.1, args.2, args.3, nr))
+            },
+            $one,
+            |r| prefetch_rows(w.wrapping_add(r * nb), 4 * nb),
+        )
+    }};
+}
+
 /// Q4_1 x Q8_1, `P` row pairs x `T` activations. `sc` holds per block the
 /// group's activation scales `d` (lanes 0..8) and sums `s` (lanes 8..16).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -441,28 +466,9 @@ unsafe fn tile_q4_1_512(nb: usize, w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [
         }
     }
     let (w, a, o) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
-    drive_pairs(
-        nr,
-        nt,
-        |p, tn, r0, t0| {
-            let args = (
-                nb,
-                w.add(r0 * nb),
-                a.add(t0 * nb),
-                sc.as_ptr().add(t0 / GROUP * nb),
-                o.add(t0 * nr + r0),
-                nr,
-            );
-            dispatch_pt!(
-                q4_1_pairs,
-                p,
-                tn,
-                (args.0, args.1, args.2, args.3, args.4, args.5)
-            )
-        },
-        |r, t| vnni_tiles::q4_1::<1, 1>(nb, w.add(r * nb), a.add(t * nb), o.add(t * nr + r), nr),
-        |r| prefetch_rows(w.wrapping_add(r * nb), 4 * nb),
-    );
+    run_pairs!(q4_1_pairs, nb, nr, nt, w, a, sc.as_ptr(), o, |r, t| {
+        vnni_tiles::q4_1::<1, 1>(nb, w.add(r * nb), a.add(t * nb), o.add(t * nr + r), nr)
+    });
 }
 
 /// Q8_0 x Q8_0, `P` row pairs x `T` activations. The activations come
@@ -539,27 +545,18 @@ unsafe fn tile_q8_0_512(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [
         ys[i] = _mm256_xor_si256(yq, _mm256_set1_epi8(-128));
     }
     let (w, a, o) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
-    drive_pairs(
+    run_pairs!(
+        q8_0_pairs,
+        nb,
         nr,
         nt,
-        |p, tn, r0, t0| {
-            let args = (
-                nb,
-                w.add(r0 * nb),
-                ys.as_ptr().add(t0 * nb),
-                sc.as_ptr().add(t0 / GROUP * nb),
-                o.add(t0 * nr + r0),
-                nr,
-            );
-            dispatch_pt!(
-                q8_0_pairs,
-                p,
-                tn,
-                (args.0, args.1, args.2, args.3, args.4, args.5)
-            )
-        },
-        |r, t| vnni_tiles::q8_0::<1, 1>(nb, w.add(r * nb), a.add(t * nb), o.add(t * nr + r), nr),
-        |r| prefetch_rows(w.wrapping_add(r * nb), 4 * nb),
+        w,
+        ys.as_ptr(),
+        sc.as_ptr(),
+        o,
+        |r, t| {
+            vnni_tiles::q8_0::<1, 1>(nb, w.add(r * nb), a.add(t * nb), o.add(t * nr + r), nr)
+        }
     );
 }
 
