@@ -49,13 +49,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> q: array<vec2<f32>>;
-#if KV_F16
-@group(0) @binding(1) var<storage, read> kc: array<u32>;
-@group(0) @binding(2) var<storage, read> vc: array<u32>;
-#else
-@group(0) @binding(1) var<storage, read> kc: array<vec2<f32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec2<f32>>;
-#endif
+// Bindings 1 and 2 (kc, vc): kv_read.wgsl.
 #if SINKS
 @group(0) @binding(3) var<storage, read> sinks: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec2<f32>>;

@@ -320,6 +320,26 @@ struct Common<'a> {
     out: &'a GpuTensor,
 }
 
+impl Common<'_> {
+    /// The leading uniform fields of both attention kernels (their `Params`
+    /// up to `kb`): shapes, the batch's first position, and the cache part
+    /// with the key range `[a, z)` this dispatch walks.
+    fn part_params(&self, part: &KvPart, a: usize, z: usize) -> [u32; 9] {
+        let p = self.p;
+        [
+            self.pos.n_tokens as u32,
+            p.n_head as u32,
+            (p.n_head / p.n_head_kv) as u32,
+            self.n_embd_k as u32,
+            self.n_embd_v as u32,
+            self.pos.pos0 as u32,
+            part.first as u32,
+            a as u32,
+            z as u32,
+        ]
+    }
+}
+
 /// Writes `k` and `v` at positions `pos0..pos0 + t` of every part they touch.
 fn write_kv(
     ctx: &Ctx,
@@ -414,20 +434,15 @@ fn prompt(c: &Common) -> Result<(), BackendError> {
     let n = c.ranges.len();
     for (i, &(part, a, z)) in c.ranges.iter().enumerate() {
         let params = [
-            t as u32,
-            p.n_head as u32,
-            (p.n_head / p.n_head_kv) as u32,
-            c.n_embd_k as u32,
-            c.n_embd_v as u32,
-            c.pos.pos0 as u32,
-            part.first as u32,
-            a as u32,
-            z as u32,
-            p.window.unwrap_or(0),
-            (i == 0) as u32,
-            (i + 1 == n) as u32,
-            p.scale.to_bits(),
-        ];
+            &c.part_params(part, a, z)[..],
+            &[
+                p.window.unwrap_or(0),
+                (i == 0) as u32,
+                (i + 1 == n) as u32,
+                p.scale.to_bits(),
+            ],
+        ]
+        .concat();
         let mut args = vec![Arg::Buf(&c.q.buf), Arg::Buf(&part.k), Arg::Buf(&part.v)];
         if let Some(s) = c.sinks {
             args.push(Arg::Buf(s));
@@ -520,21 +535,16 @@ fn decode(c: &Common) -> Result<bool, BackendError> {
     for &(part, a, z) in c.ranges {
         let n = (z - a).div_ceil(chunk_len);
         let params = [
-            t as u32,
-            p.n_head as u32,
-            (p.n_head / p.n_head_kv) as u32,
-            c.n_embd_k as u32,
-            c.n_embd_v as u32,
-            c.pos.pos0 as u32,
-            part.first as u32,
-            a as u32,
-            z as u32,
-            chunk_len as u32,
-            base as u32,
-            n as u32,
-            p.window.unwrap_or(0),
-            p.scale.to_bits(),
-        ];
+            &c.part_params(part, a, z)[..],
+            &[
+                chunk_len as u32,
+                base as u32,
+                n as u32,
+                p.window.unwrap_or(0),
+                p.scale.to_bits(),
+            ],
+        ]
+        .concat();
         ctx.dispatch(
             &pipe,
             &[
