@@ -12,6 +12,7 @@ use std::time::Instant;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::engine::{Engine, EngineParams};
 use longhaul::kv::KvCache;
+use longhaul::sample::{Sampler, SamplerParams};
 use longhaul::tensor::GgmlType;
 
 fn env_list(name: &str, default: &str) -> Vec<usize> {
@@ -22,14 +23,9 @@ fn env_list(name: &str, default: &str) -> Vec<usize> {
         .collect()
 }
 
+/// The greedy pick, as the server makes it.
 fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
+    Sampler::new(SamplerParams::greedy()).sample(v, &[])
 }
 
 fn main() {

@@ -424,11 +424,14 @@ struct Table {
     iq4_nl: BlockOps<BlockIQ4NL>,
     iq4_xs: BlockOps<BlockIQ4XS>,
     mxfp4: BlockOps<BlockMXFP4>,
+    /// The caps the kernels were chosen with.
+    caps: CpuCaps,
 }
 
 impl Table {
     fn new(caps: CpuCaps) -> Self {
         Table {
+            caps,
             f32: BlockOps::new(caps),
             f16: BlockOps::new(caps),
             bf16: BlockOps::new(caps),
@@ -483,7 +486,11 @@ static SCALAR: OnceLock<Table> = OnceLock::new();
 /// The operations of `ty` with the fastest kernels this CPU supports
 /// (chosen once per process; `LONGHAUL_NO_SIMD=1` forces the reference ones).
 pub fn ops(ty: GgmlType) -> Result<&'static dyn QuantOps, QuantError> {
-    FAST.get_or_init(|| Table::new(CpuCaps::detect())).get(ty)
+    fast_table().get(ty)
+}
+
+fn fast_table() -> &'static Table {
+    FAST.get_or_init(|| Table::new(CpuCaps::detect()))
 }
 
 /// The operations of `ty` with the portable reference kernels only.
@@ -547,13 +554,12 @@ fn quantize_act_into<A: ActBlock>(x: &[f32], out: &mut Vec<u8>) -> Result<(), Qu
 fn quantize_act_fast<A: ActBlock>(x: &[f32], out: &mut [A]) {
     #[cfg(target_arch = "x86_64")]
     {
-        static AVX2: OnceLock<bool> = OnceLock::new();
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn avx2<A: ActBlock>(x: &[f32], out: &mut [A]) {
             A::quantize_act(x, out)
         }
-        if *AVX2.get_or_init(|| CpuCaps::detect().has_avx2()) {
-            // SAFETY: the CPU has the features (checked once above).
+        if fast_table().caps.has_avx2() {
+            // SAFETY: the caps were detected on this CPU.
             return unsafe { avx2(x, out) };
         }
     }
