@@ -23,8 +23,8 @@
 use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
     block_scales, dot_iq4_nl_avx2, dot_mxfp4_avx2, dot_q4_0_avx2, drive, h2f, h2f_pair, hsum_ps,
-    load32, nibbles_32, prefetch_rows, shapes, tile_kernels, tile_wrapper, BlockScales, Shapes,
-    PREFETCH_ROWS,
+    load32, nibbles_32, prefetch_rows, shapes, tile_kernels, tile_shape, tile_wrapper, BlockScales,
+    Shapes, PREFETCH_ROWS,
 };
 use super::{
     BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0,
@@ -558,12 +558,6 @@ unsafe fn tile_q8_0_512(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [
             vnni_tiles::q8_0::<1, 1>(nb, w.add(r * nb), a.add(t * nb), o.add(t * nr + r), nr)
         }
     );
-}
-
-/// Lengths as `drive` checks them: whole rows of `nb` blocks, `out` the
-/// product of the row counts; anything else writes nothing.
-fn tile_shape(nb: usize, nw: usize, na: usize, nout: usize) -> bool {
-    nb != 0 && nw.is_multiple_of(nb) && na.is_multiple_of(nb) && nout == (nw / nb) * (na / nb)
 }
 
 pub(crate) fn tile_q4_1(nb: usize, w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {

@@ -614,6 +614,6 @@ unsafe fn dot_iq4_xs_avx2(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
 
 mod tiles;
 pub(super) use tiles::{
-    drive, prefetch_rows, shapes, tile_kernels, tile_q4_1, tile_q4_k, tile_q8_0, tile_wrapper,
-    Shapes, PREFETCH_ROWS,
+    drive, prefetch_rows, shapes, tile_kernels, tile_q4_1, tile_q4_k, tile_q8_0, tile_shape,
+    tile_wrapper, Shapes, PREFETCH_ROWS,
 };

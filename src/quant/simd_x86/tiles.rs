@@ -34,6 +34,13 @@ pub(in crate::quant) struct Shapes<W, A> {
     pub gen: Micro<W, A>,
 }
 
+/// Whether a tile call's lengths are consistent: whole rows of `nb` blocks
+/// and `out` the product of the row counts (the tile drivers write nothing
+/// otherwise; the callers in `ops` check first).
+pub(in crate::quant) fn tile_shape(nb: usize, nw: usize, na: usize, nout: usize) -> bool {
+    nb != 0 && nw.is_multiple_of(nb) && na.is_multiple_of(nb) && nout == (nw / nb) * (na / nb)
+}
+
 /// `out[t * nr + r] = dot(row r of w, row t of a)` for `nr = w.len() / nb`
 /// weight rows and `nt = a.len() / nb` activation rows, covered with the
 /// micro-kernels of `s`. Inconsistent lengths write nothing (the callers in
@@ -49,13 +56,10 @@ pub(in crate::quant) unsafe fn drive<W, A>(
     out: &mut [f32],
     s: &Shapes<W, A>,
 ) {
-    if nb == 0 || !w.len().is_multiple_of(nb) || !a.len().is_multiple_of(nb) {
+    if !tile_shape(nb, w.len(), a.len(), out.len()) {
         return;
     }
     let (nr, nt) = (w.len() / nb, a.len() / nb);
-    if out.len() != nr * nt {
-        return;
-    }
     let o = out.as_mut_ptr();
     if nt == 1 {
         let mut r0 = 0;
