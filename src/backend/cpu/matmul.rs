@@ -169,34 +169,52 @@ pub(super) fn matmul_many(
                 let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r0), rows) };
                 return m.ops.vec_dot_rows(m.k, w_rows, &acts[..arb], dst);
             }
-            tmp.resize(TILE_ROWS * TILE, 0.0);
-            // Tiles of 64 rows x 16 tokens: the tile's weight rows and
-            // activation rows stay in cache while they are combined.
             for t0 in (0..n_tok).step_by(TILE) {
                 let nt = TILE.min(n_tok - t0);
                 let a_tile = &acts[t0 * arb..(t0 + nt) * arb];
-                for q0 in (0..rows).step_by(TILE_ROWS) {
-                    let nq = TILE_ROWS.min(rows - q0);
-                    let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
-                    let res = &mut tmp[..nq * nt];
-                    m.ops.vec_dot_tile(m.k, w_tile, a_tile, res)?;
-                    for (t, res) in res.chunks_exact(nq).enumerate() {
-                        // SAFETY: t0 + t < n_tok and r0 + q0 + nq <= m.n, so
-                        // the range is in bounds; these output rows' columns
-                        // r0..r0 + rows belong to this work item only.
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut(
-                                ptr.get().add((t0 + t) * m.n + r0 + q0),
-                                nq,
-                            )
-                        };
-                        dst.copy_from_slice(res);
-                    }
-                }
+                tile_products(m, w_rows, a_tile, nt, tmp, |t, q0, res| {
+                    // SAFETY: t0 + t < n_tok and r0 + q0 + res.len() <= m.n,
+                    // so the range is in bounds; these output rows' columns
+                    // r0..r0 + rows belong to this work item only.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            ptr.get().add((t0 + t) * m.n + r0 + q0),
+                            res.len(),
+                        )
+                    };
+                    dst.copy_from_slice(res);
+                })?;
             }
             Ok::<(), quant::QuantError>(())
         })?;
     Ok(outs)
+}
+
+/// The products of `w_rows` (a work item's weight rows) with the `nt`
+/// activation rows of `a_tile`, in tiles of [`TILE_ROWS`] rows: the tile's
+/// weight rows and activation rows stay in cache while they are combined.
+/// `put(t, q0, res)` receives activation `t`'s results for the tile's rows
+/// `q0..q0 + res.len()`.
+fn tile_products(
+    m: &Matrix,
+    w_rows: &[u8],
+    a_tile: &[u8],
+    nt: usize,
+    tmp: &mut Vec<f32>,
+    mut put: impl FnMut(usize, usize, &[f32]),
+) -> Result<(), quant::QuantError> {
+    let rows = w_rows.len() / m.rb.max(1);
+    tmp.resize(TILE_ROWS * TILE, 0.0);
+    for q0 in (0..rows).step_by(TILE_ROWS) {
+        let nq = TILE_ROWS.min(rows - q0);
+        let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
+        let res = &mut tmp[..nq * nt];
+        m.ops.vec_dot_tile(m.k, w_tile, a_tile, res)?;
+        for (t, res) in res.chunks_exact(nq).enumerate() {
+            put(t, q0, res);
+        }
+    }
+    Ok(())
 }
 
 /// Raw output pointer shared by work items that write disjoint elements.
@@ -281,24 +299,18 @@ pub(super) fn mul_mat_id(
             let rows = chunk.min(m.n - r0);
             let base = e * expert_bytes;
             let w_rows = &m.bytes[base + r0 * m.rb..base + (r0 + rows) * m.rb];
-            tmp.resize(TILE_ROWS * TILE, 0.0);
             for (p, pairs) in by_expert[e].chunks(TILE).enumerate() {
                 let a0 = first[e] + p * TILE;
                 let a_tile = &acts[a0 * arb..(a0 + pairs.len()) * arb];
-                for q0 in (0..rows).step_by(TILE_ROWS) {
-                    let nq = TILE_ROWS.min(rows - q0);
-                    let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
-                    let res = &mut tmp[..nq * pairs.len()];
-                    m.ops.vec_dot_tile(m.k, w_tile, a_tile, res)?;
-                    for (&(r_out, _), res) in pairs.iter().zip(res.chunks_exact(nq)) {
-                        for (i, v) in res.iter().enumerate() {
-                            // SAFETY: r_out < ids.len() and r0 + q0 + i < m.n, so the
-                            // index is in bounds; the pair (r_out, r0 + q0 + i)
-                            // belongs to this work item only.
-                            unsafe { *ptr.get().add(r_out * m.n + r0 + q0 + i) = *v };
-                        }
+                tile_products(&m, w_rows, a_tile, pairs.len(), tmp, |t, q0, res| {
+                    let r_out = pairs[t].0;
+                    for (i, v) in res.iter().enumerate() {
+                        // SAFETY: r_out < ids.len() and r0 + q0 + i < m.n, so the
+                        // index is in bounds; the pair (r_out, r0 + q0 + i)
+                        // belongs to this work item only.
+                        unsafe { *ptr.get().add(r_out * m.n + r0 + q0 + i) = *v };
                     }
-                }
+                })?;
             }
             Ok::<(), quant::QuantError>(())
         })?;
