@@ -184,24 +184,21 @@ struct F16c;
 impl Widen for F16c {
     #[inline(always)]
     fn widen(src: &[f16], dst: &mut [f32]) {
-        #[inline]
-        #[target_feature(enable = "avx2,f16c")]
-        unsafe fn widen(src: &[f16], dst: &mut [f32]) {
-            use std::arch::x86_64::*;
-            let n = src.len().min(dst.len());
-            let mut i = 0;
-            while i + 8 <= n {
-                let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-                i += 8;
-            }
-            for j in i..n {
-                dst[j] = src[j].to_f32();
+        use std::arch::x86_64::*;
+        let n = src.len().min(dst.len());
+        let (s8, s_tail) = src[..n].as_chunks::<8>();
+        let (d8, d_tail) = dst[..n].as_chunks_mut::<8>();
+        for (s, d) in s8.iter().zip(d8) {
+            // SAFETY: only inlined into `attend_group_fma`, whose callers
+            // checked AVX2 and F16C (`has_fma`); both pointers cover 8 lanes.
+            unsafe {
+                let h = _mm_loadu_si128(s.as_ptr() as *const __m128i);
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
             }
         }
-        // SAFETY: only used by `attend_group_fma`, whose callers checked AVX2
-        // and F16C (`has_fma`).
-        unsafe { widen(src, dst) }
+        for (s, d) in s_tail.iter().zip(d_tail) {
+            *d = s.to_f32();
+        }
     }
 }
 
@@ -350,8 +347,18 @@ fn attend_group<W: Widen>(
         let (lo, hi) = acc.split_at_mut(32 * hd);
         let (lo, mid) = lo.split_at_mut(16 * hd);
         let (hi, top) = hi.split_at(16 * hd);
-        // Lane rows l, 16 + l, 32 + l and 48 + l, element by element.
-        for (((a0, a1), a2), a3) in lo.iter_mut().zip(&*mid).zip(hi).zip(top) {
+        // Lane rows l, 16 + l, 32 + l and 48 + l, element by element, in
+        // fixed steps of 16 so the loop vectorises.
+        let (lo16, lo_tail) = lo.as_chunks_mut::<16>();
+        let (mid16, mid_tail) = mid.as_chunks::<16>();
+        let (hi16, hi_tail) = hi.as_chunks::<16>();
+        let (top16, top_tail) = top.as_chunks::<16>();
+        for (((a0, a1), a2), a3) in lo16.iter_mut().zip(mid16).zip(hi16).zip(top16) {
+            for l in 0..16 {
+                a0[l] = (a0[l] + a2[l]) + (a1[l] + a3[l]);
+            }
+        }
+        for (((a0, a1), a2), a3) in lo_tail.iter_mut().zip(mid_tail).zip(hi_tail).zip(top_tail) {
             *a0 = (*a0 + *a2) + (*a1 + *a3);
         }
         reduce16_rows(lo, hd, dst);
@@ -569,6 +576,192 @@ mod tests {
             let y: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).cos()).collect();
             let want: f64 = x.iter().zip(&y).map(|(a, b)| (a * b) as f64).sum();
             assert!((vec_dot_f32(&x, &y) as f64 - want).abs() < 1e-5, "n {n}");
+        }
+    }
+
+    /// GCC's `_mm512_reduce_add_ps`, written out for the reference.
+    fn ref_reduce16(a: &[f32]) -> f32 {
+        let t: Vec<f32> = (0..8).map(|i| a[i + 8] + a[i]).collect();
+        let u: Vec<f32> = (0..4).map(|i| t[i + 4] + t[i]).collect();
+        (u[0] + u[2]) + (u[1] + u[3])
+    }
+
+    /// `ggml_vec_dot_f32` (AVX-512): accumulator `(i % 64) / 16`, lane
+    /// `i % 16`, over whole steps of 64; the tail one product at a time.
+    fn ref_vec_dot(x: &[f32], y: &[f32]) -> f32 {
+        let np = x.len() & !63;
+        let mut acc = [[0f32; 16]; 4];
+        for i in 0..np {
+            let (k, l) = ((i % 64) / 16, i % 16);
+            acc[k][l] = x[i].mul_add(y[i], acc[k][l]);
+        }
+        let mut sum = 0f32;
+        if np > 0 {
+            let r: Vec<f32> = (0..16)
+                .map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]))
+                .collect();
+            sum = ref_reduce16(&r);
+        }
+        for i in np..x.len() {
+            sum += x[i] * y[i];
+        }
+        sum
+    }
+
+    /// One head of one token as the module comment describes ggml's order,
+    /// position by position, with no regrouping: scores, softmax over blocks
+    /// of 16, then `kqv[d]` over all cached positions in lanes `j % lanes`.
+    #[allow(clippy::too_many_arguments)]
+    fn ref_head(
+        k: &[f32],
+        v: &[f32],
+        n_embd: usize,
+        q: &[f32],
+        kvh: usize,
+        qp: usize,
+        lo: usize,
+        scale: f32,
+        sink: Option<f32>,
+        lanes: usize,
+    ) -> Vec<f32> {
+        let hd = q.len();
+        let row = |c: &[f32], j: usize| c[j * n_embd + kvh * hd..][..hd].to_vec();
+        let n_pad = (qp + 1).div_ceil(16) * 16;
+        let mut w = vec![f32::NEG_INFINITY; n_pad];
+        for (j, w) in w.iter_mut().enumerate().take(qp + 1).skip(lo) {
+            *w = ref_vec_dot(&row(k, j), q) * scale;
+        }
+        let mut max = w.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        if let Some(s) = sink {
+            max = max.max(s);
+        }
+        let mut sum = 0f64;
+        for blk in w.chunks_mut(16) {
+            for x in blk.iter_mut() {
+                *x = v_expf(*x - max);
+            }
+            sum += ref_reduce16(blk) as f64;
+        }
+        if let Some(s) = sink {
+            sum += (s - max).exp() as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        let mut acc = vec![vec![0f32; hd]; lanes];
+        for j in 0..=qp {
+            let (vr, p) = (row(v, j), w[j] * inv);
+            for d in 0..hd {
+                acc[j % lanes][d] = vr[d].mul_add(p, acc[j % lanes][d]);
+            }
+        }
+        (0..hd)
+            .map(|d| {
+                let lane: Vec<f32> = (0..lanes).map(|l| acc[l][d]).collect();
+                if lanes == 64 {
+                    let r: Vec<f32> = (0..16)
+                        .map(|l| (lane[l] + lane[32 + l]) + (lane[16 + l] + lane[48 + l]))
+                        .collect();
+                    ref_reduce16(&r)
+                } else {
+                    ref_reduce16(&lane)
+                }
+            })
+            .collect()
+    }
+
+    /// `attend` over several sequences at once (decode rows and a prompt
+    /// chunk, f16 and f32 caches, GQA, windows, sinks, head dims with a dot
+    /// tail) equals the position-by-position reference bit for bit.
+    #[test]
+    fn attend_matches_ggml_order_bit_for_bit() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move |amp: f32| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * amp
+        };
+        let cases = [
+            // (head_dim, n_head, n_head_kv, window, sinks, f16)
+            (64, 9, 3, None, false, true),
+            (64, 4, 4, Some(7), true, false),
+            (80, 4, 2, None, true, true),
+            (128, 2, 1, Some(40), false, false),
+        ];
+        for (hd, n_head, n_head_kv, window, with_sinks, f16_cache) in cases {
+            let p = AttnParams {
+                n_head,
+                n_head_kv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window,
+            };
+            // (pos0, n_tokens): decode rows at short and long contexts,
+            // and a prompt chunk past position 0.
+            let seqs = [
+                BatchPos { pos0: 0, n_tokens: 1 },
+                BatchPos { pos0: 150, n_tokens: 1 },
+                BatchPos { pos0: 60, n_tokens: 5 },
+                BatchPos { pos0: 63, n_tokens: 1 },
+            ];
+            let n_embd = n_head_kv * hd;
+            // Each sequence's cache, with its exact values for the reference.
+            let kvs: Vec<(CpuKv, Vec<f32>, Vec<f32>)> = seqs
+                .iter()
+                .map(|s| {
+                    let n = (s.pos0 + s.n_tokens) * n_embd;
+                    let mut k: Vec<f32> = (0..n).map(|_| rnd(2.0)).collect();
+                    let mut v: Vec<f32> = (0..n).map(|_| rnd(1.0)).collect();
+                    let store = |x: &mut Vec<f32>| {
+                        if f16_cache {
+                            x.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
+                            KvStore::F16(x.iter().map(|&x| f16::from_f32(x)).collect())
+                        } else {
+                            KvStore::F32(x.clone())
+                        }
+                    };
+                    let (k_store, v_store) = (store(&mut k), store(&mut v));
+                    let kv = CpuKv {
+                        k: k_store,
+                        v: v_store,
+                        n_ctx: n / n_embd,
+                        n_embd_k: n_embd,
+                        n_embd_v: n_embd,
+                    };
+                    (kv, k, v)
+                })
+                .collect();
+            let n_rows: usize = seqs.iter().map(|s| s.n_tokens).sum();
+            let q = CpuTensor {
+                data: (0..n_rows * n_head * hd).map(|_| rnd(3.0)).collect(),
+                rows: n_rows,
+                cols: n_head * hd,
+            };
+            let sinks: Option<Vec<f32>> = with_sinks.then(|| (0..n_head).map(|_| rnd(4.0)).collect());
+            let refs: Vec<&CpuKv> = kvs.iter().map(|(kv, _, _)| kv).collect();
+            let out = attend(&refs, &q, sinks.as_deref(), &seqs, &p).unwrap();
+            let mut row = 0;
+            for (s, (_, k, v)) in seqs.iter().zip(&kvs) {
+                let lanes = if s.n_tokens >= 2 { 16 } else { 64 };
+                for t in 0..s.n_tokens {
+                    let qp = s.pos0 + t;
+                    let lo = window.map_or(0, |w| (qp + 1).saturating_sub(w as usize));
+                    for h in 0..n_head {
+                        let qh = &q.data[row * q.cols + h * hd..][..hd];
+                        let kvh = h / (n_head / n_head_kv);
+                        let sink = sinks.as_ref().map(|s| s[h]);
+                        let want = ref_head(k, v, n_embd, qh, kvh, qp, lo, p.scale, sink, lanes);
+                        let got = &out.data[row * out.cols + h * hd..][..hd];
+                        for (d, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                g.to_bits(),
+                                w.to_bits(),
+                                "hd {hd} pos {qp} head {h} dim {d}: {g} vs {w}"
+                            );
+                        }
+                    }
+                    row += 1;
+                }
+            }
         }
     }
 }
