@@ -107,10 +107,20 @@ pub(super) fn v_expf(x: f32) -> f32 {
         )
         .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
     // vscalefps: j * 2^n, rounded once (n clamped first so out-of-range
-    // lanes stay well-defined before they are replaced).
+    // lanes stay well-defined before they are replaced). 2^n may not be an
+    // f32, so j is first scaled exactly by 2^(n - k) (j is near 1, the
+    // product stays normal) and then by 2^k, the one rounding step; all in
+    // f32 lanes so the loops vectorise without 64-bit conversions.
     let nc = n.clamp(-192.0, 192.0);
-    let scale = f64::from_bits(((nc as i64 + 1023) as u64) << 52);
-    let scaled = (j as f64 * scale) as f32;
+    let k: i32 = if nc < -126.0 {
+        -100
+    } else if nc > 127.0 {
+        96
+    } else {
+        0
+    };
+    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    let scaled = (j * pow2(nc as i32 - k)) * pow2(k);
     let sat = if n <= 0.0 { 0.0 } else { f32::INFINITY };
     let out = if n.abs() > 192.0 { sat } else { scaled };
     if n.is_nan() {
@@ -229,6 +239,30 @@ impl<'a> KvRows<'a> {
         let _ = (at, len);
     }
 
+    /// Elements `at..at + 16` as floats: borrowed, or widened into `tmp`.
+    #[inline(always)]
+    fn chunk16<'b, W: Widen>(self, at: usize, tmp: &'b mut [f32; 16]) -> &'b [f32; 16]
+    where
+        'a: 'b,
+    {
+        match self {
+            KvRows::F32(v) => v[at..].first_chunk::<16>().unwrap_or(tmp),
+            KvRows::F16(v) => {
+                W::widen(&v[at..at + 16], tmp);
+                tmp
+            }
+        }
+    }
+
+    /// Element `at` as a float.
+    #[inline(always)]
+    fn get(self, at: usize) -> f32 {
+        match self {
+            KvRows::F32(v) => v[at],
+            KvRows::F16(v) => v[at].to_f32(),
+        }
+    }
+
     /// Row `at..at + len` as floats: borrowed, or widened into `buf`.
     #[inline(always)]
     fn row<'b, W: Widen>(self, at: usize, len: usize, buf: &'b mut Vec<f32>) -> &'b [f32]
@@ -288,6 +322,8 @@ fn attend_group<W: Widen>(
     max.resize(group, f32::NEG_INFINITY);
     for j in lo..=qp {
         kv.k.prefetch((j + PREFETCH_AHEAD) * kv.n_embd_k + kvh * hd, hd);
+        // The values are read after the softmax: ask for them now.
+        kv.v.prefetch((j + PREFETCH_AHEAD) * kv.n_embd_v + kvh * hd, hd);
         let k = kv.k.row::<W>(j * kv.n_embd_k + kvh * hd, hd, buf);
         for (g, qrow) in qs.chunks_exact(hd).enumerate() {
             let s = vec_dot_f32(k, qrow) * p.scale;
@@ -315,54 +351,84 @@ fn attend_group<W: Widen>(
         let inv = (1.0 / sum) as f32;
         w.iter_mut().for_each(|v| *v *= inv);
     }
-    // KQV: lanes of 16 positions (tinyBLAS) or 64 (vec_dot_f32). Lane `l`
-    // of head g's output `d` lives at `acc[(g * lanes + l) * hd + d]`, so
-    // each position updates one contiguous row (vectorised across `d`);
-    // every lane still sums its positions in order, as in ggml.
+    // KQV: lanes of 16 positions (tinyBLAS) or 64 (vec_dot_f32); lane `l`
+    // sums the positions `j = l (mod lanes)` in order. Each lane's sum is
+    // computed whole in registers, 16 dims at a time, and the lanes are
+    // combined as ggml reduces them: 64 lanes first as `(l + 32) + (l + 16
+    // + 48)` into 16, then the 16-lane reduction. An empty lane is +0 (a
+    // chain starting at +0 never becomes -0), which adds nothing.
     let lanes = if pos.n_tokens >= 2 { 16 } else { 64 };
+    let chunks = hd / 16;
     acc.clear();
-    acc.resize(group * lanes * hd, 0.0);
-    for j in lo..=qp {
-        kv.v.prefetch((j + PREFETCH_AHEAD) * kv.n_embd_v + kvh * hd, hd);
-        let v = kv.v.row::<W>(j * kv.n_embd_v + kvh * hd, hd, buf);
-        let l = j % lanes;
-        for g in 0..group {
-            let pj = w[g * n_pad + j];
-            let a = &mut acc[(g * lanes + l) * hd..(g * lanes + l + 1) * hd];
-            for (a, &v) in a.iter_mut().zip(v) {
-                *a = v.mul_add(pj, *a);
-            }
-        }
-    }
-    for (acc, dst) in acc
-        .chunks_exact_mut(lanes * hd)
-        .zip(dst.chunks_exact_mut(hd))
-    {
-        if lanes == 16 {
-            reduce16_rows(acc, hd, dst);
-            continue;
-        }
-        // GGML_F32x16_REDUCE's first step, `(a0 + a2) + (a1 + a3)`, into the
-        // first 16 lane rows, then the 16-lane reduction.
-        let (lo, hi) = acc.split_at_mut(32 * hd);
-        let (lo, mid) = lo.split_at_mut(16 * hd);
-        let (hi, top) = hi.split_at(16 * hd);
-        // Lane rows l, 16 + l, 32 + l and 48 + l, element by element, in
-        // fixed steps of 16 so the loop vectorises.
-        let (lo16, lo_tail) = lo.as_chunks_mut::<16>();
-        let (mid16, mid_tail) = mid.as_chunks::<16>();
-        let (hi16, hi_tail) = hi.as_chunks::<16>();
-        let (top16, top_tail) = top.as_chunks::<16>();
-        for (((a0, a1), a2), a3) in lo16.iter_mut().zip(mid16).zip(hi16).zip(top16) {
+    acc.resize(16 * hd, 0.0);
+    for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
+        let pg = &w[g * n_pad..g * n_pad + qp + 1];
+        let lane = |l: usize, d0: usize, tmp: &mut [f32; 16]| {
+            kv_chain::<W>(kv.v, kv.n_embd_v, kvh * hd + d0, lo, qp, l, lanes, pg, tmp)
+        };
+        let mut tmp = [0f32; 16];
+        for c in 0..chunks {
+            let d0 = 16 * c;
             for l in 0..16 {
-                a0[l] = (a0[l] + a2[l]) + (a1[l] + a3[l]);
+                let r = if lanes == 64 {
+                    let a0 = lane(l, d0, &mut tmp);
+                    let a2 = lane(l + 32, d0, &mut tmp);
+                    let a1 = lane(l + 16, d0, &mut tmp);
+                    let a3 = lane(l + 48, d0, &mut tmp);
+                    std::array::from_fn::<f32, 16, _>(|i| (a0[i] + a2[i]) + (a1[i] + a3[i]))
+                } else {
+                    lane(l, d0, &mut tmp)
+                };
+                acc[l * hd + d0..l * hd + d0 + 16].copy_from_slice(&r);
             }
         }
-        for (((a0, a1), a2), a3) in lo_tail.iter_mut().zip(mid_tail).zip(hi_tail).zip(top_tail) {
-            *a0 = (*a0 + *a2) + (*a1 + *a3);
+        // Dims past the last whole 16, one at a time.
+        for d in 16 * chunks..hd {
+            let mut lane_sums = [0f32; 64];
+            for j in lo..=qp {
+                let v = kv.v.get(j * kv.n_embd_v + kvh * hd + d);
+                lane_sums[j % lanes] = v.mul_add(pg[j], lane_sums[j % lanes]);
+            }
+            for l in 0..16 {
+                acc[l * hd + d] = if lanes == 64 {
+                    (lane_sums[l] + lane_sums[l + 32]) + (lane_sums[l + 16] + lane_sums[l + 48])
+                } else {
+                    lane_sums[l]
+                };
+            }
         }
-        reduce16_rows(lo, hd, dst);
+        reduce16_rows(acc, hd, dst);
     }
+}
+
+/// One lane's weighted sum of value rows for dims `off..off + 16` of each
+/// row: `sum_j v[j][d] * p[j]` over `j = l (mod lanes)` in `lo..=qp`,
+/// fused multiply-adds in position order from +0.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn kv_chain<W: Widen>(
+    v: KvRows,
+    stride: usize,
+    off: usize,
+    lo: usize,
+    qp: usize,
+    l: usize,
+    lanes: usize,
+    p: &[f32],
+    tmp: &mut [f32; 16],
+) -> [f32; 16] {
+    let mut a = [0f32; 16];
+    // First position at or after `lo` in lane `l`.
+    let mut j = l + (lo.saturating_sub(l)).div_ceil(lanes) * lanes;
+    while j <= qp {
+        let x = v.chunk16::<W>(j * stride + off, tmp);
+        let pj = p[j];
+        for i in 0..16 {
+            a[i] = x[i].mul_add(pj, a[i]);
+        }
+        j += lanes;
+    }
+    a
 }
 
 /// [`reduce16`] of every column `d` of 16 lane rows (`acc[l * hd + d]`),
@@ -557,6 +623,50 @@ mod tests {
         }
     }
 
+    /// The scaling step as ggml's `vscalefps` defines it: `j * 2^n`
+    /// computed exactly in f64 and rounded once to f32.
+    fn scalef_f64(x: f32) -> f32 {
+        let r = f32::from_bits(0x4b40_0000);
+        let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
+        let n = z - r;
+        let b = (-n).mul_add(
+            f32::from_bits(0x35bf_be8e),
+            (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+        );
+        let u = b * b;
+        let j = f32::from_bits(0x3c07_2010)
+            .mul_add(b, f32::from_bits(0x3d2b_9f17))
+            .mul_add(
+                u,
+                f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+            )
+            .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+        if n.is_nan() {
+            return j;
+        }
+        if n.abs() > 192.0 {
+            return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+        }
+        (j as f64 * 2f64.powi(n as i32)) as f32
+    }
+
+    #[test]
+    fn v_expf_rounds_once_like_vscalefps() {
+        // Normal, subnormal, underflowing and overflowing results.
+        let mut xs: Vec<f32> = (-1_100_000..1_000_000).map(|i| i as f32 * 1e-4).collect();
+        xs.extend((0..200_000).map(|i| -104.0 + i as f32 * 1e-4));
+        xs.extend((0..20_000).map(|i| 87.0 + i as f32 * 1e-4));
+        xs.extend((0..4_000).map(|i| -140.0 - i as f32 * 0.01));
+        xs.extend([f32::NEG_INFINITY, f32::INFINITY, f32::NAN, 133.0, -133.0, 0.0, -0.0]);
+        for &x in &xs {
+            let (a, b) = (v_expf(x), scalef_f64(x));
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{x}: {a:e} vs {b:e}"
+            );
+        }
+    }
+
     #[test]
     fn v_expf_is_close_to_exp_and_saturates() {
         for i in -2000..2000 {
@@ -686,6 +796,8 @@ mod tests {
             (64, 4, 4, Some(7), true, false),
             (80, 4, 2, None, true, true),
             (128, 2, 1, Some(40), false, false),
+            // Dims past the last whole 16.
+            (72, 2, 1, None, false, true),
         ];
         for (hd, n_head, n_head_kv, window, with_sinks, f16_cache) in cases {
             let p = AttnParams {

@@ -2,6 +2,8 @@
 //! (f64 sums in norms, cumulative theta products in rope) so results agree
 //! with llama.cpp to float rounding.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use super::{CpuTensor, CpuWeight};
@@ -99,15 +101,13 @@ pub(super) fn rope_rows(
         .iter()
         .flat_map(|s| s.pos0..s.pos0 + s.n_tokens)
         .collect();
-    let corr = yarn_corr_dims(p.n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow);
+    let table = rope_table(p, positions);
     let half = p.n_rot / 2;
     let cols = x.cols;
     x.data
         .par_chunks_mut(cols)
-        .enumerate()
-        .for_each(|(t, row)| {
-            let mut cache = vec![(0.0f32, 0.0f32); half];
-            rope_cache(p, positions[t] as f32, corr, &mut cache);
+        .zip(table.cache.par_chunks(half.max(1)))
+        .for_each(|(row, cache)| {
             for head in row.chunks_mut(head_dim) {
                 for (i, &(c, s)) in cache.iter().enumerate() {
                     let (a, b) = match p.mode {
@@ -124,6 +124,46 @@ pub(super) fn rope_rows(
             }
         });
     Ok(())
+}
+
+/// The `(cos, sin)` pairs of every row's position for one set of rope
+/// parameters, `n_rot / 2` per row.
+struct RopeTable {
+    p: RopeParams,
+    positions: Vec<usize>,
+    cache: Vec<(f32, f32)>,
+}
+
+thread_local! {
+    /// The last table built on this thread: every layer of a forward pass
+    /// rotates q and k at the same positions with the same parameters, so
+    /// the angles (a `powf`, `sin` and `cos` per pair) are computed once per
+    /// pass instead of twice per layer.
+    static ROPE_TABLE: std::cell::RefCell<Option<Arc<RopeTable>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn rope_table(p: &RopeParams, positions: Vec<usize>) -> Arc<RopeTable> {
+    let last = ROPE_TABLE.with(|t| t.borrow().clone());
+    if let Some(t) = last.filter(|t| t.p == *p && t.positions == positions) {
+        return t;
+    }
+    let corr = yarn_corr_dims(p.n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow);
+    let half = p.n_rot / 2;
+    let mut cache = vec![(0.0f32, 0.0f32); half * positions.len()];
+    if half > 0 {
+        cache
+            .par_chunks_mut(half)
+            .zip(positions.par_iter())
+            .for_each(|(c, &pos)| rope_cache(p, pos as f32, corr, c));
+    }
+    let t = Arc::new(RopeTable {
+        p: *p,
+        positions,
+        cache,
+    });
+    ROPE_TABLE.with(|c| *c.borrow_mut() = Some(t.clone()));
+    t
 }
 
 pub(super) fn glu(gate: &CpuTensor, up: &CpuTensor, kind: Glu) -> Result<CpuTensor, BackendError> {
