@@ -14,6 +14,7 @@ use longhaul::engine::{Engine, EngineParams};
 use longhaul::kv::KvCache;
 use longhaul::sample::{Sampler, SamplerParams};
 use longhaul::tensor::GgmlType;
+use rayon::prelude::*;
 
 fn env_list(name: &str, default: &str) -> Vec<usize> {
     std::env::var(name)
@@ -23,7 +24,7 @@ fn env_list(name: &str, default: &str) -> Vec<usize> {
         .collect()
 }
 
-/// The greedy pick, as the server makes it.
+/// The greedy pick, as the server makes it (every sequence's in parallel).
 fn argmax(v: &[f32]) -> u32 {
     Sampler::new(SamplerParams::greedy()).sample(v, &[])
 }
@@ -91,7 +92,10 @@ fn run() {
                 let refs: Vec<&[u32]> = toks.iter().map(|t| &t[..]).collect();
                 let mut kv_refs: Vec<&mut KvCache<_>> = kvs.iter_mut().collect();
                 let out = KvCache::eval_multi(&engine.model, &mut kv_refs, &refs).unwrap();
-                next = out.iter().map(|l| argmax(l)).collect();
+                next = (0..out.len())
+                    .into_par_iter()
+                    .map(|i| argmax(out.seq(i)))
+                    .collect();
             }
             best_tg = best_tg.max((npl * n_tg) as f64 / t0.elapsed().as_secs_f64());
         }

@@ -2,7 +2,7 @@
 //! of positions already filled.
 
 use crate::backend::Backend;
-use crate::model::{Logits, Model, ModelError};
+use crate::model::{BatchLogits, Logits, Model, ModelError};
 use crate::tensor::GgmlType;
 
 pub struct KvCache<B: Backend> {
@@ -41,7 +41,7 @@ impl<B: Backend> KvCache<B> {
         model: &Model<B>,
         caches: &mut [&mut KvCache<B>],
         tokens: &[&[u32]],
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+    ) -> Result<BatchLogits, ModelError> {
         let seqs: Vec<(&[u32], usize)> = caches
             .iter()
             .zip(tokens)

@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use rayon::prelude::*;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::backend::Backend;
@@ -483,7 +484,10 @@ impl<B: Backend> Worker<B> {
         }
         match res {
             Ok(all) => {
-                for ((i, toks), logits) in batch.into_iter().zip(all) {
+                // Slots that sample now: decoding ones, and those whose
+                // prompt's last chunk just ran, with their row of `all`.
+                let mut ready: Vec<(usize, usize, Active)> = Vec::with_capacity(batch.len());
+                for (k, (i, toks)) in batch.into_iter().enumerate() {
                     let s = &mut self.slots[i];
                     let Some(mut a) = s.active.take() else {
                         continue;
@@ -500,7 +504,17 @@ impl<B: Backend> Worker<B> {
                         a.prompt_ms = a.t_prompt.elapsed().as_secs_f64() * 1e3;
                         a.t_gen = Instant::now();
                     }
-                    if !Self::accept(&engine, &mut a, &logits, s.kv.n_past(), s.kv.n_ctx()) {
+                    ready.push((i, k, a));
+                }
+                // Each sampler reads a whole row of logits (greedy: an argmax
+                // over the vocabulary): the slots sample in parallel.
+                let toks: Vec<u32> = ready
+                    .par_iter_mut()
+                    .map(|(_, k, a)| a.sampler.sample(all.seq(*k), &a.history))
+                    .collect();
+                for ((i, _, mut a), tok) in ready.into_iter().zip(toks) {
+                    let s = &mut self.slots[i];
+                    if !Self::accept(&engine, &mut a, tok, s.kv.n_past(), s.kv.n_ctx()) {
                         s.active = Some(a);
                     }
                 }
@@ -519,16 +533,9 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Samples from `logits`, emits the token, and returns true when the
-    /// request is finished (its `Done` already sent).
-    fn accept(
-        engine: &Engine<B>,
-        a: &mut Active,
-        logits: &[f32],
-        n_past: usize,
-        n_ctx: usize,
-    ) -> bool {
-        let tok = a.sampler.sample(logits, &a.history);
+    /// Takes the sampled `tok`, emits it, and returns true when the request
+    /// is finished (its `Done` already sent).
+    fn accept(engine: &Engine<B>, a: &mut Active, tok: u32, n_past: usize, n_ctx: usize) -> bool {
         a.history.push(tok);
         a.n_gen += 1;
         a.pending = tok;

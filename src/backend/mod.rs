@@ -179,6 +179,11 @@ pub trait Backend: Send + Sync + Clone {
     ) -> Result<Self::Tensor, BackendError>;
     /// Copies a tensor back to the host (row-major).
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>, BackendError>;
+    /// [`Backend::to_host`] of a tensor no longer needed (a host tensor
+    /// gives up its buffer instead of copying it).
+    fn take_host(&self, t: Self::Tensor) -> Result<Vec<f32>, BackendError> {
+        self.to_host(&t)
+    }
     /// `(rows, cols)`.
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
 

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use super::{
-    ArchSpec, DenseFfn, Experts, Ffn, Gating, Hparams, Layer, Logits, Model, ModelError, MoeFfn,
+    ArchSpec, BatchLogits, DenseFfn, Experts, Ffn, Gating, Hparams, Layer, Logits, Model,
+    ModelError, MoeFfn,
 };
 use crate::backend::{AttnParams, Backend, BatchPos, Glu, RopeParams};
 use crate::gguf;
@@ -406,8 +407,7 @@ pub(super) fn forward<B: Backend>(
     pos0: usize,
     want: Logits,
 ) -> Result<Vec<f32>, ModelError> {
-    let mut out = forward_multi(m, &mut [kv], &[(tokens, pos0)], want)?;
-    Ok(out.pop().unwrap_or_default())
+    Ok(forward_multi(m, &mut [kv], &[(tokens, pos0)], want)?.into_first())
 }
 
 /// Runs several sequences in one batch: `seqs[i] = (tokens, pos0)` with KV
@@ -417,7 +417,7 @@ pub(super) fn forward_multi<B: Backend>(
     kvs: &mut [&mut [B::Kv]],
     seqs: &[(&[u32], usize)],
     want: Logits,
-) -> Result<Vec<Vec<f32>>, ModelError> {
+) -> Result<BatchLogits, ModelError> {
     let b = &m.backend;
     let hp = &m.hp;
     if kvs.len() != seqs.len() || kvs.iter().any(|kv| kv.len() != m.layers.len()) {
@@ -447,7 +447,10 @@ pub(super) fn forward_multi<B: Backend>(
         });
     }
     if tokens.is_empty() {
-        return Ok(vec![Vec::new(); seqs.len()]);
+        return Ok(BatchLogits {
+            data: Vec::new(),
+            spans: vec![0..0; seqs.len()],
+        });
     }
     // Sequences without tokens take no part in the batch.
     let mut active: Vec<&mut [B::Kv]> = kvs
@@ -475,9 +478,9 @@ pub(super) fn forward_multi<B: Backend>(
         b.gather_rows(&x, &rows)?
     };
     let x = b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?;
-    let logits = b.to_host(&b.matmul(&m.output, &x)?)?;
-    // Split the rows back per sequence.
-    let mut out = Vec::with_capacity(seqs.len());
+    let logits = b.take_host(b.matmul(&m.output, &x)?)?;
+    // Each sequence's rows of the one buffer.
+    let mut spans = Vec::with_capacity(seqs.len());
     let mut at = 0;
     for (t, _) in seqs {
         let n = match (t.is_empty(), want) {
@@ -485,10 +488,13 @@ pub(super) fn forward_multi<B: Backend>(
             (false, Logits::Last) => 1,
             (false, Logits::All) => t.len(),
         };
-        out.push(logits[at * hp.n_vocab..(at + n) * hp.n_vocab].to_vec());
+        spans.push(at * hp.n_vocab..(at + n) * hp.n_vocab);
         at += n;
     }
-    Ok(out)
+    Ok(BatchLogits {
+        data: logits,
+        spans,
+    })
 }
 
 #[cfg(test)]

@@ -125,6 +125,43 @@ pub enum Logits {
     All,
 }
 
+/// The logits of a multi-sequence batch: one block of rows per sequence
+/// (none for a sequence without tokens), in one buffer.
+#[derive(Clone, Debug, Default)]
+pub struct BatchLogits {
+    data: Vec<f32>,
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+impl BatchLogits {
+    /// Sequences in the batch.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Sequence `i`'s logits (rows of `n_vocab`); empty past the end.
+    pub fn seq(&self, i: usize) -> &[f32] {
+        self.spans.get(i).map_or(&[], |r| &self.data[r.clone()])
+    }
+
+    /// The first sequence's logits, without a copy when it is the only one.
+    pub fn into_first(mut self) -> Vec<f32> {
+        match self.spans.first().cloned() {
+            Some(r) if self.spans.len() == 1 => {
+                self.data.truncate(r.end);
+                self.data.drain(..r.start);
+                self.data
+            }
+            Some(r) => self.data[r].to_vec(),
+            None => Vec::new(),
+        }
+    }
+}
+
 /// Called with `(bytes done, bytes total)` as a load progresses.
 pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
@@ -342,7 +379,7 @@ impl<B: Backend> Model<B> {
         kvs: &mut [&mut [B::Kv]],
         seqs: &[(&[u32], usize)],
         want: Logits,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+    ) -> Result<BatchLogits, ModelError> {
         block::forward_multi(self, kvs, seqs, want)
     }
 }

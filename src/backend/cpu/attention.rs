@@ -657,7 +657,15 @@ mod tests {
         xs.extend((0..200_000).map(|i| -104.0 + i as f32 * 1e-4));
         xs.extend((0..20_000).map(|i| 87.0 + i as f32 * 1e-4));
         xs.extend((0..4_000).map(|i| -140.0 - i as f32 * 0.01));
-        xs.extend([f32::NEG_INFINITY, f32::INFINITY, f32::NAN, 133.0, -133.0, 0.0, -0.0]);
+        xs.extend([
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            f32::NAN,
+            133.0,
+            -133.0,
+            0.0,
+            -0.0,
+        ]);
         for &x in &xs {
             let (a, b) = (v_expf(x), scalef_f64(x));
             assert!(
@@ -810,10 +818,22 @@ mod tests {
             // (pos0, n_tokens): decode rows at short and long contexts,
             // and a prompt chunk past position 0.
             let seqs = [
-                BatchPos { pos0: 0, n_tokens: 1 },
-                BatchPos { pos0: 150, n_tokens: 1 },
-                BatchPos { pos0: 60, n_tokens: 5 },
-                BatchPos { pos0: 63, n_tokens: 1 },
+                BatchPos {
+                    pos0: 0,
+                    n_tokens: 1,
+                },
+                BatchPos {
+                    pos0: 150,
+                    n_tokens: 1,
+                },
+                BatchPos {
+                    pos0: 60,
+                    n_tokens: 5,
+                },
+                BatchPos {
+                    pos0: 63,
+                    n_tokens: 1,
+                },
             ];
             let n_embd = n_head_kv * hd;
             // Each sequence's cache, with its exact values for the reference.
@@ -848,7 +868,8 @@ mod tests {
                 rows: n_rows,
                 cols: n_head * hd,
             };
-            let sinks: Option<Vec<f32>> = with_sinks.then(|| (0..n_head).map(|_| rnd(4.0)).collect());
+            let sinks: Option<Vec<f32>> =
+                with_sinks.then(|| (0..n_head).map(|_| rnd(4.0)).collect());
             let refs: Vec<&CpuKv> = kvs.iter().map(|(kv, _, _)| kv).collect();
             let out = attend(&refs, &q, sinks.as_deref(), &seqs, &p).unwrap();
             let mut row = 0;

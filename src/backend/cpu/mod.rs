@@ -325,6 +325,10 @@ impl Backend for CpuBackend {
         Ok(t.data.clone())
     }
 
+    fn take_host(&self, t: CpuTensor) -> Result<Vec<f32>, BackendError> {
+        Ok(t.data)
+    }
+
     fn shape(&self, t: &CpuTensor) -> (usize, usize) {
         (t.rows, t.cols)
     }
