@@ -297,24 +297,26 @@ unsafe fn hsum_halves(v: __m512) -> (f32, f32) {
 }
 
 /// Covers `nr` weight rows x `nt` activation rows with `pairs::<P, T>`
-/// (P row pairs, T <= GROUP activations) and `one` for an odd last row;
-/// `prefetch(r)` asks for the four rows from `r` (see `prefetch_rows`).
+/// (P <= `max_p` row pairs, T <= GROUP activations) and `one` for an odd
+/// last row; `prefetch(r, n)` asks for the `n` rows from `r` (see
+/// `prefetch_rows`).
 #[inline(always)]
 unsafe fn drive_pairs(
     nr: usize,
     nt: usize,
+    max_p: usize,
     pairs: impl Fn(usize, usize, usize, usize),
     one: impl Fn(usize, usize),
-    prefetch: impl Fn(usize),
+    prefetch: impl Fn(usize, usize),
 ) {
     for t0 in (0..nt).step_by(GROUP) {
         let tn = GROUP.min(nt - t0);
         let mut r0 = 0;
         while nr - r0 >= 2 {
+            let p = if max_p >= 2 && nr - r0 >= 4 { 2 } else { 1 };
             if t0 == 0 {
-                prefetch(r0 + PREFETCH_ROWS);
+                prefetch(r0 + PREFETCH_ROWS, 2 * p);
             }
-            let p = if nr - r0 >= 4 { 2 } else { 1 };
             pairs(p, tn, r0, t0);
             r0 += 2 * p;
         }
@@ -326,26 +328,18 @@ unsafe fn drive_pairs(
     }
 }
 
-/// Dispatches runtime `(p, t)` to the const-generic kernel `$k::<P, T>`.
-macro_rules! dispatch_pt {
-    ($k:ident, $p:expr, $t:expr, ($($arg:expr),*)) => {
-        match ($p, $t) {
-            (2, 8) => $k::<2, 8>($($arg),*),
-            (2, 7) => $k::<2, 7>($($arg),*),
-            (2, 6) => $k::<2, 6>($($arg),*),
-            (2, 5) => $k::<2, 5>($($arg),*),
-            (2, 4) => $k::<2, 4>($($arg),*),
-            (2, 3) => $k::<2, 3>($($arg),*),
-            (2, 2) => $k::<2, 2>($($arg),*),
-            (2, _) => $k::<2, 1>($($arg),*),
-            (_, 8) => $k::<1, 8>($($arg),*),
-            (_, 7) => $k::<1, 7>($($arg),*),
-            (_, 6) => $k::<1, 6>($($arg),*),
-            (_, 5) => $k::<1, 5>($($arg),*),
-            (_, 4) => $k::<1, 4>($($arg),*),
-            (_, 3) => $k::<1, 3>($($arg),*),
-            (_, 2) => $k::<1, 2>($($arg),*),
-            (_, _) => $k::<1, 1>($($arg),*),
+/// Dispatches runtime `t` to the const-generic kernel `$k::<$p, T>`.
+macro_rules! dispatch_t {
+    ($k:ident, $p:literal, $t:expr, ($($arg:expr),*)) => {
+        match $t {
+            8 => $k::<$p, 8>($($arg),*),
+            7 => $k::<$p, 7>($($arg),*),
+            6 => $k::<$p, 6>($($arg),*),
+            5 => $k::<$p, 5>($($arg),*),
+            4 => $k::<$p, 4>($($arg),*),
+            3 => $k::<$p, 3>($($arg),*),
+            2 => $k::<$p, 2>($($arg),*),
+            _ => $k::<$p, 1>($($arg),*),
         }
     };
 }
@@ -353,13 +347,17 @@ macro_rules! dispatch_pt {
 /// [`drive_pairs`] with the kernel family `$k::<P, T>(nb, weight rows,
 /// activation data, the group's scales, out, ld)` over `nr` weight rows
 /// (from `$w`) and `nt` activations (from `$x`, with group scales at `$sc`),
-/// `$one(r, t)` for an odd last row, and the weights prefetched ahead.
+/// `$one(r, t)` for an odd last row, and the weights prefetched ahead. `$p`
+/// is the most row pairs one call takes (1 or 2): two pairs share each
+/// activation load, one pair reads fewer rows side by side, which streams
+/// better from memory for wide blocks (see the kernels).
 macro_rules! run_pairs {
-    ($k:ident, $nb:expr, $nr:expr, $nt:expr, $w:expr, $x:expr, $sc:expr, $o:expr, $one:expr) => {{
+    ($k:ident, $p:tt, $nb:expr, $nr:expr, $nt:expr, $w:expr, $x:expr, $sc:expr, $o:expr, $one:expr) => {{
         let (nb, nr, w, x, sc, o) = ($nb, $nr, $w, $x, $sc, $o);
         drive_pairs(
             nr,
             $nt,
+            $p,
             |p, tn, r0, t0| {
                 let args = (
                     w.add(r0 * nb),
@@ -367,12 +365,23 @@ macro_rules! run_pairs {
                     sc.add(t0 / GROUP * nb),
                     o.add(t0 * nr + r0),
                 );
-                dispatch_pt!($k, p, tn, (nb, args.0, args.1, args.2, args.3, nr))
+                run_pairs!(@dispatch $k, $p, p, tn, (nb, args.0, args.1, args.2, args.3, nr))
             },
             $one,
-            |r| prefetch_rows(w.wrapping_add(r * nb), 4 * nb),
+            |r, n| prefetch_rows(w.wrapping_add(r * nb), n * nb),
         )
     }};
+    (@dispatch $k:ident, 1, $pv:expr, $t:expr, $args:tt) => {{
+        let _ = $pv;
+        dispatch_t!($k, 1, $t, $args)
+    }};
+    (@dispatch $k:ident, 2, $pv:expr, $t:expr, $args:tt) => {
+        if $pv == 2 {
+            dispatch_t!($k, 2, $t, $args)
+        } else {
+            dispatch_t!($k, 1, $t, $args)
+        }
+    };
 }
 
 /// Q4_1 x Q8_1, `P` row pairs x `T` activations. `sc` holds per block the
@@ -466,7 +475,7 @@ unsafe fn tile_q4_1_512(nb: usize, w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [
         }
     }
     let (w, a, o) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
-    run_pairs!(q4_1_pairs, nb, nr, nt, w, a, sc.as_ptr(), o, |r, t| {
+    run_pairs!(q4_1_pairs, 2, nb, nr, nt, w, a, sc.as_ptr(), o, |r, t| {
         vnni_tiles::q4_1::<1, 1>(nb, w.add(r * nb), a.add(t * nb), o.add(t * nr + r), nr)
     });
 }
@@ -476,7 +485,11 @@ unsafe fn tile_q4_1_512(nb: usize, w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [
 /// the weights stay signed: `sum((y + 128) * x) - 128 * sum(x)` equals
 /// `sum(x * y)` for any bytes, and the correction belongs to the weight
 /// block, so it is computed once per block for all `T` activations. `sc`
-/// holds the group's activation scales.
+/// holds the group's activation scales. Driven one pair at a time: with two
+/// pairs (four 34-byte-block rows side by side) a matrix streamed from
+/// memory ran at 75 GMAC/s per thread for 8 activations, with one pair at
+/// 96 (`cargo bench --bench quant_dot -- tiles`, LONGHAUL_BENCH_ROWS=49152);
+/// from L2 both run at ~100.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_pairs<const P: usize, const T: usize>(
     nb: usize,
@@ -547,6 +560,7 @@ unsafe fn tile_q8_0_512(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [
     let (w, a, o) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
     run_pairs!(
         q8_0_pairs,
+        1,
         nb,
         nr,
         nt,
