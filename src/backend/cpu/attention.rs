@@ -320,6 +320,12 @@ fn attend_group<W: Widen>(
     w.resize(group * n_pad, f32::NEG_INFINITY);
     max.clear();
     max.resize(group, f32::NEG_INFINITY);
+    // The first rows, then each row PREFETCH_AHEAD positions ahead as the
+    // scores go.
+    for j in lo..(lo + PREFETCH_AHEAD).min(qp + 1) {
+        kv.k.prefetch(j * kv.n_embd_k + kvh * hd, hd);
+        kv.v.prefetch(j * kv.n_embd_v + kvh * hd, hd);
+    }
     for j in lo..=qp {
         kv.k.prefetch((j + PREFETCH_AHEAD) * kv.n_embd_k + kvh * hd, hd);
         // The values are read after the softmax: ask for them now.
