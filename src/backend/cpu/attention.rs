@@ -280,10 +280,12 @@ impl<'a> KvRows<'a> {
     }
 }
 
-/// The `group` query heads that share kv head `kvh`, for one token: each
-/// key and value row is widened once and used by every head of the group.
-/// Every head's scores, softmax and weighted sum run exactly as for that
-/// head alone (the heads only interleave).
+/// The query heads of kv heads `heads` (`group` query heads each), for one
+/// token `t`: each key and value row is widened once and used by every
+/// head of its group, and the rows of all `heads` are read together (one
+/// stretch of memory per position). Every head's scores, softmax and
+/// weighted sum run exactly as for that head alone (the heads only
+/// interleave).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend_group<W: Widen>(
@@ -293,22 +295,25 @@ fn attend_group<W: Widen>(
     sinks: Option<&[f32]>,
     pos: BatchPos,
     p: &AttnParams,
-    i: usize,
+    t: usize,
+    heads: std::ops::Range<usize>,
     row: &mut Row,
     dst: &mut [f32],
 ) {
     let hd = p.head_dim;
     let group = p.n_head / p.n_head_kv;
-    let (t, kvh) = (i / p.n_head_kv, i % p.n_head_kv);
     let qp = pos.pos0 + t;
     let lo = match p.window {
         Some(w) => (qp + 1).saturating_sub(w as usize),
         None => 0,
     };
-    let qr = (row0 + t) * q.cols + kvh * group * hd;
-    let qs = &q.data[qr..qr + group * hd];
-    // Scores of head g in w[g * n_pad..], padded with masked cells to whole
-    // blocks of 16.
+    let (h0, nh) = (heads.start, heads.len());
+    // This token's query heads of `heads`, in order: row `hi * group + g`
+    // is head `(h0 + hi) * group + g`.
+    let qr = (row0 + t) * q.cols + h0 * group * hd;
+    let qs = &q.data[qr..qr + nh * group * hd];
+    // Scores of query row r in w[r * n_pad..], padded with masked cells to
+    // whole blocks of 16.
     let n_pad = (qp + 1).div_ceil(16) * 16;
     let Row {
         w,
@@ -317,29 +322,35 @@ fn attend_group<W: Widen>(
         max,
     } = row;
     w.clear();
-    w.resize(group * n_pad, f32::NEG_INFINITY);
+    w.resize(nh * group * n_pad, f32::NEG_INFINITY);
     max.clear();
-    max.resize(group, f32::NEG_INFINITY);
+    max.resize(nh * group, f32::NEG_INFINITY);
     // The first rows, then each row PREFETCH_AHEAD positions ahead as the
-    // scores go.
+    // scores go (the values are read after the softmax: asked for now).
+    let (k_at, v_at) = (
+        |j: usize| j * kv.n_embd_k + h0 * hd,
+        |j: usize| j * kv.n_embd_v + h0 * hd,
+    );
     for j in lo..(lo + PREFETCH_AHEAD).min(qp + 1) {
-        kv.k.prefetch(j * kv.n_embd_k + kvh * hd, hd);
-        kv.v.prefetch(j * kv.n_embd_v + kvh * hd, hd);
+        kv.k.prefetch(k_at(j), nh * hd);
+        kv.v.prefetch(v_at(j), nh * hd);
     }
     for j in lo..=qp {
-        kv.k.prefetch((j + PREFETCH_AHEAD) * kv.n_embd_k + kvh * hd, hd);
-        // The values are read after the softmax: ask for them now.
-        kv.v.prefetch((j + PREFETCH_AHEAD) * kv.n_embd_v + kvh * hd, hd);
-        let k = kv.k.row::<W>(j * kv.n_embd_k + kvh * hd, hd, buf);
-        for (g, qrow) in qs.chunks_exact(hd).enumerate() {
-            let s = vec_dot_f32(k, qrow) * p.scale;
-            w[g * n_pad + j] = s;
-            max[g] = max[g].max(s);
+        kv.k.prefetch(k_at(j + PREFETCH_AHEAD), nh * hd);
+        kv.v.prefetch(v_at(j + PREFETCH_AHEAD), nh * hd);
+        for (hi, qh) in qs.chunks_exact(group * hd).enumerate() {
+            let k = kv.k.row::<W>(k_at(j) + hi * hd, hd, buf);
+            for (g, qrow) in qh.chunks_exact(hd).enumerate() {
+                let r = hi * group + g;
+                let s = vec_dot_f32(k, qrow) * p.scale;
+                w[r * n_pad + j] = s;
+                max[r] = max[r].max(s);
+            }
         }
     }
-    for (g, w) in w.chunks_exact_mut(n_pad).enumerate() {
-        let sink = sinks.map(|s| s[kvh * group + g]);
-        let mut max = max[g];
+    for (r, w) in w.chunks_exact_mut(n_pad).enumerate() {
+        let sink = sinks.map(|s| s[h0 * group + r]);
+        let mut max = max[r];
         if let Some(s) = sink {
             max = max.max(s);
         }
@@ -367,8 +378,9 @@ fn attend_group<W: Widen>(
     let chunks = hd / 16;
     acc.clear();
     acc.resize(16 * hd, 0.0);
-    for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
-        let pg = &w[g * n_pad..g * n_pad + qp + 1];
+    for (r, dst) in dst.chunks_exact_mut(hd).enumerate() {
+        let kvh = h0 + r / group;
+        let pg = &w[r * n_pad..r * n_pad + qp + 1];
         let lane = |l: usize, d0: usize, tmp: &mut [f32; 16]| {
             kv_chain::<W>(kv.v, kv.n_embd_v, kvh * hd + d0, lo, qp, l, lanes, pg, tmp)
         };
@@ -482,11 +494,12 @@ unsafe fn attend_group_fma(
     sinks: Option<&[f32]>,
     pos: BatchPos,
     p: &AttnParams,
-    i: usize,
+    t: usize,
+    heads: std::ops::Range<usize>,
     row: &mut Row,
     dst: &mut [f32],
 ) {
-    attend_group::<F16c>(kv, q, row0, sinks, pos, p, i, row, dst)
+    attend_group::<F16c>(kv, q, row0, sinks, pos, p, t, heads, row, dst)
 }
 
 fn has_fma() -> bool {
@@ -566,11 +579,19 @@ pub(super) fn attend(
         r += s.n_tokens;
     }
     let mut out = CpuTensor::zeros(q.rows, q.cols);
-    // One work item per (token, kv head): the heads of a GQA group are
+    // One work item per token (all its heads: each key and value row is one
+    // stretch of memory), or per (token, kv head) when there are too few
+    // tokens to keep every thread busy. The heads of a GQA group are
     // adjacent in the output row.
     let group = p.n_head / p.n_head_kv;
+    let per_item = if n_rows >= 2 * rayon::current_num_threads() {
+        p.n_head_kv
+    } else {
+        1
+    };
+    let items_per_tok = p.n_head_kv / per_item;
     out.data
-        .par_chunks_mut((group * hd).max(1))
+        .par_chunks_mut((per_item * group * hd).max(1))
         .enumerate()
         .for_each_init(
             || Row {
@@ -580,18 +601,20 @@ pub(super) fn attend(
                 max: Vec::new(),
             },
             |row, (i, dst)| {
-                let tok = i / p.n_head_kv;
+                let tok = i / items_per_tok;
+                let h0 = i % items_per_tok * per_item;
+                let heads = h0..h0 + per_item;
                 let s = starts.partition_point(|&st| st <= tok) - 1;
                 let (kv, pos, row0) = (&views[s], seqs[s], starts[s]);
-                let i = i - row0 * p.n_head_kv;
+                let t = tok - row0;
                 #[cfg(target_arch = "x86_64")]
                 if fma {
                     // SAFETY: has_fma() checked the CPU.
-                    unsafe { attend_group_fma(kv, q, row0, sinks, pos, p, i, row, dst) };
+                    unsafe { attend_group_fma(kv, q, row0, sinks, pos, p, t, heads, row, dst) };
                     return;
                 }
                 let _ = fma;
-                attend_group::<Portable>(kv, q, row0, sinks, pos, p, i, row, dst)
+                attend_group::<Portable>(kv, q, row0, sinks, pos, p, t, heads, row, dst)
             },
         );
     Ok(out)
@@ -878,6 +901,25 @@ mod tests {
                 with_sinks.then(|| (0..n_head).map(|_| rnd(4.0)).collect());
             let refs: Vec<&CpuKv> = kvs.iter().map(|(kv, _, _)| kv).collect();
             let out = attend(&refs, &q, sinks.as_deref(), &seqs, &p).unwrap();
+            // Each sequence alone (one-token sequences split their work by
+            // kv head, the batch by token) gives the same rows.
+            let mut r0 = 0;
+            for (i, s) in seqs.iter().enumerate() {
+                let rows = r0 * q.cols..(r0 + s.n_tokens) * q.cols;
+                let q1 = CpuTensor {
+                    data: q.data[rows.clone()].to_vec(),
+                    rows: s.n_tokens,
+                    cols: q.cols,
+                };
+                let one = attend(&refs[i..=i], &q1, sinks.as_deref(), &seqs[i..=i], &p).unwrap();
+                let same = one
+                    .data
+                    .iter()
+                    .zip(&out.data[rows])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "hd {hd}: sequence {i} alone differs from the batch");
+                r0 += s.n_tokens;
+            }
             let mut row = 0;
             for (s, (_, k, v)) in seqs.iter().zip(&kvs) {
                 let lanes = if s.n_tokens >= 2 { 16 } else { 64 };
