@@ -84,13 +84,10 @@ fn reduce_4x16(acc: &[[f32; 16]; 4]) -> f32 {
     reduce16(&r)
 }
 
-/// ggml's AVX-512 `ggml_v_expf` for one lane (the vector code has no
-/// cross-lane steps): range reduction by FMA, a degree-5 polynomial and
-/// `vscalefps`; |n| > 192 saturates to 0 or +inf. Written without branches
-/// (out-of-range and NaN lanes are selected at the end) so that loops over
-/// it vectorise.
+/// `ggml_v_expf`'s range reduction and polynomial: `exp(x) = j * 2^n`
+/// with `n` integral and `j` near 1.
 #[inline(always)]
-pub(super) fn v_expf(x: f32) -> f32 {
+fn expf_parts(x: f32) -> (f32, f32) {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
     let n = z - r;
@@ -106,6 +103,17 @@ pub(super) fn v_expf(x: f32) -> f32 {
             f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
         )
         .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+    (n, j)
+}
+
+/// ggml's AVX-512 `ggml_v_expf` for one lane (the vector code has no
+/// cross-lane steps): range reduction by FMA, a degree-5 polynomial and
+/// `vscalefps`; |n| > 192 saturates to 0 or +inf. Written without branches
+/// (out-of-range and NaN lanes are selected at the end) so that loops over
+/// it vectorise.
+#[inline(always)]
+pub(super) fn v_expf(x: f32) -> f32 {
+    let (n, j) = expf_parts(x);
     // vscalefps: j * 2^n, rounded once (n clamped first so out-of-range
     // lanes stay well-defined before they are replaced). 2^n may not be an
     // f32, so j is first scaled exactly by 2^(n - k) (j is near 1, the
@@ -655,21 +663,7 @@ mod tests {
     /// The scaling step as ggml's `vscalefps` defines it: `j * 2^n`
     /// computed exactly in f64 and rounded once to f32.
     fn scalef_f64(x: f32) -> f32 {
-        let r = f32::from_bits(0x4b40_0000);
-        let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
-        let n = z - r;
-        let b = (-n).mul_add(
-            f32::from_bits(0x35bf_be8e),
-            (-n).mul_add(f32::from_bits(0x3f31_7200), x),
-        );
-        let u = b * b;
-        let j = f32::from_bits(0x3c07_2010)
-            .mul_add(b, f32::from_bits(0x3d2b_9f17))
-            .mul_add(
-                u,
-                f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
-            )
-            .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+        let (n, j) = expf_parts(x);
         if n.is_nan() {
             return j;
         }
