@@ -4,8 +4,9 @@
 //! evaluates, in one batch ([`KvCache::eval_multi`]), the pending token of
 //! every decoding slot and the next prompt chunk of every prefilling slot,
 //! so a new prompt joins the running generations instead of pausing them.
-//! Every token computes exactly as in a run of its sequence alone. Tokens stream back over a per-request channel; a client that
-//! drops its [`GenStream`] cancels its generation and frees the slot.
+//! Every token computes exactly as in a run of its sequence alone. Tokens
+//! stream back over a per-request channel; a client that drops its
+//! [`GenStream`] cancels its generation and frees the slot.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

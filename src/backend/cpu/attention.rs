@@ -146,9 +146,11 @@ pub(super) fn v_expf16(x: &mut [f32; 16]) {
     }
 }
 
-/// Scratch of one (token, head) row.
+/// Scratch of one work item (a token's heads).
 struct Row {
+    /// Each query head's scores, then weights.
     w: Vec<f32>,
+    /// 16 lane rows of one head's weighted value sum.
     acc: Vec<f32>,
     /// One key or value row converted from an f16 cache.
     kv: Vec<f32>,
@@ -221,8 +223,8 @@ impl Widen for F16c {
 }
 
 /// Positions ahead whose key or value row is requested while one is used:
-/// the rows of a kv head are `n_embd` apart, a stride the hardware
-/// prefetchers follow poorly, and a long cache streams from memory.
+/// a long cache streams from memory, and the rows of one kv head are
+/// `n_embd` apart, a stride the hardware prefetchers follow poorly.
 const PREFETCH_AHEAD: usize = 8;
 
 impl<'a> KvRows<'a> {
@@ -247,27 +249,18 @@ impl<'a> KvRows<'a> {
         let _ = (at, len);
     }
 
-    /// Elements `at..at + 16` as floats: borrowed, or widened into `tmp`.
+    /// Elements `at..at + N` as floats: borrowed, or widened into `tmp`.
     #[inline(always)]
-    fn chunk16<'b, W: Widen>(self, at: usize, tmp: &'b mut [f32; 16]) -> &'b [f32; 16]
+    fn chunk<'b, W: Widen, const N: usize>(self, at: usize, tmp: &'b mut [f32; N]) -> &'b [f32; N]
     where
         'a: 'b,
     {
         match self {
-            KvRows::F32(v) => v[at..].first_chunk::<16>().unwrap_or(tmp),
+            KvRows::F32(v) => v[at..].first_chunk::<N>().unwrap_or(tmp),
             KvRows::F16(v) => {
-                W::widen(&v[at..at + 16], tmp);
+                W::widen(&v[at..at + N], tmp);
                 tmp
             }
-        }
-    }
-
-    /// Element `at` as a float.
-    #[inline(always)]
-    fn get(self, at: usize) -> f32 {
-        match self {
-            KvRows::F32(v) => v[at],
-            KvRows::F16(v) => v[at].to_f32(),
         }
     }
 
@@ -389,72 +382,83 @@ fn attend_group<W: Widen>(
     for (r, dst) in dst.chunks_exact_mut(hd).enumerate() {
         let kvh = h0 + r / group;
         let pg = &w[r * n_pad..r * n_pad + qp + 1];
-        let lane = |l: usize, d0: usize, tmp: &mut [f32; 16]| {
-            kv_chain::<W>(kv.v, kv.n_embd_v, kvh * hd + d0, lo, qp, l, lanes, pg, tmp)
+        let span = LaneSpan {
+            v: kv.v,
+            stride: kv.n_embd_v,
+            lo,
+            qp,
+            lanes,
+            p: pg,
         };
-        let mut tmp = [0f32; 16];
         for c in 0..chunks {
-            let d0 = 16 * c;
-            for l in 0..16 {
-                let r = if lanes == 64 {
-                    let a0 = lane(l, d0, &mut tmp);
-                    let a2 = lane(l + 32, d0, &mut tmp);
-                    let a1 = lane(l + 16, d0, &mut tmp);
-                    let a3 = lane(l + 48, d0, &mut tmp);
-                    std::array::from_fn::<f32, 16, _>(|i| (a0[i] + a2[i]) + (a1[i] + a3[i]))
-                } else {
-                    lane(l, d0, &mut tmp)
-                };
-                acc[l * hd + d0..l * hd + d0 + 16].copy_from_slice(&r);
-            }
+            span.lane_rows::<W, 16>(kvh * hd, 16 * c, hd, acc);
         }
         // Dims past the last whole 16, one at a time.
         for d in 16 * chunks..hd {
-            let mut lane_sums = [0f32; 64];
-            for j in lo..=qp {
-                let v = kv.v.get(j * kv.n_embd_v + kvh * hd + d);
-                lane_sums[j % lanes] = v.mul_add(pg[j], lane_sums[j % lanes]);
-            }
-            for l in 0..16 {
-                acc[l * hd + d] = if lanes == 64 {
-                    (lane_sums[l] + lane_sums[l + 32]) + (lane_sums[l + 16] + lane_sums[l + 48])
-                } else {
-                    lane_sums[l]
-                };
-            }
+            span.lane_rows::<W, 1>(kvh * hd, d, hd, acc);
         }
         reduce16_rows(acc, hd, dst);
     }
 }
 
-/// One lane's weighted sum of value rows for dims `off..off + 16` of each
-/// row: `sum_j v[j][d] * p[j]` over `j = l (mod lanes)` in `lo..=qp`,
-/// fused multiply-adds in position order from +0.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn kv_chain<W: Widen>(
-    v: KvRows,
+/// One head's value rows and weights for the weighted sum: positions
+/// `lo..=qp` of `v` (rows `stride` apart) with weights `p[j]`, summed in
+/// `lanes` lanes (`j % lanes`).
+struct LaneSpan<'a> {
+    v: KvRows<'a>,
     stride: usize,
-    off: usize,
     lo: usize,
     qp: usize,
-    l: usize,
     lanes: usize,
-    p: &[f32],
-    tmp: &mut [f32; 16],
-) -> [f32; 16] {
-    let mut a = [0f32; 16];
-    // First position at or after `lo` in lane `l`.
-    let mut j = l + (lo.saturating_sub(l)).div_ceil(lanes) * lanes;
-    while j <= qp {
-        let x = v.chunk16::<W>(j * stride + off, tmp);
-        let pj = p[j];
-        for i in 0..16 {
-            a[i] = x[i].mul_add(pj, a[i]);
+    p: &'a [f32],
+}
+
+impl LaneSpan<'_> {
+    /// Lane `l`'s sum for dims `off..off + N` of each row: `sum_j v[j][d] *
+    /// p[j]` over `j = l (mod lanes)` in `lo..=qp`, fused multiply-adds in
+    /// position order from +0.
+    #[inline(always)]
+    fn lane<W: Widen, const N: usize>(&self, off: usize, l: usize) -> [f32; N] {
+        let mut a = [0f32; N];
+        let mut tmp = [0f32; N];
+        // First position at or after `lo` in lane `l`.
+        let mut j = l + (self.lo.saturating_sub(l)).div_ceil(self.lanes) * self.lanes;
+        while j <= self.qp {
+            let x = self.v.chunk::<W, N>(j * self.stride + off, &mut tmp);
+            let pj = self.p[j];
+            for i in 0..N {
+                a[i] = x[i].mul_add(pj, a[i]);
+            }
+            j += self.lanes;
         }
-        j += lanes;
+        a
     }
-    a
+
+    /// Dims `d0..d0 + N` of the 16 lane rows `acc[l * hd..]` of the head
+    /// whose dims start at `head`: 64 lanes combined as ggml's reduction
+    /// starts, `(l + 32) + (l + 16 + 48)`, or the 16 lanes as they are.
+    #[inline(always)]
+    fn lane_rows<W: Widen, const N: usize>(
+        &self,
+        head: usize,
+        d0: usize,
+        hd: usize,
+        acc: &mut [f32],
+    ) {
+        let off = head + d0;
+        for l in 0..16 {
+            let r = if self.lanes == 64 {
+                let a0 = self.lane::<W, N>(off, l);
+                let a2 = self.lane::<W, N>(off, l + 32);
+                let a1 = self.lane::<W, N>(off, l + 16);
+                let a3 = self.lane::<W, N>(off, l + 48);
+                std::array::from_fn::<f32, N, _>(|i| (a0[i] + a2[i]) + (a1[i] + a3[i]))
+            } else {
+                self.lane::<W, N>(off, l)
+            };
+            acc[l * hd + d0..l * hd + d0 + N].copy_from_slice(&r);
+        }
+    }
 }
 
 /// [`reduce16`] of every column `d` of 16 lane rows (`acc[l * hd + d]`),
