@@ -67,6 +67,8 @@ pub struct LonghaulParams {
     pub policy: Policy,
     /// Lookahead prefetch (`--longhaul-prefetch`).
     pub prefetch: bool,
+    /// Checksum expert slices and compare re-reads (`--longhaul-verify`).
+    pub verify: bool,
 }
 
 /// What longhaul set up, for the start-up log and for clients.
@@ -221,6 +223,7 @@ impl<B: Backend> Engine<B> {
             budget_bytes,
             policy: lp.policy,
             prefetch: lp.prefetch,
+            verify: lp.verify,
         };
         let info = LonghaulInfo {
             n_moe_layers,

@@ -484,6 +484,7 @@ fn bench_on<B: Backend>(
                 budget: CacheBudget::Bytes(*budget),
                 policy: *policy,
                 prefetch: a.longhaul.prefetch,
+                verify: a.longhaul.verify,
             }),
         };
         // Longhaul skips warmup: no expert byte is read before the first real run.

@@ -140,6 +140,7 @@ fn demo_on<B: Backend>(
         budget: CacheBudget::Bytes(budget),
         policy: Policy::Lru,
         prefetch: false,
+        verify: false,
     };
     let (eng_l, out_l, text_l, st_l) = gen(EngineParams {
         longhaul: Some(lp),

@@ -161,6 +161,11 @@ pub struct LonghaulArgs {
     /// L+1's router picks from layer L's input.
     #[arg(long = "longhaul-prefetch")]
     pub prefetch: bool,
+    /// Checksum each expert slice when first read and compare every later
+    /// read of it: a model file rewritten in place is refused at the first
+    /// expert whose bytes differ (costs a CRC-32 per read).
+    #[arg(long = "longhaul-verify")]
+    pub verify: bool,
 }
 
 impl LonghaulArgs {
@@ -184,6 +189,7 @@ impl LonghaulArgs {
             budget,
             policy,
             prefetch: self.prefetch,
+            verify: self.verify,
         }))
     }
 }
