@@ -301,7 +301,7 @@ proptest! {
             let state = faults.clone();
             file.set_read_fault(Some(Arc::new(move |_, _, _| {
                 let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-                (xorshift(&mut s) % one_in == 0).then(|| std::io::Error::from_raw_os_error(libc::EIO))
+                xorshift(&mut s).is_multiple_of(one_in).then(|| std::io::Error::from_raw_os_error(libc::EIO))
             })));
             let _ = logit_bits(&m, p, 2);
             file.set_read_fault(None);
