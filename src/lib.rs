@@ -8,6 +8,7 @@ pub mod engine;
 pub mod gguf;
 pub mod kv;
 pub mod longhaul;
+pub mod mem;
 pub mod model;
 pub mod placement;
 pub mod quant;
