@@ -419,6 +419,27 @@ mod tests {
     }
 
     #[test]
+    fn validate_accepts_the_defaults_and_refuses_by_field() {
+        assert_eq!(SamplerParams::default().validate(), Ok(()));
+        assert_eq!(SamplerParams::greedy().validate(), Ok(()));
+        let bad = SamplerParams {
+            repeat_penalty: f32::MIN_POSITIVE / 4.0,
+            ..SamplerParams::default()
+        };
+        let e = bad.validate().expect_err("1/penalty is infinite");
+        assert_eq!(
+            (e.field(), e.flag()),
+            ("repeat_penalty", "--repeat-penalty")
+        );
+        assert_eq!(SamplerParams::seed_from_i64(-1), Ok(None));
+        assert_eq!(SamplerParams::seed_from_i64(3), Ok(Some(3)));
+        assert_eq!(
+            SamplerParams::seed_from_i64(-2),
+            Err(SampleParamError::Seed(-2))
+        );
+    }
+
+    #[test]
     fn top_p_keeps_shortest_prefix() {
         let mut c: Vec<Cand> = [0.5f32, 0.3, 0.15, 0.05]
             .iter()

@@ -84,6 +84,7 @@ pub async fn serve_with(
     // Every connection holds a receiver: it sees the shutdown through it,
     // and the sender sees all of them dropped once the last one closes.
     let (stop_tx, stop_rx) = watch::channel(false);
+    let mut accept_errors = AcceptErrors::default();
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -91,7 +92,7 @@ pub async fn serve_with(
             r = listener.accept() => match r {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    accept_error(&e, &registry).await;
+                    accept_errors.handle(&e, &registry).await;
                     continue;
                 }
             },
@@ -119,26 +120,51 @@ pub async fn serve_with(
 
 /// Accept failures: a peer that went away is skipped; anything else (most
 /// often EMFILE, out of file descriptors) closes the connection that has
-/// waited longest without a request, then waits a little before retrying.
-async fn accept_error(e: &io::Error, registry: &Registry) {
-    if matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    ) {
-        return;
-    }
-    let evicted = registry.evict_one();
-    eprintln!(
-        "longhaul-server: accept failed: {e}{}",
-        if evicted {
-            "; closed the longest-waiting idle connection"
-        } else {
-            ""
+/// waited longest without a request and retries shortly, or waits longer
+/// if none could be closed. Logged at most once a second.
+#[derive(Default)]
+struct AcceptErrors {
+    last_log: Option<Instant>,
+    suppressed: u64,
+}
+
+impl AcceptErrors {
+    async fn handle(&mut self, e: &io::Error, registry: &Registry) {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::ConnectionReset
+        ) {
+            return;
         }
-    );
-    tokio::time::sleep(Duration::from_millis(50)).await;
+        let evicted = registry.evict_one();
+        if self
+            .last_log
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            let more = match self.suppressed {
+                0 => String::new(),
+                n => format!(" ({n} more since the last report)"),
+            };
+            eprintln!(
+                "longhaul-server: accept failed: {e}{more}{}",
+                if evicted {
+                    "; closing the longest-waiting idle connection"
+                } else {
+                    ""
+                }
+            );
+            self.last_log = Some(Instant::now());
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
+        }
+        // An evicted connection frees its descriptor as soon as its task
+        // runs; with none to evict, wait for one to end.
+        let pause = if evicted { 2 } else { 50 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
 }
 
 /// The per-connection settings taken from [`HttpConfig`].
