@@ -16,4 +16,5 @@ pub mod sample;
 pub mod scheduler;
 pub mod synth;
 pub mod tensor;
+pub mod threads;
 pub mod tokenizer;
