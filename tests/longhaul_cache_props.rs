@@ -31,6 +31,7 @@ proptest! {
         let mut tick = 0u64;
         for ids in &stream {
             let waves = c.plan(ids);
+            waves.iter().for_each(|w| c.apply(w));
             let distinct: HashSet<u32> = ids.iter().copied().collect();
             // Each distinct expert in exactly one wave; no wave exceeds the slots.
             let mut seen = HashSet::new();

@@ -1,11 +1,20 @@
 //! I/O faults under longhaul: an injected device error, a truncated shard
 //! (real short reads) and a removed file make generation fail with a typed
 //! error or carry on; the cache stays consistent and generation succeeds, with
-//! the resident output, once the file is back.
+//! the resident output bit for bit, once the file is back.
+//!
+//! The invariant under test (DESIGN.md, longhaul): a slot is recorded as
+//! holding an expert only after that expert's bytes are in it, and a failed
+//! or cancelled read, in any wave, leaves the cache as if it had not been
+//! planned. Faults come from the reader's test seam
+//! (`gguf::Model::set_read_fault`), at every read position of a run and at
+//! random positions over random token streams; the slot-level property test
+//! compares every slot the cache records as filled with the file's bytes.
 
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::argmax;
@@ -16,8 +25,13 @@ use longhaul::longhaul::{LonghaulConfig, LonghaulError, Policy};
 use longhaul::model::{Logits, Model, ModelError};
 use longhaul::synth::{self, SynthSpec};
 use longhaul::tensor::GgmlType;
+use proptest::prelude::*;
 
 fn model_file(name: &str) -> PathBuf {
+    model_file_seeded(name, SynthSpec::tiny().seed)
+}
+
+fn model_file_seeded(name: &str, seed: u64) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhaul-faults");
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join(name);
@@ -25,6 +39,7 @@ fn model_file(name: &str) -> PathBuf {
         n_layer: 2,
         n_expert: 8,
         n_expert_used: 2,
+        seed,
         ..SynthSpec::tiny()
     };
     synth::write(&spec, &path).expect("write model");
@@ -56,7 +71,7 @@ fn longhaul(path: &Path) -> Model<CpuBackend> {
     Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul")
 }
 
-fn assert_read_error(r: Result<Vec<u32>, ModelError>, path: &Path) {
+fn assert_read_error<T>(r: Result<T, ModelError>, path: &Path) {
     match r {
         Err(ModelError::Longhaul(e @ LonghaulError::Read { .. })) => {
             let msg = e.to_string();
@@ -67,7 +82,7 @@ fn assert_read_error(r: Result<Vec<u32>, ModelError>, path: &Path) {
         }
         other => panic!(
             "expected a longhaul read error, got {:?}",
-            other.map_err(|e| e.to_string())
+            other.map(|_| ()).map_err(|e| e.to_string())
         ),
     }
 }
@@ -110,7 +125,7 @@ fn truncated_shard_gives_short_read_errors_until_restored() {
         .open(&path)
         .expect("open rw");
     f.set_len(bytes.len() as u64 / 2).expect("truncate");
-    assert_read_error(generate(&m, 16), &path);
+    assert_changed_error(generate(&m, 16), &path);
     // Put the bytes back into the same file.
     use std::os::unix::fs::FileExt;
     f.write_all_at(&bytes, 0).expect("restore");
@@ -125,4 +140,327 @@ fn removed_file_keeps_working_through_the_open_descriptor() {
     std::fs::remove_file(&path).expect("remove");
     // Unix keeps an unlinked file alive while it is open: reads still succeed.
     assert_eq!(generate(&m, 16).expect("after removal"), want);
+}
+
+fn assert_changed_error<T>(r: Result<T, ModelError>, path: &Path) {
+    match r {
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                matches!(
+                    e,
+                    ModelError::Gguf(gguf::GgufError::FileChanged { .. })
+                        | ModelError::Longhaul(LonghaulError::FileChanged { .. })
+                ) && msg.contains(&path.display().to_string())
+                    && msg.contains("changed"),
+                "expected a file-changed error, got: {msg}"
+            );
+        }
+        Ok(_) => panic!("expected a file-changed error, got output"),
+    }
+}
+
+const PROMPT: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+
+/// The logits of every step of a greedy run (prompt, then `n` tokens), as
+/// bits, from a fresh KV cache.
+fn logit_bits(
+    m: &Model<CpuBackend>,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<Vec<u32>>, ModelError> {
+    let mut kv = KvCache::new(m, 64, GgmlType::F32)?;
+    let mut logits = kv.eval(m, prompt, Logits::Last)?;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = argmax(&logits);
+        out.push(logits.iter().map(|x| x.to_bits()).collect());
+        logits = kv.eval(m, &[t], Logits::Last)?;
+    }
+    out.push(logits.iter().map(|x| x.to_bits()).collect());
+    Ok(out)
+}
+
+fn longhaul_slots(
+    file: &Arc<gguf::Model>,
+    n_slots: usize,
+    policy: Policy,
+    prefetch: bool,
+) -> Model<CpuBackend> {
+    let probe = Model::load(CpuBackend::new(), file.clone()).expect("load");
+    let (layers, bytes) = probe.expert_slot_cost().expect("cost");
+    let cfg = LonghaulConfig {
+        budget_bytes: n_slots as u64 * layers as u64 * bytes,
+        policy,
+        prefetch,
+    };
+    let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul");
+    assert_eq!(m.n_slots, n_slots);
+    m
+}
+
+/// Fails the read numbered `at` (counting from 0), once.
+fn fail_read(at: usize) -> gguf::ReadFault {
+    let n = AtomicUsize::new(0);
+    Arc::new(move |_, _, _| {
+        (n.fetch_add(1, Ordering::Relaxed) == at)
+            .then(|| std::io::Error::from_raw_os_error(libc::EIO))
+    })
+}
+
+/// A second prompt after a first one warmed the cache: its prompt batch has
+/// hits and runs in several waves at small caches.
+const WARMUP: [u32; 3] = [9, 200, 41];
+
+/// A read fails at every position of a request in turn (every wave of every
+/// multi-wave batch, every read of a wave, demand or prefetch), after another
+/// request warmed the cache; the next identical request gives the resident
+/// logits bit for bit.
+#[test]
+fn a_failed_read_at_any_position_leaves_the_retry_exact() {
+    let path = model_file("every-position.gguf");
+    let file = Arc::new(gguf::Model::open(&path).expect("open"));
+    let resident = Model::load(CpuBackend::new(), file.clone()).expect("resident");
+    let want = logit_bits(&resident, &PROMPT, 3).expect("resident run");
+    let mut failed_runs = 0;
+    for n_slots in [1, 2, 3, 4, 6] {
+        for prefetch in [false, true] {
+            let warm = || {
+                let m = longhaul_slots(&file, n_slots, Policy::Lru, prefetch);
+                logit_bits(&m, &WARMUP, 2).expect("warm-up");
+                m
+            };
+            // How many reads the request makes after the warm-up.
+            let m = warm();
+            let count = Arc::new(AtomicUsize::new(0));
+            let c = count.clone();
+            file.set_read_fault(Some(Arc::new(move |_, _, _| {
+                c.fetch_add(1, Ordering::Relaxed);
+                None
+            })));
+            assert_eq!(logit_bits(&m, &PROMPT, 3).expect("clean"), want);
+            file.set_read_fault(None);
+            let reads = count.load(Ordering::Relaxed);
+            assert!(reads > 0);
+            for at in 0..reads {
+                let m = warm();
+                file.set_read_fault(Some(fail_read(at)));
+                match logit_bits(&m, &PROMPT, 3) {
+                    Err(e) => {
+                        failed_runs += 1;
+                        assert_read_error(Err::<(), _>(e), &path);
+                    }
+                    // A failed prefetch is not an error: output must be exact.
+                    Ok(got) => assert_eq!(got, want, "{n_slots} slots, read {at} failed quietly"),
+                }
+                file.set_read_fault(None);
+                for retry in 0..2 {
+                    assert_eq!(
+                        logit_bits(&m, &PROMPT, 3).expect("retry"),
+                        want,
+                        "{n_slots} slots, prefetch {prefetch}, read {at} failed, retry {retry}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(failed_runs > 0, "no injected fault surfaced as an error");
+}
+
+/// A small deterministic generator for fault positions.
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Random prompts through a cache of random size, with reads failing at
+    /// random, then the same prompts without faults: every one equals the
+    /// resident run bit for bit.
+    #[test]
+    fn random_faults_over_random_streams_leave_the_cache_exact(
+        prompts in prop::collection::vec(prop::collection::vec(0u32..256, 1..12), 2..7),
+        n_slots in 1usize..=8,
+        lfu in any::<bool>(),
+        prefetch in any::<bool>(),
+        fault_seed in 1u64..u64::MAX,
+        one_in in 2u64..12,
+    ) {
+        let file = shared_file();
+        let resident = Model::load(CpuBackend::new(), file.clone()).expect("resident");
+        let policy = if lfu { Policy::Lfu } else { Policy::Lru };
+        let m = longhaul_slots(&file, n_slots, policy, prefetch);
+        let faults = Arc::new(std::sync::Mutex::new(fault_seed));
+        for p in &prompts {
+            let state = faults.clone();
+            file.set_read_fault(Some(Arc::new(move |_, _, _| {
+                let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+                (xorshift(&mut s) % one_in == 0).then(|| std::io::Error::from_raw_os_error(libc::EIO))
+            })));
+            let _ = logit_bits(&m, p, 2);
+            file.set_read_fault(None);
+            // The retry the error message suggests.
+            let want = logit_bits(&resident, p, 2).expect("resident");
+            prop_assert_eq!(logit_bits(&m, p, 2).expect("retry"), want);
+        }
+        for p in prompts.iter().rev() {
+            let want = logit_bits(&resident, p, 2).expect("resident");
+            prop_assert_eq!(logit_bits(&m, p, 2).expect("after faults"), want);
+        }
+    }
+}
+
+/// One model file shared by the property test's cases (a seam is per file,
+/// and the cases run one after another).
+fn shared_file() -> Arc<gguf::Model> {
+    static FILE: std::sync::OnceLock<Arc<gguf::Model>> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = model_file("random-streams.gguf");
+        Arc::new(gguf::Model::open(path).expect("open"))
+    })
+    .clone()
+}
+
+/// The slot-level property test's own file (its seam must not see the
+/// other tests' faults).
+fn slot_test_file() -> Arc<gguf::Model> {
+    static FILE: std::sync::OnceLock<Arc<gguf::Model>> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = model_file("slot-bytes.gguf");
+        Arc::new(gguf::Model::open(path).expect("open"))
+    })
+    .clone()
+}
+
+/// The experts of one layer, read through a [`StreamedLayer`] with faults and
+/// cancellations at random reads: after every operation, each slot the cache
+/// records as holding an expert holds exactly that expert's bytes.
+mod slot_bytes {
+    use super::*;
+    use longhaul::backend::{Backend, SlotStore};
+    use longhaul::longhaul::{slot_tensors, StreamedLayer};
+
+    fn expert_bytes(file: &gguf::Model, t: &gguf::TensorInfo, e: u32, n: u64) -> Vec<u8> {
+        let mut buf = vec![0u8; n as usize];
+        file.read_at(t.shard, t.offset + e as u64 * n, &mut buf)
+            .expect("reference read");
+        buf
+    }
+
+    fn check(
+        l: &mut StreamedLayer<longhaul::backend::cpu::HostSlots>,
+        file: &gguf::Model,
+        ts: &[&gguf::TensorInfo],
+    ) -> Result<(), TestCaseError> {
+        let specs = slot_tensors(ts).expect("specs");
+        for s in 0..l.cache.n_slots() as u32 {
+            let Some(e) = l.cache.expert_in(s) else {
+                continue;
+            };
+            prop_assert_eq!(l.cache.slot(e), Some(s));
+            let which: Vec<(usize, usize)> = (0..ts.len()).map(|t| (t, s as usize)).collect();
+            let got: Vec<Vec<u8>> = l
+                .slots
+                .slots_mut(&which)
+                .expect("slots")
+                .into_iter()
+                .map(|b| b.to_vec())
+                .collect();
+            for (t, bytes) in got.iter().enumerate() {
+                let want = expert_bytes(file, ts[t], e, specs[t].bytes);
+                prop_assert!(
+                    bytes == &want,
+                    "slot {} says expert {} but tensor {} holds other bytes",
+                    s,
+                    e,
+                    t
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// A batch's ids; the read numbered `fail` of it fails, if any.
+        Batch(Vec<u32>, Option<usize>),
+        /// A prefetch; the read numbered `cancel` sets the cancel flag.
+        Prefetch(Vec<u32>, Option<usize>),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (
+                prop::collection::vec(0u32..8, 1..16),
+                prop::option::of(0usize..40)
+            )
+                .prop_map(|(i, f)| Op::Batch(i, f)),
+            (
+                prop::collection::vec(0u32..8, 1..6),
+                prop::option::of(0usize..12)
+            )
+                .prop_map(|(i, c)| Op::Prefetch(i, c)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn recorded_slots_hold_their_experts_bytes(
+            n_slots in 1usize..=8,
+            lfu in any::<bool>(),
+            ops in prop::collection::vec(op(), 1..24),
+        ) {
+            let file = slot_test_file();
+            let ts: Vec<&gguf::TensorInfo> = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+                .iter()
+                .map(|n| file.tensor(&format!("blk.0.{n}.weight")).expect("tensor"))
+                .collect();
+            let specs = slot_tensors(&ts).expect("specs");
+            let slots = CpuBackend::new().new_slots(&specs, n_slots).expect("slots");
+            let policy = if lfu { Policy::Lfu } else { Policy::Lru };
+            let mut l = StreamedLayer::new(0, &ts, slots, n_slots, policy).expect("layer");
+            for op in ops {
+                let n = Arc::new(AtomicUsize::new(0));
+                match op {
+                    Op::Batch(ids, fail) => {
+                        let c = n.clone();
+                        file.set_read_fault(Some(Arc::new(move |_, _, _| {
+                            (Some(c.fetch_add(1, Ordering::Relaxed)) == fail)
+                                .then(|| std::io::Error::from_raw_os_error(libc::EIO))
+                        })));
+                        for w in l.plan(&ids) {
+                            if l.load(&file, &w).is_err() {
+                                break;
+                            }
+                            // What the wave computes from is resident.
+                            for &(e, s) in &w.experts {
+                                prop_assert_eq!(l.cache.expert_in(s), Some(e));
+                            }
+                        }
+                    }
+                    Op::Prefetch(ids, cancel_at) => {
+                        let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                        let (c, flag) = (n.clone(), cancel.clone());
+                        file.set_read_fault(Some(Arc::new(move |_, _, _| {
+                            if Some(c.fetch_add(1, Ordering::Relaxed)) == cancel_at {
+                                flag.store(true, Ordering::Relaxed);
+                            }
+                            None
+                        })));
+                        let mut seen = [false; 8];
+                        let ids: Vec<u32> = ids.into_iter().filter(|&e| !std::mem::replace(&mut seen[e as usize], true)).collect();
+                        l.prefetch(&file, &ids, &cancel);
+                    }
+                }
+                file.set_read_fault(None);
+                check(&mut l, &file, &ts)?;
+            }
+        }
+    }
 }

@@ -26,6 +26,9 @@ pub enum Started {
 /// answers the same errors as any other request).
 pub fn start(ready: &Ready, req: GenRequest) -> Result<Started, ApiError> {
     let n_ctx = ready.scheduler.n_ctx();
+    // A model file that changed under the server serves nothing (the engine
+    // checks again before every step).
+    ready.engine.check_files().map_err(ApiError::unavailable)?;
     if req.prompt.is_empty() {
         return Err(longhaul::scheduler::SchedulerError::EmptyPrompt.into());
     }

@@ -54,6 +54,9 @@ pub trait EngineInfo: Send + Sync {
     ) -> Result<String, EngineError>;
     fn template_source(&self) -> Option<&str>;
     fn n_ctx(&self) -> usize;
+    /// Whether the model's files are still the ones loaded (see
+    /// [`longhaul::gguf::Model::check_files`]); the message says what changed.
+    fn check_files(&self) -> Result<(), String>;
 }
 
 impl<B: Backend> EngineInfo for Engine<B> {
@@ -72,6 +75,9 @@ impl<B: Backend> EngineInfo for Engine<B> {
     }
     fn n_ctx(&self) -> usize {
         self.params.n_ctx
+    }
+    fn check_files(&self) -> Result<(), String> {
+        self.model.file.check_files().map_err(|e| e.to_string())
     }
 }
 
@@ -266,9 +272,14 @@ async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
     resp
 }
 
+/// `/health`: 200 `{"status": "ok"}` once loaded, 503 while loading, and
+/// 503 with the reason once a model file changed under the server.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     match state.ready.get() {
-        Some(_) => Json(json!({"status": "ok"})).into_response(),
+        Some(r) => match r.engine.check_files() {
+            Ok(()) => Json(json!({"status": "ok"})).into_response(),
+            Err(msg) => ApiError::unavailable(msg).into_response(),
+        },
         None => ApiError::unavailable("Loading model").into_response(),
     }
 }

@@ -71,6 +71,12 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, Api
     );
     put("n_slots", "gauge", "Parallel slots.", r.n_slots.to_string());
     put(
+        "model_file_changed",
+        "gauge",
+        "1 when a model file changed since it was loaded (requests fail until it is put back or the server restarts).",
+        u8::from(r.engine.check_files().is_err()).to_string(),
+    );
+    put(
         "longhaul_enabled",
         "gauge",
         "1 when routed experts are streamed from disk (--longhaul).",

@@ -24,6 +24,7 @@
 //!
 //! Nothing here panics on input: every malformed file yields a [`GgufError`].
 
+pub mod identity;
 mod metadata;
 mod model;
 mod reader;
@@ -103,6 +104,9 @@ fn supported_types() -> String {
 /// there is one, what the user can do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
+    /// A shard changed (size, inode or contents) after it was opened.
+    #[error("model file {path} changed while in use ({what}); longhaul stopped using it so that no output mixes two files: put the original back, or restart with the file you mean to use")]
+    FileChanged { path: PathBuf, what: String },
     /// A required metadata key is absent.
     #[error("GGUF metadata key `{key}` is missing; the file was not written for this architecture or is incomplete")]
     MissingKey { key: String },

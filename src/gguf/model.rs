@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use super::identity::{fingerprint, Stamp};
 use super::split::{
     split_path, split_prefix, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT,
 };
@@ -29,11 +30,61 @@ pub struct Shard {
     pub alignment: u64,
     mmap: Option<Mmap>,
     file: File,
+    data_offset: u64,
+    identity: std::sync::Mutex<Identity>,
+}
+
+/// What a shard was at open (or when last found restored), and the last
+/// stamp found to be a different file (not fingerprinted again).
+#[derive(Debug)]
+struct Identity {
+    stamp: Stamp,
+    fingerprint: u64,
+    refused: Option<Stamp>,
 }
 
 impl Shard {
     fn bytes(&self) -> &[u8] {
         self.mmap.as_deref().unwrap_or(&[])
+    }
+
+    /// See [`Model::check_files`]; `revalidate` allows fingerprinting a
+    /// changed shard and adopting it when it is the same file again.
+    fn check(&self, revalidate: bool) -> Result<(), GgufError> {
+        let io = |source| GgufError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let changed = |what: String| GgufError::FileChanged {
+            path: self.path.clone(),
+            what,
+        };
+        let now = Stamp::of_file(&self.file).map_err(io)?;
+        let at_path = Stamp::of_path(&self.path).map_err(io)?;
+        let mut id = self.identity.lock().unwrap_or_else(|p| p.into_inner());
+        // Another file under the name: what the descriptor reads is still
+        // the original, but it is no longer what the user points at.
+        if let Some(p) = at_path.filter(|p| (p.dev, p.ino) != (now.dev, now.ino)) {
+            return Err(changed(id.stamp.describe_change(&p)));
+        }
+        if now == id.stamp {
+            return Ok(());
+        }
+        if !revalidate || now.len != id.stamp.len || id.refused == Some(now) {
+            return Err(changed(id.stamp.describe_change(&now)));
+        }
+        let fp = fingerprint(&self.file, now.len, self.data_offset).map_err(io)?;
+        // Still being written while it was hashed: not settled yet.
+        if Stamp::of_file(&self.file).map_err(io)? != now {
+            return Err(changed(id.stamp.describe_change(&now)));
+        }
+        if fp != id.fingerprint {
+            id.refused = Some(now);
+            return Err(changed(id.stamp.describe_change(&now)));
+        }
+        id.stamp = now;
+        id.refused = None;
+        Ok(())
     }
 }
 
@@ -89,6 +140,12 @@ fn open_shard(path: &Path) -> Result<(Shard, Header), GgufError> {
         Some(unsafe { Mmap::map(&file) }.map_err(io)?)
     };
     let header = parse_header(mmap.as_deref().unwrap_or(&[])).map_err(|e| e.in_file(path))?;
+    let stamp = Stamp::of_file(&file).map_err(io)?;
+    let identity = Identity {
+        stamp,
+        fingerprint: fingerprint(&file, len, header.data_offset).map_err(io)?,
+        refused: None,
+    };
     let shard = Shard {
         path: path.to_path_buf(),
         len,
@@ -96,6 +153,8 @@ fn open_shard(path: &Path) -> Result<(Shard, Header), GgufError> {
         alignment: header.alignment,
         mmap,
         file,
+        data_offset: header.data_offset,
+        identity: std::sync::Mutex::new(identity),
     };
     Ok((shard, header))
 }
@@ -255,6 +314,22 @@ impl Model {
         if let Ok(mut g) = self.fault.0.write() {
             *g = hook;
         }
+    }
+
+    /// Checks that no shard changed since it was opened (see
+    /// [`super::identity`]): the open file and the file at its path must
+    /// still be the same, with the same size and times. A shard whose times
+    /// changed but whose size and fingerprint did not is taken as restored
+    /// and accepted again. Costs two `stat`s per shard when nothing changed.
+    pub fn check_files(&self) -> Result<(), GgufError> {
+        self.shards.iter().try_for_each(|s| s.check(true))
+    }
+
+    /// [`Model::check_files`] without fingerprinting: any change of an open
+    /// file's stamp is an error. For use right after reads, whose bytes
+    /// count only if the file did not change while they were read.
+    pub fn files_unchanged(&self) -> Result<(), GgufError> {
+        self.shards.iter().try_for_each(|s| s.check(false))
     }
 
     /// The files of the model, in `split.no` order.

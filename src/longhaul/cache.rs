@@ -1,6 +1,15 @@
 //! The per-layer expert cache: which expert sits in which slot, the eviction
 //! policy, and the plan for one batch (waves of at most `n_slots` distinct
 //! experts, each expert in exactly one wave, cached experts first).
+//!
+//! Residency is the truth about slot bytes: a slot is recorded as holding an
+//! expert only after that expert's bytes are in it ([`LayerCache::finish_wave`],
+//! [`LayerCache::finish_loads`]), and a slot about to be overwritten is
+//! recorded empty before the write starts ([`LayerCache::begin_wave`],
+//! [`LayerCache::begin_loads`]). Planning ([`LayerCache::plan`],
+//! [`LayerCache::prefetch`]) changes no residency, so a read that fails or is
+//! cancelled, in any wave, leaves every slot it did not finish empty and every
+//! other slot as it was.
 
 /// Eviction policy (`--longhaul-policy`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +54,14 @@ impl Wave {
     }
 }
 
+/// A wave whose cached experts are no longer in the slots its plan found them
+/// in (the plan is stale: residency changed between planning and loading).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StaleWave {
+    pub expert: u32,
+    pub slot: u32,
+}
+
 /// Residency of one MoE layer's experts in `n_slots` slots.
 #[derive(Clone, Debug)]
 pub struct LayerCache {
@@ -87,8 +104,11 @@ impl LayerCache {
     }
 
     /// Plans a batch whose routed expert ids are `ids` (any order, with
-    /// repeats; every id must be `< n_expert`). Updates residency as if the
-    /// loads succeed; on a failed load call [`LayerCache::forget`].
+    /// repeats; ids `>= n_expert` are ignored). Later waves are planned as if
+    /// the earlier ones had landed, but residency does not change here: run
+    /// each wave between [`LayerCache::begin_wave`] and
+    /// [`LayerCache::finish_wave`] (or [`LayerCache::apply`] it, for a replay
+    /// that assumes every read succeeds). LFU counts the batch's demand now.
     pub fn plan(&mut self, ids: &[u32]) -> Vec<Wave> {
         let mut distinct: Vec<u32> = Vec::new();
         let mut seen = vec![false; self.slot_of.len()];
@@ -107,47 +127,88 @@ impl LayerCache {
         }
         // Cached experts first: they need no load and stay in the first wave.
         distinct.sort_by_key(|&e| self.slot(e).is_none());
-        let n_slots = self.n_slots();
+        // Scratch residency in which each planned wave lands before the next
+        // is planned.
+        let mut landed = self.clone();
         let mut waves = Vec::new();
-        for chunk in distinct.chunks(n_slots.max(1)) {
-            // Each wave is its own moment in recency order.
-            self.clock += 1;
-            let mut protected = vec![false; n_slots];
-            for &e in chunk {
-                if let Some(s) = self.slot(e) {
-                    protected[s as usize] = true;
-                }
-            }
-            let mut wave = Wave::default();
-            for &e in chunk {
-                let slot = match self.slot(e) {
-                    Some(s) => s,
-                    None => {
-                        let s = self.victim(&protected);
-                        if let Some(old) = self.expert_in[s as usize] {
-                            self.slot_of[old as usize] = None;
-                        }
-                        self.expert_in[s as usize] = Some(e);
-                        self.slot_of[e as usize] = Some(s);
-                        wave.loads.push((e, s));
-                        s
-                    }
-                };
-                protected[slot as usize] = true;
-                self.last_use[slot as usize] = self.clock;
-                wave.experts.push((e, slot));
-            }
+        for chunk in distinct.chunks(self.n_slots().max(1)) {
+            let wave = landed.plan_wave(chunk);
+            landed.apply(&wave);
             waves.push(wave);
         }
         waves
     }
 
-    /// Reserves slots for a speculative read of `experts` (the next batch's
+    /// Slots for one wave's experts (at most `n_slots`): cached ones keep
+    /// theirs, the others take victims that the wave does not use.
+    fn plan_wave(&self, chunk: &[u32]) -> Wave {
+        let mut protected = vec![false; self.n_slots()];
+        for &e in chunk {
+            if let Some(s) = self.slot(e) {
+                protected[s as usize] = true;
+            }
+        }
+        let mut wave = Wave::default();
+        for &e in chunk {
+            let slot = match self.slot(e) {
+                Some(s) => s,
+                None => {
+                    let s = self.victim(&protected);
+                    wave.loads.push((e, s));
+                    s
+                }
+            };
+            protected[slot as usize] = true;
+            wave.experts.push((e, slot));
+        }
+        wave
+    }
+
+    /// Starts a wave: checks that its cached experts are still where the
+    /// plan found them, then records its load slots empty (their bytes are
+    /// about to be overwritten).
+    pub fn begin_wave(&mut self, wave: &Wave) -> Result<(), StaleWave> {
+        let mut loading = vec![false; self.n_slots()];
+        for &(_, s) in &wave.loads {
+            if let Some(l) = loading.get_mut(s as usize) {
+                *l = true;
+            }
+        }
+        for &(e, s) in &wave.experts {
+            let cached = loading.get(s as usize) == Some(&false);
+            if cached && self.expert_in(s) != Some(e) {
+                return Err(StaleWave { expert: e, slot: s });
+            }
+        }
+        self.begin_loads(&wave.loads);
+        Ok(())
+    }
+
+    /// Records every expert of `wave` as held by its slot and used now. Call
+    /// only once the wave's loads are in their slots.
+    pub fn finish_wave(&mut self, wave: &Wave) {
+        // Each wave is its own moment in recency order.
+        self.clock += 1;
+        for &(e, s) in &wave.experts {
+            self.put(e, s);
+        }
+    }
+
+    /// [`LayerCache::begin_wave`] then [`LayerCache::finish_wave`]: the wave
+    /// as if its reads succeeded (for replays of a trace).
+    pub fn apply(&mut self, wave: &Wave) {
+        self.begin_loads(&wave.loads);
+        self.finish_wave(wave);
+    }
+
+    /// Picks slots for a speculative read of `experts` (the next batch's
     /// likely choice): experts not yet cached get a victim slot, in order, at
-    /// most one per slot. Returns the `(expert, slot)` loads. They count as
-    /// recently used, so a correct guess is a hit; a wrong one is evicted
-    /// after the experts the next batch really uses.
-    pub fn prefetch(&mut self, experts: &[u32]) -> Vec<(u32, u32)> {
+    /// most one per slot. Returns the `(expert, slot)` loads, to be run
+    /// between [`LayerCache::begin_loads`] and [`LayerCache::finish_loads`].
+    /// They count as recently used, so a correct guess is a hit; a wrong one
+    /// is evicted after the experts the next batch really uses.
+    pub fn prefetch(&self, experts: &[u32]) -> Vec<(u32, u32)> {
+        let mut landed = self.clone();
         let n_slots = self.n_slots();
         let mut protected = vec![false; n_slots];
         let mut loads = Vec::new();
@@ -155,28 +216,57 @@ impl LayerCache {
             if e as usize >= self.slot_of.len() || loads.len() == n_slots {
                 break;
             }
-            if let Some(s) = self.slot(e) {
+            if let Some(s) = landed.slot(e) {
                 protected[s as usize] = true;
                 continue;
             }
-            let s = self.victim(&protected);
+            let s = landed.victim(&protected);
             if protected[s as usize] {
                 break;
             }
-            if let Some(old) = self.expert_in[s as usize] {
-                self.slot_of[old as usize] = None;
-            }
-            self.expert_in[s as usize] = Some(e);
-            self.slot_of[e as usize] = Some(s);
-            self.last_use[s as usize] = self.clock;
+            landed.put(e, s);
             protected[s as usize] = true;
             loads.push((e, s));
         }
         loads
     }
 
-    /// Marks `slot` empty (its load failed).
-    pub fn forget(&mut self, slot: u32) {
+    /// Records the slots of `loads` empty: their bytes are about to be
+    /// overwritten, and nothing may use what they held.
+    pub fn begin_loads(&mut self, loads: &[(u32, u32)]) {
+        for &(_, s) in loads {
+            self.evict(s);
+        }
+    }
+
+    /// Records each `(expert, slot)` of `loads` as held and used now. Call
+    /// only once their bytes are in their slots.
+    pub fn finish_loads(&mut self, loads: &[(u32, u32)]) {
+        for &(e, s) in loads {
+            self.put(e, s);
+        }
+    }
+
+    /// `slot` holds `expert` from now on, used at the current clock.
+    fn put(&mut self, expert: u32, slot: u32) {
+        if self.expert_in(slot) != Some(expert) {
+            self.evict(slot);
+            if let Some(old) = self.slot(expert) {
+                self.evict(old);
+            }
+        }
+        if let (Some(held), Some(at)) = (
+            self.expert_in.get_mut(slot as usize),
+            self.slot_of.get_mut(expert as usize),
+        ) {
+            *held = Some(expert);
+            *at = Some(slot);
+            self.last_use[slot as usize] = self.clock;
+        }
+    }
+
+    /// Marks `slot` empty.
+    fn evict(&mut self, slot: u32) {
         if let Some(e) = self.expert_in.get_mut(slot as usize).and_then(Option::take) {
             self.slot_of[e as usize] = None;
         }
@@ -207,13 +297,20 @@ impl LayerCache {
 mod tests {
     use super::*;
 
+    /// Plans `ids` and applies every wave as if its reads succeeded.
+    fn run(c: &mut LayerCache, ids: &[u32]) -> Vec<Wave> {
+        let waves = c.plan(ids);
+        waves.iter().for_each(|w| c.apply(w));
+        waves
+    }
+
     #[test]
     fn lru_evicts_the_least_recently_used_unprotected_expert() {
         let mut c = LayerCache::new(8, 2, Policy::Lru);
-        assert_eq!(c.plan(&[1]).concat_loads(), vec![1]);
-        assert_eq!(c.plan(&[2]).concat_loads(), vec![2]);
-        c.plan(&[1]); // 1 is now more recent than 2
-        assert_eq!(c.plan(&[3]).concat_loads(), vec![3]);
+        assert_eq!(run(&mut c, &[1]).concat_loads(), vec![1]);
+        assert_eq!(run(&mut c, &[2]).concat_loads(), vec![2]);
+        run(&mut c, &[1]); // 1 is now more recent than 2
+        assert_eq!(run(&mut c, &[3]).concat_loads(), vec![3]);
         assert_eq!(c.slot(2), None);
         assert!(c.slot(1).is_some() && c.slot(3).is_some());
     }
@@ -221,8 +318,8 @@ mod tests {
     #[test]
     fn more_experts_than_slots_run_in_waves_with_cached_experts_first() {
         let mut c = LayerCache::new(8, 2, Policy::Lru);
-        c.plan(&[5]);
-        let waves = c.plan(&[0, 1, 5, 2, 0]);
+        run(&mut c, &[5]);
+        let waves = run(&mut c, &[0, 1, 5, 2, 0]);
         assert_eq!(waves.len(), 2);
         assert_eq!(waves[0].experts[0].0, 5);
         assert!(waves[0].loads.len() == 1);
@@ -233,6 +330,61 @@ mod tests {
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(sorted, vec![0, 1, 2, 5]);
+    }
+
+    #[test]
+    fn planning_changes_no_residency_and_a_failed_wave_leaves_its_slots_empty() {
+        let mut c = LayerCache::new(8, 2, Policy::Lru);
+        run(&mut c, &[5, 6]);
+        let waves = c.plan(&[5, 1, 2, 3]);
+        assert_eq!(waves.len(), 2);
+        // Nothing moved yet.
+        assert_eq!((c.slot(5).is_some(), c.slot(6).is_some()), (true, true));
+        assert_eq!(c.slot(1), None);
+        // Wave 0 lands (5 cached, 1 read over 6's slot).
+        c.begin_wave(&waves[0]).expect("fresh plan");
+        assert_eq!(c.slot(6), None, "a slot being overwritten is empty");
+        c.finish_wave(&waves[0]);
+        assert!(c.slot(5).is_some() && c.slot(1).is_some());
+        // Wave 1 starts (2 and 3 over 5 and 1) and its read fails: no finish.
+        c.begin_wave(&waves[1]).expect("wave 0 landed");
+        for e in [1, 2, 3, 5, 6] {
+            assert_eq!(c.slot(e), None, "expert {e}");
+        }
+        assert_eq!((c.expert_in(0), c.expert_in(1)), (None, None));
+        // The retry plans from what is really there: everything is a load.
+        let retry = c.plan(&[5, 1, 2, 3]);
+        assert_eq!(retry.iter().map(|w| w.loads.len()).sum::<usize>(), 4);
+    }
+
+    #[test]
+    fn a_wave_whose_cached_expert_moved_is_stale() {
+        let mut c = LayerCache::new(8, 2, Policy::Lru);
+        run(&mut c, &[4]);
+        let waves = c.plan(&[4]);
+        assert!(waves[0].loads.is_empty());
+        let s = c.slot(4).expect("cached");
+        c.begin_loads(&[(7, s)]);
+        assert_eq!(
+            c.begin_wave(&waves[0]),
+            Err(StaleWave { expert: 4, slot: s })
+        );
+    }
+
+    #[test]
+    fn prefetch_reserves_nothing_until_its_reads_finish() {
+        let mut c = LayerCache::new(8, 2, Policy::Lru);
+        run(&mut c, &[0]);
+        run(&mut c, &[1]);
+        let loads = c.prefetch(&[2, 1]);
+        assert_eq!(loads.len(), 1, "{loads:?}");
+        assert!(c.slot(0).is_some() && c.slot(1).is_some() && c.slot(2).is_none());
+        c.begin_loads(&loads);
+        // A cancelled read stops here: the victim (0's slot) is empty, 1 stays.
+        assert_eq!(c.slot(0), None);
+        assert!(c.slot(1).is_some() && c.slot(2).is_none());
+        c.finish_loads(&loads);
+        assert_eq!(c.slot(2), Some(loads[0].1));
     }
 
     trait Loads {

@@ -34,6 +34,16 @@ pub enum LonghaulError {
         path: String,
         source: GgufError,
     },
+    /// The file changed while experts were read from it: the bytes read are
+    /// not used (their slots stay empty).
+    #[error("layer {layer}: {source}")]
+    FileChanged { layer: usize, source: GgufError },
+    #[error("internal error: layer {layer}'s plan expected expert {expert} in slot {slot}, which no longer holds it; nothing was computed from it, retry the request")]
+    StalePlan {
+        layer: usize,
+        expert: u32,
+        slot: u32,
+    },
     #[error(transparent)]
     Backend(#[from] BackendError),
 }
@@ -266,14 +276,25 @@ impl<S: SlotStore> StreamedLayer<S> {
         waves
     }
 
-    /// Reads the wave's missing experts into their slots. On failure the
-    /// affected slots are marked empty, so a later retry reloads them.
+    /// Reads the wave's missing experts into their slots and records the
+    /// wave resident. On failure the wave's load slots stay empty (they were
+    /// recorded empty before the first byte was written), so a retry reads
+    /// them again and nothing computes from a partly written slot.
     pub fn load(&mut self, file: &gguf::Model, wave: &Wave) -> Result<(), LonghaulError> {
+        self.cache
+            .begin_wave(wave)
+            .map_err(|s| LonghaulError::StalePlan {
+                layer: self.layer,
+                expert: s.expert,
+                slot: s.slot,
+            })?;
         let t0 = std::time::Instant::now();
         let res = self.read(file, &wave.loads, None);
         self.stats.io_time += t0.elapsed();
         self.stats.bytes_read += res.as_ref().copied().unwrap_or(0);
-        res.map(|_| ())
+        res?;
+        self.cache.finish_wave(wave);
+        Ok(())
     }
 
     /// Speculatively reads `predicted` experts (deduplicated by the caller)
@@ -288,7 +309,9 @@ impl<S: SlotStore> StreamedLayer<S> {
         if loads.is_empty() {
             return;
         }
+        self.cache.begin_loads(&loads);
         if let Ok(bytes) = self.read(file, &loads, Some(cancel)) {
+            self.cache.finish_loads(&loads);
             self.stats.prefetched += loads.len() as u64;
             self.stats.prefetch_bytes += bytes;
             self.stats.bytes_read += bytes;
@@ -296,6 +319,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         }
     }
 
+    /// Reads `loads` into their slots (already recorded empty by the caller).
     fn read(
         &mut self,
         file: &gguf::Model,
@@ -310,13 +334,7 @@ impl<S: SlotStore> StreamedLayer<S> {
             .flat_map(|&(_, s)| (0..self.tensors.len()).map(move |t| (t, s as usize)))
             .collect();
         let res = {
-            let dsts = match self.slots.slots_mut(&which) {
-                Ok(d) => d,
-                Err(e) => {
-                    loads.iter().for_each(|&(_, s)| self.cache.forget(s));
-                    return Err(e.into());
-                }
-            };
+            let dsts = self.slots.slots_mut(&which)?;
             let jobs: Vec<loader::Job> = loads
                 .iter()
                 .flat_map(|&(e, _)| self.tensors.iter().map(move |t| (t, e)))
@@ -336,12 +354,15 @@ impl<S: SlotStore> StreamedLayer<S> {
         for t in &self.tensors {
             release_pages(file, t.shard, t.offset, t.len);
         }
-        if let Err(e) = committed {
-            loads.iter().for_each(|&(_, s)| self.cache.forget(s));
-            return Err(e.into());
-        }
+        committed?;
+        // Bytes read while the file changed are not the model's: check the
+        // stamps after the reads, before any slot is recorded as filled.
+        file.files_unchanged()
+            .map_err(|source| LonghaulError::FileChanged {
+                layer: self.layer,
+                source,
+            })?;
         res.map_err(|(shard, source)| {
-            loads.iter().for_each(|&(_, s)| self.cache.forget(s));
             let path = file
                 .shards()
                 .get(shard)

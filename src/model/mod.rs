@@ -369,6 +369,7 @@ impl<B: Backend> Model<B> {
         pos0: usize,
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        self.file.check_files()?;
         block::forward(self, kv, tokens, pos0, want)
     }
 
@@ -380,6 +381,7 @@ impl<B: Backend> Model<B> {
         seqs: &[(&[u32], usize)],
         want: Logits,
     ) -> Result<BatchLogits, ModelError> {
+        self.file.check_files()?;
         block::forward_multi(self, kvs, seqs, want)
     }
 }
