@@ -46,7 +46,7 @@ impl SynthArch {
 }
 
 /// Names of the presets [`SynthSpec::preset`] knows, for help and errors.
-pub const PRESETS: [&str; 4] = ["demo", "tiny", "qwen3-30b-a3b", "gpt-oss-20b"];
+pub const PRESETS: [&str; 5] = ["demo", "tiny", "micro", "qwen3-30b-a3b", "gpt-oss-20b"];
 
 /// Shape and types of a synthetic MoE model. Names follow llama.cpp
 /// (`n_embd`, `n_head_kv`, `n_ff_exp`, `n_expert_used`).
@@ -145,6 +145,7 @@ impl SynthSpec {
         match name {
             "demo" => Some(Self::demo()),
             "tiny" => Some(Self::tiny()),
+            "micro" => Some(Self::micro()),
             "qwen3-30b-a3b" => Some(Self::qwen3_30b_a3b()),
             "gpt-oss-20b" => Some(Self::gpt_oss_20b()),
             _ => None,
@@ -163,6 +164,27 @@ impl SynthSpec {
             n_expert_used: 2,
             n_ff_exp: 256,
             seed: 7,
+            ..Self::demo()
+        }
+    }
+
+    /// The smallest useful model (about 60 KB, most of it the F32 embedding
+    /// of the 259-token vocabulary): one layer of 4 experts (2 used),
+    /// n_embd 32, Q8_0 everywhere. Seeds for fuzzing and tests of the load
+    /// path; its rows of 32 suit every type with 32-element blocks.
+    pub fn micro() -> Self {
+        Self {
+            n_embd: 32,
+            n_layer: 1,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 16,
+            n_expert: 4,
+            n_expert_used: 2,
+            n_ff_exp: 32,
+            n_ctx_train: 64,
+            expert_type: GgmlType::Q8_0,
+            seed: 11,
             ..Self::demo()
         }
     }

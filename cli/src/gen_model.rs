@@ -10,7 +10,7 @@ use longhaul::tensor::GgmlType;
 
 #[derive(Args)]
 pub struct GenModelArgs {
-    /// Shape: demo, tiny, qwen3-30b-a3b or gpt-oss-20b.
+    /// Shape: demo, tiny, micro, qwen3-30b-a3b or gpt-oss-20b.
     #[arg(long, default_value = "demo")]
     pub preset: String,
     /// Output file.

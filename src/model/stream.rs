@@ -3,7 +3,7 @@
 //! this file only ties them to the layer's expert tensors.
 
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Mutex, TryLockError};
 
 use super::block;
 use super::{Experts, Ffn, Layer, Model, ModelError};
@@ -130,7 +130,16 @@ fn lookahead<'s, B: Backend>(
     cancel.store(false, Ordering::Relaxed);
     let file = &m.file;
     scope.spawn(move |_| {
-        let mut l = target.lock().unwrap_or_else(|p| p.into_inner());
+        // A lock held by someone else is the layer's own sync point (it holds
+        // it from before its demand read until its experts are computed): the
+        // prefetch is too late. Waiting for the lock would also hold an I/O
+        // thread that the demand read may be queued behind (with one I/O
+        // thread, a deadlock).
+        let mut l = match target.try_lock() {
+            Ok(l) => l,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
         l.prefetch(file, &predicted, cancel);
     });
     Ok(())
