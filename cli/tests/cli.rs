@@ -497,6 +497,7 @@ fn limited(args: &[&str]) -> (Option<i32>, String) {
     let err_file = std::fs::File::create(&err_path).expect("stderr file");
     let mut c = bin();
     c.args(args)
+        .env("WGPU_BACKEND", "vulkan")
         .env_remove("LONGHAUL_DEVICE")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -642,6 +643,16 @@ fn ctx_99999999_fails_with_exit_1_in_run_and_before_serve_is_ready() {
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("-c 99999999 needs") && err.contains("lower -c/--ctx-size"),
+        "{err}"
+    );
+    // The GPU placement sizes its KV cache through the same check.
+    let (code, err) = limited(&[
+        "run", "-m", m, "-p", "hi", "-n", "1", "-c", "99999999", "--device", "llvmpipe", "-ngl",
+        "all",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("on GPU llvmpipe") && err.contains("-c 99999999 needs"),
         "{err}"
     );
     let (code, err) = limited(&[
