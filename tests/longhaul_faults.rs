@@ -292,7 +292,7 @@ proptest! {
         fault_seed in 1u64..u64::MAX,
         one_in in 2u64..12,
     ) {
-        let file = shared_file();
+        let file = shared_file("random-streams.gguf");
         let resident = Model::load(CpuBackend::new(), file.clone()).expect("resident");
         let policy = if lfu { Policy::Lfu } else { Policy::Lru };
         let m = longhaul_slots(&file, n_slots, policy, prefetch);
@@ -316,26 +316,18 @@ proptest! {
     }
 }
 
-/// One model file shared by the property test's cases (a seam is per file,
-/// and the cases run one after another).
-fn shared_file() -> Arc<gguf::Model> {
-    static FILE: std::sync::OnceLock<Arc<gguf::Model>> = std::sync::OnceLock::new();
-    FILE.get_or_init(|| {
-        let path = model_file("random-streams.gguf");
-        Arc::new(gguf::Model::open(path).expect("open"))
-    })
-    .clone()
-}
-
-/// The slot-level property test's own file (its seam must not see the
-/// other tests' faults).
-fn slot_test_file() -> Arc<gguf::Model> {
-    static FILE: std::sync::OnceLock<Arc<gguf::Model>> = std::sync::OnceLock::new();
-    FILE.get_or_init(|| {
-        let path = model_file("slot-bytes.gguf");
-        Arc::new(gguf::Model::open(path).expect("open"))
-    })
-    .clone()
+/// A model file of this binary's own, opened once and shared by the cases
+/// of a property test (a fault seam is per file: each test has its own).
+fn shared_file(name: &'static str) -> Arc<gguf::Model> {
+    static FILES: std::sync::Mutex<Vec<(&str, Arc<gguf::Model>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut files = FILES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, f)) = files.iter().find(|(n, _)| *n == name) {
+        return f.clone();
+    }
+    let f = Arc::new(gguf::Model::open(model_file(name)).expect("open"));
+    files.push((name, f.clone()));
+    f
 }
 
 /// The experts of one layer, read through a [`StreamedLayer`] with faults and
@@ -418,7 +410,7 @@ mod slot_bytes {
             lfu in any::<bool>(),
             ops in prop::collection::vec(op(), 1..24),
         ) {
-            let file = slot_test_file();
+            let file = shared_file("slot-bytes.gguf");
             let ts: Vec<&gguf::TensorInfo> = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
                 .iter()
                 .map(|n| file.tensor(&format!("blk.0.{n}.weight")).expect("tensor"))
