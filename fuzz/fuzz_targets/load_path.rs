@@ -34,8 +34,9 @@ use longhaul::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Positions of each KV cache: enough for the prompt and the decode steps.
 const N_CTX: usize = 32;
-/// Greedy decode steps after the prompt.
-const N_DECODE: usize = 2;
+/// Greedy decode steps after the prompt (of at most `N_PROMPT` tokens).
+const N_DECODE: usize = 1;
+const N_PROMPT: usize = 2;
 const SPLIT_MAGIC: &[u8; 4] = b"SPLT";
 
 /// Whether to print each stage's result (`LONGHAUL_FUZZ_VERBOSE=1`).
@@ -197,7 +198,7 @@ fn text_side(md: &gguf::Metadata) -> Option<Vec<u32>> {
     let tok = tok?;
     let ids = stage("encode", tok.encode("Hi!", true, false))?;
     let _ = tok.decode_with(&ids, true);
-    (!ids.is_empty()).then(|| ids.into_iter().take(3).collect())
+    (!ids.is_empty()).then(|| ids.into_iter().take(N_PROMPT).collect())
 }
 
 fuzz_target!(|data: &[u8]| {
