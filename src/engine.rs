@@ -67,6 +67,8 @@ pub struct LonghaulParams {
     pub policy: Policy,
     /// Lookahead prefetch (`--longhaul-prefetch`).
     pub prefetch: bool,
+    /// Checksum expert slices and compare re-reads (`--longhaul-verify`).
+    pub verify: bool,
 }
 
 /// What longhaul set up, for the start-up log and for clients.
@@ -88,13 +90,7 @@ pub struct LonghaulInfo {
     pub kv_bytes: u64,
 }
 
-/// `MemAvailable` from /proc/meminfo, in bytes.
-pub fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+pub use crate::mem::mem_available;
 
 impl Default for EngineParams {
     fn default() -> Self {
@@ -147,7 +143,22 @@ impl<B: Backend> Engine<B> {
     pub fn load_with_progress(
         path: &Path,
         backend: B,
+        params: EngineParams,
+        progress: Option<Progress>,
+    ) -> Result<Self, EngineError> {
+        Self::load_parallel(path, backend, params, 1, progress)
+    }
+
+    /// [`Engine::load_with_progress`] for a client that will hold `n_seq`
+    /// sequences at once (the server's `-np` slots): the KV caches of all
+    /// of them are checked against memory before any weight is loaded, so
+    /// a context that cannot fit fails here with
+    /// [`ModelError::KvTooLarge`] instead of when the caches are made.
+    pub fn load_parallel(
+        path: &Path,
+        backend: B,
         mut params: EngineParams,
+        n_seq: usize,
         progress: Option<Progress>,
     ) -> Result<Self, EngineError> {
         let t0 = Instant::now();
@@ -160,12 +171,22 @@ impl<B: Backend> Engine<B> {
         let file = Arc::new(file);
         // The structure alone (no weight read or uploaded) sizes longhaul.
         let shapes = Model::load_shapes(backend.clone(), file.clone())?;
-        if params.n_ctx == 0 {
+        let from_model = params.n_ctx == 0;
+        if from_model {
             params.n_ctx = shapes.hp.n_ctx_train;
+        }
+        let n_seq = n_seq.max(1);
+        let kv_bytes =
+            crate::kv::check_kv_size(&shapes.hp, params.n_ctx, n_seq, params.kv_type, from_model)?;
+        if params.n_ctx > shapes.hp.n_ctx_train {
+            eprintln!(
+                "warning: -c {} is above the model's trained context ({}); output past {} positions may degrade",
+                params.n_ctx, shapes.hp.n_ctx_train, shapes.hp.n_ctx_train
+            );
         }
         let (model, longhaul) = match params.longhaul {
             Some(lp) => {
-                let (cfg, mut info) = Self::plan_longhaul(&shapes, &params, lp)?;
+                let (cfg, mut info) = Self::plan_longhaul(&shapes, kv_bytes, lp)?;
                 drop(shapes);
                 // Resident tensors copied into memory, experts streamed.
                 let model = Model::load_with_progress(backend, file, Some(cfg), progress)?;
@@ -193,26 +214,20 @@ impl<B: Backend> Engine<B> {
         })
     }
 
+    /// `kv_bytes`: the KV caches of every sequence ([`crate::kv::kv_bytes`]).
     fn plan_longhaul(
         model: &Model<B>,
-        params: &EngineParams,
+        kv_bytes: u64,
         lp: LonghaulParams,
     ) -> Result<(LonghaulConfig, LonghaulInfo), EngineError> {
         let (n_moe_layers, expert_bytes) = model.expert_slot_cost()?;
-        let hp = &model.hp;
-        let kv_bytes = (hp.n_layer
-            * params.n_ctx
-            * 2
-            * hp.n_head_kv
-            * hp.head_dim
-            * params.kv_type.type_size()) as u64;
         let resident_bytes = model.resident_bytes();
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let (budget_bytes, budget_note) = match lp.budget {
             CacheBudget::Bytes(b) => (b, format!("{:.3} GiB as asked", gib(b))),
             CacheBudget::Auto => {
                 let avail = mem_available().ok_or(EngineError::NoMemInfo)?;
-                let free = avail.saturating_sub(resident_bytes + kv_bytes);
+                let free = avail.saturating_sub(resident_bytes.saturating_add(kv_bytes));
                 let b = free / 2;
                 (b, format!("auto: {:.2} GiB = half of MemAvailable {:.2} GiB minus resident weights and KV cache", gib(b), gib(avail)))
             }
@@ -221,6 +236,7 @@ impl<B: Backend> Engine<B> {
             budget_bytes,
             policy: lp.policy,
             prefetch: lp.prefetch,
+            verify: lp.verify,
         };
         let info = LonghaulInfo {
             n_moe_layers,

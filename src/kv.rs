@@ -1,9 +1,80 @@
 //! The KV cache of one sequence: one backend cache per layer plus the number
-//! of positions already filled.
+//! of positions already filled; and the one place a KV cache is sized
+//! ([`check_kv_size`]), above the backends, so that a context from a flag or
+//! a file is checked against memory before any backend allocates it.
 
 use crate::backend::Backend;
-use crate::model::{BatchLogits, Logits, Model, ModelError};
+use crate::mem::human_bytes;
+use crate::model::{BatchLogits, Hparams, Logits, Model, ModelError};
 use crate::tensor::GgmlType;
+
+/// Bytes the KV caches of `n_seq` sequences of `n_ctx` positions take: per
+/// layer, one key and one value row of `n_head_kv * head_dim` elements of
+/// `dtype` per position. Saturates at `u64::MAX`.
+pub fn kv_bytes(hp: &Hparams, n_ctx: usize, n_seq: usize, dtype: GgmlType) -> u64 {
+    let n_embd_kv = (hp.n_head_kv as u64).saturating_mul(hp.head_dim as u64);
+    let row = dtype.row_bytes(n_embd_kv).unwrap_or(u64::MAX) as u128;
+    let total = row * 2 * hp.n_layer as u128 * n_ctx as u128 * n_seq as u128;
+    u64::try_from(total).unwrap_or(u64::MAX)
+}
+
+/// Checks that `n_seq` KV caches of `n_ctx` positions fit in the memory this
+/// process can still get ([`crate::mem::available_for_allocation`]) and
+/// returns their size in bytes. `from_model`: `n_ctx` is the trained
+/// context that `-c 0` stands for (said in the message). Every KV cache,
+/// on any backend, is sized through here ([`Model::new_kv`]); the engine
+/// calls it once more for all its sequences before loading weights.
+pub fn check_kv_size(
+    hp: &Hparams,
+    n_ctx: usize,
+    n_seq: usize,
+    dtype: GgmlType,
+    from_model: bool,
+) -> Result<u64, ModelError> {
+    let bytes = kv_bytes(hp, n_ctx, n_seq, dtype);
+    match crate::mem::available_for_allocation() {
+        Some(available) if bytes > available => Err(ModelError::KvTooLarge {
+            n_ctx,
+            n_seq,
+            from_model,
+            bytes,
+            available: Some(available),
+        }),
+        _ => Ok(bytes),
+    }
+}
+
+/// The message of [`ModelError::KvTooLarge`].
+pub(crate) fn too_large_message(
+    n_ctx: usize,
+    n_seq: usize,
+    from_model: bool,
+    bytes: u64,
+    available: Option<u64>,
+) -> String {
+    let mut what = if from_model {
+        format!("-c 0 (the model's trained context of {n_ctx})")
+    } else {
+        format!("-c {n_ctx}")
+    };
+    if n_seq > 1 {
+        what += &format!(" with -np {n_seq}");
+    }
+    let why = match available {
+        Some(a) => format!(" but {} is available", human_bytes(a)),
+        None => ", which could not be allocated".into(),
+    };
+    let fix = match (from_model, n_seq > 1) {
+        (true, false) => "give a smaller context with -c/--ctx-size",
+        (true, true) => "give a smaller context with -c/--ctx-size or lower -np/--parallel",
+        (false, false) => "lower -c/--ctx-size",
+        (false, true) => "lower -c/--ctx-size or -np/--parallel",
+    };
+    format!(
+        "{what} needs {} of KV cache{why}; {fix}",
+        human_bytes(bytes)
+    )
+}
 
 pub struct KvCache<B: Backend> {
     layers: Vec<B::Kv>,

@@ -53,6 +53,100 @@ impl SamplerParams {
             ..Self::default()
         }
     }
+
+    /// The one check of sampling settings, shared by the CLI's flags and
+    /// the server's request fields (a value is accepted by one iff by the
+    /// other). It follows llama.cpp where llama.cpp gives a value a meaning
+    /// (its `common/arg.cpp` flags and llama-server's request schema):
+    ///
+    /// - `temp`: any finite number; `<= 0` is greedy (llama.cpp clamps a
+    ///   negative temperature to 0).
+    /// - `top_k`: any integer; `<= 0` disables (llama-server clamps to 0).
+    /// - `top_p`, `min_p`: any finite number; values outside `[0, 1]` act
+    ///   as the nearest end (llama-server clamps them), so `top_p >= 1` and
+    ///   `min_p <= 0` disable.
+    /// - `repeat_penalty`: finite, `> 0` and with a finite reciprocal, as
+    ///   llama.cpp's `--repeat-penalty` requires; `1` disables.
+    /// - `repeat_last_n`: `-1` (the whole context, as llama.cpp used to
+    ///   spell it), `0` (off) or a count; below `-1` is refused.
+    ///
+    /// NaN and infinities are refused everywhere. The seed is checked where
+    /// it is converted, by [`SamplerParams::seed_from_i64`].
+    pub fn validate(&self) -> Result<(), SampleParamError> {
+        if !self.temp.is_finite() {
+            return Err(SampleParamError::Temperature(self.temp));
+        }
+        if !self.top_p.is_finite() {
+            return Err(SampleParamError::TopP(self.top_p));
+        }
+        if !self.min_p.is_finite() {
+            return Err(SampleParamError::MinP(self.min_p));
+        }
+        let rp = self.repeat_penalty;
+        if !(rp.is_finite() && rp > 0.0 && (1.0 / rp).is_finite()) {
+            return Err(SampleParamError::RepeatPenalty(rp));
+        }
+        if self.repeat_last_n < -1 {
+            return Err(SampleParamError::RepeatLastN(self.repeat_last_n));
+        }
+        Ok(())
+    }
+
+    /// A seed as the CLI and the API spell it: `-1` draws one from the
+    /// clock (`None`), `0..` is used as given; below `-1` is refused.
+    pub fn seed_from_i64(seed: i64) -> Result<Option<u64>, SampleParamError> {
+        match seed {
+            -1 => Ok(None),
+            s => u64::try_from(s)
+                .map(Some)
+                .map_err(|_| SampleParamError::Seed(seed)),
+        }
+    }
+}
+
+/// A sampling setting [`SamplerParams::validate`] refuses: one variant per
+/// field, its message naming the field (as the API spells it) and the
+/// values accepted.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SampleParamError {
+    #[error("temperature {0} is invalid: give a finite number (0 or less = greedy)")]
+    Temperature(f32),
+    #[error("top_p {0} is invalid: give a finite number (1 = off; outside [0, 1] acts as the nearest end)")]
+    TopP(f32),
+    #[error("min_p {0} is invalid: give a finite number (0 = off; outside [0, 1] acts as the nearest end)")]
+    MinP(f32),
+    #[error("repeat_penalty {0} is invalid: give a finite number > 0 (1 = off)")]
+    RepeatPenalty(f32),
+    #[error("repeat_last_n {0} is invalid: give -1 (the whole context), 0 (off) or a count")]
+    RepeatLastN(i32),
+    #[error("seed {0} is invalid: give -1 (random) or a number >= 0")]
+    Seed(i64),
+}
+
+impl SampleParamError {
+    /// The request field at fault, as the HTTP API names it.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Temperature(_) => "temperature",
+            Self::TopP(_) => "top_p",
+            Self::MinP(_) => "min_p",
+            Self::RepeatPenalty(_) => "repeat_penalty",
+            Self::RepeatLastN(_) => "repeat_last_n",
+            Self::Seed(_) => "seed",
+        }
+    }
+
+    /// The command-line flag at fault, as llama.cpp names it.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            Self::Temperature(_) => "--temp",
+            Self::TopP(_) => "--top-p",
+            Self::MinP(_) => "--min-p",
+            Self::RepeatPenalty(_) => "--repeat-penalty",
+            Self::RepeatLastN(_) => "--repeat-last-n",
+            Self::Seed(_) => "--seed",
+        }
+    }
 }
 
 /// xoshiro256** (Blackman & Vigna), seeded through splitmix64.
@@ -322,6 +416,27 @@ mod tests {
         let mean = (0..100_000).map(|_| a.next_f64()).sum::<f64>() / 100_000.0;
         // Standard error of the mean of U(0,1) over 1e5 draws is ~0.0009.
         assert!((mean - 0.5).abs() < 0.005, "{mean}");
+    }
+
+    #[test]
+    fn validate_accepts_the_defaults_and_refuses_by_field() {
+        assert_eq!(SamplerParams::default().validate(), Ok(()));
+        assert_eq!(SamplerParams::greedy().validate(), Ok(()));
+        let bad = SamplerParams {
+            repeat_penalty: f32::MIN_POSITIVE / 4.0,
+            ..SamplerParams::default()
+        };
+        let e = bad.validate().expect_err("1/penalty is infinite");
+        assert_eq!(
+            (e.field(), e.flag()),
+            ("repeat_penalty", "--repeat-penalty")
+        );
+        assert_eq!(SamplerParams::seed_from_i64(-1), Ok(None));
+        assert_eq!(SamplerParams::seed_from_i64(3), Ok(Some(3)));
+        assert_eq!(
+            SamplerParams::seed_from_i64(-2),
+            Err(SampleParamError::Seed(-2))
+        );
     }
 
     #[test]

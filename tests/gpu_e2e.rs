@@ -131,6 +131,7 @@ fn gpu_longhaul_equals_gpu_resident() {
                 budget_bytes: (slots * layers) as u64 * per_slot,
                 policy,
                 prefetch,
+                verify: false,
             };
             let m = Model::load_with(g.clone(), open(&name), Some(cfg)).expect("longhaul load");
             assert_eq!(m.n_slots, slots);

@@ -51,6 +51,7 @@ fn longhaul_model(
         budget_bytes: slots as u64 * cost.0 as u64 * cost.1,
         policy,
         prefetch,
+        verify: false,
     };
     let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul load");
     assert_eq!(m.n_slots, slots);

@@ -67,6 +67,7 @@ fn longhaul(path: &Path) -> Model<CpuBackend> {
         budget_bytes: 2 * layers as u64 * bytes,
         policy: Policy::Lru,
         prefetch: true,
+        verify: false,
     };
     Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul")
 }
@@ -193,6 +194,7 @@ fn longhaul_slots(
         budget_bytes: n_slots as u64 * layers as u64 * bytes,
         policy,
         prefetch,
+        verify: false,
     };
     let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul");
     assert_eq!(m.n_slots, n_slots);
@@ -299,7 +301,7 @@ proptest! {
             let state = faults.clone();
             file.set_read_fault(Some(Arc::new(move |_, _, _| {
                 let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-                (xorshift(&mut s) % one_in == 0).then(|| std::io::Error::from_raw_os_error(libc::EIO))
+                xorshift(&mut s).is_multiple_of(one_in).then(|| std::io::Error::from_raw_os_error(libc::EIO))
             })));
             let _ = logit_bits(&m, p, 2);
             file.set_read_fault(None);
@@ -463,4 +465,72 @@ mod slot_bytes {
             }
         }
     }
+}
+
+/// A rewrite in place that keeps the size and misses the fingerprint's
+/// samples is taken for a restore by the file check; `--longhaul-verify`
+/// still refuses the first re-read of an expert whose bytes changed.
+#[test]
+fn verify_refuses_an_expert_whose_bytes_changed_between_reads() {
+    let path = model_file("verify.gguf");
+    let file = Arc::new(gguf::Model::open(&path).expect("open"));
+    let probe = Model::load(CpuBackend::new(), file.clone()).expect("load");
+    let (layers, bytes) = probe.expert_slot_cost().expect("cost");
+    let load = |verify| {
+        let cfg = LonghaulConfig {
+            budget_bytes: layers as u64 * bytes,
+            policy: Policy::Lru,
+            prefetch: false,
+            verify,
+        };
+        Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul")
+    };
+    let (plain, verified) = (load(false), load(true));
+    // One slot per layer: every expert is read again and again.
+    let want = logit_bits(&plain, &PROMPT, 3).expect("plain");
+    assert_eq!(logit_bits(&verified, &PROMPT, 3).expect("verified"), want);
+    // Flip a byte in the middle of every expert's slice of layer 0's up
+    // tensor, where the fingerprint does not look.
+    let t = file
+        .tensor("blk.0.ffn_up_exps.weight")
+        .expect("tensor")
+        .clone();
+    let n_expert = *t.dims.last().expect("dims");
+    let slice = t.len / n_expert;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("rw");
+    use std::os::unix::fs::FileExt;
+    for e in 0..n_expert {
+        let mut placed = false;
+        for step in 0..8 {
+            let at = t.offset + e * slice + slice / 2 + step * 97;
+            let mut b = [0u8; 1];
+            f.read_exact_at(&mut b, at).expect("read");
+            f.write_all_at(&[b[0] ^ 0x5a], at).expect("write");
+            if file.check_files().is_ok() {
+                placed = true;
+                break;
+            }
+            f.write_all_at(&b, at).expect("undo");
+        }
+        assert!(placed, "no unsampled byte found in expert {e}");
+    }
+    match logit_bits(&verified, &PROMPT, 3) {
+        Err(ModelError::Longhaul(e @ LonghaulError::FileChanged { .. })) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("checksum") && msg.contains(&path.display().to_string()),
+                "{msg}"
+            );
+        }
+        other => panic!(
+            "expected a checksum error, got {:?}",
+            other.map(|_| ()).map_err(|e| e.to_string())
+        ),
+    }
+    // Without verification the same rewrite goes unseen (the gap the flag closes).
+    assert_ne!(logit_bits(&plain, &PROMPT, 3).expect("plain after"), want);
 }

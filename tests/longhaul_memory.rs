@@ -115,6 +115,7 @@ fn memory_stays_within_budget_and_page_cache_does_not_fill() {
             budget_bytes: budget,
             policy: Policy::Lru,
             prefetch: true,
+            verify: false,
         }),
     )
     .expect("longhaul");

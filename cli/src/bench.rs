@@ -420,11 +420,12 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let ngl: Vec<&str> = a.n_gpu_layers.iter().map(String::as_str).collect();
     let placements = placement::resolve_all(&a.model, &ngl, a.device.as_deref())?;
     let threads = if a.threads.is_empty() {
-        vec![std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)]
+        vec![longhaul::threads::available()]
     } else {
-        a.threads.clone()
+        a.threads
+            .iter()
+            .map(|&t| longhaul::threads::capped(Some(t)))
+            .collect()
     };
     let n_ctx = tests
         .iter()
@@ -484,6 +485,7 @@ fn bench_on<B: Backend>(
                 budget: CacheBudget::Bytes(*budget),
                 policy: *policy,
                 prefetch: a.longhaul.prefetch,
+                verify: a.longhaul.verify,
             }),
         };
         // Longhaul skips warmup: no expert byte is read before the first real run.

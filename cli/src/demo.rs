@@ -43,11 +43,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
         "demo-qwen3moe-{}-seed{}-v2.gguf", // v2: generator version (random Q4_K blocks)
         spec.expert_type, spec.seed
     ));
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = longhaul::threads::capped(a.threads);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()?;
@@ -140,6 +136,7 @@ fn demo_on<B: Backend>(
         budget: CacheBudget::Bytes(budget),
         policy: Policy::Lru,
         prefetch: false,
+        verify: false,
     };
     let (eng_l, out_l, text_l, st_l) = gen(EngineParams {
         longhaul: Some(lp),

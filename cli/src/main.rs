@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 use longhaul::backend::Backend;
 use longhaul::engine::{Engine, EngineParams, GenStats};
 use longhaul::kv::KvCache;
-use longhaul::sample::Sampler;
+use longhaul::sample::{Sampler, SamplerParams};
 use longhaul::tokenizer::{ChatMessage, StreamDecoder};
 
 use args::{ModelArgs, SampleArgs};
@@ -155,6 +155,7 @@ fn stream_kv<B: Backend>(
 
 fn run(a: RunArgs) -> anyhow::Result<()> {
     let params = a.model.engine_params()?;
+    let sampling = a.sample.params()?;
     let prompt = match &a.file {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("reading prompt file {}", f.display()))?,
@@ -164,7 +165,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     eprintln!("placement: {}", placed.summary);
     a.model.with_threads(|| {
         longhaul::with_backend!(placed.placement, |backend| run_on(
-            backend, &a, params, &prompt
+            backend, &a, params, sampling, &prompt
         ))
     })?
 }
@@ -174,6 +175,7 @@ fn run_on<B: Backend>(
     backend: B,
     a: &RunArgs,
     params: EngineParams,
+    sampling: SamplerParams,
     prompt: &str,
 ) -> anyhow::Result<()> {
     let mut engine =
@@ -192,7 +194,7 @@ fn run_on<B: Backend>(
     if !a.no_display_prompt {
         print!("{prompt}");
     }
-    let mut sampler = Sampler::new(a.sample.params());
+    let mut sampler = Sampler::new(sampling);
     let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler)?;
     println!();
     print_stats(engine.load_time, &stats);
@@ -202,15 +204,23 @@ fn run_on<B: Backend>(
 
 fn chat(a: ChatArgs) -> anyhow::Result<()> {
     let params = a.model.engine_params()?;
+    let sampling = a.sample.params()?;
     let placed = a.model.placement.resolve(&a.model.model)?;
     eprintln!("placement: {}", placed.summary);
     a.model.with_threads(|| {
-        longhaul::with_backend!(placed.placement, |backend| chat_on(backend, &a, params))
+        longhaul::with_backend!(placed.placement, |backend| chat_on(
+            backend, &a, params, sampling
+        ))
     })?
 }
 
 /// `chat` on one backend.
-fn chat_on<B: Backend>(backend: B, a: &ChatArgs, params: EngineParams) -> anyhow::Result<()> {
+fn chat_on<B: Backend>(
+    backend: B,
+    a: &ChatArgs,
+    params: EngineParams,
+    sampling: SamplerParams,
+) -> anyhow::Result<()> {
     let engine =
         Engine::load_with_progress(&a.model.model, backend, params, Some(report::load_bar()))?;
     report::longhaul_start(&engine);
@@ -218,7 +228,7 @@ fn chat_on<B: Backend>(backend: B, a: &ChatArgs, params: EngineParams) -> anyhow
     if let Some(s) = &a.system {
         messages.push(ChatMessage::new("system", s.clone()));
     }
-    let mut sampler = Sampler::new(a.sample.params());
+    let mut sampler = Sampler::new(sampling);
     let mut kv = engine.new_kv()?;
     let mut cached: Vec<u32> = Vec::new();
     eprintln!("chatting with {} (Ctrl-D to quit)", a.model.model.display());

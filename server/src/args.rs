@@ -7,7 +7,7 @@ use clap::Args;
 use longhaul::engine::{CacheBudget, EngineParams, LonghaulParams};
 use longhaul::longhaul::Policy;
 use longhaul::placement::{self, Placed};
-use longhaul::sample::SamplerParams;
+use longhaul::sample::{SampleParamError, SamplerParams};
 use longhaul::tensor::GgmlType;
 
 /// llama.cpp's multi-letter short flags (`-np`, `-ngl`, ...) rewritten to
@@ -17,6 +17,7 @@ pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
         args,
         &[
             ("-np", "--parallel"),
+            ("-to", "--timeout"),
             ("-ngl", "--n-gpu-layers"),
             ("-dev", "--device"),
             ("-ub", "--ubatch-size"),
@@ -77,6 +78,56 @@ pub struct ServeArgs {
     /// Do not log each request on stderr.
     #[arg(long = "quiet")]
     pub quiet: bool,
+    /// Server read/write timeout in seconds (-to, llama-server's name and
+    /// default): a request body that stalls, or a response the client
+    /// stops taking, for this long closes the connection. 0 = none.
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 3600.0)]
+    pub timeout: f64,
+    /// Seconds a client has to send a request's complete line and headers,
+    /// counted from when the connection opens or its previous response
+    /// ends; a slower one is disconnected. 0 = none.
+    #[arg(
+        long = "header-timeout",
+        value_name = "SECONDS",
+        default_value_t = 10.0
+    )]
+    pub header_timeout: f64,
+    /// Seconds a keep-alive connection may sit without a request (and a
+    /// new one without its first byte) before it is closed. 0 = none.
+    #[arg(long = "idle-timeout", value_name = "SECONDS", default_value_t = 5.0)]
+    pub idle_timeout: f64,
+    /// Most open connections (default: 256, or half the open-file limit if
+    /// that is lower). At the cap a new connection closes the one that has
+    /// waited longest without a request in flight; if every connection has
+    /// one, the new connection is closed at once.
+    #[arg(long = "max-connections", value_name = "N")]
+    pub max_connections: Option<usize>,
+}
+
+impl ServeArgs {
+    /// The HTTP layer's settings from these flags.
+    pub fn http_config(&self) -> anyhow::Result<crate::HttpConfig> {
+        let secs = |flag: &str, v: f64| -> anyhow::Result<Option<std::time::Duration>> {
+            if !(v.is_finite() && v >= 0.0) {
+                anyhow::bail!("{flag} {v}: give a number of seconds >= 0 (0 = no timeout)");
+            }
+            Ok((v > 0.0).then(|| std::time::Duration::from_secs_f64(v.min(1e9))))
+        };
+        let max_connections = match self.max_connections {
+            Some(0) => anyhow::bail!("--max-connections 0: give at least 1"),
+            Some(n) => n,
+            None => crate::default_max_connections(),
+        };
+        Ok(crate::HttpConfig {
+            api_key: self.api_key.clone(),
+            body_limit: self.body_limit,
+            log_requests: !self.quiet,
+            io_timeout: secs("--timeout", self.timeout)?,
+            header_timeout: secs("--header-timeout", self.header_timeout)?,
+            idle_timeout: secs("--idle-timeout", self.idle_timeout)?,
+            max_connections,
+        })
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -161,6 +212,11 @@ pub struct LonghaulArgs {
     /// L+1's router picks from layer L's input.
     #[arg(long = "longhaul-prefetch")]
     pub prefetch: bool,
+    /// Checksum each expert slice when first read and compare every later
+    /// read of it: a model file rewritten in place is refused at the first
+    /// expert whose bytes differ (costs a CRC-32 per read).
+    #[arg(long = "longhaul-verify")]
+    pub verify: bool,
 }
 
 impl LonghaulArgs {
@@ -184,6 +240,7 @@ impl LonghaulArgs {
             budget,
             policy,
             prefetch: self.prefetch,
+            verify: self.verify,
         }))
     }
 }
@@ -213,34 +270,56 @@ impl ModelArgs {
         })
     }
 
-    /// Runs `f` on a rayon pool with the requested thread count.
+    /// The thread count: `-t` (default every available thread), capped at
+    /// the machine with a warning ([`longhaul::threads::capped`]).
+    pub fn n_threads(&self) -> usize {
+        longhaul::threads::capped(self.threads)
+    }
+
+    /// Runs `f` on a rayon pool with [`Self::n_threads`] threads.
     pub fn with_threads<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
-        let n = self.threads.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        });
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
+            .num_threads(self.n_threads())
             .build()?;
         Ok(pool.install(f))
     }
 }
 
+/// Sampling flags. Negative numbers are values here (`--top-k -1`,
+/// `--repeat-last-n -1`, `--temp -1`), so that every value reaches the
+/// validator the server also uses ([`SamplerParams::validate`]).
 #[derive(Args, Debug, Clone)]
 pub struct SampleArgs {
-    /// Temperature; 0 = greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    /// Temperature; 0 or less = greedy.
+    #[arg(
+        long = "temp",
+        alias = "temperature",
+        default_value_t = 0.8,
+        allow_negative_numbers = true
+    )]
     pub temp: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
+    /// Top-k sampling; 0 or less = off.
+    #[arg(long = "top-k", default_value_t = 40, allow_negative_numbers = true)]
     pub top_k: i32,
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    /// Top-p sampling; 1 = off.
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    /// Min-p sampling; 0 = off.
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
     pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    /// Repetition penalty (> 0); 1 = off.
+    #[arg(
+        long = "repeat-penalty",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    /// Recent tokens the penalty looks at; 0 = off, -1 = the whole context.
+    #[arg(
+        long = "repeat-last-n",
+        default_value_t = 64,
+        allow_negative_numbers = true
+    )]
     pub repeat_last_n: i32,
     /// RNG seed (-1 or absent = random).
     #[arg(short = 's', long = "seed", allow_negative_numbers = true)]
@@ -248,16 +327,24 @@ pub struct SampleArgs {
 }
 
 impl SampleArgs {
-    pub fn params(&self) -> SamplerParams {
-        SamplerParams {
+    /// The sampler settings, checked as the server checks a request's: a
+    /// refused value names its flag and what is accepted.
+    pub fn params(&self) -> anyhow::Result<SamplerParams> {
+        let flag_err = |e: SampleParamError| anyhow::anyhow!("{}: {e}", e.flag());
+        let p = SamplerParams {
             temp: self.temp,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
-            seed: self.seed.filter(|&s| s >= 0).map(|s| s as u64),
-        }
+            seed: match self.seed {
+                None => None,
+                Some(s) => SamplerParams::seed_from_i64(s).map_err(flag_err)?,
+            },
+        };
+        p.validate().map_err(flag_err)?;
+        Ok(p)
     }
 }
 

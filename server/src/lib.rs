@@ -14,6 +14,7 @@
 //! on it, as the CLI does.
 
 pub mod args;
+pub mod conn;
 pub mod error;
 mod gen;
 mod metrics;
@@ -42,6 +43,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 pub use args::ServeArgs;
+pub use conn::default_max_connections;
 use error::ApiError;
 
 /// What the HTTP layer needs from a loaded engine, whatever its backend.
@@ -105,6 +107,17 @@ pub struct HttpConfig {
     pub body_limit: usize,
     /// Print one line per request on stderr.
     pub log_requests: bool,
+    /// `-to/--timeout`: a request body that delivers nothing, or a response
+    /// write the client does not take, for this long ends the connection.
+    pub io_timeout: Option<Duration>,
+    /// `--header-timeout`: the time a client has to send a complete request
+    /// line and headers, from when the server starts waiting for them.
+    pub header_timeout: Option<Duration>,
+    /// `--idle-timeout`: a connection with no request in flight and no byte
+    /// of a new one is closed after this long.
+    pub idle_timeout: Option<Duration>,
+    /// `--max-connections`: the cap on open connections (see [`conn`]).
+    pub max_connections: usize,
 }
 
 impl Default for HttpConfig {
@@ -113,6 +126,10 @@ impl Default for HttpConfig {
             api_key: None,
             body_limit: 16 << 20,
             log_requests: false,
+            io_timeout: Some(Duration::from_secs(3600)),
+            header_timeout: Some(Duration::from_secs(10)),
+            idle_timeout: Some(Duration::from_secs(5)),
+            max_connections: default_max_connections(),
         }
     }
 }
@@ -196,7 +213,10 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Serves `router(state)` on `listener` until `shutdown` resolves, then
 /// drains in-flight generations (see [`AppState::drain`]) and returns once
-/// every connection is closed.
+/// every connection is closed. Connections get the header, idle and
+/// read/write timeouts and the connection cap of the state's
+/// [`HttpConfig`] (see [`conn`]), before any request is routed or
+/// authenticated.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -205,12 +225,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = router(state.clone());
     let st = state.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            st.drain(grace).await;
-        })
-        .await
+    conn::serve_with(listener, app, &state.config, async move {
+        shutdown.await;
+        st.drain(grace).await;
+    })
+    .await
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -328,14 +347,11 @@ fn new_id(prefix: &str) -> String {
 /// be opened fail before the server listens.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let params = args.model.engine_params()?;
+    let defaults = args.sample.params()?;
+    let http = args.http_config()?;
+    let n_threads = args.model.n_threads();
     let placed = args.model.placement.resolve(&args.model.model)?;
     eprintln!("longhaul-server: placement: {}", placed.summary);
-    let defaults = args.sample.params();
-    let n_threads = args.model.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -354,11 +370,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-        let state = AppState::new(HttpConfig {
-            api_key: args.api_key.clone(),
-            body_limit: args.body_limit,
-            log_requests: !args.quiet,
-        });
+        let state = AppState::new(http);
         eprintln!(
             "longhaul-server: listening on http://{} (loading {})",
             listener.local_addr()?,

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use longhaul::sample::SamplerParams;
+use longhaul::sample::{SampleParamError, SamplerParams};
 use longhaul::tokenizer::ChatMessage;
 
 use crate::error::ApiError;
@@ -206,59 +206,34 @@ pub struct Sampling {
 }
 
 impl Sampling {
+    /// The request's settings over `defaults`, checked by the validator
+    /// the CLI also uses ([`SamplerParams::validate`]): a refused value is
+    /// a 400 naming its field.
     pub fn params(&self, defaults: &SamplerParams) -> Result<SamplerParams, ApiError> {
+        let invalid = |e: SampleParamError| ApiError::invalid_field(e.field(), e.to_string());
         let mut p = defaults.clone();
-        if let Some(t) = self.temperature {
-            if !(t.is_finite() && t >= 0.0) {
-                return Err(ApiError::invalid_field(
-                    "temperature",
-                    format!("temperature {t} is invalid: give a number >= 0 (0 = greedy)"),
-                ));
-            }
-            p.temp = t;
-        }
-        if let Some(v) = self.top_p {
-            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
-                return Err(ApiError::invalid_field(
-                    "top_p",
-                    format!("top_p {v} is invalid: give a number in [0, 1]"),
-                ));
-            }
-            p.top_p = v;
-        }
-        if let Some(v) = self.min_p {
-            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
-                return Err(ApiError::invalid_field(
-                    "min_p",
-                    format!("min_p {v} is invalid: give a number in [0, 1]"),
-                ));
-            }
-            p.min_p = v;
+        if let Some(v) = self.temperature {
+            p.temp = v;
         }
         if let Some(v) = self.top_k {
             p.top_k = v;
         }
+        if let Some(v) = self.top_p {
+            p.top_p = v;
+        }
+        if let Some(v) = self.min_p {
+            p.min_p = v;
+        }
         if let Some(v) = self.repeat_penalty {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(ApiError::invalid_field(
-                    "repeat_penalty",
-                    format!("repeat_penalty {v} is invalid: give a number > 0 (1 = off)"),
-                ));
-            }
             p.repeat_penalty = v;
         }
         if let Some(v) = self.repeat_last_n {
-            if v < -1 {
-                return Err(ApiError::invalid_field(
-                    "repeat_last_n",
-                    format!("repeat_last_n {v} is invalid: give -1 (all), 0 (off) or a count"),
-                ));
-            }
             p.repeat_last_n = v;
         }
         if let Some(s) = self.seed {
-            p.seed = u64::try_from(s).ok();
+            p.seed = SamplerParams::seed_from_i64(s).map_err(invalid)?;
         }
+        p.validate().map_err(invalid)?;
         Ok(p)
     }
 }

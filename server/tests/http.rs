@@ -374,12 +374,19 @@ async fn request_errors_have_openai_shape() {
     // Invalid values: 400 naming the field.
     for (url, body, field) in [
         (&comp, json!({"prompt": "x", "n": 2}), "n"),
+        // Out of f32's range: infinite. (A negative temperature is greedy
+        // and top_p 1.5 is top_p 1, as in llama.cpp; the full table of
+        // sampling values, shared with the CLI, is in cli/tests/sampling.rs.)
         (
             &comp,
-            json!({"prompt": "x", "temperature": -1}),
+            json!({"prompt": "x", "temperature": 1e39}),
             "temperature",
         ),
-        (&comp, json!({"prompt": "x", "top_p": 1.5}), "top_p"),
+        (
+            &comp,
+            json!({"prompt": "x", "repeat_penalty": 0}),
+            "repeat_penalty",
+        ),
         (
             &comp,
             json!({"prompt": "x", "max_tokens": -5}),
@@ -426,7 +433,7 @@ async fn api_key_and_body_limit() {
             http: HttpConfig {
                 api_key: Some("sekrit".into()),
                 body_limit: 1024,
-                log_requests: false,
+                ..HttpConfig::default()
             },
             ..Opts::default()
         },

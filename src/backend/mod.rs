@@ -32,6 +32,9 @@ pub enum BackendError {
     Gpu(#[from] gpu::GpuError),
     #[error("KV cache is full: position {pos} does not fit in a context of {n_ctx}; raise -c/--ctx-size")]
     ContextFull { pos: usize, n_ctx: usize },
+    /// A buffer whose allocation failed (a fallible allocation, not an abort).
+    #[error("cannot allocate {bytes} bytes for {what}: out of memory")]
+    OutOfMemory { what: &'static str, bytes: u64 },
 }
 
 /// How rotary embeddings pair dimensions (ggml's rope modes).

@@ -203,6 +203,25 @@ pub enum GgufError {
         len: u64,
         file_len: u64,
     },
+    /// A tensor's bytes run into those of the tensor after it in the table
+    /// (e.g. its type was changed to a larger one without moving the data).
+    #[error("tensor `{name}` occupies bytes {offset}..{} but the next tensor `{next}` starts at byte {next_offset}: their data overlap; the file is corrupt (re-download or re-convert it)", offset.saturating_add(*len))]
+    TensorOverlap {
+        name: String,
+        offset: u64,
+        len: u64,
+        next: String,
+        next_offset: u64,
+    },
+    /// A tensor whose data starts before that of the tensor before it in
+    /// the table (GGUF stores tensor data in table order).
+    #[error("tensor `{name}` starts at byte {offset}, before `{previous}` (byte {previous_offset}) which comes first in the tensor table; tensor data must be stored in table order, the file is corrupt (re-download or re-convert it)")]
+    TensorOutOfOrder {
+        name: String,
+        offset: u64,
+        previous: String,
+        previous_offset: u64,
+    },
     /// The same tensor name appears twice (in one file or across shards).
     #[error("tensor `{name}` appears more than once; the file is corrupt, or shards of different models were mixed")]
     DuplicateTensor { name: String },

@@ -91,6 +91,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, GgufError> {
     // addition cannot overflow: pos <= bytes.len() and alignment < 2^32.
     let data_offset = (c.pos as u64).next_multiple_of(alignment);
     let file_len = bytes.len() as u64;
+    let mut ends = Vec::with_capacity(tensors.len());
     for (t, rel) in tensors.iter_mut().zip(rel_offsets) {
         if rel % alignment != 0 {
             return Err(GgufError::Misaligned {
@@ -99,16 +100,35 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, GgufError> {
                 alignment,
             });
         }
-        let out_of_bounds = || GgufError::TensorOutOfBounds {
-            name: t.name.clone(),
-            offset: data_offset.saturating_add(rel),
-            len: t.len,
-            file_len,
+        let end = data_offset
+            .checked_add(rel)
+            .and_then(|o| Some((o, o.checked_add(t.len)?)));
+        // A start past the end of the file is this tensor's own fault; an
+        // end past it may be an overlap, told apart below.
+        let Some((offset, end)) = end.filter(|&(o, _)| o <= file_len) else {
+            return Err(GgufError::TensorOutOfBounds {
+                name: t.name.clone(),
+                offset: data_offset.saturating_add(rel),
+                len: t.len,
+                file_len,
+            });
         };
-        let offset = data_offset.checked_add(rel).ok_or_else(out_of_bounds)?;
-        match offset.checked_add(t.len) {
-            Some(end) if end <= file_len => t.offset = offset,
-            _ => return Err(out_of_bounds()),
+        t.offset = offset;
+        ends.push(end);
+    }
+    // Order and overlap before the ends: a tensor retyped to a larger type
+    // runs into the next one, which says more than "past the end of the file".
+    for (i, pair) in tensors.windows(2).enumerate() {
+        check_order(&pair[0], ends[i], &pair[1])?;
+    }
+    for (t, &end) in tensors.iter().zip(&ends) {
+        if end > file_len {
+            return Err(GgufError::TensorOutOfBounds {
+                name: t.name.clone(),
+                offset: t.offset,
+                len: t.len,
+                file_len,
+            });
         }
     }
 
@@ -119,6 +139,32 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, GgufError> {
         alignment,
         data_offset,
     })
+}
+
+/// Tensor data lies in table order without overlap: `t` must start at or
+/// after `prev_end`, the end of the tensor before it. llama.cpp's
+/// `gguf_init` is stricter (each tensor exactly at the previous one's
+/// padded end); a gap is harmless, so it is allowed here. Only byte ranges
+/// are compared; what the bytes mean is not this layer's business.
+fn check_order(prev: &TensorInfo, prev_end: u64, t: &TensorInfo) -> Result<(), GgufError> {
+    if t.offset >= prev_end {
+        Ok(())
+    } else if t.offset >= prev.offset {
+        Err(GgufError::TensorOverlap {
+            name: prev.name.clone(),
+            offset: prev.offset,
+            len: prev.len,
+            next: t.name.clone(),
+            next_offset: t.offset,
+        })
+    } else {
+        Err(GgufError::TensorOutOfOrder {
+            name: t.name.clone(),
+            offset: t.offset,
+            previous: prev.name.clone(),
+            previous_offset: prev.offset,
+        })
+    }
 }
 
 /// `general.alignment`, or the default; a nonzero power of two below 2^32.
@@ -456,6 +502,50 @@ mod tests {
             tensor_bytes("t", &[u64::MAX], GgmlType::I8),
             Err(GgufError::DimOverflow { .. })
         ));
+    }
+
+    /// A file of F32 tensors `(name, elements, data offset)` and `data` bytes.
+    fn with_tensors(tensors: &[(&str, u64, u64)], data: usize) -> Vec<u8> {
+        let mut b = minimal(3, tensors.len() as u64, 0);
+        for (name, n, rel) in tensors {
+            b.extend((name.len() as u64).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend(1u32.to_le_bytes());
+            b.extend(n.to_le_bytes());
+            b.extend(0u32.to_le_bytes());
+            b.extend(rel.to_le_bytes());
+        }
+        b.resize(b.len().next_multiple_of(32) + data, 0);
+        b
+    }
+
+    #[test]
+    fn tensor_ranges_must_ascend_without_overlap() {
+        // In order, with a gap and an empty tensor: fine.
+        let ok = with_tensors(&[("a", 8, 0), ("e", 0, 32), ("b", 8, 64)], 96);
+        assert_eq!(parse_header(&ok).unwrap().tensors.len(), 3);
+        // `a` (64 bytes) runs into `b` at 32.
+        let e = parse_header(&with_tensors(&[("a", 16, 0), ("b", 8, 32)], 96)).unwrap_err();
+        assert!(
+            matches!(&e, GgufError::TensorOverlap { name, offset, len, next, next_offset }
+                if name == "a" && next == "b" && *len == 64 && *next_offset == offset + 32),
+            "{e}"
+        );
+        // Same start.
+        let e = parse_header(&with_tensors(&[("a", 8, 32), ("b", 8, 32)], 96)).unwrap_err();
+        assert!(matches!(e, GgufError::TensorOverlap { .. }), "{e}");
+        // `b` lies before `a`.
+        let e = parse_header(&with_tensors(&[("a", 8, 64), ("b", 8, 0)], 96)).unwrap_err();
+        assert!(
+            matches!(&e, GgufError::TensorOutOfOrder { name, previous, .. }
+                if name == "b" && previous == "a"),
+            "{e}"
+        );
+        // An overlap is reported even when the tensor also runs past the end.
+        let e = parse_header(&with_tensors(&[("a", 64, 0), ("b", 8, 32)], 64)).unwrap_err();
+        assert!(matches!(e, GgufError::TensorOverlap { .. }), "{e}");
+        let e = parse_header(&with_tensors(&[("a", 8, 0), ("b", 64, 32)], 64)).unwrap_err();
+        assert!(matches!(e, GgufError::TensorOutOfBounds { .. }), "{e}");
     }
 
     #[test]

@@ -69,35 +69,41 @@ pub(super) fn advise_random(file: &gguf::Model) {
 #[cfg(not(target_os = "linux"))]
 pub(super) fn advise_random(_file: &gguf::Model) {}
 
-/// Runs every job; returns the bytes read, or the shard and error of a
-/// failure. Jobs not yet started when `cancel` is set fail with `Interrupted`.
+/// Runs every job; returns the bytes read and, with `checksum`, the CRC-32
+/// of each job's bytes in job order (else empty), or the shard and error of
+/// a failure. Jobs not yet started when `cancel` is set fail with
+/// `Interrupted`.
 pub(super) fn read_all(
     file: &gguf::Model,
     jobs: Vec<Job<'_>>,
     cancel: Option<&AtomicBool>,
-) -> Result<u64, (usize, GgufError)> {
+    checksum: bool,
+) -> Result<(u64, Vec<u32>), (usize, GgufError)> {
     let run = |jobs: Vec<Job<'_>>| {
-        jobs.into_par_iter().try_for_each(|j| {
-            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                let source = std::io::Error::new(
-                    std::io::ErrorKind::Interrupted,
-                    "speculative read cancelled",
-                );
-                let path = file
-                    .shards()
-                    .get(j.shard)
-                    .map(|s| s.path.clone())
-                    .unwrap_or_default();
-                return Err((j.shard, GgufError::Io { path, source }));
-            }
-            file.read_at(j.shard, j.offset, j.dst)
-                .map_err(|e| (j.shard, e))
-        })
+        jobs.into_par_iter()
+            .map(|j| {
+                if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                    let source = std::io::Error::new(
+                        std::io::ErrorKind::Interrupted,
+                        "speculative read cancelled",
+                    );
+                    let path = file
+                        .shards()
+                        .get(j.shard)
+                        .map(|s| s.path.clone())
+                        .unwrap_or_default();
+                    return Err((j.shard, GgufError::Io { path, source }));
+                }
+                file.read_at(j.shard, j.offset, j.dst)
+                    .map_err(|e| (j.shard, e))?;
+                Ok(if checksum { crc32fast::hash(j.dst) } else { 0 })
+            })
+            .collect::<Result<Vec<u32>, _>>()
     };
     let total: u64 = jobs.iter().map(|j| j.dst.len() as u64).sum();
-    match io_pool() {
+    let crcs = match io_pool() {
         Some(pool) => pool.install(|| run(jobs))?,
         None => run(jobs)?,
     };
-    Ok(total)
+    Ok((total, if checksum { crcs } else { Vec::new() }))
 }

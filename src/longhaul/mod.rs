@@ -68,6 +68,10 @@ pub struct LonghaulConfig {
     /// Lookahead prefetch: while layer L computes, read the experts layer
     /// L+1's router picks from layer L's input.
     pub prefetch: bool,
+    /// Checksum every expert slice when it is first read and compare every
+    /// later read of it (`--longhaul-verify`): a file rewritten in place is
+    /// caught at the first expert whose bytes differ.
+    pub verify: bool,
 }
 
 /// Cache counters of one layer (or summed over layers).
@@ -217,6 +221,9 @@ pub struct StreamedLayer<S: SlotStore> {
     pub stats: CacheStats,
     /// Experts of the last prefetch, until the next batch is planned.
     prefetched: Vec<u32>,
+    /// With `--longhaul-verify`: the CRC-32 of each `(expert, tensor)` slice
+    /// as first read, at `expert * n_tensors + tensor`.
+    checksums: Option<Vec<Option<u32>>>,
 }
 
 impl<S: SlotStore> StreamedLayer<S> {
@@ -251,7 +258,15 @@ impl<S: SlotStore> StreamedLayer<S> {
                 .collect(),
             stats: CacheStats::default(),
             prefetched: Vec::new(),
+            checksums: None,
         })
+    }
+
+    /// Checksums every expert slice read from now on (see
+    /// [`LonghaulConfig::verify`]).
+    pub fn verify_reads(mut self) -> Self {
+        self.checksums = Some(vec![None; self.cache.n_expert() * self.tensors.len()]);
+        self
     }
 
     /// Plans a batch (see [`LayerCache::plan`]) and counts hits and misses.
@@ -345,7 +360,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                     dst,
                 })
                 .collect();
-            loader::read_all(file, jobs, cancel)
+            loader::read_all(file, jobs, cancel, self.checksums.is_some())
         };
         let committed = self.slots.commit();
         // Drop the page cache of the whole stacked tensors, not slice by slice:
@@ -362,7 +377,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                 layer: self.layer,
                 source,
             })?;
-        res.map_err(|(shard, source)| {
+        let (bytes, crcs) = res.map_err(|(shard, source)| {
             let path = file
                 .shards()
                 .get(shard)
@@ -373,6 +388,41 @@ impl<S: SlotStore> StreamedLayer<S> {
                 path,
                 source,
             }
-        })
+        })?;
+        if let Some(sums) = &mut self.checksums {
+            let n_t = self.tensors.len();
+            let keys = loads
+                .iter()
+                .flat_map(|&(e, _)| (0..n_t).map(move |t| (e, t)));
+            // Record first, compare later; a mismatch records nothing.
+            let mut fresh = Vec::new();
+            for ((e, t), crc) in keys.zip(crcs) {
+                let at = e as usize * n_t + t;
+                match sums.get(at).copied().flatten() {
+                    Some(old) if old != crc => {
+                        let path = file
+                            .shards()
+                            .get(self.tensors[t].shard)
+                            .map(|s| s.path.clone())
+                            .unwrap_or_default();
+                        return Err(LonghaulError::FileChanged {
+                            layer: self.layer,
+                            source: GgufError::FileChanged {
+                                path,
+                                what: format!(
+                                    "expert {e} read with checksum {crc:08x}, earlier {old:08x}"
+                                ),
+                            },
+                        });
+                    }
+                    Some(_) => {}
+                    None => fresh.push((at, crc)),
+                }
+            }
+            for (at, crc) in fresh {
+                sums[at] = Some(crc);
+            }
+        }
+        Ok(bytes)
     }
 }

@@ -47,13 +47,72 @@ pub struct Hparams {
     pub swa_layers: Vec<bool>,
 }
 
+/// The largest plausible value of each size hyperparameter. A value above
+/// its limit comes from a corrupt or hostile file, and is rejected before
+/// anything is sized from it (a `block_count` of 2^32 once asked for a 6 TB
+/// layer table). Each limit is the largest value of any released model times
+/// a margin, so a real model never hits one.
+pub mod limits {
+    /// Repeating layers: llama.cpp's `LLAMA_MAX_LAYERS` (it asserts on
+    /// more); the deepest released model has 126 (Llama 3.1 405B).
+    pub const N_LAYER: u64 = 512;
+    /// Routed experts per layer: llama.cpp's `LLAMA_MAX_EXPERTS` (1024
+    /// since Kimi K3; it asserts on more); Qwen3-Next has 512.
+    pub const N_EXPERT: u64 = 1024;
+    /// Embedding width: 8x the widest released model (16384, Llama 3.1 405B).
+    pub const N_EMBD: u64 = 1 << 17;
+    /// Attention heads (query or KV): 8x the most of any released model
+    /// (128, DeepSeek-V3 and Llama 3.1 405B).
+    pub const N_HEAD: u64 = 1 << 10;
+    /// Per-head key/value size: 7x the largest released (576, DeepSeek's
+    /// MLA keys; ordinary heads are at most 256).
+    pub const HEAD_DIM: u64 = 1 << 12;
+    /// Feed-forward width (dense, expert or shared expert): 20x the widest
+    /// released (53248, Llama 3.1 405B).
+    pub const N_FF: u64 = 1 << 20;
+    /// Vocabulary (rows of `token_embd.weight`): 8x the largest released
+    /// (262144, Gemma 3).
+    pub const N_VOCAB: u64 = 1 << 21;
+    /// Trained context and other position counts: llama.cpp reads
+    /// `context_length` as a u32. Whether a context of this size fits in
+    /// memory is checked when a KV cache is sized ([`crate::kv`]).
+    pub const N_CTX: u64 = u32::MAX as u64;
+}
+
 fn key(arch: &str, k: &str) -> String {
     format!("{arch}.{k}")
+}
+
+/// `value` of `key` if it is at most `max`, else [`ModelError::HparamTooLarge`].
+fn at_most(key: String, value: u64, max: u64, what: &'static str) -> Result<usize, ModelError> {
+    match usize::try_from(value) {
+        Ok(v) if value <= max => Ok(v),
+        _ => Err(ModelError::HparamTooLarge {
+            key,
+            value,
+            max,
+            what,
+        }),
+    }
+}
+
+/// A float hyperparameter must be finite and inside what `ok` accepts
+/// (`want` says what that is, for the message).
+fn float_in(key: String, value: f32, want: &'static str, ok: bool) -> Result<f32, ModelError> {
+    if value.is_finite() && ok {
+        Ok(value)
+    } else {
+        Err(ModelError::BadFloatHparam { key, value, want })
+    }
 }
 
 impl Hparams {
     /// Reads the hyperparameters of architecture `arch`. `swa_pattern` is the
     /// architecture's default sliding-window period (0: no sliding window).
+    ///
+    /// Every size is checked against its limit in [`limits`] and every
+    /// float must be finite and in range before any value is used, so that
+    /// nothing is sized from a corrupt value.
     pub fn from_metadata(
         md: &Metadata,
         n_vocab: usize,
@@ -61,65 +120,151 @@ impl Hparams {
     ) -> Result<Self, ModelError> {
         let arch = md.architecture()?.to_string();
         let a = arch.as_str();
-        let u = |k: &str| -> Result<usize, ModelError> { Ok(md.get_u64(&key(a, k))? as usize) };
-        let opt_u = |k: &str, d: usize| -> Result<usize, ModelError> {
-            Ok(md
-                .opt(&key(a, k), Metadata::get_u64)?
-                .map(|v| v as usize)
-                .unwrap_or(d))
+        // A size key: absent -> `d` (when optional), present -> at most `max`.
+        let size = |k: &str, d: Option<usize>, max: u64, what| -> Result<usize, ModelError> {
+            match (md.opt(&key(a, k), Metadata::get_u64)?, d) {
+                (Some(v), _) => at_most(key(a, k), v, max, what),
+                (None, Some(d)) => Ok(d),
+                (None, None) => Err(crate::gguf::GgufError::MissingKey { key: key(a, k) }.into()),
+            }
         };
         let opt_f = |k: &str, d: f32| -> Result<f32, ModelError> {
             Ok(md.opt(&key(a, k), Metadata::get_f32)?.unwrap_or(d))
         };
+        use limits as l;
+        let positive = |k: &str, v: usize| -> Result<usize, ModelError> {
+            if v == 0 {
+                Err(ModelError::BadHparam {
+                    key: key(a, k),
+                    reason: "is 0; it must be positive".into(),
+                })
+            } else {
+                Ok(v)
+            }
+        };
 
-        let n_embd = u("embedding_length")?;
-        let n_layer = u("block_count")?;
-        let n_head = u("attention.head_count")?;
-        if n_head == 0 || n_embd == 0 || n_layer == 0 {
-            return Err(ModelError::BadHparam {
-                key: key(a, "attention.head_count"),
-                reason: "must be positive".into(),
-            });
-        }
-        let n_head_kv = opt_u("attention.head_count_kv", n_head)?;
+        at_most(
+            "token_embd.weight rows".into(),
+            n_vocab as u64,
+            l::N_VOCAB,
+            "vocabulary",
+        )?;
+        let n_embd = size("embedding_length", None, l::N_EMBD, "embedding width")?;
+        let n_embd = positive("embedding_length", n_embd)?;
+        let n_layer = size("block_count", None, l::N_LAYER, "layer count")?;
+        let n_layer = positive("block_count", n_layer)?;
+        let n_head = size("attention.head_count", None, l::N_HEAD, "head count")?;
+        let n_head = positive("attention.head_count", n_head)?;
+        let n_head_kv = size(
+            "attention.head_count_kv",
+            Some(n_head),
+            l::N_HEAD,
+            "KV head count",
+        )?;
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
             return Err(ModelError::BadHparam {
                 key: key(a, "attention.head_count_kv"),
                 reason: format!("{n_head_kv} does not divide {n_head} heads"),
             });
         }
-        let head_dim = opt_u("attention.key_length", n_embd / n_head)?;
-        let n_rot = opt_u("rope.dimension_count", head_dim)?;
+        let head_dim = size(
+            "attention.key_length",
+            Some(n_embd / n_head),
+            l::HEAD_DIM,
+            "head size",
+        )?;
+        let head_dim = positive("attention.key_length", head_dim)?;
+        let n_rot = size(
+            "rope.dimension_count",
+            Some(head_dim),
+            l::HEAD_DIM,
+            "rotated dimensions",
+        )?;
         if n_rot > head_dim || n_rot % 2 != 0 {
             return Err(ModelError::BadHparam {
                 key: key(a, "rope.dimension_count"),
                 reason: format!("{n_rot} for heads of {head_dim}"),
             });
         }
-        let n_ctx_train = opt_u("context_length", 4096)?;
+        let n_ctx_train = size("context_length", Some(4096), l::N_CTX, "context length")?;
+        let n_ctx_train = positive("context_length", n_ctx_train)?;
         let scaling = md.opt(&key(a, "rope.scaling.type"), |m, k| {
             m.get_str(k).map(str::to_string)
         })?;
+        let k_factor = key(a, "rope.scaling.factor");
         let factor = opt_f("rope.scaling.factor", 0.0)?;
+        // 0 means "no scaling"; otherwise rope's frequency scale is 1/factor.
+        let ok = factor == 0.0 || (factor > 0.0 && (1.0 / factor).is_finite());
+        let factor = float_in(k_factor, factor, "0 (none) or positive", ok)?;
         let rope_freq_scale = if factor == 0.0 || scaling.as_deref() == Some("none") {
             1.0
         } else {
             1.0 / factor
         };
-        let n_expert = opt_u("expert_count", 0)?;
-        let n_expert_used = opt_u("expert_used_count", 0)?;
+        let n_expert = size("expert_count", Some(0), l::N_EXPERT, "expert count")?;
+        let n_expert_used = size(
+            "expert_used_count",
+            Some(0),
+            l::N_EXPERT,
+            "experts per token",
+        )?;
         if n_expert > 0 && (n_expert_used == 0 || n_expert_used > n_expert) {
             return Err(ModelError::BadHparam {
                 key: key(a, "expert_used_count"),
                 reason: format!("{n_expert_used} of {n_expert} experts"),
             });
         }
-        let n_swa = opt_u("attention.sliding_window", 0)? as u32;
-        let pattern = opt_u("attention.sliding_window_pattern", swa_pattern as usize)? as u32;
+        let n_swa = size(
+            "attention.sliding_window",
+            Some(0),
+            l::N_CTX,
+            "sliding window",
+        )? as u32;
+        let pattern = size(
+            "attention.sliding_window_pattern",
+            Some(swa_pattern as usize),
+            l::N_LAYER,
+            "sliding-window period",
+        )? as u32;
         let swa_layers = (0..n_layer as u32)
             .map(|il| n_swa > 0 && swa_pattern > 0 && (pattern == 0 || il % pattern < pattern - 1))
             .collect();
-        let n_ff = opt_u("feed_forward_length", 0)?;
+        let n_ff = size(
+            "feed_forward_length",
+            Some(0),
+            l::N_FF,
+            "feed-forward width",
+        )?;
+        let n_ctx_orig_yarn = size(
+            "rope.scaling.original_context_length",
+            Some(n_ctx_train),
+            l::N_CTX,
+            "original context length",
+        )? as u32;
+        // Floats: finite, and in the range their formula needs.
+        let f = |k: &str, d: f32, want: &'static str, ok: fn(f32) -> bool| {
+            let v = opt_f(k, d)?;
+            float_in(key(a, k), v, want, ok(v))
+        };
+        // rms_norm divides by sqrt(mean + eps): eps must be positive, and
+        // one or more would swamp any activation.
+        let eps = f("attention.layer_norm_rms_epsilon", 1e-5, "in (0, 1)", |v| {
+            v > 0.0 && v < 1.0
+        })?;
+        let rope_freq_base = f("rope.freq_base", 10000.0, "positive", |v| v > 0.0)?;
+        // YaRN's correction dims take log(n_ctx_orig / (2 pi beta)).
+        let yarn_beta_fast = f("rope.scaling.yarn_beta_fast", 32.0, "positive", |v| v > 0.0)?;
+        let yarn_beta_slow = f("rope.scaling.yarn_beta_slow", 1.0, "positive", |v| v > 0.0)?;
+        let rope_attn_factor = f("rope.scaling.attn_factor", 1.0, "positive", |v| v > 0.0)?;
+        let yarn_log_mul = f(
+            "rope.scaling.yarn_log_multiplier",
+            0.0,
+            "0 (none) or positive",
+            |v| v >= 0.0,
+        )?;
+        let expert_weights_scale = f("expert_weights_scale", 0.0, "0 (none) or positive", |v| {
+            v >= 0.0
+        })?;
         Ok(Hparams {
             n_vocab,
             n_ctx_train,
@@ -130,21 +275,31 @@ impl Hparams {
             head_dim,
             n_rot,
             n_ff,
-            eps: opt_f("attention.layer_norm_rms_epsilon", 1e-5)?,
-            rope_freq_base: opt_f("rope.freq_base", 10000.0)?,
+            eps,
+            rope_freq_base,
             rope_freq_scale,
             rope_yarn: scaling.as_deref() == Some("yarn"),
-            n_ctx_orig_yarn: opt_u("rope.scaling.original_context_length", n_ctx_train)? as u32,
-            yarn_beta_fast: opt_f("rope.scaling.yarn_beta_fast", 32.0)?,
-            yarn_beta_slow: opt_f("rope.scaling.yarn_beta_slow", 1.0)?,
-            rope_attn_factor: opt_f("rope.scaling.attn_factor", 1.0)?,
-            yarn_log_mul: opt_f("rope.scaling.yarn_log_multiplier", 0.0)?,
+            n_ctx_orig_yarn,
+            yarn_beta_fast,
+            yarn_beta_slow,
+            rope_attn_factor,
+            yarn_log_mul,
             n_expert,
             n_expert_used,
             // Mixtral-style llama files give the expert size as feed_forward_length.
-            n_ff_exp: opt_u("expert_feed_forward_length", n_ff)?,
-            n_ff_shexp: opt_u("expert_shared_feed_forward_length", 0)?,
-            expert_weights_scale: opt_f("expert_weights_scale", 0.0)?,
+            n_ff_exp: size(
+                "expert_feed_forward_length",
+                Some(n_ff),
+                l::N_FF,
+                "expert feed-forward width",
+            )?,
+            n_ff_shexp: size(
+                "expert_shared_feed_forward_length",
+                Some(0),
+                l::N_FF,
+                "shared-expert feed-forward width",
+            )?,
+            expert_weights_scale,
             n_swa,
             swa_layers,
             arch,

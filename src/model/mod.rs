@@ -23,6 +23,45 @@ pub enum ModelError {
     UnsupportedArch { arch: String, supported: String },
     #[error("hyperparameter `{key}` is invalid: {reason}")]
     BadHparam { key: String, reason: String },
+    /// A size hyperparameter above its limit in [`hparams::limits`],
+    /// rejected before anything is sized from it.
+    #[error("{what} {value} (`{key}`) is above {max}, more than any real model has; the file is corrupt (re-download or re-convert it)")]
+    HparamTooLarge {
+        key: String,
+        value: u64,
+        max: u64,
+        what: &'static str,
+    },
+    /// A float hyperparameter that is NaN, infinite or out of its range.
+    #[error("hyperparameter `{key}` is {value}, but it must be finite and {want}; the file is corrupt (re-download or re-convert it)")]
+    BadFloatHparam {
+        key: String,
+        value: f32,
+        want: &'static str,
+    },
+    /// `block_count` claims more layers than the file has tensors for.
+    #[error("`{key}` is {n_layer} but the file has no tensor `{missing}` (it has tensors for the first {present} layers only); the header is corrupt or the file is incomplete")]
+    MissingLayer {
+        key: String,
+        n_layer: usize,
+        present: usize,
+        missing: String,
+    },
+    /// A KV cache that does not fit in memory, found before allocating it
+    /// (`available: Some`) or when its allocation failed (`None`).
+    #[error("{}", crate::kv::too_large_message(*.n_ctx, *.n_seq, *.from_model, *.bytes, *.available))]
+    KvTooLarge {
+        /// Positions per sequence (`-c`; with `from_model`, the trained
+        /// context that `-c 0` stands for).
+        n_ctx: usize,
+        /// Sequences (`-np`), each with its own cache.
+        n_seq: usize,
+        from_model: bool,
+        /// Bytes all the caches need.
+        bytes: u64,
+        /// Memory available for them.
+        available: Option<u64>,
+    },
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
     BadShape {
         name: String,
@@ -203,6 +242,42 @@ pub fn routed_expert_tensor_names(il: usize) -> [String; 7] {
     .map(|s| format!("blk.{il}.{s}"))
 }
 
+/// The architecture and hyperparameters of `file`, every size checked
+/// against its limit (see [`Hparams::from_metadata`]) and `block_count`
+/// against the layers whose tensors the file holds, before anything is sized
+/// from them.
+pub fn read_hparams(file: &gguf::Model) -> Result<(ArchSpec, Hparams), ModelError> {
+    let md = file.metadata();
+    let arch = md.architecture()?.to_string();
+    let spec = arch::lookup(&arch).ok_or_else(|| ModelError::UnsupportedArch {
+        arch: arch.clone(),
+        supported: arch::supported_names(),
+    })?;
+    let embd = file.require_tensor("token_embd.weight")?;
+    let n_vocab = embd.dims.get(1).copied().unwrap_or(0);
+    let n_vocab = usize::try_from(n_vocab).map_err(|_| ModelError::HparamTooLarge {
+        key: "token_embd.weight rows".into(),
+        value: n_vocab,
+        max: hparams::limits::N_VOCAB,
+        what: "vocabulary",
+    })?;
+    let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
+    // Every architecture has an attention norm in each layer.
+    if let Some(il) = (0..hp.n_layer).find(|il| file.tensor(&layer_norm_name(*il)).is_none()) {
+        return Err(ModelError::MissingLayer {
+            key: format!("{arch}.block_count"),
+            n_layer: hp.n_layer,
+            present: il,
+            missing: layer_norm_name(il),
+        });
+    }
+    Ok((spec, hp))
+}
+
+fn layer_norm_name(il: usize) -> String {
+    format!("blk.{il}.attn_norm.weight")
+}
+
 impl<B: Backend> Model<B> {
     /// Builds the model from an opened GGUF file, every weight resident.
     pub fn load(backend: B, file: Arc<gguf::Model>) -> Result<Self, ModelError> {
@@ -265,15 +340,7 @@ impl<B: Backend> Model<B> {
             no_mmap,
             shapes_only,
         } = opts;
-        let md = file.metadata();
-        let arch = md.architecture()?.to_string();
-        let spec = arch::lookup(&arch).ok_or_else(|| ModelError::UnsupportedArch {
-            arch: arch.clone(),
-            supported: arch::supported_names(),
-        })?;
-        let embd = file.require_tensor("token_embd.weight")?;
-        let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
-        let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
+        let (spec, hp) = read_hparams(&file)?;
         let how = LoadHow {
             longhaul: longhaul.is_some(),
             shapes_only,
@@ -348,15 +415,31 @@ impl<B: Backend> Model<B> {
             .sum()
     }
 
-    /// A fresh KV cache for `n_ctx` positions, one entry per layer.
+    /// A fresh KV cache for `n_ctx` positions, one entry per layer. Its size
+    /// is checked against memory first ([`crate::kv::check_kv_size`]), and
+    /// a backend that cannot allocate it gives [`ModelError::KvTooLarge`].
     pub fn new_kv(
         &self,
         n_ctx: usize,
         dtype: crate::tensor::GgmlType,
     ) -> Result<Vec<B::Kv>, ModelError> {
+        let bytes = crate::kv::check_kv_size(&self.hp, n_ctx, 1, dtype, false)?;
         let n = self.hp.n_head_kv * self.hp.head_dim;
         (0..self.hp.n_layer)
-            .map(|_| Ok(self.backend.new_kv(n_ctx, n, n, dtype)?))
+            .map(|_| {
+                self.backend
+                    .new_kv(n_ctx, n, n, dtype)
+                    .map_err(|e| match e {
+                        BackendError::OutOfMemory { .. } => ModelError::KvTooLarge {
+                            n_ctx,
+                            n_seq: 1,
+                            from_model: false,
+                            bytes,
+                            available: None,
+                        },
+                        e => e.into(),
+                    })
+            })
             .collect()
     }
 

@@ -71,9 +71,8 @@ pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Resul
     for (il, ts) in layers {
         let specs = longhaul::slot_tensors(&ts)?;
         let slots = m.backend.new_slots(&specs, n_slots)?;
-        m.streamed[il] = Some(Mutex::new(StreamedLayer::new(
-            il, &ts, slots, n_slots, cfg.policy,
-        )?));
+        let l = StreamedLayer::new(il, &ts, slots, n_slots, cfg.policy)?;
+        m.streamed[il] = Some(Mutex::new(if cfg.verify { l.verify_reads() } else { l }));
     }
     m.n_slots = n_slots;
     m.prefetch = cfg.prefetch;

@@ -87,6 +87,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
             budget: CacheBudget::Bytes(1 << 20),
             policy: "lru".parse().expect("policy"),
             prefetch: false,
+            verify: false,
         }),
         no_mmap: false,
     };

@@ -127,11 +127,30 @@ enum KvStore {
     F32(Vec<f32>),
 }
 
+/// `n` copies of `zero`, or [`BackendError::OutOfMemory`] when they cannot
+/// be allocated (instead of an abort).
+fn try_filled<T: Copy>(n: usize, zero: T, what: &'static str) -> Result<Vec<T>, BackendError> {
+    let oom = || BackendError::OutOfMemory {
+        what,
+        bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+    };
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| oom())?;
+    v.resize(n, zero);
+    Ok(v)
+}
+
 impl KvStore {
-    fn new(dtype: GgmlType, n: usize) -> Result<Self, BackendError> {
+    /// `n` zeroed elements (`n` = None: the size overflowed).
+    fn new(dtype: GgmlType, n: Option<usize>) -> Result<Self, BackendError> {
+        let what = "the KV cache";
+        let n = n.ok_or(BackendError::OutOfMemory {
+            what,
+            bytes: u64::MAX,
+        });
         match dtype {
-            GgmlType::F16 => Ok(KvStore::F16(vec![f16::ZERO; n])),
-            GgmlType::F32 => Ok(KvStore::F32(vec![0.0; n])),
+            GgmlType::F16 => Ok(KvStore::F16(try_filled(n?, f16::ZERO, what)?)),
+            GgmlType::F32 => Ok(KvStore::F32(try_filled(n?, 0.0, what)?)),
             other => Err(BackendError::Unsupported {
                 op: "kv cache",
                 backend: "cpu",
@@ -474,8 +493,8 @@ impl Backend for CpuBackend {
         dtype: GgmlType,
     ) -> Result<CpuKv, BackendError> {
         Ok(CpuKv {
-            k: KvStore::new(dtype, n_ctx * n_embd_k)?,
-            v: KvStore::new(dtype, n_ctx * n_embd_v)?,
+            k: KvStore::new(dtype, n_ctx.checked_mul(n_embd_k))?,
+            v: KvStore::new(dtype, n_ctx.checked_mul(n_embd_v))?,
             n_ctx,
             n_embd_k,
             n_embd_v,
