@@ -45,6 +45,7 @@ fn check(path: &Path) {
             budget_bytes: slots * layers as u64 * bytes,
             policy: Policy::Lru,
             prefetch: true,
+            verify: false,
         };
         let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul");
         assert_eq!(generate(&m, 24), want, "{slots} slots");

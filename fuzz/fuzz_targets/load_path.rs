@@ -11,7 +11,9 @@
 //! Input: a GGUF file, or a split model as
 //! `b"SPLT" ++ u32 LE length of shard 1 ++ shard 1 ++ shard 2`. The last
 //! byte of the input (tensor data or padding in a valid file) picks the
-//! longhaul settings: slots per layer (1 or 2), policy, prefetch, KV type.
+//! longhaul settings: slots per layer (1 or 2), policy, prefetch, KV type,
+//! expert checksums (`--longhaul-verify`). With one I/O thread
+//! (`LONGHAUL_IO_THREADS=1`) and a one-thread compute pool.
 //! `LONGHAUL_FUZZ_VERBOSE=1` prints how far each input got.
 //! Seeds come from `cargo run --example fuzz_seeds`; run it with
 //! `tools/fuzz.sh load_path SECONDS`.
@@ -106,6 +108,7 @@ struct Knobs {
     slots: u64,
     policy: Policy,
     prefetch: bool,
+    verify: bool,
     kv: GgmlType,
 }
 
@@ -115,6 +118,7 @@ impl Knobs {
             slots: 1 + (k & 1) as u64,
             policy: if k & 2 == 0 { Policy::Lru } else { Policy::Lfu },
             prefetch: k & 4 != 0,
+            verify: k & 16 != 0,
             kv: if k & 8 == 0 {
                 GgmlType::F16
             } else {
@@ -249,6 +253,7 @@ fn run(data: &[u8]) {
             .saturating_mul(bytes),
         policy: knobs.policy,
         prefetch: knobs.prefetch,
+        verify: knobs.verify,
     };
     let streamed = stage(
         "longhaul load",
