@@ -85,7 +85,8 @@ pub struct LonghaulInfo {
     pub budget_bytes: u64,
     /// How the budget was chosen.
     pub budget_note: String,
-    /// Outside the budget: resident weights and the KV cache.
+    /// Outside the budget: resident weights and the KV cache (of every
+    /// sequence the engine was loaded for).
     pub resident_bytes: u64,
     pub kv_bytes: u64,
 }

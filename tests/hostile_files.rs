@@ -193,36 +193,46 @@ fn entry_fields(bytes: &[u8], name: &str) -> (usize, usize) {
 
 #[test]
 fn overlapping_tensors_are_refused() {
-    // A Q4_K expert tensor retyped as F32 without moving the data: its bytes
-    // now run into the next tensor's, as in a badly patched file.
-    let path = dir().join("overlap.gguf");
-    synth::write(&SynthSpec::tiny(), &path).expect("write");
-    let name = "blk.0.ffn_gate_exps.weight";
-    let t = gguf::Model::open(&path)
-        .expect("the clean file opens")
-        .require_tensor(name)
-        .expect("tensor")
-        .clone();
-    assert_eq!(t.ty, GgmlType::Q4_K);
-    let mut bytes = std::fs::read(&path).expect("read");
-    let (ty, _) = entry_fields(&bytes, name);
-    bytes[ty..ty + 4].copy_from_slice(&(GgmlType::F32 as u32).to_le_bytes());
-    std::fs::write(&path, &bytes).expect("write");
-    let e = gguf::Model::open(&path).expect_err("overlapping tensors open");
-    let msg = e.to_string();
-    match e.root() {
-        GgufError::TensorOverlap {
-            name: got,
-            offset,
-            next,
-            ..
-        } => {
-            assert_eq!((got.as_str(), *offset), (name, t.offset));
-            assert_eq!(next, "blk.0.ffn_up_exps.weight");
+    // A quantised tensor retyped as F32 without moving the data: its bytes
+    // now run into the next tensor's, as in a badly patched file. The Q8_0
+    // attention matrix still ends inside the file (the case that used to
+    // load and compute garbage); the Q4_K experts run past its end too.
+    for (name, ty, next) in [
+        ("blk.0.attn_q.weight", GgmlType::Q8_0, "blk.0.attn_k.weight"),
+        (
+            "blk.0.ffn_gate_exps.weight",
+            GgmlType::Q4_K,
+            "blk.0.ffn_up_exps.weight",
+        ),
+    ] {
+        let path = dir().join("overlap.gguf");
+        synth::write(&SynthSpec::tiny(), &path).expect("write");
+        let t = gguf::Model::open(&path)
+            .expect("the clean file opens")
+            .require_tensor(name)
+            .expect("tensor")
+            .clone();
+        assert_eq!(t.ty, ty);
+        let mut bytes = std::fs::read(&path).expect("read");
+        let (ty, _) = entry_fields(&bytes, name);
+        bytes[ty..ty + 4].copy_from_slice(&(GgmlType::F32 as u32).to_le_bytes());
+        std::fs::write(&path, &bytes).expect("write");
+        let e = gguf::Model::open(&path).expect_err("overlapping tensors open");
+        let msg = e.to_string();
+        match e.root() {
+            GgufError::TensorOverlap {
+                name: got,
+                offset,
+                next: got_next,
+                ..
+            } => {
+                assert_eq!((got.as_str(), *offset), (name, t.offset));
+                assert_eq!(got_next, next);
+            }
+            e => panic!("{name}: expected TensorOverlap, got {e}"),
         }
-        e => panic!("expected TensorOverlap, got {e}"),
+        assert!(msg.contains(name) && msg.contains("overlap"), "{msg}");
     }
-    assert!(msg.contains(name) && msg.contains("overlap"), "{msg}");
 }
 
 #[test]

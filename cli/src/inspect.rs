@@ -1,11 +1,12 @@
 //! `longhaul inspect FILE`: what a GGUF holds, with the routed experts that
 //! longhaul would stream.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use clap::Args;
 use longhaul::gguf::{self, MetaValue};
-use longhaul::model::routed_expert_tensor_names;
+use longhaul::model::arch::lookup;
+use longhaul::model::{is_routed, read_hparams, routed_expert_tensor_names};
 
 #[derive(Args)]
 pub struct InspectArgs {
@@ -93,9 +94,18 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
         .get_u64(&format!("{arch}.expert_count"))
         .unwrap_or(0)
         .max(1);
+    // The layers that hold routed experts, found from the tensor names: a
+    // corrupt `block_count` (2^32) must not make this loop over it.
+    let layers: BTreeSet<usize> = m
+        .tensors()
+        .iter()
+        .filter(|t| is_routed(&t.name))
+        .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse().ok())
+        .filter(|&il| il < n_layer)
+        .collect();
     let mut total_routed = 0u64;
     let mut lines = Vec::new();
-    for il in 0..n_layer {
+    for il in layers {
         let ts: Vec<_> = routed_expert_tensor_names(il)
             .iter()
             .filter_map(|n| m.tensor(n))
@@ -126,6 +136,12 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
         lines.iter().for_each(|l| println!("{l}"));
     } else {
         println!("routed experts: none (dense model)");
+    }
+    // Hyperparameters a run would refuse (sizes past their limits, a
+    // block_count the tensors do not back, NaN floats) fail inspect too,
+    // after everything above has been shown.
+    if lookup(&arch).is_some() {
+        read_hparams(&m)?;
     }
     Ok(())
 }

@@ -467,3 +467,198 @@ fn longhaul_run_streams_experts_and_matches_resident_text() {
         "{err}"
     );
 }
+
+/// `struct rlimit` and `RLIMIT_AS` of 64-bit Linux, for [`limited`].
+#[cfg(target_os = "linux")]
+#[repr(C)]
+struct RLimit {
+    cur: u64,
+    max: u64,
+}
+#[cfg(target_os = "linux")]
+const RLIMIT_AS: i32 = 9;
+#[cfg(target_os = "linux")]
+extern "C" {
+    fn setrlimit(resource: i32, rlim: *const RLimit) -> i32;
+}
+
+/// Runs `longhaul ARGS` under an 8 GiB address-space limit, so that an
+/// allocation sized from a hostile value fails at once instead of taking
+/// the machine, and kills it if it still runs after 20 s. Returns the exit
+/// code (`None`: killed by a signal) and stderr.
+#[cfg(target_os = "linux")]
+fn limited(args: &[&str]) -> (Option<i32>, String) {
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let err_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("limited-{}-{n}.stderr", std::process::id()));
+    let err_file = std::fs::File::create(&err_path).expect("stderr file");
+    let mut c = bin();
+    c.args(args)
+        .env("WGPU_BACKEND", "vulkan")
+        .env_remove("LONGHAUL_DEVICE")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err_file);
+    // SAFETY: the hook only calls setrlimit, which is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = RLimit {
+                cur: 8 << 30,
+                max: 8 << 30,
+            };
+            if setrlimit(RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().expect("spawn");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} still ran after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&err_path);
+    (status.code(), err)
+}
+
+/// The tiny synthetic model with metadata keys overridden.
+#[cfg(target_os = "linux")]
+fn hostile_file(name: &str, keys: &[(&str, longhaul::gguf::MetaValue)]) -> PathBuf {
+    let mut w = longhaul::synth::build(&longhaul::synth::SynthSpec::tiny()).expect("build");
+    for (k, v) in keys {
+        w.set(k, v.clone());
+    }
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-{name}.gguf"));
+    w.write(&path).expect("write");
+    path
+}
+
+/// The tiny model with a Q4_K expert tensor retyped as F32 in its tensor
+/// table, so that its bytes run into the next tensor's.
+#[cfg(target_os = "linux")]
+fn overlapping_file() -> PathBuf {
+    let path = hostile_file("overlap", &[]);
+    let mut b = std::fs::read(&path).expect("read");
+    let name = "blk.0.ffn_gate_exps.weight";
+    let mut needle = (name.len() as u64).to_le_bytes().to_vec();
+    needle.extend(name.as_bytes());
+    let at = b
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("entry")
+        + needle.len();
+    let n_dims = u32::from_le_bytes(b[at..at + 4].try_into().expect("4")) as usize;
+    let ty = at + 4 + 8 * n_dims;
+    assert_eq!(b[ty], longhaul::tensor::GgmlType::Q4_K as u8);
+    b[ty..ty + 4].copy_from_slice(&0u32.to_le_bytes());
+    std::fs::write(&path, b).expect("write");
+    path
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn hostile_files_fail_with_exit_1_under_a_memory_limit() {
+    use longhaul::gguf::MetaValue;
+    let layers = hostile_file(
+        "layers",
+        &[("qwen3moe.block_count", MetaValue::U64(1 << 32))],
+    );
+    let nan = hostile_file(
+        "nan-eps",
+        &[(
+            "qwen3moe.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(f32::NAN),
+        )],
+    );
+    let ctx = hostile_file(
+        "ctx",
+        &[("qwen3moe.context_length", MetaValue::U32(u32::MAX))],
+    );
+    let overlap = overlapping_file();
+    let p = |p: &PathBuf| p.to_str().expect("path").to_string();
+    let run = |m: &str, extra: &[&str]| {
+        let mut a = vec!["run", "-m", m, "-p", "hi", "-n", "1", "-t", "1"];
+        a.extend(extra);
+        limited(&a)
+    };
+    exits_1_saying(
+        "run huge block_count",
+        run(&p(&layers), &[]),
+        &["qwen3moe.block_count", "4294967296"],
+    );
+    exits_1_saying(
+        "inspect huge block_count",
+        limited(&["inspect", &p(&layers)]),
+        &["qwen3moe.block_count", "4294967296"],
+    );
+    exits_1_saying(
+        "run NaN eps",
+        run(&p(&nan), &[]),
+        &["layer_norm_rms_epsilon", "NaN"],
+    );
+    exits_1_saying(
+        "run -c 0 on a 2^32-1 context",
+        run(&p(&ctx), &["-c", "0"]),
+        &["-c 0", "4294967295", "KV cache"],
+    );
+    exits_1_saying(
+        "run overlapping tensors",
+        run(&p(&overlap), &[]),
+        &["blk.0.ffn_gate_exps.weight", "overlap"],
+    );
+    exits_1_saying(
+        "inspect overlapping tensors",
+        limited(&["inspect", &p(&overlap)]),
+        &["blk.0.ffn_gate_exps.weight", "overlap"],
+    );
+}
+
+/// Asserts exit code 1 (an error, not an abort's 134) and `words` in stderr.
+#[cfg(target_os = "linux")]
+fn exits_1_saying(what: &str, (code, err): (Option<i32>, String), words: &[&str]) {
+    assert_eq!(code, Some(1), "{what}: {err}");
+    for w in words {
+        assert!(err.contains(w), "{what}: `{w}` not in: {err}");
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn ctx_99999999_fails_with_exit_1_in_run_and_before_serve_is_ready() {
+    let m = hostile_file("plain", &[]);
+    let m = m.to_str().expect("path");
+    let (code, err) = limited(&["run", "-m", m, "-p", "hi", "-n", "1", "-c", "99999999"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("-c 99999999 needs") && err.contains("lower -c/--ctx-size"),
+        "{err}"
+    );
+    // The GPU placement sizes its KV cache through the same check.
+    let (code, err) = limited(&[
+        "run", "-m", m, "-p", "hi", "-n", "1", "-c", "99999999", "--device", "llvmpipe", "-ngl",
+        "all",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("on GPU llvmpipe") && err.contains("-c 99999999 needs"),
+        "{err}"
+    );
+    let (code, err) = limited(&[
+        "serve", "-m", m, "--port", "0", "-c", "99999999", "-np", "2",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("-c 99999999 with -np 2 needs"), "{err}");
+    assert!(!err.contains("ready"), "{err}");
+}

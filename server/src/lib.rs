@@ -387,7 +387,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             // engine loop, once per backend.
             let loaded: Result<(Scheduler, Arc<dyn EngineInfo>), EngineError> =
                 longhaul::with_backend!(placed.placement, |backend| {
-                    Engine::load(&model_path, backend, params).map(|engine| {
+                    // Every slot's KV cache is checked against memory in the load.
+                    Engine::load_parallel(&model_path, backend, params, n_slots, None).map(|engine| {
                         let engine = Arc::new(engine);
                         let scheduler =
                             Scheduler::spawn_with_threads(engine.clone(), n_slots, n_threads);
