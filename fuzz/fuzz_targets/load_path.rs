@@ -11,7 +11,9 @@
 //! Input: a GGUF file, or a split model as
 //! `b"SPLT" ++ u32 LE length of shard 1 ++ shard 1 ++ shard 2`. The last
 //! byte of the input (tensor data or padding in a valid file) picks the
-//! longhaul settings: slots per layer (1 or 2), policy, prefetch, KV type.
+//! longhaul settings: slots per layer (1 or 2), policy, prefetch, KV type,
+//! expert checksums (`--longhaul-verify`). With one I/O thread
+//! (`LONGHAUL_IO_THREADS=1`) and a one-thread compute pool.
 //! `LONGHAUL_FUZZ_VERBOSE=1` prints how far each input got.
 //! Seeds come from `cargo run --example fuzz_seeds`; run it with
 //! `tools/fuzz.sh load_path SECONDS`.
@@ -34,8 +36,9 @@ use longhaul::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Positions of each KV cache: enough for the prompt and the decode steps.
 const N_CTX: usize = 32;
-/// Greedy decode steps after the prompt.
-const N_DECODE: usize = 2;
+/// Greedy decode steps after the prompt (of at most `N_PROMPT` tokens).
+const N_DECODE: usize = 1;
+const N_PROMPT: usize = 2;
 const SPLIT_MAGIC: &[u8; 4] = b"SPLT";
 
 /// Whether to print each stage's result (`LONGHAUL_FUZZ_VERBOSE=1`).
@@ -105,6 +108,7 @@ struct Knobs {
     slots: u64,
     policy: Policy,
     prefetch: bool,
+    verify: bool,
     kv: GgmlType,
 }
 
@@ -114,6 +118,7 @@ impl Knobs {
             slots: 1 + (k & 1) as u64,
             policy: if k & 2 == 0 { Policy::Lru } else { Policy::Lfu },
             prefetch: k & 4 != 0,
+            verify: k & 16 != 0,
             kv: if k & 8 == 0 {
                 GgmlType::F16
             } else {
@@ -197,7 +202,7 @@ fn text_side(md: &gguf::Metadata) -> Option<Vec<u32>> {
     let tok = tok?;
     let ids = stage("encode", tok.encode("Hi!", true, false))?;
     let _ = tok.decode_with(&ids, true);
-    (!ids.is_empty()).then(|| ids.into_iter().take(3).collect())
+    (!ids.is_empty()).then(|| ids.into_iter().take(N_PROMPT).collect())
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -248,6 +253,7 @@ fn run(data: &[u8]) {
             .saturating_mul(bytes),
         policy: knobs.policy,
         prefetch: knobs.prefetch,
+        verify: knobs.verify,
     };
     let streamed = stage(
         "longhaul load",
