@@ -52,6 +52,7 @@ fn run() {
         kv_type: GgmlType::F16,
         longhaul: None,
         no_mmap: false,
+        ..Default::default()
     };
     let engine = match Engine::load(&path, CpuBackend::new(), params) {
         Ok(e) => e,

@@ -50,6 +50,33 @@ pub struct EngineParams {
     /// Read resident weights into memory instead of mapping the file
     /// (`--no-mmap`, bench's `--load-mode read`).
     pub no_mmap: bool,
+    /// Attention path (`-fa on|off|auto`, llama.cpp's default `auto`).
+    pub flash_attn: FlashAttn,
+    /// A chat template that replaces the file's (`--chat-template`,
+    /// `--chat-template-file`): the Jinja source.
+    pub chat_template: Option<String>,
+}
+
+/// `-fa/--flash-attn`, as llama.cpp spells it. `Auto` (the default) is what
+/// llama.cpp picks on the device; `Off` is the exact attention path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FlashAttn {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for FlashAttn {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" | "-1" => Ok(Self::Auto),
+            "on" | "1" | "true" => Ok(Self::On),
+            "off" | "0" | "false" => Ok(Self::Off),
+            _ => Err(format!("`{s}` is not a --flash-attn value; use on, off or auto")),
+        }
+    }
 }
 
 /// The expert budget (`--longhaul-cache GIB|auto`).
@@ -101,6 +128,8 @@ impl Default for EngineParams {
             kv_type: GgmlType::F16,
             longhaul: None,
             no_mmap: false,
+            flash_attn: FlashAttn::Auto,
+            chat_template: None,
         }
     }
 }
@@ -168,7 +197,7 @@ impl<B: Backend> Engine<B> {
             source,
         })?;
         let tokenizer = Tokenizer::from_metadata(file.metadata())?;
-        let template = ChatTemplate::from_metadata(file.metadata())?;
+        let template = ChatTemplate::from_metadata_or(file.metadata(), params.chat_template.as_deref())?;
         let file = Arc::new(file);
         // The structure alone (no weight read or uploaded) sizes longhaul.
         let shapes = Model::load_shapes(backend.clone(), file.clone())?;

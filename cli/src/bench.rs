@@ -496,6 +496,7 @@ fn bench_on<B: Backend>(
             kv_type: GgmlType::F16,
             longhaul,
             no_mmap: *mode == LoadMode::Read,
+            ..Default::default()
         };
         let mut engine = Engine::load(&a.model, backend.clone(), params)
             .with_context(|| format!("loading {}", a.model.display()))?;

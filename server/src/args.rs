@@ -23,6 +23,7 @@ pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
             ("-ub", "--ubatch-size"),
             ("-ctk", "--cache-type-k"),
             ("-ctv", "--cache-type-v"),
+            ("-fa", "--flash-attn"),
         ],
     )
 }
@@ -156,6 +157,18 @@ pub struct ModelArgs {
     /// Read the weights into memory instead of memory-mapping the file.
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
+    /// Attention path (-fa): on, off (exact attention) or auto (llama.cpp's default).
+    #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto")]
+    pub flash_attn: longhaul::engine::FlashAttn,
+    /// A Jinja chat template replacing the model's.
+    #[arg(long = "chat-template", value_name = "JINJA")]
+    pub chat_template: Option<String>,
+    /// A file holding a Jinja chat template that replaces the model's.
+    #[arg(long = "chat-template-file", value_name = "FILE", conflicts_with = "chat_template")]
+    pub chat_template_file: Option<std::path::PathBuf>,
+    /// Accepted for llama.cpp compatibility: chat templates are always Jinja here.
+    #[arg(long = "jinja")]
+    pub jinja: bool,
     #[command(flatten)]
     pub placement: PlacementArgs,
     #[command(flatten)]
@@ -267,6 +280,14 @@ impl ModelArgs {
             kv_type: k,
             longhaul: self.longhaul.params()?,
             no_mmap: self.no_mmap,
+            flash_attn: self.flash_attn,
+            chat_template: match (&self.chat_template, &self.chat_template_file) {
+                (Some(t), _) => Some(t.clone()),
+                (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| {
+                    anyhow::anyhow!("--chat-template-file {}: {e}", f.display())
+                })?),
+                (None, None) => None,
+            },
         })
     }
 

@@ -86,8 +86,21 @@ impl ChatTemplate {
     /// The template in `tokenizer.chat_template`, or `None` when the file has
     /// none. BOS/EOS texts come from `tokenizer.ggml.{bos,eos}_token_id`.
     pub fn from_metadata(md: &Metadata) -> Result<Option<Self>, ChatTemplateError> {
-        let Some(source) = md.opt("tokenizer.chat_template", Metadata::get_str)? else {
-            return Ok(None);
+        Self::from_metadata_or(md, None)
+    }
+
+    /// `source` (`--chat-template`, `--chat-template-file`) when given, else
+    /// the file's `tokenizer.chat_template`; BOS/EOS texts from the file.
+    pub fn from_metadata_or(
+        md: &Metadata,
+        source: Option<&str>,
+    ) -> Result<Option<Self>, ChatTemplateError> {
+        let source = match source {
+            Some(s) => s.to_string(),
+            None => match md.opt("tokenizer.chat_template", Metadata::get_str)? {
+                Some(s) => s.to_string(),
+                None => return Ok(None),
+            },
         };
         let tokens = md
             .opt("tokenizer.ggml.tokens", Metadata::get_str_array)?

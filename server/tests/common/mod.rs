@@ -90,6 +90,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
             verify: false,
         }),
         no_mmap: false,
+        ..Default::default()
     };
     let engine = Arc::new(
         Engine::load(path, CpuBackend::new(), params)
