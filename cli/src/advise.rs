@@ -16,7 +16,7 @@ use longhaul::longhaul::fmt_bytes;
 use longhaul::model::Model;
 use serde_json::json;
 
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct AdviseArgs {
     /// Routing trace written by `--trace-experts` (run or bench).
     pub trace: PathBuf,

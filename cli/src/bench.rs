@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use longhaul::backend::Backend;
-use longhaul::engine::{CacheBudget, Engine, EngineParams, LonghaulParams};
+use longhaul::engine::{CacheBudget, Engine, EngineParams, FlashAttn, LonghaulParams};
 use longhaul::longhaul::{CacheStats, Policy};
 use longhaul::model::Logits;
 use longhaul::placement::{self, GpuLayers, Placed};
@@ -22,7 +22,7 @@ use crate::bench_out;
 
 pub(crate) const DEFAULT_UBATCH: usize = 512;
 
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct BenchArgs {
     #[arg(short = 'm', long = "model")]
     pub model: std::path::PathBuf,
@@ -81,6 +81,23 @@ pub struct BenchArgs {
     /// or longhaul with --longhaul.
     #[arg(long = "load-mode", value_delimiter = ',')]
     pub load_mode: Vec<String>,
+    /// Attention paths (-fa, comma-separated; one row per value): on,
+    /// off or auto (llama.cpp's default); also 1, 0, -1.
+    #[arg(
+        long = "flash-attn",
+        value_name = "on|off|auto",
+        default_value = "auto",
+        value_delimiter = ',',
+        allow_hyphen_values = true
+    )]
+    pub flash_attn: Vec<FlashAttn>,
+    /// llama-bench's -mmp (comma-separated): 1 memory-maps the file
+    /// (--load-mode mmap), 0 reads it into memory (--load-mode read).
+    #[arg(long = "mmap", value_name = "0|1", value_delimiter = ',')]
+    pub mmap: Vec<String>,
+    /// llama-bench's -nr: 1 (weights are never repacked here); 0 is refused.
+    #[arg(long = "no-repack", value_name = "0|1", value_delimiter = ',')]
+    pub no_repack: Vec<String>,
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
     /// --longhaul-cache and --longhaul-policy take comma-separated lists here.
@@ -165,6 +182,7 @@ impl RowPlacement {
 pub(crate) struct Row {
     pub(crate) placement: RowPlacement,
     pub(crate) mode: LoadMode,
+    pub(crate) flash_attn: FlashAttn,
     pub(crate) n_slots: Option<usize>,
     pub(crate) n_ubatch: usize,
     pub(crate) n_threads: usize,
@@ -264,6 +282,16 @@ fn utc_now() -> String {
 /// The load modes (with their caches and policies) from the flags.
 fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
     let mut names: Vec<String> = a.load_mode.iter().map(|s| s.trim().to_string()).collect();
+    for v in &a.mmap {
+        names.push(
+            match v.trim() {
+                "1" => "mmap",
+                "0" => "read",
+                other => anyhow::bail!("-mmp {other}: give 0 (read into memory) or 1 (memory-map), comma-separated"),
+            }
+            .into(),
+        );
+    }
     if names.is_empty() {
         names.push(
             if a.longhaul.longhaul {
@@ -415,6 +443,13 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.reps == 0 {
         anyhow::bail!("-r 0: give at least one repetition");
     }
+    for v in &a.no_repack {
+        match v.trim() {
+            "1" => {}
+            "0" => anyhow::bail!("-nr 0: longhaul does not repack weights; its kernels read the GGUF layout in place (-nr 1)"),
+            other => anyhow::bail!("-nr {other}: give 1 (longhaul never repacks weights)"),
+        }
+    }
     let modes = load_modes(&a)?;
     let tests = tests(&a)?;
     let ngl: Vec<&str> = a.n_gpu_layers.iter().map(String::as_str).collect();
@@ -479,6 +514,24 @@ fn bench_on<B: Backend>(
 ) -> anyhow::Result<()> {
     let a = p.a;
     for mode in p.modes {
+        for &fa in &a.flash_attn {
+            bench_mode(backend.clone(), p, rp, mode, fa, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// The rows of one load mode and attention path (one engine).
+fn bench_mode<B: Backend>(
+    backend: B,
+    p: &Settings,
+    rp: &RowPlacement,
+    mode: &LoadMode,
+    flash_attn: FlashAttn,
+    out: &mut Out,
+) -> anyhow::Result<()> {
+    let a = p.a;
+    {
         let longhaul = match mode {
             LoadMode::Mmap | LoadMode::Read => None,
             LoadMode::Longhaul { budget, policy, .. } => Some(LonghaulParams {
@@ -496,9 +549,10 @@ fn bench_on<B: Backend>(
             kv_type: GgmlType::F16,
             longhaul,
             no_mmap: *mode == LoadMode::Read,
+            flash_attn,
             ..Default::default()
         };
-        let mut engine = Engine::load(&a.model, backend.clone(), params)
+        let mut engine = Engine::load(&a.model, backend, params)
             .with_context(|| format!("loading {}", a.model.display()))?;
         if !out.traced {
             a.trace.attach(&mut engine)?;
@@ -533,6 +587,7 @@ fn bench_on<B: Backend>(
                         Ok(Row {
                             placement: rp.clone(),
                             mode: mode.clone(),
+                            flash_attn,
                             n_slots,
                             n_ubatch: ub,
                             n_threads: t,

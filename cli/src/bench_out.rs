@@ -1,6 +1,7 @@
 //! `longhaul bench`'s outputs: llama-bench's JSON/JSONL/CSV fields (its
 //! names where it has them, then longhaul's own) and its markdown table.
 
+use longhaul::engine::FlashAttn;
 use longhaul::longhaul::Policy;
 use serde_json::{json, Value};
 
@@ -66,6 +67,7 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
         ("type_k", json!("f16")),
         ("type_v", json!("f16")),
         ("n_gpu_layers", json!(r.placement.ngl)),
+        ("flash_attn", json!(fa_number(r.flash_attn))),
         ("use_mmap", json!(mode == "mmap")),
         ("load_mode", json!(mode)),
         ("n_prompt", json!(r.test.n_prompt)),
@@ -108,6 +110,16 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
         ),
     ]);
     f
+}
+
+/// llama-bench's `flash_attn` value: llama.h's `llama_flash_attn_type`
+/// (-1 auto, 0 disabled, 1 enabled), in JSON and in its `fa` column.
+fn fa_number(fa: FlashAttn) -> i32 {
+    match fa {
+        FlashAttn::Auto => -1,
+        FlashAttn::Off => 0,
+        FlashAttn::On => 1,
+    }
 }
 
 /// An object with its fields in order (serde_json's map sorts keys).
@@ -195,7 +207,11 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
     if a.ubatch != [DEFAULT_UBATCH] {
         cols.push(("n_ubatch", true, Box::new(|r: &Row| r.n_ubatch.to_string())));
     }
-    if mixed_modes || !a.load_mode.is_empty() {
+    // llama-bench shows `fa` for a list or a value other than auto.
+    if a.flash_attn != [FlashAttn::Auto] {
+        cols.push(("fa", true, Box::new(|r: &Row| fa_number(r.flash_attn).to_string())));
+    }
+    if mixed_modes || !a.load_mode.is_empty() || !a.mmap.is_empty() {
         cols.push((
             "load_mode",
             false,

@@ -12,7 +12,7 @@ use longhaul::sample::{Sampler, SamplerParams};
 use longhaul::synth::{self, SynthSpec};
 use longhaul::tokenizer::StreamDecoder;
 
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Where to keep the synthetic model (default: $LONGHAUL_CACHE or ~/.cache/longhaul).
     #[arg(long)]

@@ -5,7 +5,7 @@ use clap::Args;
 use longhaul::backend::gpu::{list_adapters, AdapterSummary, GpuOptions};
 use longhaul::placement::{self, DeviceRequest};
 
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct DevicesArgs {
     /// Also say which adapter this name picks (-dev; as run, chat, bench and
     /// serve take it; default: LONGHAUL_DEVICE).

@@ -8,7 +8,7 @@ use clap::Args;
 use longhaul::synth::{self, SynthSpec};
 use longhaul::tensor::GgmlType;
 
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct GenModelArgs {
     /// Shape: demo, tiny, micro, qwen3-30b-a3b or gpt-oss-20b.
     #[arg(long, default_value = "demo")]

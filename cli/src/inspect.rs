@@ -8,7 +8,7 @@ use longhaul::gguf::{self, MetaValue};
 use longhaul::model::arch::lookup;
 use longhaul::model::{is_routed, read_hparams, routed_expert_tensor_names};
 
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct InspectArgs {
     /// GGUF file (or first shard).
     pub file: std::path::PathBuf,

@@ -24,7 +24,7 @@ use longhaul::tokenizer::{ChatMessage, StreamDecoder};
 
 use args::{ModelArgs, SampleArgs};
 
-#[derive(Parser)]
+#[derive(Parser, Debug)]
 #[command(
     name = "longhaul",
     version,
@@ -35,7 +35,7 @@ struct Cli {
     cmd: Cmd,
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Debug)]
 enum Cmd {
     /// Generate text from a prompt.
     Run(RunArgs),
@@ -57,7 +57,7 @@ enum Cmd {
     Devices(devices::DevicesArgs),
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -75,19 +75,61 @@ struct RunArgs {
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
     /// Do not print the prompt before the generated text.
-    #[arg(long = "no-display-prompt")]
+    #[arg(long = "no-display-prompt", overrides_with = "display_prompt")]
     no_display_prompt: bool,
+    /// Print the prompt before the generated text (the default).
+    #[arg(long = "display-prompt", overrides_with = "no_display_prompt")]
+    display_prompt: bool,
+    /// Conversation mode (-cnv), as llama.cpp's: the chat loop `longhaul
+    /// chat` runs, with the prompt (-p or -f) as the first user message.
+    #[arg(long = "conversation", overrides_with = "no_conversation")]
+    conversation: bool,
+    /// Plain completion of the prompt (-no-cnv; the default for run).
+    #[arg(long = "no-conversation", overrides_with = "conversation")]
+    no_conversation: bool,
+    /// With -cnv: answer the prompt, then exit (-st).
+    #[arg(long = "single-turn")]
+    single_turn: bool,
+    /// A system message at the start of the conversation (-sys; with -cnv).
+    #[arg(long = "system-prompt")]
+    system_prompt: Option<String>,
+    /// Process escapes in the prompt (-e; the default, as in llama.cpp):
+    /// \n \r \t \' \" \\ and \xHH.
+    #[arg(long = "escape", overrides_with = "no_escape")]
+    escape: bool,
+    /// Take the prompt's backslashes literally.
+    #[arg(long = "no-escape", overrides_with = "escape")]
+    no_escape: bool,
+    #[command(flatten)]
+    color: ColorArg,
 }
 
-#[derive(clap::Args)]
+/// llama.cpp's `-co/--color`.
+#[derive(clap::Args, Debug)]
+struct ColorArg {
+    /// Accepted for llama.cpp compatibility (-co): longhaul prints the
+    /// prompt and the reply without colours.
+    #[arg(
+        long = "color",
+        value_name = "on|off|auto",
+        num_args = 0..=1,
+        default_missing_value = "auto",
+        value_parser = ["on", "off", "auto", "true", "false", "1", "0", "enabled", "disabled"]
+    )]
+    color: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
 struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
     sample: SampleArgs,
-    /// System prompt.
-    #[arg(long = "system-prompt", alias = "sys")]
-    system: Option<String>,
+    /// A system message at the start of the conversation (-sys).
+    #[arg(long = "system-prompt")]
+    pub system_prompt: Option<String>,
+    #[command(flatten)]
+    color: ColorArg,
     /// Most tokens per reply.
     #[arg(short = 'n', long = "n-predict", default_value_t = 1024)]
     n_predict: usize,
@@ -161,8 +203,24 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading prompt file {}", f.display()))?,
         None => a.prompt.clone(),
     };
+    let prompt = if a.no_escape {
+        prompt
+    } else {
+        args::process_escapes(&prompt)?
+    };
+    if a.conversation {
+        return run_conversation(a, prompt);
+    }
+    if a.system_prompt.is_some() {
+        anyhow::bail!("--system-prompt (-sys) starts a conversation; add -cnv (or use `longhaul chat`)");
+    }
+    if a.single_turn {
+        anyhow::bail!("--single-turn (-st) applies to a conversation; add -cnv");
+    }
     let placed = a.model.placement.resolve(&a.model.model)?;
-    eprintln!("placement: {}", placed.summary);
+    if a.model.log.info() {
+        eprintln!("placement: {}", placed.summary);
+    }
     a.model.with_threads(|| {
         longhaul::with_backend!(placed.placement, |backend| run_on(
             backend, &a, params, sampling, &prompt
@@ -178,10 +236,14 @@ fn run_on<B: Backend>(
     sampling: SamplerParams,
     prompt: &str,
 ) -> anyhow::Result<()> {
+    let info = a.model.log.info();
     let mut engine =
-        Engine::load_with_progress(&a.model.model, backend, params, Some(report::load_bar()))?;
+        Engine::load_with_progress(&a.model.model, backend, params, info.then(report::load_bar))?;
+    a.model.lock_memory();
     a.trace.attach(&mut engine)?;
-    report::longhaul_start(&engine);
+    if info {
+        report::longhaul_start(&engine);
+    }
     let tokens = engine.tokenize(prompt)?;
     if tokens.is_empty() {
         anyhow::bail!("the prompt is empty; pass one with -p or -f");
@@ -197,19 +259,47 @@ fn run_on<B: Backend>(
     let mut sampler = Sampler::new(sampling);
     let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler)?;
     println!();
-    print_stats(engine.load_time, &stats);
-    report::longhaul_summary(&engine);
+    if info {
+        print_stats(engine.load_time, &stats);
+        report::longhaul_summary(&engine);
+    }
     Ok(())
 }
 
-fn chat(a: ChatArgs) -> anyhow::Result<()> {
+/// `run -cnv`: the chat loop, as llama.cpp's conversation mode; the
+/// prompt, when given, is the first user message.
+fn run_conversation(a: RunArgs, prompt: String) -> anyhow::Result<()> {
+    let chat_args = ChatArgs {
+        model: a.model,
+        sample: a.sample,
+        system_prompt: a.system_prompt,
+        color: a.color,
+        n_predict: usize::try_from(a.n_predict).unwrap_or(usize::MAX),
+    };
+    let first = Some(prompt).filter(|p| !p.is_empty());
+    if a.single_turn && first.is_none() {
+        anyhow::bail!("--single-turn (-st) answers the prompt; give one with -p or -f");
+    }
+    chat(chat_args, first, a.single_turn)
+}
+
+/// The chat loop; `first`, when given, is the first user message (read
+/// before stdin), and `single_turn` ends the loop after its reply.
+fn chat(a: ChatArgs, first: Option<String>, single_turn: bool) -> anyhow::Result<()> {
     let params = a.model.engine_params()?;
     let sampling = a.sample.params()?;
     let placed = a.model.placement.resolve(&a.model.model)?;
-    eprintln!("placement: {}", placed.summary);
+    if a.model.log.info() {
+        eprintln!("placement: {}", placed.summary);
+    }
     a.model.with_threads(|| {
         longhaul::with_backend!(placed.placement, |backend| chat_on(
-            backend, &a, params, sampling
+            backend,
+            &a,
+            params,
+            sampling,
+            first.clone(),
+            single_turn
         ))
     })?
 }
@@ -220,12 +310,18 @@ fn chat_on<B: Backend>(
     a: &ChatArgs,
     params: EngineParams,
     sampling: SamplerParams,
+    mut first: Option<String>,
+    single_turn: bool,
 ) -> anyhow::Result<()> {
+    let info = a.model.log.info();
     let engine =
-        Engine::load_with_progress(&a.model.model, backend, params, Some(report::load_bar()))?;
-    report::longhaul_start(&engine);
+        Engine::load_with_progress(&a.model.model, backend, params, info.then(report::load_bar))?;
+    a.model.lock_memory();
+    if info {
+        report::longhaul_start(&engine);
+    }
     let mut messages = Vec::new();
-    if let Some(s) = &a.system {
+    if let Some(s) = &a.system_prompt {
         messages.push(ChatMessage::new("system", s.clone()));
     }
     let mut sampler = Sampler::new(sampling);
@@ -236,7 +332,10 @@ fn chat_on<B: Backend>(
     loop {
         eprint!("\n> ");
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        if let Some(p) = first.take() {
+            eprintln!("{p}");
+            line = p;
+        } else if stdin.lock().read_line(&mut line)? == 0 {
             break;
         }
         let line = line.trim_end_matches(['\n', '\r']);
@@ -274,16 +373,30 @@ fn chat_on<B: Backend>(
             stats.prompt_tps(),
             stats.gen_tps()
         );
+        if single_turn {
+            break;
+        }
     }
     Ok(())
 }
 
 fn main() {
     longhaul::alloc::keep_freed_buffers();
-    let cli = Cli::parse_from(args::normalize_args(std::env::args()));
+    let argv = match args::normalize_args(
+        &<Cli as clap::CommandFactory>::command(),
+        std::env::args().collect(),
+        &longhaul_server::flags::process_env,
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     let res = match cli.cmd {
         Cmd::Run(a) => run(a),
-        Cmd::Chat(a) => chat(a),
+        Cmd::Chat(a) => chat(a, None, false),
         Cmd::Inspect(a) => inspect::inspect(a),
         Cmd::Demo(a) => demo::demo(a),
         Cmd::Bench(a) => bench::bench(a),
@@ -295,5 +408,179 @@ fn main() {
     if let Err(e) = res {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// The spelling table walked: each taken spelling parses to what its long
+/// form parses to (and its `LLAMA_ARG_*` variable too), on every command
+/// that takes the long form; each refused one is refused with its reason.
+#[cfg(test)]
+mod spelling_table {
+    use super::Cli;
+    use clap::{CommandFactory, Parser};
+    use longhaul_server::flags::{FlagError, Meaning, SPELLINGS};
+
+    const COMMANDS: [&str; 4] = ["run", "chat", "serve", "bench"];
+
+    /// A value for each long flag that takes one, other than its default.
+    fn sample(long: &str) -> &'static str {
+        match long {
+            "--model" => "other.gguf",
+            "--ctx-size" => "128",
+            "--n-predict" => "7",
+            "--batch-size" => "64",
+            "--ubatch-size" => "32",
+            "--flash-attn" => "on",
+            "--cache-type-k" | "--cache-type-v" => "f32",
+            "--n-gpu-layers" => "0",
+            "--device" => "none",
+            "--system-prompt" => "be terse",
+            "--color" => "on",
+            "--chat-template" => "{{ messages }}",
+            "--chat-template-file" => "t.jinja",
+            "--temp" => "-1",
+            "--top-p" => "2",
+            "--min-p" => "0.5",
+            "--repeat-penalty" => "1.1",
+            "--repeat-last-n" => "-1",
+            "--host" => "0.0.0.0",
+            "--port" => "9090",
+            "--alias" => "m",
+            "--api-key" => "k",
+            "--pg" => "1,2",
+            "--mmap" => "0",
+            "--no-repack" => "1",
+            _ => "3",
+        }
+    }
+
+    fn words(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    /// `longhaul CMD -m m.gguf ARGS`, rewritten (with `env`) and parsed.
+    fn parse(cmd: &str, args: &[&str], env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+        let mut line = words(&["longhaul", cmd, "-m", "m.gguf"]);
+        line.extend(words(args));
+        let line = crate::args::normalize_args(&Cli::command(), line, env).map_err(|e| e.to_string())?;
+        Cli::try_parse_from(line)
+            .map(|c| format!("{:?}", c.cmd))
+            .map_err(|e| e.to_string())
+    }
+
+    /// The long flag's definition on `cmd`, if it has one.
+    fn defines(cmd: &str, long: &str) -> Option<bool> {
+        let c = Cli::command();
+        let sub = c.find_subcommand(cmd)?;
+        let name = long.strip_prefix("--")?;
+        sub.get_arguments()
+            .find(|a| a.get_long() == Some(name))
+            .map(|a| a.get_action().takes_values())
+    }
+
+    #[test]
+    fn taken_spellings_parse_as_their_long_flags() {
+        for s in SPELLINGS {
+            let Some(long) = s.long() else { continue };
+            let mut on = 0;
+            for cmd in COMMANDS {
+                let Some(takes_value) = defines(cmd, long) else {
+                    continue;
+                };
+                on += 1;
+                let value = sample(long);
+                let with = |flag: &str| {
+                    if takes_value {
+                        vec![flag.to_string(), value.to_string()]
+                    } else {
+                        vec![flag.to_string()]
+                    }
+                };
+                let ours = with(long);
+                let ours: Vec<&str> = ours.iter().map(String::as_str).collect();
+                let theirs = with(s.flag);
+                let theirs: Vec<&str> = theirs.iter().map(String::as_str).collect();
+                let want = parse(cmd, &ours, &no_env).unwrap_or_else(|e| panic!("{cmd} {long}: {e}"));
+                let base = parse(cmd, &[], &no_env).expect("base line parses");
+                assert_ne!(want, base, "{cmd} {long} {value} changes nothing");
+                assert_eq!(
+                    parse(cmd, &theirs, &no_env),
+                    Ok(want.clone()),
+                    "{cmd}: {} should parse as {long}",
+                    s.flag
+                );
+                if let Some(var) = s.env {
+                    // Environment variables are llama-cli's and llama-server's.
+                    if cmd == "bench" || long == "--model" {
+                        continue;
+                    }
+                    let env_value = if takes_value { value } else { "1" };
+                    let env = |v: &str| (v == var).then(|| env_value.to_string());
+                    assert_eq!(parse(cmd, &[], &env), Ok(want), "{cmd}: {var}={env_value}");
+                }
+            }
+            assert!(on > 0, "{} ({long}) is taken by no command", s.flag);
+        }
+    }
+
+    #[test]
+    fn refused_spellings_name_the_flag_and_what_to_do() {
+        for s in SPELLINGS {
+            let Meaning::Refused(why) = s.meaning else {
+                continue;
+            };
+            for cmd in COMMANDS {
+                let line = words(&["longhaul", cmd, "-m", "m.gguf", s.flag, "x"]);
+                let sub_defines = Cli::command()
+                    .find_subcommand(cmd)
+                    .is_some_and(|c| {
+                        c.get_arguments().any(|a| {
+                            Some(s.flag) == a.get_long().map(|l| format!("--{l}")).as_deref()
+                                || a.get_short().is_some_and(|c| s.flag == format!("-{c}"))
+                        })
+                    });
+                let got = crate::args::normalize_args(&Cli::command(), line, &no_env);
+                if sub_defines {
+                    // The command's own flag (bench's -r) wins.
+                    assert!(got.is_ok(), "{cmd} {}", s.flag);
+                    continue;
+                }
+                let e = got.expect_err(s.flag);
+                assert!(matches!(e, FlagError::Refused { .. }), "{cmd} {}: {e}", s.flag);
+                let msg = e.to_string();
+                assert!(msg.contains(s.flag) && msg.contains(why), "{msg}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_issue_misparses_parse_as_llama_cpp_users_expect() {
+        let run = |args: &[&str]| parse("run", args, &no_env);
+        assert_eq!(run(&["-cnv"]), run(&["--conversation"]));
+        assert!(run(&["-cnv"]).unwrap().contains("conversation: true"));
+        assert!(run(&["-no-cnv"]).unwrap().contains("no_conversation: true"));
+        let chat = parse("chat", &["-sys", "be terse"], &no_env).unwrap();
+        assert!(chat.contains("system_prompt: Some(\"be terse\")"), "{chat}");
+        assert!(parse("serve", &["-cb"], &no_env).unwrap().contains("cont_batching: true"));
+        let bench = parse("bench", &["-fa", "1"], &no_env).unwrap();
+        assert!(bench.contains("flash_attn: [On]"), "{bench}");
+        let bench = parse("bench", &["-fa", "0,1,-1"], &no_env).unwrap();
+        assert!(bench.contains("flash_attn: [Off, On, Auto]"), "{bench}");
+        assert!(run(&["--temp", "-1"]).unwrap().contains("temp: -1.0"));
+        for cmd in COMMANDS {
+            let e = parse(cmd, &["-ot", "exps=CPU"], &no_env).unwrap_err();
+            assert!(e.contains("--longhaul --longhaul-cache GIB"), "{e}");
+        }
+        let e = run(&["-hf", "user/repo", "-p", "hi"]).unwrap_err();
+        assert!(e.contains("-hf") && e.contains("does not download"), "{e}");
+        // A multi-letter short nobody defines is not split into others.
+        let e = run(&["-xyz"]).unwrap_err();
+        assert!(e.contains("unknown flag -xyz"), "{e}");
+        // A prompt that looks like a flag stays the prompt.
+        assert!(run(&["-p", "-cnv"]).unwrap().contains("prompt: \"-cnv\""));
     }
 }

@@ -10,41 +10,21 @@ use longhaul::placement::{self, Placed};
 use longhaul::sample::{SampleParamError, SamplerParams};
 use longhaul::tensor::GgmlType;
 
-/// llama.cpp's multi-letter short flags (`-np`, `-ngl`, ...) rewritten to
-/// their long forms, since clap takes one-letter shorts only.
-pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    rewrite_short_flags(
-        args,
-        &[
-            ("-np", "--parallel"),
-            ("-to", "--timeout"),
-            ("-ngl", "--n-gpu-layers"),
-            ("-dev", "--device"),
-            ("-ub", "--ubatch-size"),
-            ("-ctk", "--cache-type-k"),
-            ("-ctv", "--cache-type-v"),
-            ("-fa", "--flash-attn"),
-        ],
-    )
-}
-
-/// Rewrites each `short` (alone or as `short=value`) of `table` to its long form.
-pub fn rewrite_short_flags(
-    args: impl Iterator<Item = String>,
-    table: &[(&str, &str)],
-) -> Vec<String> {
-    args.map(|a| {
-        for &(short, long) in table {
-            if a == short {
-                return long.to_string();
-            }
-            if let Some(rest) = a.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
-                return format!("{long}={rest}");
-            }
-        }
-        a
-    })
-    .collect()
+/// The standalone server's command line (`args` with the program name
+/// first), its llama.cpp spellings and `LLAMA_ARG_*` variables applied by
+/// [`crate::flags`].
+pub fn server_args(args: Vec<String>) -> Result<Vec<String>, crate::flags::FlagError> {
+    use clap::CommandFactory;
+    let Some((program, rest)) = args.split_first() else {
+        return Ok(args);
+    };
+    let rest = crate::flags::rewrite(
+        &Cli::command(),
+        "serve",
+        rest,
+        Some(&crate::flags::process_env),
+    )?;
+    Ok(std::iter::once(program.clone()).chain(rest).collect())
 }
 
 /// Everything `longhaul serve` takes.
@@ -64,7 +44,7 @@ pub struct ServeArgs {
     #[arg(long = "parallel", default_value_t = 1)]
     pub parallel: usize,
     /// Require `Authorization: Bearer KEY` on every endpoint but /health.
-    #[arg(long = "api-key", env = "LLAMA_API_KEY")]
+    #[arg(long = "api-key")]
     pub api_key: Option<String>,
     /// Model name reported by /v1/models (default: the file name).
     #[arg(short = 'a', long = "alias")]
@@ -79,6 +59,16 @@ pub struct ServeArgs {
     /// Do not log each request on stderr.
     #[arg(long = "quiet")]
     pub quiet: bool,
+    /// Accepted (-cb): batching is always continuous here.
+    #[arg(long = "cont-batching", overrides_with = "no_cont_batching")]
+    pub cont_batching: bool,
+    /// Accepted (-nocb) for llama.cpp compatibility; batching stays
+    /// continuous (a one-slot server, -np 1, runs one request at a time).
+    #[arg(long = "no-cont-batching")]
+    pub no_cont_batching: bool,
+    /// Accepted: /metrics (Prometheus text) is always on here.
+    #[arg(long = "metrics")]
+    pub metrics: bool,
     /// Server read/write timeout in seconds (-to, llama-server's name and
     /// default): a request body that stalls, or a response the client
     /// stops taking, for this long closes the connection. 0 = none.
@@ -154,9 +144,27 @@ pub struct ModelArgs {
     /// KV cache type for V (-ctv): must equal -ctk.
     #[arg(long = "cache-type-v", default_value = "f16")]
     pub cache_type_v: String,
+    /// Threads for prompt batches (-tb): accepted for llama.cpp
+    /// compatibility; prompts run on the -t threads.
+    #[arg(long = "threads-batch", value_name = "N")]
+    pub threads_batch: Option<usize>,
     /// Read the weights into memory instead of memory-mapping the file.
-    #[arg(long = "no-mmap")]
+    #[arg(long = "no-mmap", overrides_with = "mmap")]
     pub no_mmap: bool,
+    /// Memory-map the model file (the default; -mmp).
+    #[arg(long = "mmap", overrides_with = "no_mmap")]
+    pub mmap: bool,
+    /// Lock the weights in memory (mlock) so the system does not page them
+    /// out, as llama.cpp's --mlock. A lock the system refuses (RLIMIT_MEMLOCK)
+    /// is a warning. Not with --longhaul, which keeps experts out of memory.
+    #[arg(long = "mlock")]
+    pub mlock: bool,
+    /// Accepted (-nr): longhaul never repacks weights.
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
+    /// Accepted: longhaul never downloads anything.
+    #[arg(long = "offline")]
+    pub offline: bool,
     /// Attention path (-fa): on, off (exact attention) or auto (llama.cpp's default).
     #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto")]
     pub flash_attn: longhaul::engine::FlashAttn,
@@ -173,6 +181,31 @@ pub struct ModelArgs {
     pub placement: PlacementArgs,
     #[command(flatten)]
     pub longhaul: LonghaulArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// llama.cpp's logging flags. longhaul's informational messages on stderr
+/// (the placement, the load bar, timings) are llama.cpp's info level (3).
+#[derive(Args, Debug, Clone, Default)]
+pub struct LogArgs {
+    /// Log everything (-v; llama.cpp's verbosity without limit).
+    #[arg(long = "verbose", alias = "log-verbose")]
+    pub verbose: bool,
+    /// Log messages up to this level (-lv): 0 output only, 1 errors,
+    /// 2 warnings, 3 information (default), 4 debug.
+    #[arg(long = "verbosity", alias = "log-verbosity", value_name = "N")]
+    pub verbosity: Option<i32>,
+    /// No informational messages on stderr (errors still are).
+    #[arg(long = "log-disable")]
+    pub log_disable: bool,
+}
+
+impl LogArgs {
+    /// Whether informational messages (llama.cpp's level 3) are shown.
+    pub fn info(&self) -> bool {
+        !self.log_disable && (self.verbose || self.verbosity.is_none_or(|v| v >= 3))
+    }
 }
 
 /// Where the repeating layers run: all on the CPU or all on one GPU.
@@ -191,17 +224,26 @@ pub struct PlacementArgs {
     /// CPU; also LONGHAUL_DEVICE). `longhaul devices` lists them.
     #[arg(long = "device", value_name = "NAME")]
     pub device: Option<String>,
+    /// Keep the KV cache with the layers (-kvo; the default).
+    #[arg(long = "kv-offload", overrides_with = "no_kv_offload")]
+    pub kv_offload: bool,
+    /// KV cache in host memory (-nkvo): the only choice on the CPU; with
+    /// the layers on a GPU the cache is on the GPU, so this is refused there.
+    #[arg(long = "no-kv-offload", overrides_with = "kv_offload")]
+    pub no_kv_offload: bool,
 }
 
 impl PlacementArgs {
     /// Resolves the placement for the model at `path` (reads its header,
     /// opens the GPU when one is chosen; no weight is read).
     pub fn resolve(&self, path: &std::path::Path) -> anyhow::Result<Placed> {
-        Ok(placement::resolve(
-            path,
-            &self.n_gpu_layers,
-            self.device.as_deref(),
-        )?)
+        let placed = placement::resolve(path, &self.n_gpu_layers, self.device.as_deref())?;
+        if self.no_kv_offload && placed.placement.is_gpu() {
+            anyhow::bail!(
+                "--no-kv-offload: the KV cache stays with the layers on the GPU here; use -ngl 0 to run layers and cache on the CPU"
+            );
+        }
+        Ok(placed)
     }
 }
 
@@ -266,6 +308,9 @@ impl ModelArgs {
                 _ => anyhow::bail!("cache type `{s}` is not supported; use f16 (default) or f32"),
             }
         };
+        if self.mlock && self.longhaul.longhaul {
+            anyhow::bail!("--mlock locks the whole model in memory, which --longhaul exists to avoid; drop one of them");
+        }
         let k = kv(&self.cache_type_k)?;
         if kv(&self.cache_type_v)? != k {
             anyhow::bail!(
@@ -295,6 +340,23 @@ impl ModelArgs {
     /// the machine with a warning ([`longhaul::threads::capped`]).
     pub fn n_threads(&self) -> usize {
         longhaul::threads::capped(self.threads)
+    }
+
+    /// `--mlock`: locks every page mapped now (the model's mapping or
+    /// its copy, the KV cache) in memory, as llama.cpp's mlock does; call it
+    /// after the engine loads. A lock the system refuses is a warning that
+    /// says how to raise the limit, as llama.cpp's is.
+    pub fn lock_memory(&self) {
+        if !self.mlock {
+            return;
+        }
+        // SAFETY: mlockall takes flags only and touches no Rust memory.
+        if unsafe { libc::mlockall(libc::MCL_CURRENT) } != 0 {
+            let e = std::io::Error::last_os_error();
+            eprintln!(
+                "warning: --mlock: cannot lock the model in memory: {e}; raise the limit with `ulimit -l unlimited` (RLIMIT_MEMLOCK) or run without --mlock"
+            );
+        }
     }
 
     /// Runs `f` on a rayon pool with [`Self::n_threads`] threads.

@@ -16,6 +16,7 @@
 pub mod args;
 pub mod conn;
 pub mod error;
+pub mod flags;
 mod gen;
 mod metrics;
 mod native;
@@ -381,6 +382,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let model_path = args.model.model.clone();
         let alias = args.alias.clone();
         let n_slots = args.parallel.max(1);
+        let model_args = args.model.clone();
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             // The only code that names the backend type: load and start the
@@ -397,6 +399,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 });
             match loaded {
                 Ok((scheduler, engine)) => {
+                    model_args.lock_memory();
                     let model_id = alias.unwrap_or_else(|| {
                         model_path
                             .file_name()

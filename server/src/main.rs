@@ -4,9 +4,14 @@ use clap::Parser;
 
 fn main() {
     longhaul::alloc::keep_freed_buffers();
-    let cli = longhaul_server::args::Cli::parse_from(longhaul_server::args::normalize_args(
-        std::env::args(),
-    ));
+    let args = match longhaul_server::args::server_args(std::env::args().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let cli = longhaul_server::args::Cli::parse_from(args);
     if let Err(e) = longhaul_server::run(cli.serve) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
