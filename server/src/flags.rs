@@ -441,7 +441,7 @@ pub const SPELLINGS: &[Spelling] = &[
     refused("--log-timestamps", NOT_YET),
     // llama-bench.
     alias("-pg", "--pg"),
-    alias("-oe", "--output-err"),
+    refused("-oe", NOT_YET),
     refused("--output-err", NOT_YET),
     refused("--delay", NOT_YET),
     refused("--progress", NOT_YET),
