@@ -71,7 +71,10 @@ mod tests {
     fn escapes_follow_llama_cpp() {
         // common.cpp's string_process_escapes: the six escapes and \xHH;
         // anything else keeps its backslash.
-        assert_eq!(process_escapes(r"a\nb\tc\\d\'\x41").unwrap(), "a\nb\tc\\d'A");
+        assert_eq!(
+            process_escapes(r"a\nb\tc\\d\'\x41").unwrap(),
+            "a\nb\tc\\d'A"
+        );
         assert_eq!(process_escapes(r#"\"q\""#).unwrap(), "\"q\"");
         assert_eq!(process_escapes(r"\q \x4 end\").unwrap(), r"\q \x4 end\");
         assert_eq!(process_escapes(r"\xzz").unwrap(), r"\xzz");

@@ -287,7 +287,9 @@ fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
             match v.trim() {
                 "1" => "mmap",
                 "0" => "read",
-                other => anyhow::bail!("-mmp {other}: give 0 (read into memory) or 1 (memory-map), comma-separated"),
+                other => anyhow::bail!(
+                    "-mmp {other}: give 0 (read into memory) or 1 (memory-map), comma-separated"
+                ),
             }
             .into(),
         );

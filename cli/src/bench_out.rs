@@ -209,7 +209,11 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
     }
     // llama-bench shows `fa` for a list or a value other than auto.
     if a.flash_attn != [FlashAttn::Auto] {
-        cols.push(("fa", true, Box::new(|r: &Row| fa_number(r.flash_attn).to_string())));
+        cols.push((
+            "fa",
+            true,
+            Box::new(|r: &Row| fa_number(r.flash_attn).to_string()),
+        ));
     }
     if mixed_modes || !a.load_mode.is_empty() || !a.mmap.is_empty() {
         cols.push((

@@ -217,7 +217,9 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         return run_conversation(a, prompt);
     }
     if a.system_prompt.is_some() {
-        anyhow::bail!("--system-prompt (-sys) starts a conversation; add -cnv (or use `longhaul chat`)");
+        anyhow::bail!(
+            "--system-prompt (-sys) starts a conversation; add -cnv (or use `longhaul chat`)"
+        );
     }
     if a.single_turn {
         anyhow::bail!("--single-turn (-st) applies to a conversation; add -cnv");
@@ -469,15 +471,20 @@ mod spelling_table {
 
     /// `longhaul CMD -m m.gguf ARGS` (without `-m` when ARGS or `env`
     /// give the model), rewritten (with `env`) and parsed.
-    fn parse(cmd: &str, args: &[&str], env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    fn parse(
+        cmd: &str,
+        args: &[&str],
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<String, String> {
         let mut line = words(&["longhaul", cmd]);
-        let model_given = env("LLAMA_ARG_MODEL").is_some()
-            || args.iter().any(|a| ["-m", "--model"].contains(a));
+        let model_given =
+            env("LLAMA_ARG_MODEL").is_some() || args.iter().any(|a| ["-m", "--model"].contains(a));
         if !model_given {
             line.extend(words(&["-m", "m.gguf"]));
         }
         line.extend(words(args));
-        let line = crate::args::normalize_args(&Cli::command(), line, env).map_err(|e| e.to_string())?;
+        let line =
+            crate::args::normalize_args(&Cli::command(), line, env).map_err(|e| e.to_string())?;
         Cli::try_parse_from(line)
             .map(|c| format!("{:?}", c.cmd))
             .map_err(|e| e.to_string())
@@ -517,7 +524,8 @@ mod spelling_table {
                 let ours: Vec<&str> = ours.iter().map(String::as_str).collect();
                 let theirs = with(s.flag);
                 let theirs: Vec<&str> = theirs.iter().map(String::as_str).collect();
-                let want = parse(cmd, &ours, &no_env).unwrap_or_else(|e| panic!("{cmd} {long}: {e}"));
+                let want =
+                    parse(cmd, &ours, &no_env).unwrap_or_else(|e| panic!("{cmd} {long}: {e}"));
                 if long != "--model" {
                     let base = parse(cmd, &[], &no_env).expect("base line parses");
                     assert_ne!(want, base, "{cmd} {long} {value} changes nothing");
@@ -550,14 +558,12 @@ mod spelling_table {
             };
             for cmd in COMMANDS {
                 let line = words(&["longhaul", cmd, "-m", "m.gguf", s.flag, "x"]);
-                let sub_defines = Cli::command()
-                    .find_subcommand(cmd)
-                    .is_some_and(|c| {
-                        c.get_arguments().any(|a| {
-                            Some(s.flag) == a.get_long().map(|l| format!("--{l}")).as_deref()
-                                || a.get_short().is_some_and(|c| s.flag == format!("-{c}"))
-                        })
-                    });
+                let sub_defines = Cli::command().find_subcommand(cmd).is_some_and(|c| {
+                    c.get_arguments().any(|a| {
+                        Some(s.flag) == a.get_long().map(|l| format!("--{l}")).as_deref()
+                            || a.get_short().is_some_and(|c| s.flag == format!("-{c}"))
+                    })
+                });
                 let got = crate::args::normalize_args(&Cli::command(), line, &no_env);
                 if sub_defines {
                     // The command's own flag (bench's -r) wins.
@@ -565,7 +571,11 @@ mod spelling_table {
                     continue;
                 }
                 let e = got.expect_err(s.flag);
-                assert!(matches!(e, FlagError::Refused { .. }), "{cmd} {}: {e}", s.flag);
+                assert!(
+                    matches!(e, FlagError::Refused { .. }),
+                    "{cmd} {}: {e}",
+                    s.flag
+                );
                 let msg = e.to_string();
                 assert!(msg.contains(s.flag) && msg.contains(why), "{msg}");
             }
@@ -580,7 +590,9 @@ mod spelling_table {
         assert!(run(&["-no-cnv"]).unwrap().contains("no_conversation: true"));
         let chat = parse("chat", &["-sys", "be terse"], &no_env).unwrap();
         assert!(chat.contains("system_prompt: Some(\"be terse\")"), "{chat}");
-        assert!(parse("serve", &["-cb"], &no_env).unwrap().contains("cont_batching: true"));
+        assert!(parse("serve", &["-cb"], &no_env)
+            .unwrap()
+            .contains("cont_batching: true"));
         let bench = parse("bench", &["-fa", "1"], &no_env).unwrap();
         assert!(bench.contains("flash_attn: [On]"), "{bench}");
         let bench = parse("bench", &["-fa", "0,1,-1"], &no_env).unwrap();

@@ -94,7 +94,10 @@ fn issue_misparses_are_refused_as_llama_cpp_users_expect() {
         fails_with(&out, &["-ot", "--longhaul --longhaul-cache GIB"]);
     }
     for flag in ["--cpu-moe", "--n-cpu-moe"] {
-        fails_with(&run(&["run", "-m", &m, flag]), &[flag, "--longhaul --longhaul-cache GIB"]);
+        fails_with(
+            &run(&["run", "-m", &m, flag]),
+            &[flag, "--longhaul --longhaul-cache GIB"],
+        );
     }
     // -hf no longer prints the help and exits 0.
     let out = run(&["run", "-hf", "user/repo", "-p", "hi"]);
@@ -107,13 +110,23 @@ fn issue_misparses_are_refused_as_llama_cpp_users_expect() {
         &["-cnv", "--conversation", "longhaul serve"],
     );
     // -sys without a conversation would be ignored by llama.cpp: refused here.
-    fails_with(&run_fixture(&["-p", "hi", "-sys", "be terse"]), &["add -cnv"]);
+    fails_with(
+        &run_fixture(&["-p", "hi", "-sys", "be terse"]),
+        &["add -cnv"],
+    );
 }
 
 #[test]
 fn serve_takes_cont_batching_and_metrics() {
     // Parsed and past the flags: the error is the missing model, not -c.
-    let out = run(&["serve", "-m", "/nonexistent/m.gguf", "-cb", "--metrics", "-nocb"]);
+    let out = run(&[
+        "serve",
+        "-m",
+        "/nonexistent/m.gguf",
+        "-cb",
+        "--metrics",
+        "-nocb",
+    ]);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("/nonexistent/m.gguf"), "{err}");
@@ -125,13 +138,24 @@ fn run_takes_no_cnv_temp_minus_one_top_p_2_and_escapes() {
     let out = run_fixture(&["-no-cnv", "--temp", "-1", "--top-p", "2", "-p", "a\\tb"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     // llama.cpp's default escape processing: the prompt printed has a tab.
-    assert!(text(&out.stdout).starts_with("a\tb"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("a\tb"),
+        "{}",
+        text(&out.stdout)
+    );
     let out = run_fixture(&["--no-escape", "-p", "a\\tb", "--log-disable"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).starts_with("a\\tb"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("a\\tb"),
+        "{}",
+        text(&out.stdout)
+    );
     // --log-disable: no informational lines (placement, timings).
     let err = text(&out.stderr);
-    assert!(!err.contains("placement") && !err.contains("eval time"), "{err}");
+    assert!(
+        !err.contains("placement") && !err.contains("eval time"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -139,14 +163,38 @@ fn llama_arg_variables_set_absent_flags_only() {
     // A value the shared validator refuses proves the variable was read.
     let out = bin()
         .env("LLAMA_ARG_TOP_P", "nan")
-        .args(["run", "-m", &fixture(), "-ngl", "0", "-c", "64", "-n", "1", "-p", "hi"])
+        .args([
+            "run",
+            "-m",
+            &fixture(),
+            "-ngl",
+            "0",
+            "-c",
+            "64",
+            "-n",
+            "1",
+            "-p",
+            "hi",
+        ])
         .output()
         .expect("spawn");
     fails_with(&out, &["top_p"]);
     // The command line wins over the variable.
     let out = bin()
         .env("LLAMA_ARG_TOP_P", "nan")
-        .args(["run", "-m", &fixture(), "-ngl", "0", "-c", "64", "-n", "1", "-p", "hi"])
+        .args([
+            "run",
+            "-m",
+            &fixture(),
+            "-ngl",
+            "0",
+            "-c",
+            "64",
+            "-n",
+            "1",
+            "-p",
+            "hi",
+        ])
         .args(["--top-p", "0.9"])
         .output()
         .expect("spawn");
@@ -164,7 +212,10 @@ fn bench_takes_fa_lists_with_llama_bench_fa_column() {
     let md = text(&out.stdout);
     let lines: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
     let header: Vec<&str> = lines[0].split('|').map(str::trim).collect();
-    let fa = header.iter().position(|h| *h == "fa").expect("an fa column");
+    let fa = header
+        .iter()
+        .position(|h| *h == "fa")
+        .expect("an fa column");
     let col: Vec<&str> = lines[2..]
         .iter()
         .map(|l| l.split('|').map(str::trim).nth(fa).unwrap_or(""))
@@ -189,7 +240,9 @@ fn run_cnv_is_the_chat_loop_with_the_prompt_as_first_message() {
     assert!(!text(&out.stdout).trim().is_empty(), "no reply");
     // Without -st the loop goes on reading stdin after the first reply.
     let mut child = bin()
-        .args(["run", "-m", &m, "-ngl", "0", "-cnv", "-p", "Say hi.", "-n", "4", "--temp", "0"])
+        .args([
+            "run", "-m", &m, "-ngl", "0", "-cnv", "-p", "Say hi.", "-n", "4", "--temp", "0",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

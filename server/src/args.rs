@@ -166,13 +166,21 @@ pub struct ModelArgs {
     #[arg(long = "offline")]
     pub offline: bool,
     /// Attention path (-fa): on, off (exact attention) or auto (llama.cpp's default).
-    #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto")]
+    #[arg(
+        long = "flash-attn",
+        value_name = "on|off|auto",
+        default_value = "auto"
+    )]
     pub flash_attn: longhaul::engine::FlashAttn,
     /// A Jinja chat template replacing the model's.
     #[arg(long = "chat-template", value_name = "JINJA")]
     pub chat_template: Option<String>,
     /// A file holding a Jinja chat template that replaces the model's.
-    #[arg(long = "chat-template-file", value_name = "FILE", conflicts_with = "chat_template")]
+    #[arg(
+        long = "chat-template-file",
+        value_name = "FILE",
+        conflicts_with = "chat_template"
+    )]
     pub chat_template_file: Option<std::path::PathBuf>,
     /// Accepted for llama.cpp compatibility: chat templates are always Jinja here.
     #[arg(long = "jinja")]
@@ -328,9 +336,11 @@ impl ModelArgs {
             flash_attn: self.flash_attn,
             chat_template: match (&self.chat_template, &self.chat_template_file) {
                 (Some(t), _) => Some(t.clone()),
-                (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| {
-                    anyhow::anyhow!("--chat-template-file {}: {e}", f.display())
-                })?),
+                (None, Some(f)) => {
+                    Some(std::fs::read_to_string(f).map_err(|e| {
+                        anyhow::anyhow!("--chat-template-file {}: {e}", f.display())
+                    })?)
+                }
                 (None, None) => None,
             },
         })

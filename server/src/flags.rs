@@ -101,7 +101,8 @@ const NOT_YET: &str = "not supported by longhaul yet";
 const INTERACTIVE: &str =
     "longhaul's interactive mode is the chat: `longhaul chat` or `longhaul run -cnv`";
 const EMBED: &str = "longhaul generates text; embeddings and reranking are not supported yet";
-const WEB_UI: &str = "longhaul serves the API only (/v1, /completion, /health, /metrics), no web UI";
+const WEB_UI: &str =
+    "longhaul serves the API only (/v1, /completion, /health, /metrics), no web UI";
 const TLS: &str = "longhaul serves plain HTTP; put a TLS-terminating proxy in front of it";
 const PRESET: &str =
     "presets download their models, which longhaul does not: download the GGUF file and pass `-m FILE`";
@@ -151,7 +152,10 @@ pub const SPELLINGS: &[Spelling] = &[
     alias("-lm", "--load-mode"),
     alias("-nr", "--no-repack"),
     same("--no-repack"),
-    refused("--repack", "longhaul does not repack weights yet; its kernels read the GGUF layout in place"),
+    refused(
+        "--repack",
+        "longhaul does not repack weights yet; its kernels read the GGUF layout in place",
+    ),
     same("--offline"),
     refused("-ot", STREAMS),
     refused("--override-tensor", STREAMS),
@@ -244,7 +248,10 @@ pub const SPELLINGS: &[Spelling] = &[
     alias("-co", "--color"),
     same("--color"),
     same("--jinja").env("LLAMA_ARG_JINJA"),
-    refused("--no-jinja", "longhaul applies chat templates with its Jinja engine only"),
+    refused(
+        "--no-jinja",
+        "longhaul applies chat templates with its Jinja engine only",
+    ),
     same("--chat-template").env("LLAMA_ARG_CHAT_TEMPLATE"),
     same("--chat-template-file").env("LLAMA_ARG_CHAT_TEMPLATE_FILE"),
     refused("--chat-template-kwargs", NOT_YET),
@@ -684,12 +691,18 @@ mod tests {
             let Some(Meaning::Refused(why)) = lookup(flag).map(|s| s.meaning) else {
                 panic!("{flag} should be refused");
             };
-            assert!(why.contains("--longhaul --longhaul-cache GIB"), "{flag}: {why}");
+            assert!(
+                why.contains("--longhaul --longhaul-cache GIB"),
+                "{flag}: {why}"
+            );
         }
         let Some(Meaning::Refused(why)) = lookup("-hf").map(|s| s.meaning) else {
             panic!("-hf should be refused");
         };
-        assert!(why.contains("does not download") && why.contains("-m FILE"), "{why}");
+        assert!(
+            why.contains("does not download") && why.contains("-m FILE"),
+            "{why}"
+        );
     }
 
     fn words(v: &[&str]) -> Vec<String> {
@@ -725,7 +738,10 @@ mod tests {
         assert!(matches!(r(&["-xyz"]), Err(FlagError::Unknown { .. })));
         assert!(matches!(r(&["-sys", "x"]), Err(FlagError::NotHere { .. })));
         let e = r(&["-ot", "exps=CPU"]).expect_err("refused");
-        assert!(e.to_string().starts_with("-ot: longhaul streams experts"), "{e}");
+        assert!(
+            e.to_string().starts_with("-ot: longhaul streams experts"),
+            "{e}"
+        );
         assert_eq!(r(&["--", "-cnv"]), Ok(words(&["--", "-cnv"])));
     }
 
@@ -738,9 +754,6 @@ mod tests {
             _ => None,
         };
         let got = rewrite(&cmd, "demo", &words(&["-c", "64", "--", "x"]), Some(&env));
-        assert_eq!(
-            got,
-            Ok(words(&["-c", "64", "--n-gpu-layers=0", "--", "x"]))
-        );
+        assert_eq!(got, Ok(words(&["-c", "64", "--n-gpu-layers=0", "--", "x"])));
     }
 }
