@@ -10,7 +10,7 @@ use longhaul_server::flags::{self, FlagError};
 pub fn normalize_args(
     cli: &clap::Command,
     args: Vec<String>,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &flags::Env<'_>,
 ) -> Result<Vec<String>, FlagError> {
     let (Some(name), Some(sub)) = (
         args.get(1),

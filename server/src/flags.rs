@@ -521,6 +521,9 @@ fn is_short_with_number(cmd: &Command, word: &str) -> bool {
             .any(|a| a.get_short() == Some(c) && takes_value(a))
 }
 
+/// Where [`rewrite`] reads `LLAMA_ARG_*` variables: the value of one, if set.
+pub type Env<'a> = dyn Fn(&str) -> Option<String> + 'a;
+
 /// Rewrites `args` (the words after the command's name) for `cmd`, whose
 /// name `command` is used in messages: each llama.cpp spelling becomes our
 /// long flag (or is refused), and, when `env` is given, each `LLAMA_ARG_*`
@@ -530,7 +533,7 @@ pub fn rewrite(
     cmd: &Command,
     command: &str,
     args: &[String],
-    env: Option<&dyn Fn(&str) -> Option<String>>,
+    env: Option<&Env<'_>>,
 ) -> Result<Vec<String>, FlagError> {
     let mut out = Vec::with_capacity(args.len());
     // Our long flags the words give, for the environment.
@@ -599,11 +602,13 @@ pub fn rewrite(
         // A value in the next word is not a flag, whatever it looks like.
         if let Some(a) = arg {
             let optional = a.get_num_args().is_some_and(|n| n.min_values() == 0);
-            if value.is_none() && takes_value(a) && i < args.len() {
-                if !optional || !is_flag(&args[i]) {
-                    out.push(args[i].clone());
-                    i += 1;
-                }
+            if value.is_none()
+                && takes_value(a)
+                && i < args.len()
+                && (!optional || !is_flag(&args[i]))
+            {
+                out.push(args[i].clone());
+                i += 1;
             }
         }
     }
