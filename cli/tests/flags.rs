@@ -263,3 +263,48 @@ fn run_cnv_is_the_chat_loop_with_the_prompt_as_first_message() {
     let out = run(&["chat", "-m", &m, "-ngl", "0", "-sys", "be terse"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn mlock_locks_the_loaded_model_or_says_why_not() {
+    use std::io::{BufRead, BufReader};
+    let m = fixture();
+    let size = std::fs::metadata(&m).expect("fixture").len();
+    let mut child = bin()
+        .args(["chat", "-m", &m, "-ngl", "0", "-c", "64", "--mlock"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut log = String::new();
+    // The chat waits for its first line once the model is loaded and locked.
+    while !log.contains("chatting with") {
+        let mut line = String::new();
+        if err.read_line(&mut line).expect("read stderr") == 0 {
+            break;
+        }
+        log.push_str(&line);
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("status");
+    drop(child.stdin.take());
+    assert!(child.wait().expect("wait").success(), "{log}");
+    let locked_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmLck in /proc/PID/status");
+    if log.contains("warning: --mlock") {
+        assert!(log.contains("RLIMIT_MEMLOCK"), "{log}");
+    } else {
+        // Everything mapped is locked: at least the model file's mapping.
+        assert!(
+            locked_kb * 1024 >= size,
+            "VmLck {locked_kb} kB < model {size} B\n{log}"
+        );
+    }
+    fails_with(
+        &run_fixture(&["--mlock", "--longhaul", "--longhaul-cache", "1", "-p", "hi"]),
+        &["--mlock", "--longhaul"],
+    );
+}
