@@ -276,6 +276,9 @@ fn run_on<B: Backend>(
 /// `run -cnv`: the chat loop, as llama.cpp's conversation mode; the
 /// prompt, when given, is the first user message.
 fn run_conversation(a: RunArgs, prompt: String) -> anyhow::Result<()> {
+    if a.trace.trace_experts.is_some() {
+        anyhow::bail!("--trace-experts records `run` without -cnv; drop one of them");
+    }
     let chat_args = ChatArgs {
         model: a.model,
         sample: a.sample,
