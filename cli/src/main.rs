@@ -459,6 +459,7 @@ mod spelling_table {
             "--api-key" => "k",
             "--pg" => "1,2",
             "--mmap" => "0",
+            "--load-mode" => "none",
             "--no-repack" => "1",
             _ => "3",
         }

@@ -303,8 +303,9 @@ fn mlock_locks_the_loaded_model_or_says_why_not() {
             "VmLck {locked_kb} kB < model {size} B\n{log}"
         );
     }
-    fails_with(
-        &run_fixture(&["--mlock", "--longhaul", "--longhaul-cache", "1", "-p", "hi"]),
-        &["--mlock", "--longhaul"],
-    );
+    for lock in [&["--mlock"][..], &["-lm", "mlock"], &["-lm", "mmap+mlock"]] {
+        let mut args = lock.to_vec();
+        args.extend(["--longhaul", "--longhaul-cache", "1", "-p", "hi"]);
+        fails_with(&run_fixture(&args), &["--mlock", "--longhaul"]);
+    }
 }

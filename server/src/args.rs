@@ -159,6 +159,11 @@ pub struct ModelArgs {
     /// is a warning. Not with --longhaul, which keeps experts out of memory.
     #[arg(long = "mlock")]
     pub mlock: bool,
+    /// llama.cpp's load mode (-lm): auto or mmap (the default), none (read
+    /// into memory, as --no-mmap), mlock (read and locked), mmap+mlock
+    /// (mapped and locked, as --mlock).
+    #[arg(long = "load-mode", value_name = "MODE", value_parser = ["auto", "none", "mmap", "mlock", "mmap+mlock"])]
+    pub load_mode: Option<String>,
     /// Accepted (-nr): longhaul never repacks weights.
     #[arg(long = "no-repack")]
     pub no_repack: bool,
@@ -316,7 +321,7 @@ impl ModelArgs {
                 _ => anyhow::bail!("cache type `{s}` is not supported; use f16 (default) or f32"),
             }
         };
-        if self.mlock && self.longhaul.longhaul {
+        if self.locks() && self.longhaul.longhaul {
             anyhow::bail!("--mlock locks the whole model in memory, which --longhaul exists to avoid; drop one of them");
         }
         let k = kv(&self.cache_type_k)?;
@@ -332,7 +337,7 @@ impl ModelArgs {
             n_ubatch: self.ubatch_size.max(1),
             kv_type: k,
             longhaul: self.longhaul.params()?,
-            no_mmap: self.no_mmap,
+            no_mmap: self.no_mmap || matches!(self.load_mode.as_deref(), Some("none" | "mlock")),
             flash_attn: self.flash_attn,
             chat_template: match (&self.chat_template, &self.chat_template_file) {
                 (Some(t), _) => Some(t.clone()),
@@ -352,12 +357,18 @@ impl ModelArgs {
         longhaul::threads::capped(self.threads)
     }
 
+    /// Whether the weights are locked in memory (--mlock, -lm mlock or
+    /// mmap+mlock).
+    fn locks(&self) -> bool {
+        self.mlock || matches!(self.load_mode.as_deref(), Some("mlock" | "mmap+mlock"))
+    }
+
     /// `--mlock`: locks every page mapped now (the model's mapping or
     /// its copy, the KV cache) in memory, as llama.cpp's mlock does; call it
     /// after the engine loads. A lock the system refuses is a warning that
     /// says how to raise the limit, as llama.cpp's is.
     pub fn lock_memory(&self) {
-        if !self.mlock {
+        if !self.locks() {
             return;
         }
         // SAFETY: mlockall takes flags only and touches no Rust memory.

@@ -150,6 +150,7 @@ pub const SPELLINGS: &[Spelling] = &[
     same("--mmap"),
     same("--mlock"),
     alias("-lm", "--load-mode"),
+    same("--load-mode").env("LLAMA_ARG_LOAD_MODE"),
     alias("-nr", "--no-repack"),
     same("--no-repack"),
     refused(
