@@ -1,14 +1,20 @@
 //! Scalar vs SIMD dot-product throughput of every quant type
-//! (`QuantOps::vec_dot_rows`, one thread). Plain timing loop, no harness:
-//! `cargo bench --bench quant_dot`. Weights (256 rows x 4096) stay in L2, so
-//! this measures the kernels, not memory bandwidth.
+//! (`QuantOps::vec_dot_rows`, one thread), on divan: `cargo bench --bench
+//! quant_dot` (`-- best` or `-- Q4_K` filters, `--list` lists). `scalar`,
+//! `avx2` and `best` (the kernel `ops` picks on this CPU) report GB/s of
+//! weights; weights (256 rows x 4096) stay in L2, so this measures the
+//! kernels, not memory bandwidth. `tile` runs the tile kernels
+//! (`vec_dot_tile`, 64 weight rows x `T` activation rows per call, as the
+//! batched products call them) and reports multiply-adds per second
+//! (`LONGHAUL_BENCH_ROWS=98304` streams their weights from memory instead).
 
+use divan::counter::{BytesCount, ItemsCount};
+use divan::Bencher;
 use longhaul::quant::{
     ops, ops_with_caps, quantize_activations, quantize_row, scalar_ops, CpuCaps, QuantOps,
     SUPPORTED_TYPES,
 };
 use longhaul::tensor::GgmlType;
-use std::time::Instant;
 
 fn weights(ty: GgmlType, n: usize, rows: usize) -> Vec<u8> {
     let x: Vec<f32> = (0..n * rows)
@@ -45,115 +51,88 @@ fn weights(ty: GgmlType, n: usize, rows: usize) -> Vec<u8> {
     }
 }
 
-fn time(o: &dyn QuantOps, n: usize, w: &[u8], act: &[u8], out: &mut [f32]) -> f64 {
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
-        let mut iters = 0;
-        while t.elapsed().as_secs_f64() < 0.05 {
-            o.vec_dot_rows(n, w, act, out).unwrap();
-            iters += 1;
-        }
-        best = best.min(t.elapsed().as_secs_f64() / iters as f64);
-    }
-    best
-}
+const N: usize = 4096;
+const ROWS: usize = 256;
 
 fn main() {
-    if std::env::args().any(|a| a == "tiles") {
-        return tiles();
-    }
-    let (n, rows) = (4096, 256);
-    let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).cos()).collect();
-    let best = CpuCaps::detect();
-    let avx2 = CpuCaps {
-        avx512: false,
-        ..best
-    };
-    println!("GB/s of weights, n={n}, rows={rows}, one thread; speedups vs scalar");
-    println!(
-        "{:8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        "type", "scalar", "avx2", "x", "best", "x"
-    );
+    println!("best kernel per type on this CPU:");
     for ty in SUPPORTED_TYPES {
-        let slow = scalar_ops(ty).unwrap();
-        let w = weights(ty, n, rows);
-        let mut act = Vec::new();
-        quantize_activations(slow.act_type(), &x, &mut act).unwrap();
-        let mut out = vec![0.0; rows];
-        let gbs = |t: f64| w.len() as f64 / t / 1e9;
-        let ts = time(slow, n, &w, &act, &mut out);
-        let t2 = time(ops_with_caps(ty, avx2).unwrap(), n, &w, &act, &mut out);
-        let fast = ops(ty).unwrap();
-        let tb = time(fast, n, &w, &act, &mut out);
-        println!(
-            "{:8} {:>8.2} {:>8.2} {:>7.1}x {:>8.2} {:>7.1}x  {}",
-            ty.name(),
-            gbs(ts),
-            gbs(t2),
-            ts / t2,
-            gbs(tb),
-            ts / tb,
-            fast.kernel_name()
-        );
+        if let Ok(o) = ops(ty) {
+            println!("  {:8} {}", ty.name(), o.kernel_name());
+        }
     }
+    divan::main();
 }
 
-/// Tile kernels (`vec_dot_tile`): 64 weight rows x `t` activation rows per
-/// call, as the batched products call them; multiply-adds per second.
-fn tiles() {
-    // Weights in L2: this measures the kernels (LONGHAUL_BENCH_ROWS=98304
-    // streams them from memory instead).
-    let rows = std::env::var("LONGHAUL_BENCH_ROWS")
+/// `rows` dot products of `n` columns through `o`, once per iteration.
+fn rows_dot(b: Bencher, o: &dyn QuantOps, ty: GgmlType) {
+    let w = weights(ty, N, ROWS);
+    let x: Vec<f32> = (0..N).map(|i| ((i as f32) * 0.37).cos()).collect();
+    let mut act = Vec::new();
+    quantize_activations(o.act_type(), &x, &mut act).unwrap();
+    let mut out = vec![0.0; ROWS];
+    b.counter(BytesCount::new(w.len()))
+        .bench_local(|| o.vec_dot_rows(N, &w, &act, &mut out).unwrap());
+}
+
+#[divan::bench(args = SUPPORTED_TYPES)]
+fn scalar(b: Bencher, ty: GgmlType) {
+    rows_dot(b, scalar_ops(ty).unwrap(), ty);
+}
+
+/// The AVX2 kernels with AVX-512 masked off (the scalar ones on a CPU
+/// without AVX2).
+#[divan::bench(args = SUPPORTED_TYPES)]
+fn avx2(b: Bencher, ty: GgmlType) {
+    let caps = CpuCaps {
+        avx512: false,
+        ..CpuCaps::detect()
+    };
+    rows_dot(b, ops_with_caps(ty, caps).unwrap(), ty);
+}
+
+#[divan::bench(args = SUPPORTED_TYPES)]
+fn best(b: Bencher, ty: GgmlType) {
+    rows_dot(b, ops(ty).unwrap(), ty);
+}
+
+/// `T` activation rows against every 64-row tile of the weights (`T = 1`
+/// is the row kernel); multiply-adds per second.
+#[divan::bench(
+    args = [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K],
+    consts = [1, 2, 4, 8, 16],
+)]
+fn tile<const T: usize>(b: Bencher, ty: GgmlType) {
+    // Weights in L2 by default: this measures the kernels.
+    let rows: usize = std::env::var("LONGHAUL_BENCH_ROWS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(512);
-    let n = 576;
-    println!("\ntile kernels, n={n}, {rows} rows, GMAC/s one thread");
-    for ty in [
-        GgmlType::Q4_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ] {
-        let o = ops(ty).unwrap();
-        let n = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-            1536
-        } else {
-            n
-        };
-        let w = weights(ty, n, rows);
-        let rb = w.len() / rows;
-        let mut line = format!("{:8}", ty.name());
-        for t in [1usize, 2, 4, 8, 16] {
-            let mut acts = Vec::new();
-            for j in 0..t {
-                let x: Vec<f32> = (0..n)
-                    .map(|i| ((i * (j + 3)) as f32 * 0.37).cos())
-                    .collect();
-                let mut a = Vec::new();
-                quantize_activations(o.act_type(), &x, &mut a).unwrap();
-                acts.extend_from_slice(&a);
-            }
-            let mut out = vec![0.0; 64 * t];
-            let mut best = f64::MAX;
-            for _ in 0..5 {
-                let tm = Instant::now();
-                let mut iters = 0;
-                while tm.elapsed().as_secs_f64() < 0.05 {
-                    for c in w.chunks_exact(64 * rb) {
-                        if t == 1 {
-                            o.vec_dot_rows(n, c, &acts, &mut out).unwrap();
-                        } else {
-                            o.vec_dot_tile(n, c, &acts, &mut out).unwrap();
-                        }
-                    }
-                    iters += 1;
-                }
-                best = best.min(tm.elapsed().as_secs_f64() / iters as f64);
-            }
-            line += &format!(" t={t}:{:>7.2}", (n * rows * t) as f64 / best / 1e9);
-        }
-        println!("{line}");
+    let n = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+        1536
+    } else {
+        576
+    };
+    let o = ops(ty).unwrap();
+    let w = weights(ty, n, rows);
+    let rb = w.len() / rows;
+    let mut acts = Vec::new();
+    for j in 0..T {
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * (j + 3)) as f32 * 0.37).cos())
+            .collect();
+        let mut a = Vec::new();
+        quantize_activations(o.act_type(), &x, &mut a).unwrap();
+        acts.extend_from_slice(&a);
     }
+    let mut out = vec![0.0; 64 * T];
+    b.counter(ItemsCount::new(n * rows * T)).bench_local(|| {
+        for c in w.chunks_exact(64 * rb) {
+            if T == 1 {
+                o.vec_dot_rows(n, c, &acts, &mut out).unwrap();
+            } else {
+                o.vec_dot_tile(n, c, &acts, &mut out).unwrap();
+            }
+        }
+    });
 }

@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod clock;
 pub mod engine;
 pub mod gguf;
 pub mod kv;

@@ -254,31 +254,6 @@ fn ftype_name(f: u64) -> String {
     s.to_string()
 }
 
-/// The UTC time as RFC 3339 (`2024-01-31T12:00:00Z`), as llama-bench writes it.
-fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86400, secs % 86400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 /// The load modes (with their caches and policies) from the flags.
 fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
     let mut names: Vec<String> = a.load_mode.iter().map(|s| s.trim().to_string()).collect();
@@ -576,7 +551,7 @@ fn bench_mode<B: Backend>(
                         if warmup {
                             run_once(&engine, test, n_vocab)?;
                         }
-                        let test_time = utc_now();
+                        let test_time = longhaul::clock::utc_rfc3339_now();
                         let mut samples_ns = Vec::new();
                         let mut cache: Option<CacheStats> = None;
                         for _ in 0..a.reps {

@@ -11,24 +11,26 @@ fn mib(b: u64) -> String {
     }
 }
 
-/// A byte progress bar on stderr labelled `what`.
+/// A byte progress bar on stderr labelled `what`, with the rate and the
+/// time left.
 pub fn bytes_bar(what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(&format!(
-            "{what} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}})"
+            "{what} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, ETA {{eta}})"
         ))
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar
 }
 
-/// A progress bar on stderr for loads that read weights into memory.
+/// A progress bar on stderr for loads that read weights into memory (shown
+/// above 64 MiB), with the rate and the time left.
 pub fn load_bar() -> longhaul::model::Progress {
     let bar = indicatif::ProgressBar::hidden();
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "loading {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})",
+            "loading {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, ETA {eta})",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );

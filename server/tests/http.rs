@@ -160,6 +160,23 @@ async fn native_completion_streamed_and_not() {
     let t = &v["timings"];
     assert_eq!(t["predicted_n"], 10);
     assert!(t["prompt_n"].as_u64().unwrap() > 0);
+    // In llama-server's order (`server_slot_stats::to_json`): serde_json's
+    // `preserve_order` keeps keys as written and as received.
+    let keys: Vec<&str> = t.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "cache_n",
+            "prompt_n",
+            "prompt_ms",
+            "prompt_per_token_ms",
+            "prompt_per_second",
+            "predicted_n",
+            "predicted_ms",
+            "predicted_per_token_ms",
+            "predicted_per_second"
+        ]
+    );
     for k in [
         "prompt_ms",
         "prompt_per_second",

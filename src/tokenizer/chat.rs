@@ -2,12 +2,12 @@
 //! with minijinja the way Hugging Face transformers renders it (trim_blocks,
 //! lstrip_blocks, loop controls) and with the globals HF templates expect:
 //! `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
-//! `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter and
+//! `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter (as
+//! transformers defines it: `tojson.rs`) and
 //! Python string/dict methods (`.strip()`, `.startswith()`, `.items()`, ...)
 //! through minijinja-contrib's pycompat.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use minijinja::syntax::SyntaxConfig;
 use minijinja::{context, Environment, Error, ErrorKind};
 
 use crate::gguf::{GgufError, Metadata};
@@ -68,11 +68,16 @@ impl ChatTemplate {
     ) -> Result<Self, ChatTemplateError> {
         let source = source.into();
         let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", super::tojson::tojson);
         env.add_template_owned(NAME, source.clone())
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
         Ok(Self {
@@ -165,99 +170,11 @@ fn raise_exception(msg: String) -> Result<String, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
 
-/// `strftime_now(fmt)`: the current UTC time formatted like C `strftime`
-/// (`%Y %m %d %e %H %M %S %y %j %B %b %A %a %p %I %%`).
-fn strftime_now(fmt: String) -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    strftime(&fmt, secs)
-}
-
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-const DAYS: [&str; 7] = [
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-];
-
-/// Days since 1970-01-01 -> (year, month 1..=12, day 1..=31).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-fn strftime(fmt: &str, unix_secs: i64) -> String {
-    let days = unix_secs.div_euclid(86_400);
-    let sod = unix_secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    let (hh, mm, ss) = (sod / 3600, sod / 60 % 60, sod % 60);
-    let yday = days - days_from_year_start(y) + 1;
-    let weekday = DAYS[days.rem_euclid(7) as usize];
-    let month = MONTHS[(m - 1) as usize];
-    let mut out = String::new();
-    let mut it = fmt.chars();
-    while let Some(c) = it.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match it.next() {
-            Some('Y') => out.push_str(&y.to_string()),
-            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
-            Some('m') => out.push_str(&format!("{m:02}")),
-            Some('d') => out.push_str(&format!("{d:02}")),
-            Some('e') => out.push_str(&format!("{d:>2}")),
-            Some('j') => out.push_str(&format!("{yday:03}")),
-            Some('H') => out.push_str(&format!("{hh:02}")),
-            Some('I') => out.push_str(&format!("{:02}", (hh + 11) % 12 + 1)),
-            Some('p') => out.push_str(if hh < 12 { "AM" } else { "PM" }),
-            Some('M') => out.push_str(&format!("{mm:02}")),
-            Some('S') => out.push_str(&format!("{ss:02}")),
-            Some('B') => out.push_str(month),
-            Some('b') | Some('h') => out.push_str(&month[..3]),
-            Some('A') => out.push_str(weekday),
-            Some('a') => out.push_str(&weekday[..3]),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
-/// Days since the epoch of January 1st of `year`.
-fn days_from_year_start(year: i64) -> i64 {
-    let y = year - 1;
-    365 * (year - 1970) + (y / 4 - y / 100 + y / 400) - (1969 / 4 - 1969 / 100 + 1969 / 400)
+/// `strftime_now(fmt)`: the current local time formatted like C `strftime`
+/// (see [`crate::clock::strftime_local_now`]).
+fn strftime_now(fmt: String) -> Result<String, Error> {
+    crate::clock::strftime_local_now(&fmt)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))
 }
 
 #[cfg(test)]
@@ -357,25 +274,15 @@ mod tests {
         let (json, year) = rest.rsplit_once('|').unwrap();
         assert_eq!(head, "X Y");
         assert_eq!(year, "4");
-        let v: serde_json::Value = serde_json::from_str(json).unwrap();
-        assert_eq!(v, serde_json::json!({"role": "user", "content": "x y  "}));
+        // Python's `json.dumps(message, ensure_ascii=False)` (transformers'
+        // `tojson`; llama.cpp's is the same): keys in the message's order,
+        // `, ` and `: ` separators.
+        assert_eq!(json, r#"{"role": "user", "content": "x y  "}"#);
     }
 
     #[test]
     fn syntax_errors_are_typed() {
         let e = ChatTemplate::new("{% for %}", "", "").unwrap_err();
         assert!(matches!(e, ChatTemplateError::Syntax(_)));
-    }
-
-    #[test]
-    fn strftime_formats_known_instants() {
-        // 2024-02-29 13:05:09 UTC, a Thursday.
-        let t = 1_709_211_909;
-        assert_eq!(strftime("%Y-%m-%d %H:%M:%S", t), "2024-02-29 13:05:09");
-        assert_eq!(
-            strftime("%d %b %Y, %A %j %I%p %%", t),
-            "29 Feb 2024, Thursday 060 01PM %"
-        );
-        assert_eq!(strftime("%Y-%m-%d %a", 0), "1970-01-01 Thu");
     }
 }

@@ -14,6 +14,7 @@ mod bpe;
 pub mod chat;
 mod spm;
 mod stream;
+mod tojson;
 mod vocab;
 
 pub use bpe::known_pre_types;
