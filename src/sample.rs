@@ -135,7 +135,11 @@ impl SamplerParams {
     /// (the model's vocabulary size), which [`SamplerParams::validate`]
     /// cannot know.
     pub fn check_vocab(&self, n_vocab: usize) -> Result<(), SampleParamError> {
-        match self.logit_bias.iter().find(|(id, _)| *id as usize >= n_vocab) {
+        match self
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= n_vocab)
+        {
             Some(&(id, _)) => Err(SampleParamError::LogitBiasToken { id, n_vocab }),
             None => Ok(()),
         }
@@ -349,12 +353,7 @@ impl Sampler {
     /// The chain. With `keep`, it also returns the candidates that the final
     /// draw chose from, best first, their logits tempered (greedy: the
     /// chosen token alone).
-    fn sample_inner(
-        &mut self,
-        logits: &[f32],
-        history: &[u32],
-        keep: bool,
-    ) -> (u32, Vec<Cand>) {
+    fn sample_inner(&mut self, logits: &[f32], history: &[u32], keep: bool) -> (u32, Vec<Cand>) {
         if logits.is_empty() {
             return (0, Vec::new());
         }
@@ -523,7 +522,9 @@ fn raw_probs(logits: &[f32], id: u32, n_top: usize) -> TokenProbs {
         top.sort_unstable_by(by_logit_desc);
     }
     TokenProbs {
-        logprob: logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        logprob: logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&l| logprob(l)),
         top: top.iter().map(|c| (c.id, logprob(c.logit))).collect(),
     }
 }
@@ -797,7 +798,10 @@ mod tests {
             with(|p| p.frequency_penalty = f32::INFINITY),
             Err("frequency_penalty")
         );
-        assert_eq!(with(|p| p.logit_bias = vec![(1, f32::NEG_INFINITY)]), Ok(()));
+        assert_eq!(
+            with(|p| p.logit_bias = vec![(1, f32::NEG_INFINITY)]),
+            Ok(())
+        );
         assert_eq!(
             with(|p| p.logit_bias = vec![(1, f32::INFINITY)]),
             Err("logit_bias")

@@ -616,10 +616,10 @@ impl<B: Backend> Worker<B> {
         let text = a.text[a.emitted..keep.max(a.emitted)].to_string();
         a.emitted = keep.max(a.emitted);
         let _ = a.job.events.send(GenEvent::Token {
-                id: tok,
-                text,
-                probs,
-            });
+            id: tok,
+            text,
+            probs,
+        });
         if done {
             return Self::finish(a, FinishReason::Length, None);
         }

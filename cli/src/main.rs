@@ -181,6 +181,7 @@ fn run_on<B: Backend>(
     let mut engine =
         Engine::load_with_progress(&a.model.model, backend, params, Some(report::load_bar()))?;
     a.trace.attach(&mut engine)?;
+    check_bias(&sampling, &engine)?;
     report::longhaul_start(&engine);
     let tokens = engine.tokenize(prompt)?;
     if tokens.is_empty() {
@@ -200,6 +201,13 @@ fn run_on<B: Backend>(
     print_stats(engine.load_time, &stats);
     report::longhaul_summary(&engine);
     Ok(())
+}
+
+/// `--logit-bias` ids must be in the loaded model's vocabulary.
+fn check_bias<B: Backend>(sampling: &SamplerParams, engine: &Engine<B>) -> anyhow::Result<()> {
+    sampling
+        .check_vocab(engine.tokenizer.n_vocab())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", e.flag()))
 }
 
 fn chat(a: ChatArgs) -> anyhow::Result<()> {
@@ -223,6 +231,7 @@ fn chat_on<B: Backend>(
 ) -> anyhow::Result<()> {
     let engine =
         Engine::load_with_progress(&a.model.model, backend, params, Some(report::load_bar()))?;
+    check_bias(&sampling, &engine)?;
     report::longhaul_start(&engine);
     let mut messages = Vec::new();
     if let Some(s) = &a.system {

@@ -158,13 +158,21 @@ pub struct ModelArgs {
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
     /// Attention path (-fa): on, off (exact attention) or auto (llama.cpp's default).
-    #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto")]
+    #[arg(
+        long = "flash-attn",
+        value_name = "on|off|auto",
+        default_value = "auto"
+    )]
     pub flash_attn: longhaul::engine::FlashAttn,
     /// A Jinja chat template replacing the model's.
     #[arg(long = "chat-template", value_name = "JINJA")]
     pub chat_template: Option<String>,
     /// A file holding a Jinja chat template that replaces the model's.
-    #[arg(long = "chat-template-file", value_name = "FILE", conflicts_with = "chat_template")]
+    #[arg(
+        long = "chat-template-file",
+        value_name = "FILE",
+        conflicts_with = "chat_template"
+    )]
     pub chat_template_file: Option<std::path::PathBuf>,
     /// Accepted for llama.cpp compatibility: chat templates are always Jinja here.
     #[arg(long = "jinja")]
@@ -283,9 +291,11 @@ impl ModelArgs {
             flash_attn: self.flash_attn,
             chat_template: match (&self.chat_template, &self.chat_template_file) {
                 (Some(t), _) => Some(t.clone()),
-                (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| {
-                    anyhow::anyhow!("--chat-template-file {}: {e}", f.display())
-                })?),
+                (None, Some(f)) => {
+                    Some(std::fs::read_to_string(f).map_err(|e| {
+                        anyhow::anyhow!("--chat-template-file {}: {e}", f.display())
+                    })?)
+                }
                 (None, None) => None,
             },
         })
@@ -342,6 +352,27 @@ pub struct SampleArgs {
         allow_negative_numbers = true
     )]
     pub repeat_last_n: i32,
+    /// Presence penalty (llama.cpp's "repeat alpha presence penalty"):
+    /// subtracted once from each token seen in the last --repeat-last-n; 0 = off.
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub presence_penalty: f32,
+    /// Frequency penalty: subtracted per occurrence of a token in the last
+    /// --repeat-last-n; 0 = off.
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub frequency_penalty: f32,
+    /// Adds BIAS to a token's logit, as llama.cpp spells it: `15043+1`
+    /// favours token 15043, `15043-1` disfavours it, `15043-inf` bans it.
+    /// Repeatable.
+    #[arg(long = "logit-bias", value_name = "TOKEN_ID(+/-)BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// RNG seed (-1 or absent = random).
     #[arg(short = 's', long = "seed", allow_negative_numbers = true)]
     pub seed: Option<i64>,
@@ -359,6 +390,9 @@ impl SampleArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias.clone(),
             seed: match self.seed {
                 None => None,
                 Some(s) => SamplerParams::seed_from_i64(s).map_err(flag_err)?,
@@ -367,6 +401,27 @@ impl SampleArgs {
         p.validate().map_err(flag_err)?;
         Ok(p)
     }
+}
+
+/// `--logit-bias TOKEN_ID(+/-)BIAS` as llama.cpp's `common/arg.cpp` reads
+/// it: a token id, a sign, then a number (`inf` included) that the sign
+/// applies to.
+pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let bad = || {
+        format!(
+            "invalid value '{s}': give TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 15043-inf)"
+        )
+    };
+    let at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (id, rest) = s.split_at(at);
+    let id: u32 = id.parse().map_err(|_| bad())?;
+    let sign = match rest.as_bytes().first() {
+        Some(b'+') => 1.0,
+        Some(b'-') => -1.0,
+        _ => return Err(bad()),
+    };
+    let bias: f32 = rest[1..].trim().parse().map_err(|_| bad())?;
+    Ok((id, sign * bias))
 }
 
 /// The standalone binary's command line.

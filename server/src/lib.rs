@@ -20,7 +20,9 @@ mod gen;
 mod metrics;
 mod native;
 mod openai;
+mod probs;
 mod request;
+mod unsupported;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -397,6 +399,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 });
             match loaded {
                 Ok((scheduler, engine)) => {
+                    if let Err(e) = defaults.check_vocab(engine.tokenizer().n_vocab()) {
+                        let _ = fail_tx.send(format!("{}: {e}", e.flag()));
+                        return;
+                    }
                     let model_id = alias.unwrap_or_else(|| {
                         model_path
                             .file_name()
