@@ -50,7 +50,12 @@ fn settings(p: &SamplerParams, n_predict: usize, stop: &[String], n_ctx: usize) 
         "repeat_last_n": p.repeat_last_n,
         "presence_penalty": p.presence_penalty,
         "frequency_penalty": p.frequency_penalty,
-        "logit_bias": p.logit_bias.iter().map(|&(id, b)| json!([id, if b == f32::NEG_INFINITY { json!(false) } else { json!(b) }])).collect::<Vec<_>>(),
+        // As llama-server lists it; a ban (-inf) is null in its JSON.
+        "logit_bias": p
+            .logit_bias
+            .iter()
+            .map(|&(id, b)| json!({ "bias": if b.is_finite() { json!(b) } else { Value::Null }, "token": id }))
+            .collect::<Vec<_>>(),
         "seed": p.seed.map(|s| s as i64).unwrap_or(-1),
         "stop": stop,
     })

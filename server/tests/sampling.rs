@@ -8,7 +8,8 @@ mod common;
 
 use common::*;
 use longhaul::backend::cpu::CpuBackend;
-use longhaul::engine::{Engine, EngineParams, Logits};
+use longhaul::engine::{Engine, EngineParams};
+use longhaul::model::Logits;
 use longhaul::tensor::GgmlType;
 use serde_json::{json, Value};
 
