@@ -1,8 +1,14 @@
 //! Token sampling from logits, in the order of llama.cpp's default sampler
-//! chain: repetition penalty -> top-k -> top-p -> min-p -> temperature ->
-//! draw from the softmax. Top-p and min-p therefore see the un-tempered
-//! distribution, as in llama.cpp. `temp <= 0` is greedy: the arg-max of the
-//! penalised logits, lowest id on ties.
+//! chain: logit bias -> penalties (repeat, frequency, presence) -> top-k ->
+//! top-p -> min-p -> temperature -> draw from the softmax. Top-p and min-p
+//! therefore see the un-tempered distribution, as in llama.cpp. `temp <= 0`
+//! is greedy: the arg-max of the biased and penalised logits, lowest id on
+//! ties.
+//!
+//! On request, [`Sampler::sample_with_probs`] also reports the sampled
+//! token's probability and the most likely tokens, as llama-server's
+//! `n_probs` does: from the raw logits of the position (a log-softmax over
+//! the whole vocabulary), or after the sampling chain (`post_sampling`).
 //!
 //! Draws use a xoshiro256** generator seeded from `seed` (splitmix64), so the
 //! same seed and inputs give the same tokens on every platform. The numbers
@@ -10,7 +16,7 @@
 //!
 //! This module knows nothing about tokenizers or models.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 /// Sampling settings; [`Default`] gives llama.cpp's defaults.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,8 +31,19 @@ pub struct SamplerParams {
     pub min_p: f32,
     /// Divide positive (multiply negative) logits of recent tokens; `1` disables.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at; `0` disables, `-1` means all.
+    /// How many recent tokens the penalties look at; `0` disables, `-1` means all.
     pub repeat_last_n: i32,
+    /// Subtracted from a logit once per occurrence of its token in the
+    /// last `repeat_last_n` tokens; `0` disables.
+    pub frequency_penalty: f32,
+    /// Subtracted from a logit once if its token occurs in the last
+    /// `repeat_last_n` tokens; `0` disables.
+    pub presence_penalty: f32,
+    /// `(token id, bias)` added to the raw logits before every other step
+    /// (`-inf` bans the token; a token listed twice gets both). Ids outside
+    /// the vocabulary are skipped here and refused by
+    /// [`SamplerParams::check_vocab`].
+    pub logit_bias: Vec<(u32, f32)>,
     /// PRNG seed; `None` draws one from the clock.
     pub seed: Option<u64>,
 }
@@ -40,6 +57,9 @@ impl Default for SamplerParams {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
         }
     }
@@ -69,6 +89,12 @@ impl SamplerParams {
     ///   llama.cpp's `--repeat-penalty` requires; `1` disables.
     /// - `repeat_last_n`: `-1` (the whole context, as llama.cpp used to
     ///   spell it), `0` (off) or a count; below `-1` is refused.
+    /// - `frequency_penalty`, `presence_penalty`: any finite number, as
+    ///   llama.cpp's `--frequency-penalty` / `--presence-penalty` require
+    ///   (negative ones favour repeats); `0` disables.
+    /// - `logit_bias`: a finite bias or `-inf` (never); NaN and `+inf`
+    ///   (which would leave no distribution) are refused. Ids are checked
+    ///   against the vocabulary by [`SamplerParams::check_vocab`].
     ///
     /// NaN and infinities are refused everywhere. The seed is checked where
     /// it is converted, by [`SamplerParams::seed_from_i64`].
@@ -89,7 +115,34 @@ impl SamplerParams {
         if self.repeat_last_n < -1 {
             return Err(SampleParamError::RepeatLastN(self.repeat_last_n));
         }
+        if !self.frequency_penalty.is_finite() {
+            return Err(SampleParamError::FrequencyPenalty(self.frequency_penalty));
+        }
+        if !self.presence_penalty.is_finite() {
+            return Err(SampleParamError::PresencePenalty(self.presence_penalty));
+        }
+        if let Some(&(id, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| b.is_nan() || *b == f32::INFINITY)
+        {
+            return Err(SampleParamError::LogitBias { id, bias });
+        }
         Ok(())
+    }
+
+    /// Refuses a `logit_bias` entry whose token id is not below `n_vocab`
+    /// (the model's vocabulary size), which [`SamplerParams::validate`]
+    /// cannot know.
+    pub fn check_vocab(&self, n_vocab: usize) -> Result<(), SampleParamError> {
+        match self
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= n_vocab)
+        {
+            Some(&(id, _)) => Err(SampleParamError::LogitBiasToken { id, n_vocab }),
+            None => Ok(()),
+        }
     }
 
     /// A seed as the CLI and the API spell it: `-1` draws one from the
@@ -121,6 +174,14 @@ pub enum SampleParamError {
     RepeatLastN(i32),
     #[error("seed {0} is invalid: give -1 (random) or a number >= 0")]
     Seed(i64),
+    #[error("frequency_penalty {0} is invalid: give a finite number (0 = off)")]
+    FrequencyPenalty(f32),
+    #[error("presence_penalty {0} is invalid: give a finite number (0 = off)")]
+    PresencePenalty(f32),
+    #[error("logit_bias of token {id}: {bias} is invalid: give a finite number, or -inf (false in JSON) to ban the token")]
+    LogitBias { id: u32, bias: f32 },
+    #[error("logit_bias: token id {id} is out of range (the vocabulary has {n_vocab} tokens)")]
+    LogitBiasToken { id: u32, n_vocab: usize },
 }
 
 impl SampleParamError {
@@ -133,6 +194,9 @@ impl SampleParamError {
             Self::RepeatPenalty(_) => "repeat_penalty",
             Self::RepeatLastN(_) => "repeat_last_n",
             Self::Seed(_) => "seed",
+            Self::FrequencyPenalty(_) => "frequency_penalty",
+            Self::PresencePenalty(_) => "presence_penalty",
+            Self::LogitBias { .. } | Self::LogitBiasToken { .. } => "logit_bias",
         }
     }
 
@@ -145,6 +209,9 @@ impl SampleParamError {
             Self::RepeatPenalty(_) => "--repeat-penalty",
             Self::RepeatLastN(_) => "--repeat-last-n",
             Self::Seed(_) => "--seed",
+            Self::FrequencyPenalty(_) => "--frequency-penalty",
+            Self::PresencePenalty(_) => "--presence-penalty",
+            Self::LogitBias { .. } | Self::LogitBiasToken { .. } => "--logit-bias",
         }
     }
 }
@@ -198,6 +265,27 @@ fn random_seed() -> u64 {
     nanos ^ ((&local as *const u8 as u64).rotate_left(32)) ^ u64::from(std::process::id())
 }
 
+/// Which probabilities to report with each sampled token (llama-server's
+/// `n_probs` and `post_sampling_probs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbsRequest {
+    /// How many of the most likely tokens to list (0: only the sampled one).
+    pub n_top: usize,
+    /// After the sampling chain (the distribution the token was drawn
+    /// from) instead of the raw logits of the position.
+    pub post_sampling: bool,
+}
+
+/// The probabilities reported for one sampled token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenProbs {
+    /// Natural log of the sampled token's probability.
+    pub logprob: f32,
+    /// Up to `n_top` `(id, logprob)`, most likely first, lowest id first on
+    /// ties. After the sampling chain, tokens it removed are not listed.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// One candidate: token id and its (possibly adjusted) logit.
 #[derive(Clone, Copy, Debug)]
 struct Cand {
@@ -238,10 +326,39 @@ impl Sampler {
     /// `history` is the tokens so far (prompt and generated), newest last.
     /// NaN logits count as impossible. Empty `logits` give id 0.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        if logits.is_empty() {
-            return 0;
+        self.sample_inner(logits, history, false).0
+    }
+
+    /// [`Sampler::sample`], and the probabilities `want` asks for. Costs
+    /// nothing more than `sample` when `want` is `None`.
+    pub fn sample_with_probs(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        want: Option<ProbsRequest>,
+    ) -> (u32, Option<TokenProbs>) {
+        match want {
+            None => (self.sample(logits, history), None),
+            Some(w) if !w.post_sampling => {
+                let id = self.sample(logits, history);
+                (id, Some(raw_probs(logits, id, w.n_top)))
+            }
+            Some(w) => {
+                let (id, cands) = self.sample_inner(logits, history, true);
+                (id, Some(post_probs(&cands, id, w.n_top)))
+            }
         }
-        if self.params.temp <= 0.0 && !self.penalises(history) {
+    }
+
+    /// The chain. With `keep`, it also returns the candidates that the final
+    /// draw chose from, best first, their logits tempered (greedy: the
+    /// chosen token alone).
+    fn sample_inner(&mut self, logits: &[f32], history: &[u32], keep: bool) -> (u32, Vec<Cand>) {
+        if logits.is_empty() {
+            return (0, Vec::new());
+        }
+        let p = &self.params;
+        if p.temp <= 0.0 && !self.penalises(history) && p.logit_bias.is_empty() {
             // Greedy without penalties: the candidates' argmax, read straight
             // from the logits (NaN counts as -inf, the lowest id wins a tie).
             let mut best = (0, f32::NEG_INFINITY);
@@ -251,7 +368,15 @@ impl Sampler {
                     best = (i, l);
                 }
             }
-            return best.0 as u32;
+            let kept = if keep {
+                vec![Cand {
+                    id: best.0 as u32,
+                    logit: 0.0,
+                }]
+            } else {
+                Vec::new()
+            };
+            return (best.0 as u32, kept);
         }
         let mut cands = std::mem::take(&mut self.cands);
         cands.clear();
@@ -259,9 +384,16 @@ impl Sampler {
             id: i as u32,
             logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
         }));
-        self.apply_penalty(&mut cands, history);
-        let id = if self.params.temp <= 0.0 {
-            argmax(&cands)
+        apply_logit_bias(&mut cands, &self.params.logit_bias);
+        self.apply_penalties(&mut cands, history);
+        let (id, kept) = if self.params.temp <= 0.0 {
+            let id = argmax(&cands);
+            let kept = if keep {
+                vec![Cand { id, logit: 0.0 }]
+            } else {
+                Vec::new()
+            };
+            (id, kept)
         } else {
             top_k(&mut cands, self.params.top_k);
             top_p(&mut cands, self.params.top_p);
@@ -270,20 +402,28 @@ impl Sampler {
             for c in cands.iter_mut() {
                 c.logit *= inv_t;
             }
-            self.draw(&cands)
+            let id = self.draw(&cands);
+            (id, if keep { cands.clone() } else { Vec::new() })
         };
         self.cands = cands;
-        id
+        (id, kept)
     }
 
-    /// Whether the repetition penalty changes anything for `history`.
+    /// Whether the penalties change anything for `history` (llama.cpp's
+    /// penalties sampler is off when `repeat_last_n` is 0 or every
+    /// penalty is neutral).
     fn penalises(&self, history: &[u32]) -> bool {
         let p = &self.params;
-        !(p.repeat_penalty == 1.0 || p.repeat_last_n == 0 || history.is_empty())
+        let neutral =
+            p.repeat_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
+        !(neutral || p.repeat_last_n == 0 || history.is_empty())
     }
 
-    /// llama.cpp's repetition penalty over the last `repeat_last_n` tokens.
-    fn apply_penalty(&self, cands: &mut [Cand], history: &[u32]) {
+    /// llama.cpp's penalties over the last `repeat_last_n` tokens: for each
+    /// token seen `count > 0` times there, the logit is divided by
+    /// `repeat_penalty` (multiplied when `<= 0`), then
+    /// `count * frequency_penalty + presence_penalty` is subtracted.
+    fn apply_penalties(&self, cands: &mut [Cand], history: &[u32]) {
         let p = &self.params;
         if !self.penalises(history) {
             return;
@@ -293,18 +433,21 @@ impl Sampler {
         } else {
             (p.repeat_last_n as usize).min(history.len())
         };
-        let recent: HashSet<u32> = history[history.len() - n..].iter().copied().collect();
-        for id in recent {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &id in &history[history.len() - n..] {
+            *counts.entry(id).or_default() += 1;
+        }
+        for (id, count) in counts {
             if let Some(c) = cands.get_mut(id as usize) {
                 if c.logit <= 0.0 {
                     c.logit *= p.repeat_penalty;
                 } else {
                     c.logit /= p.repeat_penalty;
                 }
+                c.logit -= count as f32 * p.frequency_penalty + p.presence_penalty;
             }
         }
     }
-
     /// Softmax over the candidates and one draw.
     fn draw(&mut self, cands: &[Cand]) -> u32 {
         let max = cands
@@ -334,6 +477,75 @@ impl Sampler {
             .find(|(_, w)| **w > 0.0)
             .map_or(cands[0].id, |(c, _)| c.id)
     }
+}
+
+/// llama.cpp's logit bias: each `(id, bias)` adds `bias` to that token's
+/// logit (candidates are still in id order here).
+fn apply_logit_bias(cands: &mut [Cand], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(c) = cands.get_mut(id as usize) {
+            c.logit += b;
+        }
+    }
+}
+
+/// Probabilities from the raw logits: a log-softmax over the vocabulary
+/// (NaN as `-inf`), computed in f64, as llama-server's `n_probs` reports
+/// them. `id` is the sampled token.
+fn raw_probs(logits: &[f32], id: u32, n_top: usize) -> TokenProbs {
+    let clean = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { l };
+    let max = logits
+        .iter()
+        .map(|&l| clean(l))
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .map(|&l| (f64::from(clean(l)) - f64::from(max)).exp())
+        .sum();
+    let lse = f64::from(max) + sum.ln();
+    let logprob = |l: f32| (f64::from(clean(l)) - lse) as f32;
+    let n_top = n_top.min(logits.len());
+    let mut top: Vec<Cand> = Vec::new();
+    if n_top > 0 {
+        top = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Cand {
+                id: i as u32,
+                logit: clean(l),
+            })
+            .collect();
+        if n_top < top.len() {
+            top.select_nth_unstable_by(n_top - 1, by_logit_desc);
+            top.truncate(n_top);
+        }
+        top.sort_unstable_by(by_logit_desc);
+    }
+    TokenProbs {
+        logprob: logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        top: top.iter().map(|c| (c.id, logprob(c.logit))).collect(),
+    }
+}
+
+/// Probabilities after the chain: the softmax of the candidates the token
+/// was drawn from (`cands`, best first), dropping those of probability 0.
+fn post_probs(cands: &[Cand], id: u32, n_top: usize) -> TokenProbs {
+    let p = probs(cands);
+    let logprob = cands
+        .iter()
+        .zip(&p)
+        .find(|(c, _)| c.id == id)
+        .map_or(f32::NEG_INFINITY, |(_, q)| q.ln() as f32);
+    let top = cands
+        .iter()
+        .zip(&p)
+        .take(n_top)
+        .take_while(|(_, q)| **q > 0.0)
+        .map(|(c, q)| (c.id, q.ln() as f32))
+        .collect();
+    TokenProbs { logprob, top }
 }
 
 /// Highest logit, lowest id on ties.
@@ -451,5 +663,188 @@ mod tests {
             .collect();
         top_p(&mut c, 0.75);
         assert_eq!(c.iter().map(|c| c.id).collect::<Vec<_>>(), vec![0, 1]);
+    }
+
+    /// Settings that let every candidate through at temperature 1, so the
+    /// post-sampling probabilities are the softmax of the adjusted logits.
+    fn open_chain() -> SamplerParams {
+        SamplerParams {
+            temp: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(1),
+            ..SamplerParams::default()
+        }
+    }
+
+    #[test]
+    fn penalties_follow_llama_cpp_formula() {
+        // llama.cpp's penalties sampler (src/llama-sampler.cpp): for a token
+        // seen `count` times in the last `repeat_last_n` tokens, logit /=
+        // repeat (logit *= repeat when <= 0), then logit -= count * freq +
+        // presence. By hand, window = last 4 of [4, 0, 1, 0, 3, 0] =
+        // [1, 0, 3, 0]: counts 0:2, 1:1, 3:1; token 4 is outside it.
+        //   id 0:  2.0 / 2 - (2 * 0.5 + 0.25) = -0.25
+        //   id 1: -1.0 * 2 - (1 * 0.5 + 0.25) = -2.75
+        //   id 2:  0.5 (absent)
+        //   id 3:  3.0 / 2 - (1 * 0.5 + 0.25) =  0.75
+        //   id 4:  1.0 (outside the window)
+        let s = Sampler::new(SamplerParams {
+            repeat_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            repeat_last_n: 4,
+            ..SamplerParams::default()
+        });
+        let mut c: Vec<Cand> = [2.0f32, -1.0, 0.5, 3.0, 1.0]
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Cand {
+                id: i as u32,
+                logit: l,
+            })
+            .collect();
+        s.apply_penalties(&mut c, &[4, 0, 1, 0, 3, 0]);
+        let got: Vec<f32> = c.iter().map(|c| c.logit).collect();
+        assert_eq!(got, [-0.25, -2.75, 0.5, 0.75, 1.0]);
+        // repeat_last_n 0 turns all three off, as in llama.cpp.
+        let off = Sampler::new(SamplerParams {
+            repeat_last_n: 0,
+            ..s.params().clone()
+        });
+        assert!(!off.penalises(&[0, 1]));
+    }
+
+    #[test]
+    fn presence_penalty_moves_greedy_off_a_repeated_token() {
+        // logits 3.0 (seen once) and 2.5: presence 1.0 makes 3.0 - 1.0 =
+        // 2.0 < 2.5, so greedy picks id 1; frequency 0.25 per occurrence
+        // needs 3 occurrences (3.0 - 0.75 = 2.25 < 2.5).
+        let logits = [3.0f32, 2.5];
+        let greedy = |p: SamplerParams, hist: &[u32]| Sampler::new(p).sample(&logits, hist);
+        let base = SamplerParams::greedy();
+        assert_eq!(greedy(base.clone(), &[0]), 0);
+        let presence = SamplerParams {
+            presence_penalty: 1.0,
+            ..base.clone()
+        };
+        assert_eq!(greedy(presence, &[0]), 1);
+        let freq = SamplerParams {
+            frequency_penalty: 0.25,
+            ..base
+        };
+        assert_eq!(greedy(freq.clone(), &[0, 0]), 0);
+        assert_eq!(greedy(freq, &[0, 0, 0]), 1);
+    }
+
+    #[test]
+    fn logit_bias_adds_before_penalties_and_bans_with_neg_inf() {
+        // llama.cpp's chain puts logit_bias first (common/sampling.cpp):
+        // logits [1, 0], bias +1 on id 0, then repeat penalty 2 on id 0:
+        // (1 + 1) / 2 = 1.0, so log p0 - log p1 = 1.0 (penalty first would
+        // give 1 / 2 + 1 = 1.5).
+        let mut s = Sampler::new(SamplerParams {
+            logit_bias: vec![(0, 1.0)],
+            repeat_penalty: 2.0,
+            ..open_chain()
+        });
+        let want = ProbsRequest {
+            n_top: 2,
+            post_sampling: true,
+        };
+        let (_, probs) = s.sample_with_probs(&[1.0, 0.0], &[0], Some(want));
+        let top = probs.expect("asked").top;
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
+        assert!((top[0].1 - top[1].1 - 1.0).abs() < 1e-6, "{top:?}");
+        // Biases add up per entry; -inf bans the greedy token.
+        let logits = [2.0f32, -1.0, 0.5, 3.0];
+        let pick = |bias: Vec<(u32, f32)>| {
+            Sampler::new(SamplerParams {
+                logit_bias: bias,
+                ..SamplerParams::greedy()
+            })
+            .sample(&logits, &[])
+        };
+        assert_eq!(pick(vec![]), 3);
+        assert_eq!(pick(vec![(3, f32::NEG_INFINITY)]), 0);
+        // 0.5 + 1.5 + 0.5 = 2.5 beats 2.0 once 3 is pushed to -7.
+        assert_eq!(pick(vec![(3, -10.0), (2, 1.5), (2, 0.5)]), 2);
+        // An id outside the vocabulary is skipped by the sampler ...
+        assert_eq!(pick(vec![(99, 5.0)]), 3);
+        // ... and refused by the check the CLI and the server run.
+        let p = SamplerParams {
+            logit_bias: vec![(99, 5.0)],
+            ..SamplerParams::default()
+        };
+        let e = p.check_vocab(4).expect_err("out of range");
+        assert_eq!((e.field(), e.flag()), ("logit_bias", "--logit-bias"));
+        assert_eq!(p.check_vocab(100), Ok(()));
+    }
+
+    #[test]
+    fn validate_refuses_non_finite_penalties_and_bias() {
+        let with = |f: fn(&mut SamplerParams)| {
+            let mut p = SamplerParams::default();
+            f(&mut p);
+            p.validate().map_err(|e| e.field())
+        };
+        assert_eq!(with(|p| p.presence_penalty = -1.5), Ok(()));
+        assert_eq!(
+            with(|p| p.presence_penalty = f32::NAN),
+            Err("presence_penalty")
+        );
+        assert_eq!(
+            with(|p| p.frequency_penalty = f32::INFINITY),
+            Err("frequency_penalty")
+        );
+        assert_eq!(
+            with(|p| p.logit_bias = vec![(1, f32::NEG_INFINITY)]),
+            Ok(())
+        );
+        assert_eq!(
+            with(|p| p.logit_bias = vec![(1, f32::INFINITY)]),
+            Err("logit_bias")
+        );
+    }
+
+    #[test]
+    fn raw_probs_are_the_log_softmax_of_the_logits() {
+        // log p_i = l_i - ln(sum_j e^l_j), by hand for [1, 3, 2, NaN].
+        let logits = [1.0f32, 3.0, 2.0, f32::NAN];
+        let lse = (1f64.exp() + 3f64.exp() + 2f64.exp()).ln();
+        let mut s = Sampler::new(SamplerParams {
+            logit_bias: vec![(0, 100.0)],
+            ..SamplerParams::greedy()
+        });
+        let want = ProbsRequest {
+            n_top: 3,
+            post_sampling: false,
+        };
+        let (id, probs) = s.sample_with_probs(&logits, &[], Some(want));
+        let p = probs.expect("asked");
+        // The bias chose id 0; its probability is still the raw one.
+        assert_eq!(id, 0);
+        assert!((f64::from(p.logprob) - (1.0 - lse)).abs() < 1e-6);
+        let ids: Vec<u32> = p.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 2, 0]);
+        for (&(i, lp), l) in p.top.iter().zip([3.0, 2.0, 1.0]) {
+            assert!((f64::from(lp) - (l - lse)).abs() < 1e-6, "{i}: {lp}");
+        }
+        // Greedy after the chain: the chosen token alone, probability 1.
+        let mut g = Sampler::new(SamplerParams::greedy());
+        let post = ProbsRequest {
+            n_top: 3,
+            post_sampling: true,
+        };
+        let (id, probs) = g.sample_with_probs(&logits, &[], Some(post));
+        assert_eq!(id, 1);
+        assert_eq!(
+            probs,
+            Some(TokenProbs {
+                logprob: 0.0,
+                top: vec![(1, 0.0)]
+            })
+        );
     }
 }

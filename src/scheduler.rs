@@ -21,7 +21,7 @@ use crate::backend::Backend;
 use crate::engine::Engine;
 use crate::kv::KvCache;
 use crate::longhaul::CacheStats;
-use crate::sample::{Sampler, SamplerParams};
+use crate::sample::{ProbsRequest, Sampler, SamplerParams, TokenProbs};
 use crate::tokenizer::StreamDecoder;
 
 /// One generation request (the prompt already tokenised).
@@ -37,6 +37,8 @@ pub struct GenRequest {
     pub cache_prompt: bool,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Report each sampled token's probabilities (`None`: no cost).
+    pub probs: Option<ProbsRequest>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,10 +65,12 @@ pub struct GenSummary {
 #[derive(Clone, Debug, PartialEq)]
 pub enum GenEvent {
     /// A sampled token and the text it completes (possibly empty while a
-    /// multi-byte character or a possible stop string is pending).
+    /// multi-byte character or a possible stop string is pending), with
+    /// its probabilities when the request asked for them.
     Token {
         id: u32,
         text: String,
+        probs: Option<TokenProbs>,
     },
     Done(GenSummary),
     Error(String),
@@ -509,13 +513,17 @@ impl<B: Backend> Worker<B> {
                 }
                 // Each sampler reads a whole row of logits (greedy: an argmax
                 // over the vocabulary): the slots sample in parallel.
-                let toks: Vec<u32> = ready
+                let toks: Vec<(u32, Option<TokenProbs>)> = ready
                     .par_iter_mut()
-                    .map(|(_, k, a)| a.sampler.sample(all.seq(*k), &a.history))
+                    .map(|(_, k, a)| {
+                        let want = a.job.req.probs;
+                        a.sampler.sample_with_probs(all.seq(*k), &a.history, want)
+                    })
                     .collect();
-                for ((i, _, mut a), tok) in ready.into_iter().zip(toks) {
+                for ((i, _, mut a), (tok, probs)) in ready.into_iter().zip(toks) {
                     let s = &mut self.slots[i];
-                    if !Self::accept(&engine, &mut a, tok, s.kv.n_past(), s.kv.n_ctx()) {
+                    let (n_past, n_ctx) = (s.kv.n_past(), s.kv.n_ctx());
+                    if !Self::accept(&engine, &mut a, tok, probs, n_past, n_ctx) {
                         s.active = Some(a);
                     }
                 }
@@ -536,14 +544,25 @@ impl<B: Backend> Worker<B> {
 
     /// Takes the sampled `tok`, emits it, and returns true when the request
     /// is finished (its `Done` already sent).
-    fn accept(engine: &Engine<B>, a: &mut Active, tok: u32, n_past: usize, n_ctx: usize) -> bool {
+    fn accept(
+        engine: &Engine<B>,
+        a: &mut Active,
+        tok: u32,
+        probs: Option<TokenProbs>,
+        n_past: usize,
+        n_ctx: usize,
+    ) -> bool {
         a.history.push(tok);
         a.n_gen += 1;
         a.pending = tok;
         let req = &a.job.req;
         if engine.tokenizer.is_eog(tok) && !req.ignore_eos {
             let text = a.text[a.emitted..].to_string() + &a.dec.finish();
-            let _ = a.job.events.send(GenEvent::Token { id: tok, text });
+            let _ = a.job.events.send(GenEvent::Token {
+                id: tok,
+                text,
+                probs,
+            });
             return Self::finish(a, FinishReason::Stop, None);
         }
         a.text.push_str(&a.dec.push(&engine.tokenizer, tok));
@@ -569,7 +588,11 @@ impl<B: Backend> Worker<B> {
         if let Some((p, word)) = hit {
             let text = a.text[a.emitted..p.max(a.emitted)].to_string();
             a.emitted = p.max(a.emitted);
-            let _ = a.job.events.send(GenEvent::Token { id: tok, text });
+            let _ = a.job.events.send(GenEvent::Token {
+                id: tok,
+                text,
+                probs,
+            });
             return Self::finish(a, FinishReason::Stop, Some(word));
         }
         let done = a.n_gen >= req.n_predict || n_past + 1 >= n_ctx;
@@ -592,7 +615,11 @@ impl<B: Backend> Worker<B> {
         }
         let text = a.text[a.emitted..keep.max(a.emitted)].to_string();
         a.emitted = keep.max(a.emitted);
-        let _ = a.job.events.send(GenEvent::Token { id: tok, text });
+        let _ = a.job.events.send(GenEvent::Token {
+            id: tok,
+            text,
+            probs,
+        });
         if done {
             return Self::finish(a, FinishReason::Length, None);
         }

@@ -19,6 +19,7 @@ fn params(temp: f32, top_k: i32, top_p: f32, min_p: f32, seed: u64) -> SamplerPa
         repeat_penalty: 1.0,
         repeat_last_n: 64,
         seed: Some(seed),
+        ..SamplerParams::default()
     }
 }
 

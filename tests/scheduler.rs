@@ -47,6 +47,7 @@ fn req(prompt: Vec<u32>, n: usize) -> GenRequest {
         stop: Vec::new(),
         cache_prompt: true,
         ignore_eos: true,
+        probs: None,
     }
 }
 
@@ -67,7 +68,7 @@ fn collect(
     let (mut ids, mut text, mut fin) = (Vec::new(), String::new(), None);
     while let Some(ev) = stream.next_blocking() {
         match ev {
-            GenEvent::Token { id, text: t } => {
+            GenEvent::Token { id, text: t, .. } => {
                 ids.push(id);
                 text.push_str(&t);
             }

@@ -248,6 +248,7 @@ fn run_on<B: Backend>(
         Engine::load_with_progress(&a.model.model, backend, params, info.then(report::load_bar))?;
     a.model.lock_memory();
     a.trace.attach(&mut engine)?;
+    check_bias(&sampling, &engine)?;
     if info {
         report::longhaul_start(&engine);
     }
@@ -271,6 +272,13 @@ fn run_on<B: Backend>(
         report::longhaul_summary(&engine);
     }
     Ok(())
+}
+
+/// `--logit-bias` ids must be in the loaded model's vocabulary.
+fn check_bias<B: Backend>(sampling: &SamplerParams, engine: &Engine<B>) -> anyhow::Result<()> {
+    sampling
+        .check_vocab(engine.tokenizer.n_vocab())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", e.flag()))
 }
 
 /// `run -cnv`: the chat loop, as llama.cpp's conversation mode; the
@@ -327,6 +335,7 @@ fn chat_on<B: Backend>(
     let engine =
         Engine::load_with_progress(&a.model.model, backend, params, info.then(report::load_bar))?;
     a.model.lock_memory();
+    check_bias(&sampling, &engine)?;
     if info {
         report::longhaul_start(&engine);
     }
@@ -453,6 +462,8 @@ mod spelling_table {
             "--min-p" => "0.5",
             "--repeat-penalty" => "1.1",
             "--repeat-last-n" => "-1",
+            "--presence-penalty" | "--frequency-penalty" => "0.5",
+            "--logit-bias" => "15+1.5",
             "--host" => "0.0.0.0",
             "--port" => "9090",
             "--alias" => "m",

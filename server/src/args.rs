@@ -425,6 +425,27 @@ pub struct SampleArgs {
         allow_negative_numbers = true
     )]
     pub repeat_last_n: i32,
+    /// Presence penalty (llama.cpp's "repeat alpha presence penalty"):
+    /// subtracted once from each token seen in the last --repeat-last-n; 0 = off.
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub presence_penalty: f32,
+    /// Frequency penalty: subtracted per occurrence of a token in the last
+    /// --repeat-last-n; 0 = off.
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub frequency_penalty: f32,
+    /// Adds BIAS to a token's logit, as llama.cpp spells it: `15043+1`
+    /// favours token 15043, `15043-1` disfavours it, `15043-inf` bans it.
+    /// Repeatable.
+    #[arg(long = "logit-bias", value_name = "TOKEN_ID(+/-)BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// RNG seed (-1 or absent = random).
     #[arg(short = 's', long = "seed", allow_negative_numbers = true)]
     pub seed: Option<i64>,
@@ -442,6 +463,9 @@ impl SampleArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias.clone(),
             seed: match self.seed {
                 None => None,
                 Some(s) => SamplerParams::seed_from_i64(s).map_err(flag_err)?,
@@ -450,6 +474,27 @@ impl SampleArgs {
         p.validate().map_err(flag_err)?;
         Ok(p)
     }
+}
+
+/// `--logit-bias TOKEN_ID(+/-)BIAS` as llama.cpp's `common/arg.cpp` reads
+/// it: a token id, a sign, then a number (`inf` included) that the sign
+/// applies to.
+pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let bad = || {
+        format!(
+            "invalid value '{s}': give TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 15043-inf)"
+        )
+    };
+    let at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (id, rest) = s.split_at(at);
+    let id: u32 = id.parse().map_err(|_| bad())?;
+    let sign = match rest.as_bytes().first() {
+        Some(b'+') => 1.0,
+        Some(b'-') => -1.0,
+        _ => return Err(bad()),
+    };
+    let bias: f32 = rest[1..].trim().parse().map_err(|_| bad())?;
+    Ok((id, sign * bias))
 }
 
 /// The standalone binary's command line.

@@ -115,8 +115,7 @@ const DEVICES: &str = "use `longhaul devices` to list GPU adapters";
 /// is that command's own and is not rewritten there.
 ///
 /// Absent for now, added with their flags: `--grammar`, `--grammar-file`,
-/// `-j/--json-schema`, `-jf/--json-schema-file`, `--presence-penalty`,
-/// `--frequency-penalty`, `-l/--logit-bias`.
+/// `-j/--json-schema`, `-jf/--json-schema-file`.
 pub const SPELLINGS: &[Spelling] = &[
     // The model and the machine.
     same("--model").env("LLAMA_ARG_MODEL"),
@@ -297,6 +296,10 @@ pub const SPELLINGS: &[Spelling] = &[
     same("--min-p").env("LLAMA_ARG_MIN_P"),
     same("--repeat-penalty").env("LLAMA_ARG_REPEAT_PENALTY"),
     same("--repeat-last-n"),
+    same("--presence-penalty"),
+    same("--frequency-penalty"),
+    alias("-l", "--logit-bias"),
+    same("--logit-bias"),
     refused("--samplers", SAMPLER),
     refused("--sampler-seq", SAMPLER),
     refused("--sampling-seq", SAMPLER),

@@ -12,6 +12,12 @@ use crate::Ready;
 /// What a handler relays: text, then exactly one `Done` or `Error`.
 pub enum Piece {
     Text(String),
+    /// A token of a request that asked for probabilities: its text (maybe
+    /// empty) and probabilities. Every sampled token comes as one.
+    Token {
+        text: String,
+        probs: crate::probs::Probs,
+    },
     Done(GenSummary),
     Error(ApiError),
 }
@@ -84,6 +90,17 @@ pub fn pieces(started: Started, abort: watch::Receiver<bool>) -> impl Stream<Ite
                     }
                 };
                 let piece = match ev {
+                    Some(GenEvent::Token {
+                        id,
+                        text,
+                        probs: Some(p),
+                    }) => {
+                        let piece = Piece::Token {
+                            text,
+                            probs: (id, p),
+                        };
+                        return Some((piece, (gen, first, abort)));
+                    }
                     Some(GenEvent::Token { text, .. }) if text.is_empty() => continue,
                     Some(GenEvent::Token { text, .. }) => {
                         return Some((Piece::Text(text), (gen, first, abort)))
@@ -103,19 +120,25 @@ pub fn pieces(started: Started, abort: watch::Receiver<bool>) -> impl Stream<Ite
     )
 }
 
-/// Runs a generation to its end: the full text and its summary.
-pub async fn collect(
+/// Runs a generation to its end: the full text, the probabilities of
+/// every token when the request asked for them, and the summary.
+pub async fn collect_with_probs(
     started: Started,
     abort: watch::Receiver<bool>,
-) -> Result<(String, GenSummary), ApiError> {
+) -> Result<(String, Vec<crate::probs::Probs>, GenSummary), ApiError> {
     use futures_util::StreamExt;
     let s = pieces(started, abort);
     futures_util::pin_mut!(s);
     let mut text = String::new();
+    let mut probs = Vec::new();
     while let Some(p) = s.next().await {
         match p {
             Piece::Text(t) => text.push_str(&t),
-            Piece::Done(sum) => return Ok((text, sum)),
+            Piece::Token { text: t, probs: p } => {
+                text.push_str(&t);
+                probs.push(p);
+            }
+            Piece::Done(sum) => return Ok((text, probs, sum)),
             Piece::Error(e) => return Err(e),
         }
     }

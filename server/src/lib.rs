@@ -21,7 +21,9 @@ mod gen;
 mod metrics;
 mod native;
 mod openai;
+mod probs;
 mod request;
+mod unsupported;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -400,6 +402,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             match loaded {
                 Ok((scheduler, engine)) => {
                     model_args.lock_memory();
+                    if let Err(e) = defaults.check_vocab(engine.tokenizer().n_vocab()) {
+                        let _ = fail_tx.send(format!("{}: {e}", e.flag()));
+                        return;
+                    }
                     let model_id = alias.unwrap_or_else(|| {
                         model_path
                             .file_name()

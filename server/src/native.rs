@@ -17,7 +17,9 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::gen::{self, Piece};
 use crate::openai::{data, sse};
-use crate::request::{self, MessageIn, PromptField, Sampling, StopField};
+use crate::probs;
+use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
+use crate::unsupported;
 use crate::AppState;
 
 #[derive(Deserialize, Debug)]
@@ -46,6 +48,14 @@ fn settings(p: &SamplerParams, n_predict: usize, stop: &[String], n_ctx: usize) 
         "min_p": p.min_p,
         "repeat_penalty": p.repeat_penalty,
         "repeat_last_n": p.repeat_last_n,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        // As llama-server lists it; a ban (-inf) is null in its JSON.
+        "logit_bias": p
+            .logit_bias
+            .iter()
+            .map(|&(id, b)| json!({ "bias": if b.is_finite() { json!(b) } else { Value::Null }, "token": id }))
+            .collect::<Vec<_>>(),
         "seed": p.seed.map(|s| s as i64).unwrap_or(-1),
         "stop": stop,
     })
@@ -75,13 +85,16 @@ pub async fn completion(
     let body = body?;
     let r = state.ready()?;
     let req: CompletionRequest = request::parse_json(&body)?;
+    unsupported::refuse_unimplemented(&body)?;
+    let want = request::probs_request(&body, ProbsApi::Native)?;
+    let post = want.is_some_and(|w| w.post_sampling);
     let prompt = req.prompt.tokenize(r.engine.as_ref())?;
     let (field, max) = match (req.n_predict, req.max_tokens) {
         (Some(n), _) => ("n_predict", Some(n)),
         (None, m) => ("max_tokens", m),
     };
     let n_predict = request::n_predict(field, max)?;
-    let sampler = req.sampling.params(&r.defaults)?;
+    let sampler = req.sampling.params(&r.defaults, r.engine.as_ref())?;
     let stop = req.stop.map(StopField::into_vec).unwrap_or_default();
     let generation_settings = settings(&sampler, n_predict, &stop, r.engine.n_ctx());
     let greq = GenRequest {
@@ -91,21 +104,31 @@ pub async fn completion(
         stop,
         cache_prompt: req.cache_prompt.unwrap_or(true),
         ignore_eos: req.ignore_eos,
+        probs: want,
     };
     let started = gen::start(r, greq)?;
     let model = r.model_id.clone();
     if !req.stream {
-        let (text, sum) = gen::collect(started, state.abort.clone()).await?;
+        let (text, ps, sum) = gen::collect_with_probs(started, state.abort.clone()).await?;
         let mut v = json!({
             "content": text,
             "model": model,
             "generation_settings": generation_settings,
         });
+        if want.is_some() {
+            v["completion_probabilities"] = probs::entries(r.engine.tokenizer(), &ps, post);
+        }
         final_fields(&mut v, &sum);
         return Ok(Json(v).into_response());
     }
+    let engine = r.engine.clone();
     let events = gen::pieces(started, state.abort.clone()).map(move |p| match p {
         Piece::Text(t) => data(&json!({ "content": t, "stop": false })),
+        Piece::Token { text, probs: p } => data(&json!({
+            "content": text,
+            "stop": false,
+            "completion_probabilities": probs::entries(engine.tokenizer(), &[p], post),
+        })),
         Piece::Done(sum) => {
             let mut v = json!({
                 "content": "",

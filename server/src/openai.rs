@@ -18,7 +18,9 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::gen::{self, Piece};
-use crate::request::{self, MessageIn, PromptField, Sampling, StopField};
+use crate::probs;
+use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
+use crate::unsupported;
 use crate::{new_id, unix_now, AppState};
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
@@ -57,7 +59,6 @@ pub struct Common {
     pub sampling: Sampling,
     pub stop: Option<StopField>,
     pub n: Option<i64>,
-    pub logprobs: Option<Value>,
     #[serde(default)]
     pub ignore_eos: bool,
     pub cache_prompt: Option<bool>,
@@ -82,21 +83,12 @@ impl Common {
                 ));
             }
         }
-        if matches!(
-            self.logprobs,
-            Some(Value::Bool(true)) | Some(Value::Number(_))
-        ) {
-            return Err(ApiError::invalid_field(
-                "logprobs",
-                "logprobs are not supported by this server",
-            ));
-        }
         let (field, max) = match (self.max_completion_tokens, self.max_tokens) {
             (Some(m), _) => ("max_completion_tokens", Some(m)),
             (None, m) => ("max_tokens", m),
         };
         let n_predict = request::n_predict(field, max)?;
-        let sampler = self.sampling.params(&r.defaults)?;
+        let sampler = self.sampling.params(&r.defaults, r.engine.as_ref())?;
         Ok(GenRequest {
             prompt,
             n_predict,
@@ -104,6 +96,7 @@ impl Common {
             stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
             cache_prompt: self.cache_prompt.unwrap_or(true),
             ignore_eos: self.ignore_eos,
+            probs: None,
         })
     }
 }
@@ -124,6 +117,8 @@ pub async fn chat_completions(
     let body = body?;
     let r = state.ready()?;
     let req: ChatRequest = request::parse_json(&body)?;
+    unsupported::refuse_unimplemented(&body)?;
+    let want = request::probs_request(&body, ProbsApi::Chat)?;
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::invalid_field(
             "tools",
@@ -135,13 +130,19 @@ pub async fn chat_completions(
     let prompt = request::tokenize_rendered(r.engine.as_ref(), &text)?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();
-    let greq = req.common.request(&state, prompt)?;
+    let mut greq = req.common.request(&state, prompt)?;
+    greq.probs = want;
+    let post = want.is_some_and(|w| w.post_sampling);
     let started = gen::start(r, greq)?;
     let id = new_id("chatcmpl");
     let created = unix_now();
     let model = r.model_id.clone();
     if !stream {
-        let (text, sum) = gen::collect(started, state.abort.clone()).await?;
+        let (text, ps, sum) = gen::collect_with_probs(started, state.abort.clone()).await?;
+        let logprobs = match want {
+            Some(_) => json!({ "content": probs::entries(r.engine.tokenizer(), &ps, post) }),
+            None => Value::Null,
+        };
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
@@ -150,7 +151,7 @@ pub async fn chat_completions(
             "choices": [{
                 "index": 0,
                 "message": { "role": "assistant", "content": text },
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": gen::finish_reason(&sum),
             }],
             "usage": gen::usage(&sum),
@@ -168,9 +169,16 @@ pub async fn chat_completions(
         })
     };
     let first = data(&chunk(json!({"role": "assistant", "content": ""}), None));
+    let engine = r.engine.clone();
     let events = gen::pieces(started, state.abort.clone()).flat_map(move |p| {
         let evs = match p {
             Piece::Text(t) => vec![data(&chunk(json!({ "content": t }), None))],
+            Piece::Token { text, probs: p } => {
+                let mut c = chunk(json!({ "content": text }), None);
+                let entries = probs::entries(engine.tokenizer(), &[p], post);
+                c["choices"][0]["logprobs"] = json!({ "content": entries });
+                vec![data(&c)]
+            }
             Piece::Done(sum) => stream_end(
                 chunk(json!({}), Some(gen::finish_reason(&sum))),
                 include_usage.then(|| chunk(json!({}), None)),
@@ -199,6 +207,8 @@ pub async fn completions(
     let body = body?;
     let r = state.ready()?;
     let req: CompletionRequest = request::parse_json(&body)?;
+    unsupported::refuse_unimplemented(&body)?;
+    let want = request::probs_request(&body, ProbsApi::Completions)?;
     if req.echo {
         return Err(ApiError::invalid_field(
             "echo",
@@ -208,13 +218,19 @@ pub async fn completions(
     let prompt = req.prompt.tokenize(r.engine.as_ref())?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();
-    let greq = req.common.request(&state, prompt)?;
+    let mut greq = req.common.request(&state, prompt)?;
+    greq.probs = want;
+    let post = want.is_some_and(|w| w.post_sampling);
     let started = gen::start(r, greq)?;
     let id = new_id("cmpl");
     let created = unix_now();
     let model = r.model_id.clone();
     if !stream {
-        let (text, sum) = gen::collect(started, state.abort.clone()).await?;
+        let (text, ps, sum) = gen::collect_with_probs(started, state.abort.clone()).await?;
+        let logprobs = match want {
+            Some(_) => probs::legacy(r.engine.tokenizer(), &ps, 0, post).0,
+            None => Value::Null,
+        };
         return Ok(Json(json!({
             "id": id,
             "object": "text_completion",
@@ -223,7 +239,7 @@ pub async fn completions(
             "choices": [{
                 "index": 0,
                 "text": text,
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": gen::finish_reason(&sum),
             }],
             "usage": gen::usage(&sum),
@@ -240,9 +256,18 @@ pub async fn completions(
             "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
         })
     };
+    let engine = r.engine.clone();
+    let mut offset = 0;
     let events = gen::pieces(started, state.abort.clone()).flat_map(move |p| {
         let evs = match p {
             Piece::Text(t) => vec![data(&chunk(&t, None))],
+            Piece::Token { text, probs: p } => {
+                let mut c = chunk(&text, None);
+                let (lp, next) = probs::legacy(engine.tokenizer(), &[p], offset, post);
+                offset = next;
+                c["choices"][0]["logprobs"] = lp;
+                vec![data(&c)]
+            }
             Piece::Done(sum) => stream_end(
                 chunk("", Some(gen::finish_reason(&sum))),
                 include_usage.then(|| chunk("", None)),

@@ -5,8 +5,9 @@
 use axum::body::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde_json::Value;
 
-use longhaul::sample::{SampleParamError, SamplerParams};
+use longhaul::sample::{ProbsRequest, SampleParamError, SamplerParams};
 use longhaul::tokenizer::ChatMessage;
 
 use crate::error::ApiError;
@@ -202,6 +203,11 @@ pub struct Sampling {
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
     pub repeat_last_n: Option<i32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// OpenAI's `{"token id": bias}` or llama-server's `[[id or text, bias]]`
+    /// (a bias of `false` bans the token); replaces the server's default.
+    pub logit_bias: Option<Value>,
     pub seed: Option<i64>,
 }
 
@@ -209,7 +215,11 @@ impl Sampling {
     /// The request's settings over `defaults`, checked by the validator
     /// the CLI also uses ([`SamplerParams::validate`]): a refused value is
     /// a 400 naming its field.
-    pub fn params(&self, defaults: &SamplerParams) -> Result<SamplerParams, ApiError> {
+    pub fn params(
+        &self,
+        defaults: &SamplerParams,
+        engine: &dyn EngineInfo,
+    ) -> Result<SamplerParams, ApiError> {
         let invalid = |e: SampleParamError| ApiError::invalid_field(e.field(), e.to_string());
         let mut p = defaults.clone();
         if let Some(v) = self.temperature {
@@ -230,10 +240,21 @@ impl Sampling {
         if let Some(v) = self.repeat_last_n {
             p.repeat_last_n = v;
         }
+        if let Some(v) = self.presence_penalty {
+            p.presence_penalty = v;
+        }
+        if let Some(v) = self.frequency_penalty {
+            p.frequency_penalty = v;
+        }
+        if let Some(v) = self.logit_bias.as_ref().filter(|v| !v.is_null()) {
+            p.logit_bias = logit_bias(v, engine)?;
+        }
         if let Some(s) = self.seed {
             p.seed = SamplerParams::seed_from_i64(s).map_err(invalid)?;
         }
         p.validate().map_err(invalid)?;
+        p.check_vocab(engine.tokenizer().n_vocab())
+            .map_err(invalid)?;
         Ok(p)
     }
 }
@@ -248,4 +269,157 @@ pub fn n_predict(field: &str, v: Option<i64>) -> Result<usize, ApiError> {
             format!("{field} {n} is invalid: give a count >= 0 (-1 = no limit)"),
         )),
     }
+}
+
+/// `logit_bias` in the forms llama-server reads: an object `{"15043": 1.0}`
+/// (OpenAI's; a key that is not a number is text, each of its tokens
+/// biased) or a list of `[id or text, bias]` pairs; a bias is a number, or
+/// `false` to ban the token (`-inf`). Where llama-server skips an entry it
+/// cannot read, this is a 400 naming the field.
+fn logit_bias(v: &Value, engine: &dyn EngineInfo) -> Result<Vec<(u32, f32)>, ApiError> {
+    let field_err =
+        |msg: String| ApiError::invalid_field("logit_bias", format!("logit_bias: {msg}"));
+    let bias_of = |key: &str, b: &Value| -> Result<f32, ApiError> {
+        match b {
+            Value::Number(n) => Ok(n.as_f64().unwrap_or(f64::NAN) as f32),
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            other => Err(field_err(format!(
+                "the bias of {key} is {other}; give a number, or false to ban the token"
+            ))),
+        }
+    };
+    let tok = engine.tokenizer();
+    let n_vocab = tok.n_vocab();
+    let mut out = Vec::new();
+    let mut push = |key: &Value, bias: f32| -> Result<(), ApiError> {
+        match key {
+            Value::Number(n) => match n.as_u64().filter(|&id| id < n_vocab as u64) {
+                Some(id) => out.push((id as u32, bias)),
+                None => {
+                    return Err(field_err(format!(
+                        "token id {n} is out of range (the vocabulary has {n_vocab} tokens)"
+                    )))
+                }
+            },
+            Value::String(text) => {
+                let ids = tok
+                    .encode(text, false, false)
+                    .map_err(|e| field_err(e.to_string()))?;
+                out.extend(ids.into_iter().map(|id| (id, bias)));
+            }
+            other => {
+                return Err(field_err(format!(
+                    "{other} is not a token: give a token id or a text"
+                )))
+            }
+        }
+        Ok(())
+    };
+    match v {
+        Value::Object(map) => {
+            for (k, b) in map {
+                let bias = bias_of(&format!("\"{k}\""), b)?;
+                let key = match k.trim().parse::<i64>() {
+                    Ok(id) => Value::from(id),
+                    Err(_) => Value::String(k.clone()),
+                };
+                push(&key, bias)?;
+            }
+        }
+        Value::Array(pairs) => {
+            for pair in pairs {
+                match pair.as_array().map(Vec::as_slice) {
+                    Some([key, b]) => {
+                        let bias = bias_of(&key.to_string(), b)?;
+                        push(key, bias)?;
+                    }
+                    _ => return Err(field_err(format!("{pair} is not a [token, bias] pair"))),
+                }
+            }
+        }
+        other => {
+            return Err(field_err(format!(
+            "{other} is neither an object {{\"token id\": bias}} nor a list of [token, bias] pairs"
+        )))
+        }
+    }
+    Ok(out)
+}
+
+/// A token-probability count field (`n_probs`, `logprobs`, `top_logprobs`):
+/// `None` when absent or null, else a count >= 0.
+fn count_field(body: &Value, field: &str) -> Result<Option<usize>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+            ApiError::invalid_field(field, format!("{field} {v} is invalid: give a count >= 0"))
+        }),
+    }
+}
+
+/// Which endpoint's spelling of the probability fields a request uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbsApi {
+    /// `/v1/chat/completions`: `logprobs: true` and `top_logprobs: N`.
+    Chat,
+    /// `/v1/completions`: `logprobs: N`.
+    Completions,
+    /// llama-server's `/completion`: `n_probs: N` (`logprobs` as its alias).
+    Native,
+}
+
+/// The per-token probabilities a request asks for, from its raw body.
+/// Every endpoint also takes llama-server's `n_probs` (on when > 0) and
+/// `post_sampling_probs`. `top_logprobs` without `logprobs: true` is a 400,
+/// as in llama-server.
+pub fn probs_request(body: &Bytes, api: ProbsApi) -> Result<Option<ProbsRequest>, ApiError> {
+    let body: Value = serde_json::from_slice(body).map_err(ApiError::from_json)?;
+    let n_probs = count_field(&body, "n_probs")?.filter(|&n| n > 0);
+    let n_top = match api {
+        ProbsApi::Chat => {
+            let top = count_field(&body, "top_logprobs")?;
+            match body.get("logprobs") {
+                Some(Value::Bool(true)) => Some(top.unwrap_or(0)),
+                None | Some(Value::Null) | Some(Value::Bool(false)) => {
+                    if top.is_some() {
+                        return Err(ApiError::invalid_field(
+                            "top_logprobs",
+                            "top_logprobs requires logprobs to be set to true",
+                        ));
+                    }
+                    n_probs
+                }
+                Some(v) => {
+                    return Err(ApiError::invalid_field(
+                        "logprobs",
+                        format!(
+                            "logprobs {v} is invalid: give true or false (and top_logprobs: N)"
+                        ),
+                    ))
+                }
+            }
+        }
+        ProbsApi::Completions => match body.get("logprobs") {
+            Some(Value::Bool(b)) => b.then_some(0).or(n_probs),
+            _ => count_field(&body, "logprobs")?.or(n_probs),
+        },
+        ProbsApi::Native => match n_probs {
+            Some(n) => Some(n),
+            None => count_field(&body, "logprobs")?.filter(|&n| n > 0),
+        },
+    };
+    let post_sampling = match body.get("post_sampling_probs") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ApiError::invalid_field(
+                "post_sampling_probs",
+                format!("post_sampling_probs {v} is invalid: give true or false"),
+            ))
+        }
+    };
+    Ok(n_top.map(|n_top| ProbsRequest {
+        n_top,
+        post_sampling,
+    }))
 }

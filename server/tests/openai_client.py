@@ -80,6 +80,36 @@ streamed = "".join(
 )
 assert streamed == text, (streamed, text)
 
+# Log probabilities: the client parses them into its types; greedy, so the
+# sampled token is the most likely one and top_logprobs are sorted.
+r = client.chat.completions.create(
+    model=model, messages=QUESTION, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+)
+content = r.choices[0].logprobs.content
+assert len(content) == r.usage.completion_tokens, (content, r.usage)
+for t in content:
+    assert len(t.top_logprobs) == 3, t
+    lps = [x.logprob for x in t.top_logprobs]
+    assert lps == sorted(lps, reverse=True), lps
+    assert t.token == t.top_logprobs[0].token and t.logprob == lps[0], t
+    assert t.logprob <= 0 and isinstance(t.bytes, list), t
+streamed = []
+for chunk in client.chat.completions.create(
+    model=model, messages=QUESTION, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
+    stream=True,
+):
+    for ch in chunk.choices:
+        if ch.logprobs is not None and ch.logprobs.content:
+            streamed.extend(ch.logprobs.content)
+assert [t.token for t in streamed] == [t.token for t in content], (streamed, content)
+r = client.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2
+)
+lp = r.choices[0].logprobs
+assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens, lp
+assert all(len(t) <= 2 for t in lp.top_logprobs), lp
+assert lp.text_offset[0] == 0, lp
+
 # Errors surface as the client's exception types.
 try:
     client.chat.completions.create(model=model, messages=QUESTION, n=2)
