@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod constrain;
 pub mod engine;
 pub mod gguf;
 pub mod kv;
@@ -18,3 +19,4 @@ pub mod synth;
 pub mod tensor;
 pub mod threads;
 pub mod tokenizer;
+pub mod toolcall;

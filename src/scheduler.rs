@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::backend::Backend;
+use crate::constrain::Constraint;
 use crate::engine::Engine;
 use crate::kv::KvCache;
 use crate::longhaul::CacheStats;
@@ -37,6 +38,9 @@ pub struct GenRequest {
     pub cache_prompt: bool,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Tokens limited to a grammar's (see [`crate::constrain`]); the
+    /// generation stops (`Stop`) when the grammar is complete.
+    pub constraint: Option<Constraint>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,6 +269,8 @@ impl Scheduler {
 struct Active {
     job: Job,
     sampler: Sampler,
+    /// The request's grammar state, advanced by each sampled token.
+    constraint: Option<Constraint>,
     history: Vec<u32>,
     /// Prompt tokens not evaluated yet; empty once the request decodes.
     prefill: Vec<u32>,
@@ -402,6 +408,7 @@ impl<B: Backend> Worker<B> {
         let now = Instant::now();
         slot.active = Some(Active {
             sampler: Sampler::new(job.req.sampler.clone()),
+            constraint: job.req.constraint.clone(),
             history: prompt.clone(),
             prefill: prompt[reuse..].to_vec(),
             pending: 0,
@@ -509,13 +516,20 @@ impl<B: Backend> Worker<B> {
                 }
                 // Each sampler reads a whole row of logits (greedy: an argmax
                 // over the vocabulary): the slots sample in parallel.
-                let toks: Vec<u32> = ready
+                let toks: Vec<Result<(u32, bool), String>> = ready
                     .par_iter_mut()
-                    .map(|(_, k, a)| a.sampler.sample(all.seq(*k), &a.history))
+                    .map(|(_, k, a)| Self::sample(a, all.seq(*k)))
                     .collect();
                 for ((i, _, mut a), tok) in ready.into_iter().zip(toks) {
                     let s = &mut self.slots[i];
-                    if !Self::accept(&engine, &mut a, tok, s.kv.n_past(), s.kv.n_ctx()) {
+                    let (tok, complete) = match tok {
+                        Ok(t) => t,
+                        Err(e) => {
+                            let _ = a.job.events.send(GenEvent::Error(e));
+                            continue;
+                        }
+                    };
+                    if !Self::accept(&engine, &mut a, tok, complete, s.kv.n_past(), s.kv.n_ctx()) {
                         s.active = Some(a);
                     }
                 }
@@ -534,9 +548,31 @@ impl<B: Backend> Worker<B> {
         }
     }
 
+    /// Samples the next token of `a` from its row of logits, within its
+    /// constraint if it has one; the flag is true when that token
+    /// completes the constraint's grammar.
+    fn sample(a: &mut Active, logits: &[f32]) -> Result<(u32, bool), String> {
+        let Some(c) = a.constraint.as_mut() else {
+            return Ok((a.sampler.sample(logits, &a.history), false));
+        };
+        let mut masked = logits.to_vec();
+        c.apply(&mut masked).map_err(|e| e.to_string())?;
+        let tok = a.sampler.sample(&masked, &a.history);
+        let complete = c.commit(tok).map_err(|e| e.to_string())?;
+        Ok((tok, complete))
+    }
+
     /// Takes the sampled `tok`, emits it, and returns true when the request
-    /// is finished (its `Done` already sent).
-    fn accept(engine: &Engine<B>, a: &mut Active, tok: u32, n_past: usize, n_ctx: usize) -> bool {
+    /// is finished (its `Done` already sent). `complete`: `tok` completes
+    /// the request's grammar, which ends the generation (`Stop`).
+    fn accept(
+        engine: &Engine<B>,
+        a: &mut Active,
+        tok: u32,
+        complete: bool,
+        n_past: usize,
+        n_ctx: usize,
+    ) -> bool {
         a.history.push(tok);
         a.n_gen += 1;
         a.pending = tok;
@@ -572,7 +608,7 @@ impl<B: Backend> Worker<B> {
             let _ = a.job.events.send(GenEvent::Token { id: tok, text });
             return Self::finish(a, FinishReason::Stop, Some(word));
         }
-        let done = a.n_gen >= req.n_predict || n_past + 1 >= n_ctx;
+        let done = complete || a.n_gen >= req.n_predict || n_past + 1 >= n_ctx;
         // Hold back a tail that may still become a stop string.
         let mut keep = if done {
             a.text.len()
@@ -593,6 +629,9 @@ impl<B: Backend> Worker<B> {
         let text = a.text[a.emitted..keep.max(a.emitted)].to_string();
         a.emitted = keep.max(a.emitted);
         let _ = a.job.events.send(GenEvent::Token { id: tok, text });
+        if complete {
+            return Self::finish(a, FinishReason::Stop, None);
+        }
         if done {
             return Self::finish(a, FinishReason::Length, None);
         }

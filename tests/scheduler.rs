@@ -47,6 +47,7 @@ fn req(prompt: Vec<u32>, n: usize) -> GenRequest {
         stop: Vec::new(),
         cache_prompt: true,
         ignore_eos: true,
+        constraint: None,
     }
 }
 

@@ -18,6 +18,7 @@ use crate::error::ApiError;
 use crate::gen::{self, Piece};
 use crate::openai::{data, sse};
 use crate::request::{self, MessageIn, PromptField, Sampling, StopField};
+use crate::structured::{self, StructuredFields};
 use crate::AppState;
 
 #[derive(Deserialize, Debug)]
@@ -34,6 +35,8 @@ pub struct CompletionRequest {
     pub stop: Option<StopField>,
     #[serde(default)]
     pub ignore_eos: bool,
+    #[serde(flatten)]
+    pub structured: StructuredFields,
 }
 
 fn settings(p: &SamplerParams, n_predict: usize, stop: &[String], n_ctx: usize) -> Value {
@@ -84,6 +87,11 @@ pub async fn completion(
     let sampler = req.sampling.params(&r.defaults)?;
     let stop = req.stop.map(StopField::into_vec).unwrap_or_default();
     let generation_settings = settings(&sampler, n_predict, &stop, r.engine.n_ctx());
+    let constraint = structured::constraint(
+        r.engine.as_ref(),
+        &req.structured,
+        r.default_constraint.as_ref(),
+    )?;
     let greq = GenRequest {
         prompt,
         n_predict,
@@ -91,6 +99,7 @@ pub async fn completion(
         stop,
         cache_prompt: req.cache_prompt.unwrap_or(true),
         ignore_eos: req.ignore_eos,
+        constraint,
     };
     let started = gen::start(r, greq)?;
     let model = r.model_id.clone();

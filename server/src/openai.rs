@@ -19,6 +19,8 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::gen::{self, Piece};
 use crate::request::{self, MessageIn, PromptField, Sampling, StopField};
+use crate::structured::{self, StructuredFields};
+use crate::tools::{self, ToolStream};
 use crate::{new_id, unix_now, AppState};
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
@@ -61,6 +63,8 @@ pub struct Common {
     #[serde(default)]
     pub ignore_eos: bool,
     pub cache_prompt: Option<bool>,
+    #[serde(flatten)]
+    pub structured: StructuredFields,
 }
 
 impl Common {
@@ -97,6 +101,11 @@ impl Common {
         };
         let n_predict = request::n_predict(field, max)?;
         let sampler = self.sampling.params(&r.defaults)?;
+        let constraint = structured::constraint(
+            r.engine.as_ref(),
+            &self.structured,
+            r.default_constraint.as_ref(),
+        )?;
         Ok(GenRequest {
             prompt,
             n_predict,
@@ -104,6 +113,7 @@ impl Common {
             stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
             cache_prompt: self.cache_prompt.unwrap_or(true),
             ignore_eos: self.ignore_eos,
+            constraint,
         })
     }
 }
@@ -113,6 +123,8 @@ pub struct ChatRequest {
     pub messages: Vec<MessageIn>,
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -124,24 +136,54 @@ pub async fn chat_completions(
     let body = body?;
     let r = state.ready()?;
     let req: ChatRequest = request::parse_json(&body)?;
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid_field(
-            "tools",
-            "tool calls are not supported by this server",
-        ));
-    }
+    let plan = tools::plan(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        r.engine.template_source(),
+        req.common.structured.any(),
+    )?;
     let messages = request::chat_messages(req.messages)?;
-    let text = request::render_chat(r.engine.as_ref(), &messages, true)?;
+    let text = match &plan {
+        Some(p) => r
+            .engine
+            .apply_template_with_tools(&messages, true, Some(&p.tools))
+            .map_err(|e| ApiError::invalid_field("messages", e.to_string()))?,
+        None => request::render_chat(r.engine.as_ref(), &messages, true)?,
+    };
     let prompt = request::tokenize_rendered(r.engine.as_ref(), &text)?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();
-    let greq = req.common.request(&state, prompt)?;
+    let mut greq = req.common.request(&state, prompt)?;
+    if let Some(spec) = plan.as_ref().and_then(|p| p.constraint.as_ref()) {
+        let requested = structured::Requested {
+            spec: spec.clone(),
+            field: "tools",
+        };
+        greq.constraint = Some(structured::compile(r.engine.as_ref(), &requested)?);
+    }
+    let format = plan.map(|p| p.format);
     let started = gen::start(r, greq)?;
     let id = new_id("chatcmpl");
     let created = unix_now();
     let model = r.model_id.clone();
     if !stream {
         let (text, sum) = gen::collect(started, state.abort.clone()).await?;
+        let (message, finish) = match format {
+            Some(f) => {
+                let parsed = f.parse(&text);
+                let finish = if parsed.tool_calls.is_empty() {
+                    gen::finish_reason(&sum)
+                } else {
+                    "tool_calls"
+                };
+                (tools::message(&parsed), finish)
+            }
+            None => (
+                json!({ "role": "assistant", "content": text }),
+                gen::finish_reason(&sum),
+            ),
+        };
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
@@ -149,9 +191,9 @@ pub async fn chat_completions(
             "model": model,
             "choices": [{
                 "index": 0,
-                "message": { "role": "assistant", "content": text },
+                "message": message,
                 "logprobs": null,
-                "finish_reason": gen::finish_reason(&sum),
+                "finish_reason": finish,
             }],
             "usage": gen::usage(&sum),
             "timings": gen::timings(&sum),
@@ -168,14 +210,37 @@ pub async fn chat_completions(
         })
     };
     let first = data(&chunk(json!({"role": "assistant", "content": ""}), None));
+    let mut tool_stream = format.map(ToolStream::new);
     let events = gen::pieces(started, state.abort.clone()).flat_map(move |p| {
         let evs = match p {
-            Piece::Text(t) => vec![data(&chunk(json!({ "content": t }), None))],
-            Piece::Done(sum) => stream_end(
-                chunk(json!({}), Some(gen::finish_reason(&sum))),
-                include_usage.then(|| chunk(json!({}), None)),
-                &sum,
-            ),
+            Piece::Text(t) => match tool_stream.as_mut() {
+                Some(ts) => {
+                    let t = ts.push(&t);
+                    if t.is_empty() {
+                        vec![]
+                    } else {
+                        vec![data(&chunk(json!({ "content": t }), None))]
+                    }
+                }
+                None => vec![data(&chunk(json!({ "content": t }), None))],
+            },
+            Piece::Done(sum) => {
+                let mut finish = gen::finish_reason(&sum);
+                let mut evs = Vec::new();
+                if let Some(ts) = tool_stream.as_mut() {
+                    let (deltas, called) = ts.finish();
+                    evs.extend(deltas.into_iter().map(|d| data(&chunk(d, None))));
+                    if called {
+                        finish = "tool_calls";
+                    }
+                }
+                evs.extend(stream_end(
+                    chunk(json!({}), Some(finish)),
+                    include_usage.then(|| chunk(json!({}), None)),
+                    &sum,
+                ));
+                evs
+            }
             Piece::Error(e) => vec![data(&e.body()), done()],
         };
         stream::iter(evs)
