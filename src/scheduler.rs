@@ -41,6 +41,9 @@ pub struct GenRequest {
     /// Tokens limited to a grammar's (see [`crate::constrain`]); the
     /// generation stops (`Stop`) when the grammar is complete.
     pub constraint: Option<Constraint>,
+    /// Render control tokens in the text (tool-call formats whose markers
+    /// are special tokens need them to be parsed).
+    pub special: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -415,7 +418,7 @@ impl<B: Backend> Worker<B> {
             n_prompt: prompt.len(),
             n_cached: reuse,
             n_gen: 0,
-            dec: StreamDecoder::new(false),
+            dec: StreamDecoder::new(job.req.special),
             text: String::new(),
             emitted: 0,
             prompt_ms: 0.0,

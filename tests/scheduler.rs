@@ -48,6 +48,7 @@ fn req(prompt: Vec<u32>, n: usize) -> GenRequest {
         cache_prompt: true,
         ignore_eos: true,
         constraint: None,
+        special: false,
     }
 }
 

@@ -100,6 +100,7 @@ pub async fn completion(
         cache_prompt: req.cache_prompt.unwrap_or(true),
         ignore_eos: req.ignore_eos,
         constraint,
+        special: false,
     };
     let started = gen::start(r, greq)?;
     let model = r.model_id.clone();

@@ -114,6 +114,7 @@ impl Common {
             cache_prompt: self.cache_prompt.unwrap_or(true),
             ignore_eos: self.ignore_eos,
             constraint,
+            special: false,
         })
     }
 }
@@ -163,6 +164,7 @@ pub async fn chat_completions(
         greq.constraint = Some(structured::compile(r.engine.as_ref(), &requested)?);
     }
     let format = plan.map(|p| p.format);
+    greq.special = format.is_some_and(|f| f.needs_special_tokens());
     let started = gen::start(r, greq)?;
     let id = new_id("chatcmpl");
     let created = unix_now();

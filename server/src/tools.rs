@@ -248,3 +248,61 @@ impl ToolStream {
         (out, true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_passes_content_and_holds_a_call() {
+        let mut ts = ToolStream::new(ToolFormat::Hermes);
+        let mut sent = String::new();
+        for piece in ["Let me ", "check.\n<tool", "_call>\n{\"name\": \"f\", ", "\"arguments\": {\"x\": 1}}\n</tool_call>"] {
+            sent.push_str(&ts.push(piece));
+        }
+        // The tail "<tool" was held back until it turned out to be the marker.
+        assert_eq!(sent, "Let me check.\n");
+        let (deltas, called) = ts.finish();
+        assert!(called);
+        assert_eq!(deltas.len(), 1);
+        let call = &deltas[0]["tool_calls"][0];
+        assert_eq!(call["index"], 0);
+        assert_eq!(call["function"]["name"], "f");
+        assert_eq!(call["function"]["arguments"], "{\"x\":1}");
+    }
+
+    #[test]
+    fn stream_without_a_call_sends_everything() {
+        let mut ts = ToolStream::new(ToolFormat::Hermes);
+        let mut sent = ts.push("a < b and <to");
+        sent.push_str(&ts.push("day"));
+        let (deltas, called) = ts.finish();
+        assert!(!called);
+        for d in deltas {
+            sent.push_str(d["content"].as_str().unwrap());
+        }
+        assert_eq!(sent, "a < b and <today");
+    }
+
+    #[test]
+    fn plan_checks_tool_choice() {
+        let tools = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
+        let tmpl = Some("{{'<tool_call>'}}");
+        let p = plan(Some(&tools), Some(&json!("required")), Some(false), tmpl, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.format, ToolFormat::Hermes);
+        assert!(p.constraint.is_some());
+        let p = plan(Some(&tools), None, None, tmpl, false).unwrap().unwrap();
+        assert!(p.constraint.is_none(), "auto is not enforced");
+        assert!(plan(Some(&tools), Some(&json!("none")), None, tmpl, false)
+            .unwrap()
+            .is_none());
+        for bad in [json!("sometimes"), json!({"type": "function", "function": {"name": "g"}}), json!(3)] {
+            assert!(plan(Some(&tools), Some(&bad), None, tmpl, false).is_err(), "{bad}");
+        }
+        assert!(plan(Some(&tools), None, None, Some("{{'<|im_start|>'}}"), false).is_err());
+        assert!(plan(Some(&tools), Some(&json!("required")), None, tmpl, true).is_err());
+        assert!(plan(None, Some(&json!("required")), None, tmpl, false).is_err());
+    }
+}

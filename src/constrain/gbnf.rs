@@ -373,6 +373,8 @@ fn write_item(it: &Item, out: &mut String) {
             write_alts(alts, out);
             out.push(')');
         }
+        // Lark refuses a range that ends at 0: `x{0}` matches nothing.
+        Item::Repeat { max: Some(0), .. } => out.push_str("\"\""),
         Item::Repeat { item, min, max } => {
             out.push('(');
             write_item(item, out);

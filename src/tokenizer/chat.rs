@@ -174,14 +174,18 @@ impl ChatTemplate {
             .get_template(NAME)
             .map_err(|e| ChatTemplateError::Render(describe(&e)))?;
         let messages: Vec<minijinja::Value> = messages.iter().map(ChatMessage::to_value).collect();
-        let tools = tools.map(minijinja::Value::from_serialize);
-        tmpl.render(context! {
+        let ctx = context! {
             messages => messages,
-            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
-        })
+        };
+        // Without tools the name stays undefined, as transformers leaves it.
+        let ctx = match tools {
+            Some(t) => context! { tools => minijinja::Value::from_serialize(t), ..ctx },
+            None => ctx,
+        };
+        tmpl.render(ctx)
         .map_err(|e| ChatTemplateError::Render(describe(&e)))
     }
 }
