@@ -436,7 +436,8 @@ mod tests {
     fn gpt_oss_channels() {
         let f = ToolFormat::GptOss;
         assert_eq!(
-            f.parse("<|channel|>final<|message|>Hello, world!\nWhat's up?").content,
+            f.parse("<|channel|>final<|message|>Hello, world!\nWhat's up?")
+                .content,
             "Hello, world!\nWhat's up?"
         );
         let p = f.parse("<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>final<|message|>Hello, world!\nWhat's up?");

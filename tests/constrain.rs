@@ -20,7 +20,9 @@ fn tokenizer() -> Tokenizer {
 
 fn grammar(name: &str) -> ConstraintSpec {
     let p = fixture(&format!("grammars/{name}"));
-    ConstraintSpec::Gbnf(std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+    ConstraintSpec::Gbnf(
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
 }
 
 /// Feeds `text`'s tokens through `c`, checking each is allowed by the mask
@@ -43,13 +45,24 @@ fn feed(tok: &Tokenizer, c: &mut Constraint, text: &str) -> Result<bool, usize> 
 fn llamacpp_grammars_compile_and_mask_their_language() {
     let tok = tokenizer();
     let cz = Constrainer::new(&tok).expect("constrainer");
-    for name in ["json.gbnf", "arithmetic.gbnf", "list.gbnf", "chess.gbnf", "c.gbnf", "japanese.gbnf"] {
+    for name in [
+        "json.gbnf",
+        "arithmetic.gbnf",
+        "list.gbnf",
+        "chess.gbnf",
+        "c.gbnf",
+        "japanese.gbnf",
+    ] {
         cz.compile(&grammar(name))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     // (grammar, text, admitted)
     let cases = [
-        ("json.gbnf", "{\"a\": [1, 2.5, true, null], \"b\": {\"c\": \"d\\n\"}}", true),
+        (
+            "json.gbnf",
+            "{\"a\": [1, 2.5, true, null], \"b\": {\"c\": \"d\\n\"}}",
+            true,
+        ),
         ("json.gbnf", "{\"a\": tru}", false),
         ("json.gbnf", "[1, 2]", false), // root is an object
         ("arithmetic.gbnf", "x = (1 + y2) * 3\n", true),
@@ -62,7 +75,10 @@ fn llamacpp_grammars_compile_and_mask_their_language() {
         let r = feed(&tok, &mut c, text);
         assert_eq!(r.is_ok(), admitted, "{name} on {text:?}: {r:?}");
         if admitted {
-            assert!(c.is_accepting(), "{name}: {text:?} should be a complete match");
+            assert!(
+                c.is_accepting(),
+                "{name}: {text:?} should be a complete match"
+            );
         }
     }
 }
@@ -83,7 +99,9 @@ fn a_complete_grammar_ends_and_allows_end_of_generation() {
         .collect();
     assert!(!allowed.is_empty());
     assert!(
-        allowed.iter().all(|p| "yes".starts_with(p.as_str()) || "no".starts_with(p.as_str())),
+        allowed
+            .iter()
+            .all(|p| "yes".starts_with(p.as_str()) || "no".starts_with(p.as_str())),
         "{allowed:?}"
     );
     // "yes" completes the grammar: commit says so.
@@ -104,7 +122,9 @@ fn a_complete_grammar_ends_and_allows_end_of_generation() {
     // Logits past the vocabulary are never allowed.
     let mut wide = vec![0.0f32; tok.n_vocab() + 8];
     c.apply(&mut wide).unwrap();
-    assert!(wide[tok.n_vocab()..].iter().all(|&l| l == f32::NEG_INFINITY));
+    assert!(wide[tok.n_vocab()..]
+        .iter()
+        .all(|&l| l == f32::NEG_INFINITY));
 }
 
 #[test]
@@ -120,12 +140,20 @@ fn json_schema_masks_follow_the_schema() {
     let spec = ConstraintSpec::JsonSchema(schema);
     let mut c = cz.compile(&spec).unwrap();
     assert_eq!(feed(&tok, &mut c, "{\"n\": 12, \"tag\": \"b\"}"), Ok(true));
-    for bad in ["{\"n\": \"12\"", "{\"tag\": \"c\"", "{\"n\": 1, \"x\": 2", "[1]"] {
+    for bad in [
+        "{\"n\": \"12\"",
+        "{\"tag\": \"c\"",
+        "{\"n\": 1, \"x\": 2",
+        "[1]",
+    ] {
         let mut c = cz.compile(&spec).unwrap();
         assert!(feed(&tok, &mut c, bad).is_err(), "{bad:?} was admitted");
     }
     let mut c = cz.compile(&ConstraintSpec::json_object()).unwrap();
-    assert_eq!(feed(&tok, &mut c, "{\"any\": [1, {\"x\": null}]}"), Ok(true));
+    assert_eq!(
+        feed(&tok, &mut c, "{\"any\": [1, {\"x\": null}]}"),
+        Ok(true)
+    );
 }
 
 #[test]
@@ -138,7 +166,9 @@ fn bad_grammars_are_typed_errors() {
     assert!(matches!(e, ConstrainError::Gbnf(_)), "{e:?}");
     assert!(e.to_string().contains("`nope`"), "{e}");
     let e = cz
-        .compile(&ConstraintSpec::JsonSchema(json!({"$ref": "#/$defs/missing"})))
+        .compile(&ConstraintSpec::JsonSchema(
+            json!({"$ref": "#/$defs/missing"}),
+        ))
         .map(|_| ())
         .unwrap_err();
     assert!(matches!(e, ConstrainError::Schema(_)), "{e:?}");

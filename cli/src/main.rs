@@ -203,7 +203,13 @@ fn run_on<B: Backend>(
         None => None,
     };
     let mut sampler = Sampler::new(sampling);
-    let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler, constraint.as_mut())?;
+    let (_, stats) = stream(
+        &engine,
+        &tokens,
+        n_predict,
+        &mut sampler,
+        constraint.as_mut(),
+    )?;
     println!();
     print_stats(engine.load_time, &stats);
     report::longhaul_summary(&engine);

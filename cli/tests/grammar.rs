@@ -17,7 +17,11 @@ fn smollm2() -> PathBuf {
                 .join(".cache/longhaul/models")
         });
     let p = dir.join("smollm2-135m-instruct-q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run tools/fetch-models.sh", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run tools/fetch-models.sh",
+        p.display()
+    );
     p
 }
 
@@ -27,7 +31,17 @@ fn run(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_longhaul"))
         .env_remove("LONGHAUL_DEVICE")
         .stdin(Stdio::null())
-        .args(["run", "-m", m.to_str().unwrap(), "-ngl", "0", "-c", "256", "-t", "2"])
+        .args([
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-ngl",
+            "0",
+            "-c",
+            "256",
+            "-t",
+            "2",
+        ])
         .args(["--no-display-prompt", "--temp", "1", "-n", "80"])
         .args(args)
         .output()
@@ -41,7 +55,9 @@ fn stdout_of(out: &std::process::Output) -> String {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).trim_end_matches('\n').to_string()
+    String::from_utf8_lossy(&out.stdout)
+        .trim_end_matches('\n')
+        .to_string()
 }
 
 fn schema() -> Value {
@@ -69,12 +85,26 @@ fn assert_valid(text: &str, what: &str) {
 fn json_schema_flag_every_seed_validates() {
     let s = schema().to_string();
     for seed in ["1", "2", "3"] {
-        let out = run(&["-p", "A colour and a count as JSON:", "-s", seed, "--json-schema", &s]);
+        let out = run(&[
+            "-p",
+            "A colour and a count as JSON:",
+            "-s",
+            seed,
+            "--json-schema",
+            &s,
+        ]);
         assert_valid(&stdout_of(&out), &format!("--json-schema seed {seed}"));
     }
     let file = std::env::temp_dir().join(format!("longhaul-schema-{}.json", std::process::id()));
     std::fs::write(&file, &s).unwrap();
-    let out = run(&["-p", "JSON:", "-s", "4", "--json-schema-file", file.to_str().unwrap()]);
+    let out = run(&[
+        "-p",
+        "JSON:",
+        "-s",
+        "4",
+        "--json-schema-file",
+        file.to_str().unwrap(),
+    ]);
     let _ = std::fs::remove_file(&file);
     assert_valid(&stdout_of(&out), "--json-schema-file");
 }
@@ -89,7 +119,14 @@ fn grammar_flag_every_seed_matches() {
     }
     let file = std::env::temp_dir().join(format!("longhaul-grammar-{}.gbnf", std::process::id()));
     std::fs::write(&file, format!("{g}\n")).unwrap();
-    let out = run(&["-p", "Colour:", "-s", "4", "--grammar-file", file.to_str().unwrap()]);
+    let out = run(&[
+        "-p",
+        "Colour:",
+        "-s",
+        "4",
+        "--grammar-file",
+        file.to_str().unwrap(),
+    ]);
     let _ = std::fs::remove_file(&file);
     assert_valid(&stdout_of(&out), "--grammar-file");
 }

@@ -355,7 +355,11 @@ pub struct SampleArgs {
     #[arg(long = "grammar-file", value_name = "FILE", conflicts_with_all = ["json_schema", "json_schema_file"])]
     pub grammar_file: Option<PathBuf>,
     /// JSON schema the output must match, e.g. `{}` for any JSON object.
-    #[arg(long = "json-schema", value_name = "SCHEMA", conflicts_with = "json_schema_file")]
+    #[arg(
+        long = "json-schema",
+        value_name = "SCHEMA",
+        conflicts_with = "json_schema_file"
+    )]
     pub json_schema: Option<String>,
     /// File with the JSON schema.
     #[arg(long = "json-schema-file", value_name = "FILE")]
@@ -407,7 +411,10 @@ impl SampleArgs {
         } else if let Some(s) = &self.json_schema {
             Some(schema("--json-schema", s)?)
         } else if let Some(f) = &self.json_schema_file {
-            Some(schema("--json-schema-file", &read("--json-schema-file", f)?)?)
+            Some(schema(
+                "--json-schema-file",
+                &read("--json-schema-file", f)?,
+            )?)
         } else {
             None
         })

@@ -257,7 +257,12 @@ mod tests {
     fn stream_passes_content_and_holds_a_call() {
         let mut ts = ToolStream::new(ToolFormat::Hermes);
         let mut sent = String::new();
-        for piece in ["Let me ", "check.\n<tool", "_call>\n{\"name\": \"f\", ", "\"arguments\": {\"x\": 1}}\n</tool_call>"] {
+        for piece in [
+            "Let me ",
+            "check.\n<tool",
+            "_call>\n{\"name\": \"f\", ",
+            "\"arguments\": {\"x\": 1}}\n</tool_call>",
+        ] {
             sent.push_str(&ts.push(piece));
         }
         // The tail "<tool" was held back until it turned out to be the marker.
@@ -286,20 +291,37 @@ mod tests {
 
     #[test]
     fn plan_checks_tool_choice() {
-        let tools = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
+        let tools = vec![
+            json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}),
+        ];
         let tmpl = Some("{{'<tool_call>'}}");
-        let p = plan(Some(&tools), Some(&json!("required")), Some(false), tmpl, false)
-            .unwrap()
-            .unwrap();
+        let p = plan(
+            Some(&tools),
+            Some(&json!("required")),
+            Some(false),
+            tmpl,
+            false,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(p.format, ToolFormat::Hermes);
         assert!(p.constraint.is_some());
-        let p = plan(Some(&tools), None, None, tmpl, false).unwrap().unwrap();
+        let p = plan(Some(&tools), None, None, tmpl, false)
+            .unwrap()
+            .unwrap();
         assert!(p.constraint.is_none(), "auto is not enforced");
         assert!(plan(Some(&tools), Some(&json!("none")), None, tmpl, false)
             .unwrap()
             .is_none());
-        for bad in [json!("sometimes"), json!({"type": "function", "function": {"name": "g"}}), json!(3)] {
-            assert!(plan(Some(&tools), Some(&bad), None, tmpl, false).is_err(), "{bad}");
+        for bad in [
+            json!("sometimes"),
+            json!({"type": "function", "function": {"name": "g"}}),
+            json!(3),
+        ] {
+            assert!(
+                plan(Some(&tools), Some(&bad), None, tmpl, false).is_err(),
+                "{bad}"
+            );
         }
         assert!(plan(Some(&tools), None, None, Some("{{'<|im_start|>'}}"), false).is_err());
         assert!(plan(Some(&tools), Some(&json!("required")), None, tmpl, true).is_err());

@@ -32,11 +32,14 @@ fn person_schema() -> Value {
 
 /// `text` parsed as JSON and checked against `schema` by `jsonschema`.
 fn assert_valid(schema: &Value, text: &str, what: &str) -> Value {
-    let v: Value = serde_json::from_str(text)
-        .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text:?}"));
+    let v: Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text:?}"));
     let validator = jsonschema::validator_for(schema).expect("schema");
     let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
-    assert!(errors.is_empty(), "{what}: {text:?} fails the schema: {errors:?}");
+    assert!(
+        errors.is_empty(),
+        "{what}: {text:?} fails the schema: {errors:?}"
+    );
     v
 }
 
@@ -85,7 +88,11 @@ ws ::= [ ]?
         .await;
         assert_eq!(st, 200, "{v}");
         let text = v["content"].as_str().unwrap();
-        assert_valid(&person_schema(), text, &format!("/completion grammar seed {seed}"));
+        assert_valid(
+            &person_schema(),
+            text,
+            &format!("/completion grammar seed {seed}"),
+        );
         // A complete grammar ends the generation.
         assert_eq!(v["stop_type"], "eos", "{v}");
     }
@@ -103,7 +110,10 @@ ws ::= [ ]?
     assert_valid(&person_schema(), &text, "/v1/completions grammar streamed");
     let fins: Vec<_> = chunks
         .iter()
-        .filter_map(|c| c.pointer("/choices/0/finish_reason").and_then(Value::as_str))
+        .filter_map(|c| {
+            c.pointer("/choices/0/finish_reason")
+                .and_then(Value::as_str)
+        })
         .collect();
     assert_eq!(fins, ["stop"]);
 }
@@ -128,7 +138,11 @@ async fn json_schema_and_response_format_every_seed_validates() {
         )
         .await;
         assert_eq!(st, 200, "{v}");
-        assert_valid(&schema, v["content"].as_str().unwrap(), &format!("json_schema seed {seed}"));
+        assert_valid(
+            &schema,
+            v["content"].as_str().unwrap(),
+            &format!("json_schema seed {seed}"),
+        );
 
         // OpenAI's response_format json_schema on chat.
         let (st, v) = post(
@@ -164,7 +178,11 @@ async fn json_schema_and_response_format_every_seed_validates() {
         assert_eq!(st, 200, "{v}");
         if v["choices"][0]["finish_reason"] == "stop" {
             let text = v["choices"][0]["message"]["content"].as_str().unwrap();
-            assert_valid(&json!({"type": "object"}), text, &format!("json_object seed {seed}"));
+            assert_valid(
+                &json!({"type": "object"}),
+                text,
+                &format!("json_object seed {seed}"),
+            );
         }
     }
     // Streamed chat with response_format.
@@ -180,7 +198,10 @@ async fn json_schema_and_response_format_every_seed_validates() {
     .await;
     let text: String = chunks
         .iter()
-        .filter_map(|c| c.pointer("/choices/0/delta/content").and_then(Value::as_str))
+        .filter_map(|c| {
+            c.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+        })
         .collect();
     assert_valid(&schema, &text, "response_format streamed");
 }
@@ -191,11 +212,31 @@ async fn bad_grammars_and_schemas_are_400() {
     let c = client();
     let url = format!("{}/completion", s.url);
     let cases = [
-        (json!({"prompt": "x", "grammar": "root ::= undefined-rule\n"}), "grammar", "undefined-rule"),
-        (json!({"prompt": "x", "grammar": "root ::= \"a\n"}), "grammar", "GBNF"),
-        (json!({"prompt": "x", "grammar": "start ::= \"a\"\n"}), "grammar", "root"),
-        (json!({"prompt": "x", "json_schema": {"type": "object"}, "grammar": "root ::= \"a\"\n"}), "grammar", "not both"),
-        (json!({"prompt": "x", "json_schema": {"type": "nonsense"}}), "json_schema", "schema"),
+        (
+            json!({"prompt": "x", "grammar": "root ::= undefined-rule\n"}),
+            "grammar",
+            "undefined-rule",
+        ),
+        (
+            json!({"prompt": "x", "grammar": "root ::= \"a\n"}),
+            "grammar",
+            "GBNF",
+        ),
+        (
+            json!({"prompt": "x", "grammar": "start ::= \"a\"\n"}),
+            "grammar",
+            "root",
+        ),
+        (
+            json!({"prompt": "x", "json_schema": {"type": "object"}, "grammar": "root ::= \"a\"\n"}),
+            "grammar",
+            "not both",
+        ),
+        (
+            json!({"prompt": "x", "json_schema": {"type": "nonsense"}}),
+            "json_schema",
+            "schema",
+        ),
     ];
     for (body, field, needle) in cases {
         let (st, v) = post(&c, &url, &body).await;
@@ -277,11 +318,16 @@ async fn tools_required_gives_valid_calls() {
         assert_eq!(st, 200, "{v}");
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
-        let calls = choice["message"]["tool_calls"].as_array().expect("tool_calls");
+        let calls = choice["message"]["tool_calls"]
+            .as_array()
+            .expect("tool_calls");
         assert_eq!(calls.len(), 1, "{v}");
         let f = &calls[0]["function"];
         assert_eq!(calls[0]["type"], "function");
-        assert!(calls[0]["id"].as_str().is_some_and(|id| !id.is_empty()), "{v}");
+        assert!(
+            calls[0]["id"].as_str().is_some_and(|id| !id.is_empty()),
+            "{v}"
+        );
         let name = f["name"].as_str().unwrap();
         assert_valid(
             &tool_schema(&tools, name),
@@ -304,7 +350,11 @@ async fn tools_required_gives_valid_calls() {
     assert_eq!(st, 200, "{v}");
     let f = &v["choices"][0]["message"]["tool_calls"][0]["function"];
     assert_eq!(f["name"], "get_time", "{v}");
-    assert_valid(&tool_schema(&tools, "get_time"), f["arguments"].as_str().unwrap(), "named");
+    assert_valid(
+        &tool_schema(&tools, "get_time"),
+        f["arguments"].as_str().unwrap(),
+        "named",
+    );
 
     // Streamed: the call arrives as delta.tool_calls.
     let chunks = post_sse(
@@ -330,7 +380,10 @@ async fn tools_required_gives_valid_calls() {
     );
     let fins: Vec<_> = chunks
         .iter()
-        .filter_map(|c| c.pointer("/choices/0/finish_reason").and_then(Value::as_str))
+        .filter_map(|c| {
+            c.pointer("/choices/0/finish_reason")
+                .and_then(Value::as_str)
+        })
         .collect();
     assert_eq!(fins, ["tool_calls"]);
 
@@ -389,5 +442,8 @@ async fn tools_need_a_tool_template() {
     )
     .await;
     assert_eq!(st, 400, "{v}");
-    assert!(error_message(st, &v).contains("--chat-template-file"), "{v}");
+    assert!(
+        error_message(st, &v).contains("--chat-template-file"),
+        "{v}"
+    );
 }

@@ -263,7 +263,10 @@ impl<'a> Parser<'a> {
         };
         self.pos += 1;
         if max.is_some_and(|m| m < min) {
-            return Err(self.err(format!("repetition {{{min},{}}} has max below min", max.unwrap_or(0))));
+            return Err(self.err(format!(
+                "repetition {{{min},{}}} has max below min",
+                max.unwrap_or(0)
+            )));
         }
         Ok((min, max))
     }
@@ -468,13 +471,22 @@ mod tests {
     #[test]
     fn errors_name_the_problem() {
         assert!(to_lark("root ::= foo\n").unwrap_err().msg.contains("`foo`"));
-        assert!(to_lark("start ::= \"a\"\n").unwrap_err().msg.contains("root"));
+        assert!(to_lark("start ::= \"a\"\n")
+            .unwrap_err()
+            .msg
+            .contains("root"));
         assert!(to_lark("root ::= \"a\n").is_err());
         assert!(to_lark("root ::= [a\n").is_err());
         assert!(to_lark("root = \"a\"\n").unwrap_err().msg.contains("::="));
-        assert!(to_lark("root ::= \"\\q\"\n").unwrap_err().msg.contains("escape"));
+        assert!(to_lark("root ::= \"\\q\"\n")
+            .unwrap_err()
+            .msg
+            .contains("escape"));
         assert!(to_lark("root ::= * \"a\"\n").is_err());
         assert!(to_lark("root ::= \"a\"{3,1}\n").is_err());
-        assert_eq!(to_lark("root ::= \"a\"\n\nroot2 ::= ]\n").unwrap_err().line, 3);
+        assert_eq!(
+            to_lark("root ::= \"a\"\n\nroot2 ::= ]\n").unwrap_err().line,
+            3
+        );
     }
 }

@@ -186,7 +186,7 @@ impl ChatTemplate {
             None => ctx,
         };
         tmpl.render(ctx)
-        .map_err(|e| ChatTemplateError::Render(describe(&e)))
+            .map_err(|e| ChatTemplateError::Render(describe(&e)))
     }
 }
 
