@@ -65,7 +65,9 @@ fn llamacpp_grammars_compile_and_mask_their_language() {
         ),
         ("json.gbnf", "{\"a\": tru}", false),
         ("json.gbnf", "[1, 2]", false), // root is an object
-        ("arithmetic.gbnf", "x = (1 + y2) * 3\n", true),
+        // root is `expr "=" ws term "\n"`, and no blank follows an operator.
+        ("arithmetic.gbnf", "x = (1+y2*3)\n", true),
+        ("arithmetic.gbnf", "x = (1 + y2) * 3\n", false),
         ("arithmetic.gbnf", "x = = 1\n", false),
         ("list.gbnf", "- milk\n- eggs\n", true),
         ("list.gbnf", "* milk\n", false),

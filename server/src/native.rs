@@ -91,6 +91,7 @@ pub async fn completion(
         r.engine.as_ref(),
         &req.structured,
         r.default_constraint.as_ref(),
+        false,
     )?;
     let greq = GenRequest {
         prompt,

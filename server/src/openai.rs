@@ -105,6 +105,7 @@ impl Common {
             r.engine.as_ref(),
             &self.structured,
             r.default_constraint.as_ref(),
+            true,
         )?;
         Ok(GenRequest {
             prompt,

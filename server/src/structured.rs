@@ -27,19 +27,24 @@ pub struct Requested {
 
 impl StructuredFields {
     /// The request's constraint, following llama-server: `json_schema`
-    /// and `grammar` together are refused; `response_format` of type
+    /// and `grammar` together are refused on the OpenAI endpoints
+    /// (`openai`), while the native `/completion` takes the grammar;
+    /// `response_format` of type
     /// `json_object` (its `schema`, else any object) or `json_schema`
     /// (`json_schema.schema`) sets the schema; an empty schema means any
     /// object. `None` when the request asks for none.
-    pub fn requested(&self) -> Result<Option<Requested>, ApiError> {
+    pub fn requested(&self, openai: bool) -> Result<Option<Requested>, ApiError> {
         let grammar = self.grammar.as_deref().filter(|g| !g.is_empty());
         let mut schema = self.json_schema.clone().filter(|s| !s.is_null());
         let mut field = "json_schema";
         if schema.is_some() && grammar.is_some() {
-            return Err(ApiError::invalid_field(
-                "grammar",
-                "give either `json_schema` or `grammar`, not both",
-            ));
+            if openai {
+                return Err(ApiError::invalid_field(
+                    "grammar",
+                    "give either `json_schema` or `grammar`, not both",
+                ));
+            }
+            schema = None;
         }
         if let Some(rf) = &self.response_format {
             let kind = rf.get("type").and_then(Value::as_str).unwrap_or("");
@@ -97,13 +102,15 @@ impl StructuredFields {
 }
 
 /// Compiles the request's constraint, else the server's default one
-/// (`--grammar`, `--json-schema`, ...).
+/// (`--grammar`, `--json-schema`, ...); `openai` as in
+/// [`StructuredFields::requested`].
 pub fn constraint(
     engine: &dyn EngineInfo,
     fields: &StructuredFields,
     default: Option<&ConstraintSpec>,
+    openai: bool,
 ) -> Result<Option<Constraint>, ApiError> {
-    let req = match fields.requested()? {
+    let req = match fields.requested(openai)? {
         Some(r) => r,
         None => match default {
             Some(spec) => Requested {
