@@ -3,10 +3,11 @@
 //! and the server are thin clients of this module.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
+use crate::constrain::{ConstrainError, Constrainer, Constraint, ConstraintSpec};
 use crate::gguf::{self, GgufError};
 use crate::kv::KvCache;
 use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
@@ -26,6 +27,8 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Template(#[from] ChatTemplateError),
+    #[error(transparent)]
+    Constrain(#[from] ConstrainError),
     #[error("the prompt has {n_prompt} tokens but the context holds {n_ctx}; raise -c/--ctx-size")]
     PromptTooLong { n_prompt: usize, n_ctx: usize },
     #[error("the model has no chat template (tokenizer.chat_template); use `longhaul run` with a raw prompt")]
@@ -160,6 +163,8 @@ pub struct Engine<B: Backend> {
     pub params: EngineParams,
     pub load_time: Duration,
     pub longhaul: Option<LonghaulInfo>,
+    /// Built on the first constrained request (see [`Engine::constraint`]).
+    constrainer: OnceLock<Result<Constrainer, ConstrainError>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -241,6 +246,7 @@ impl<B: Backend> Engine<B> {
             params,
             load_time: t0.elapsed(),
             longhaul,
+            constrainer: OnceLock::new(),
         })
     }
 
@@ -311,8 +317,28 @@ impl<B: Backend> Engine<B> {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
+        self.apply_template_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`Engine::apply_template`] with OpenAI `tools` given to the template.
+    pub fn apply_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<String, EngineError> {
         let t = self.template.as_ref().ok_or(EngineError::NoChatTemplate)?;
-        Ok(t.render(messages, add_generation_prompt)?)
+        Ok(t.render_with_tools(messages, add_generation_prompt, tools)?)
+    }
+
+    /// Compiles `spec` for this model's tokenizer (the token table is built
+    /// on the first call).
+    pub fn constraint(&self, spec: &ConstraintSpec) -> Result<Constraint, ConstrainError> {
+        self.constrainer
+            .get_or_init(|| Constrainer::new(&self.tokenizer))
+            .as_ref()
+            .map_err(|e| e.clone())?
+            .compile(spec)
     }
 
     /// Evaluates `tokens` after what `kv` holds, in ubatches; returns the
@@ -349,6 +375,20 @@ impl<B: Backend> Engine<B> {
         prompt: &[u32],
         n_predict: usize,
         sampler: &mut Sampler,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenStats), EngineError> {
+        self.generate_constrained(kv, prompt, n_predict, sampler, None, on_token)
+    }
+
+    /// [`Engine::generate`] with the tokens limited to what `constraint`
+    /// allows; generation also stops when its grammar is complete.
+    pub fn generate_constrained(
+        &self,
+        kv: &mut KvCache<B>,
+        prompt: &[u32],
+        n_predict: usize,
+        sampler: &mut Sampler,
+        mut constraint: Option<&mut Constraint>,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenStats), EngineError> {
         if prompt.is_empty() {
@@ -365,11 +405,22 @@ impl<B: Backend> Engine<B> {
         let mut out = Vec::new();
         let t1 = Instant::now();
         while out.len() < n_predict {
-            let tok = sampler.sample(&logits, &history);
+            let mut complete = false;
+            let tok = match constraint.as_deref_mut() {
+                Some(c) => {
+                    c.apply(&mut logits)?;
+                    let tok = sampler.sample(&logits, &history);
+                    complete = c.commit(tok)?;
+                    tok
+                }
+                None => sampler.sample(&logits, &history),
+            };
             out.push(tok);
             history.push(tok);
+            // A token that completes the grammar is shown, then ends it.
             if self.tokenizer.is_eog(tok)
                 || !on_token(tok)
+                || complete
                 || out.len() == n_predict
                 || kv.n_past() >= kv.n_ctx()
             {

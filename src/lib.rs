@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod clock;
+pub mod constrain;
 pub mod engine;
 pub mod gguf;
 pub mod kv;
@@ -19,3 +20,4 @@ pub mod synth;
 pub mod tensor;
 pub mod threads;
 pub mod tokenizer;
+pub mod toolcall;

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::backend::Backend;
+use crate::constrain::Constraint;
 use crate::engine::Engine;
 use crate::kv::KvCache;
 use crate::longhaul::CacheStats;
@@ -39,6 +40,12 @@ pub struct GenRequest {
     pub ignore_eos: bool,
     /// Report each sampled token's probabilities (`None`: no cost).
     pub probs: Option<ProbsRequest>,
+    /// Tokens limited to a grammar's (see [`crate::constrain`]); the
+    /// generation stops (`Stop`) when the grammar is complete.
+    pub constraint: Option<Constraint>,
+    /// Render control tokens in the text (tool-call formats whose markers
+    /// are special tokens need them to be parsed).
+    pub special: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -269,6 +276,8 @@ impl Scheduler {
 struct Active {
     job: Job,
     sampler: Sampler,
+    /// The request's grammar state, advanced by each sampled token.
+    constraint: Option<Constraint>,
     history: Vec<u32>,
     /// Prompt tokens not evaluated yet; empty once the request decodes.
     prefill: Vec<u32>,
@@ -406,13 +415,14 @@ impl<B: Backend> Worker<B> {
         let now = Instant::now();
         slot.active = Some(Active {
             sampler: Sampler::new(job.req.sampler.clone()),
+            constraint: job.req.constraint.clone(),
             history: prompt.clone(),
             prefill: prompt[reuse..].to_vec(),
             pending: 0,
             n_prompt: prompt.len(),
             n_cached: reuse,
             n_gen: 0,
-            dec: StreamDecoder::new(false),
+            dec: StreamDecoder::new(job.req.special),
             text: String::new(),
             emitted: 0,
             prompt_ms: 0.0,
@@ -513,17 +523,21 @@ impl<B: Backend> Worker<B> {
                 }
                 // Each sampler reads a whole row of logits (greedy: an argmax
                 // over the vocabulary): the slots sample in parallel.
-                let toks: Vec<(u32, Option<TokenProbs>)> = ready
+                let toks: Vec<Result<(u32, Option<TokenProbs>, bool), String>> = ready
                     .par_iter_mut()
-                    .map(|(_, k, a)| {
-                        let want = a.job.req.probs;
-                        a.sampler.sample_with_probs(all.seq(*k), &a.history, want)
-                    })
+                    .map(|(_, k, a)| Self::sample(a, all.seq(*k)))
                     .collect();
-                for ((i, _, mut a), (tok, probs)) in ready.into_iter().zip(toks) {
+                for ((i, _, mut a), tok) in ready.into_iter().zip(toks) {
                     let s = &mut self.slots[i];
+                    let (tok, probs, complete) = match tok {
+                        Ok(t) => t,
+                        Err(e) => {
+                            let _ = a.job.events.send(GenEvent::Error(e));
+                            continue;
+                        }
+                    };
                     let (n_past, n_ctx) = (s.kv.n_past(), s.kv.n_ctx());
-                    if !Self::accept(&engine, &mut a, tok, probs, n_past, n_ctx) {
+                    if !Self::accept(&engine, &mut a, tok, probs, complete, n_past, n_ctx) {
                         s.active = Some(a);
                     }
                 }
@@ -542,13 +556,34 @@ impl<B: Backend> Worker<B> {
         }
     }
 
+    /// Samples the next token of `a` from its row of logits, within its
+    /// constraint if it has one; the flag is true when that token
+    /// completes the constraint's grammar.
+    fn sample(
+        a: &mut Active,
+        logits: &[f32],
+    ) -> Result<(u32, Option<TokenProbs>, bool), String> {
+        let want = a.job.req.probs;
+        let Some(c) = a.constraint.as_mut() else {
+            let (tok, probs) = a.sampler.sample_with_probs(logits, &a.history, want);
+            return Ok((tok, probs, false));
+        };
+        let mut masked = logits.to_vec();
+        c.apply(&mut masked).map_err(|e| e.to_string())?;
+        let (tok, probs) = a.sampler.sample_with_probs(&masked, &a.history, want);
+        let complete = c.commit(tok).map_err(|e| e.to_string())?;
+        Ok((tok, probs, complete))
+    }
+
     /// Takes the sampled `tok`, emits it, and returns true when the request
-    /// is finished (its `Done` already sent).
+    /// is finished (its `Done` already sent). `complete`: `tok` completes
+    /// the request's grammar, which ends the generation (`Stop`).
     fn accept(
         engine: &Engine<B>,
         a: &mut Active,
         tok: u32,
         probs: Option<TokenProbs>,
+        complete: bool,
         n_past: usize,
         n_ctx: usize,
     ) -> bool {
@@ -595,7 +630,7 @@ impl<B: Backend> Worker<B> {
             });
             return Self::finish(a, FinishReason::Stop, Some(word));
         }
-        let done = a.n_gen >= req.n_predict || n_past + 1 >= n_ctx;
+        let done = complete || a.n_gen >= req.n_predict || n_past + 1 >= n_ctx;
         // Hold back a tail that may still become a stop string.
         let mut keep = if done {
             a.text.len()
@@ -620,6 +655,9 @@ impl<B: Backend> Worker<B> {
             text,
             probs,
         });
+        if complete {
+            return Self::finish(a, FinishReason::Stop, None);
+        }
         if done {
             return Self::finish(a, FinishReason::Length, None);
         }

@@ -48,6 +48,8 @@ fn req(prompt: Vec<u32>, n: usize) -> GenRequest {
         cache_prompt: true,
         ignore_eos: true,
         probs: None,
+        constraint: None,
+        special: false,
     }
 }
 

@@ -17,6 +17,7 @@ use std::io::{BufRead, Write};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use longhaul::backend::Backend;
+use longhaul::constrain::Constraint;
 use longhaul::engine::{Engine, EngineParams, GenStats};
 use longhaul::kv::KvCache;
 use longhaul::sample::{Sampler, SamplerParams};
@@ -168,9 +169,10 @@ fn stream<B: Backend>(
     prompt: &[u32],
     n_predict: usize,
     sampler: &mut Sampler,
+    constraint: Option<&mut Constraint>,
 ) -> anyhow::Result<(Vec<u32>, GenStats)> {
     let mut kv = engine.new_kv()?;
-    stream_kv(engine, &mut kv, prompt, n_predict, sampler)
+    stream_kv(engine, &mut kv, prompt, n_predict, sampler, constraint)
 }
 
 /// [`stream`] continuing the sequence held by `kv`.
@@ -180,11 +182,12 @@ fn stream_kv<B: Backend>(
     prompt: &[u32],
     n_predict: usize,
     sampler: &mut Sampler,
+    constraint: Option<&mut Constraint>,
 ) -> anyhow::Result<(Vec<u32>, GenStats)> {
     let mut dec = StreamDecoder::new(false);
     let mut out = std::io::stdout().lock();
     let mut io_err = None;
-    let res = engine.generate(kv, prompt, n_predict, sampler, |tok| {
+    let res = engine.generate_constrained(kv, prompt, n_predict, sampler, constraint, |tok| {
         let text = dec.push(&engine.tokenizer, tok);
         if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
             io_err = Some(e);
@@ -264,8 +267,19 @@ fn run_on<B: Backend>(
     if !a.no_display_prompt {
         print!("{prompt}");
     }
+    // A grammar that does not compile fails before any output.
+    let mut constraint = match a.sample.constraint()? {
+        Some(spec) => Some(engine.constraint(&spec)?),
+        None => None,
+    };
     let mut sampler = Sampler::new(sampling);
-    let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler)?;
+    let (_, stats) = stream(
+        &engine,
+        &tokens,
+        n_predict,
+        &mut sampler,
+        constraint.as_mut(),
+    )?;
     println!();
     if info {
         print_stats(engine.load_time, &stats);
@@ -343,6 +357,11 @@ fn chat_on<B: Backend>(
     if let Some(s) = &a.system_prompt {
         messages.push(ChatMessage::new("system", s.clone()));
     }
+    // Each reply follows the grammar from its start.
+    let constraint = match a.sample.constraint()? {
+        Some(spec) => Some(engine.constraint(&spec)?),
+        None => None,
+    };
     let mut sampler = Sampler::new(sampling);
     let mut kv = engine.new_kv()?;
     let mut cached: Vec<u32> = Vec::new();
@@ -381,6 +400,7 @@ fn chat_on<B: Backend>(
             &tokens[common..],
             a.n_predict,
             &mut sampler,
+            constraint.clone().as_mut(),
         )?;
         // Every sampled token but the last was evaluated into the cache.
         cached.extend_from_slice(&tokens[common..]);

@@ -3,7 +3,10 @@
 //! defined here once and re-exported by the CLI, so `run`, `chat`, `bench`
 //! and `serve` spell them the same.
 
+use std::path::PathBuf;
+
 use clap::Args;
+use longhaul::constrain::ConstraintSpec;
 use longhaul::engine::{CacheBudget, EngineParams, LonghaulParams};
 use longhaul::longhaul::Policy;
 use longhaul::placement::{self, Placed};
@@ -449,6 +452,22 @@ pub struct SampleArgs {
     /// RNG seed (-1 or absent = random).
     #[arg(short = 's', long = "seed", allow_negative_numbers = true)]
     pub seed: Option<i64>,
+    /// GBNF grammar the output must match (llama.cpp's grammar format).
+    #[arg(long = "grammar", value_name = "GBNF", conflicts_with_all = ["grammar_file", "json_schema", "json_schema_file"])]
+    pub grammar: Option<String>,
+    /// File with the GBNF grammar.
+    #[arg(long = "grammar-file", value_name = "FILE", conflicts_with_all = ["json_schema", "json_schema_file"])]
+    pub grammar_file: Option<PathBuf>,
+    /// JSON schema the output must match, e.g. `{}` for any JSON object.
+    #[arg(
+        long = "json-schema",
+        value_name = "SCHEMA",
+        conflicts_with = "json_schema_file"
+    )]
+    pub json_schema: Option<String>,
+    /// File with the JSON schema.
+    #[arg(long = "json-schema-file", value_name = "FILE")]
+    pub json_schema_file: Option<PathBuf>,
 }
 
 impl SampleArgs {
@@ -473,6 +492,39 @@ impl SampleArgs {
         };
         p.validate().map_err(flag_err)?;
         Ok(p)
+    }
+
+    /// The constraint `--grammar`, `--grammar-file`, `--json-schema` or
+    /// `--json-schema-file` asks for (an empty schema means any object, as
+    /// in llama.cpp). Unreadable files and schemas that are not JSON name
+    /// their flag.
+    pub fn constraint(&self) -> anyhow::Result<Option<ConstraintSpec>> {
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
+        };
+        let schema = |flag: &str, text: &str| -> anyhow::Result<ConstraintSpec> {
+            let mut v: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| anyhow::anyhow!("{flag}: the schema is not valid JSON: {e}"))?;
+            if v.as_object().is_some_and(|o| o.is_empty()) {
+                v = serde_json::json!({"type": "object"});
+            }
+            Ok(ConstraintSpec::JsonSchema(v))
+        };
+        Ok(if let Some(g) = &self.grammar {
+            Some(ConstraintSpec::Gbnf(g.clone()))
+        } else if let Some(f) = &self.grammar_file {
+            Some(ConstraintSpec::Gbnf(read("--grammar-file", f)?))
+        } else if let Some(s) = &self.json_schema {
+            Some(schema("--json-schema", s)?)
+        } else if let Some(f) = &self.json_schema_file {
+            Some(schema(
+                "--json-schema-file",
+                &read("--json-schema-file", f)?,
+            )?)
+        } else {
+            None
+        })
     }
 }
 

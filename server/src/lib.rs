@@ -24,6 +24,8 @@ mod openai;
 mod probs;
 mod request;
 mod unsupported;
+mod structured;
+mod tools;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -38,6 +40,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use longhaul::backend::Backend;
+use longhaul::constrain::{ConstrainError, Constraint, ConstraintSpec};
 use longhaul::engine::{Engine, EngineError};
 use longhaul::sample::SamplerParams;
 use longhaul::scheduler::Scheduler;
@@ -57,11 +60,20 @@ pub trait EngineInfo: Send + Sync {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError>;
+    /// [`EngineInfo::apply_template`] with OpenAI `tools` given to the template.
+    fn apply_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<String, EngineError>;
     fn template_source(&self) -> Option<&str>;
     fn n_ctx(&self) -> usize;
     /// Whether the model's files are still the ones loaded (see
     /// [`longhaul::gguf::Model::check_files`]); the message says what changed.
     fn check_files(&self) -> Result<(), String>;
+    /// Compiles a grammar or schema for the model's tokenizer.
+    fn constraint(&self, spec: &ConstraintSpec) -> Result<Constraint, ConstrainError>;
 }
 
 impl<B: Backend> EngineInfo for Engine<B> {
@@ -75,6 +87,14 @@ impl<B: Backend> EngineInfo for Engine<B> {
     ) -> Result<String, EngineError> {
         Engine::apply_template(self, messages, add_generation_prompt)
     }
+    fn apply_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<String, EngineError> {
+        Engine::apply_template_with_tools(self, messages, add_generation_prompt, tools)
+    }
     fn template_source(&self) -> Option<&str> {
         self.template.as_ref().map(|t| t.source())
     }
@@ -83,6 +103,9 @@ impl<B: Backend> EngineInfo for Engine<B> {
     }
     fn check_files(&self) -> Result<(), String> {
         self.model.file.check_files().map_err(|e| e.to_string())
+    }
+    fn constraint(&self, spec: &ConstraintSpec) -> Result<Constraint, ConstrainError> {
+        Engine::constraint(self, spec)
     }
 }
 
@@ -97,6 +120,9 @@ pub struct Ready {
     /// Sampling settings of requests that do not give their own (the
     /// command line's `--temp`, `--top-k`, ...).
     pub defaults: SamplerParams,
+    /// The constraint of requests that do not give their own
+    /// (`--grammar`, `--grammar-file`, `--json-schema[-file]`).
+    pub default_constraint: Option<ConstraintSpec>,
     /// Unix time the model became ready.
     pub created: u64,
 }
@@ -351,6 +377,7 @@ fn new_id(prefix: &str) -> String {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let params = args.model.engine_params()?;
     let defaults = args.sample.params()?;
+    let default_constraint = args.sample.constraint()?;
     let http = args.http_config()?;
     let n_threads = args.model.n_threads();
     let placed = args.model.placement.resolve(&args.model.model)?;
@@ -399,6 +426,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         (scheduler, engine as Arc<dyn EngineInfo>)
                     })
                 });
+            // A default grammar that does not compile fails the start.
+            let loaded = loaded.map_err(|e| e.to_string()).and_then(|(s, engine)| {
+                match default_constraint.as_ref().map(|c| engine.constraint(c)) {
+                    Some(Err(e)) => Err(e.to_string()),
+                    _ => Ok((s, engine)),
+                }
+            });
             match loaded {
                 Ok((scheduler, engine)) => {
                     model_args.lock_memory();
@@ -426,11 +460,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         model_path: model_path.display().to_string(),
                         n_slots,
                         defaults,
+                        default_constraint,
                         created: unix_now(),
                     });
                 }
                 Err(e) => {
-                    let _ = fail_tx.send(e.to_string());
+                    let _ = fail_tx.send(e);
                 }
             }
         });

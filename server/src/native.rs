@@ -19,6 +19,7 @@ use crate::gen::{self, Piece};
 use crate::openai::{data, sse};
 use crate::probs;
 use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
+use crate::structured::{self, StructuredFields};
 use crate::unsupported;
 use crate::AppState;
 
@@ -36,6 +37,8 @@ pub struct CompletionRequest {
     pub stop: Option<StopField>,
     #[serde(default)]
     pub ignore_eos: bool,
+    #[serde(flatten)]
+    pub structured: StructuredFields,
 }
 
 fn settings(p: &SamplerParams, n_predict: usize, stop: &[String], n_ctx: usize) -> Value {
@@ -97,6 +100,12 @@ pub async fn completion(
     let sampler = req.sampling.params(&r.defaults, r.engine.as_ref())?;
     let stop = req.stop.map(StopField::into_vec).unwrap_or_default();
     let generation_settings = settings(&sampler, n_predict, &stop, r.engine.n_ctx());
+    let constraint = structured::constraint(
+        r.engine.as_ref(),
+        &req.structured,
+        r.default_constraint.as_ref(),
+        false,
+    )?;
     let greq = GenRequest {
         prompt,
         n_predict,
@@ -105,6 +114,8 @@ pub async fn completion(
         cache_prompt: req.cache_prompt.unwrap_or(true),
         ignore_eos: req.ignore_eos,
         probs: want,
+        constraint,
+        special: false,
     };
     let started = gen::start(r, greq)?;
     let model = r.model_id.clone();

@@ -21,6 +21,8 @@ use crate::gen::{self, Piece};
 use crate::probs;
 use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
 use crate::unsupported;
+use crate::structured::{self, StructuredFields};
+use crate::tools::{self, ToolStream};
 use crate::{new_id, unix_now, AppState};
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
@@ -62,6 +64,8 @@ pub struct Common {
     #[serde(default)]
     pub ignore_eos: bool,
     pub cache_prompt: Option<bool>,
+    #[serde(flatten)]
+    pub structured: StructuredFields,
 }
 
 impl Common {
@@ -89,6 +93,12 @@ impl Common {
         };
         let n_predict = request::n_predict(field, max)?;
         let sampler = self.sampling.params(&r.defaults, r.engine.as_ref())?;
+        let constraint = structured::constraint(
+            r.engine.as_ref(),
+            &self.structured,
+            r.default_constraint.as_ref(),
+            true,
+        )?;
         Ok(GenRequest {
             prompt,
             n_predict,
@@ -97,6 +107,8 @@ impl Common {
             cache_prompt: self.cache_prompt.unwrap_or(true),
             ignore_eos: self.ignore_eos,
             probs: None,
+            constraint,
+            special: false,
         })
     }
 }
@@ -106,6 +118,8 @@ pub struct ChatRequest {
     pub messages: Vec<MessageIn>,
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -119,20 +133,36 @@ pub async fn chat_completions(
     let req: ChatRequest = request::parse_json(&body)?;
     unsupported::refuse_unimplemented(&body)?;
     let want = request::probs_request(&body, ProbsApi::Chat)?;
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid_field(
-            "tools",
-            "tool calls are not supported by this server",
-        ));
-    }
+    let plan = tools::plan(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        r.engine.template_source(),
+        req.common.structured.any(),
+    )?;
     let messages = request::chat_messages(req.messages)?;
-    let text = request::render_chat(r.engine.as_ref(), &messages, true)?;
+    let text = match &plan {
+        Some(p) => r
+            .engine
+            .apply_template_with_tools(&messages, true, Some(&p.tools))
+            .map_err(|e| ApiError::invalid_field("messages", e.to_string()))?,
+        None => request::render_chat(r.engine.as_ref(), &messages, true)?,
+    };
     let prompt = request::tokenize_rendered(r.engine.as_ref(), &text)?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();
     let mut greq = req.common.request(&state, prompt)?;
     greq.probs = want;
     let post = want.is_some_and(|w| w.post_sampling);
+    if let Some(spec) = plan.as_ref().and_then(|p| p.constraint.as_ref()) {
+        let requested = structured::Requested {
+            spec: spec.clone(),
+            field: "tools",
+        };
+        greq.constraint = Some(structured::compile(r.engine.as_ref(), &requested)?);
+    }
+    let format = plan.map(|p| p.format);
+    greq.special = format.is_some_and(|f| f.needs_special_tokens());
     let started = gen::start(r, greq)?;
     let id = new_id("chatcmpl");
     let created = unix_now();
@@ -143,6 +173,21 @@ pub async fn chat_completions(
             Some(_) => json!({ "content": probs::entries(r.engine.tokenizer(), &ps, post) }),
             None => Value::Null,
         };
+        let (message, finish) = match format {
+            Some(f) => {
+                let parsed = f.parse(&text);
+                let finish = if parsed.tool_calls.is_empty() {
+                    gen::finish_reason(&sum)
+                } else {
+                    "tool_calls"
+                };
+                (tools::message(&parsed), finish)
+            }
+            None => (
+                json!({ "role": "assistant", "content": text }),
+                gen::finish_reason(&sum),
+            ),
+        };
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
@@ -150,9 +195,9 @@ pub async fn chat_completions(
             "model": model,
             "choices": [{
                 "index": 0,
-                "message": { "role": "assistant", "content": text },
+                "message": message,
                 "logprobs": logprobs,
-                "finish_reason": gen::finish_reason(&sum),
+                "finish_reason": finish,
             }],
             "usage": gen::usage(&sum),
             "timings": gen::timings(&sum),
@@ -170,20 +215,46 @@ pub async fn chat_completions(
     };
     let first = data(&chunk(json!({"role": "assistant", "content": ""}), None));
     let engine = r.engine.clone();
+    let mut tool_stream = format.map(ToolStream::new);
     let events = gen::pieces(started, state.abort.clone()).flat_map(move |p| {
+        // Text goes through the tool-call scanner when tools were given: a
+        // possible call is held back and sent as `tool_calls` at the end.
+        let mut content = |t: String| match tool_stream.as_mut() {
+            Some(ts) => ts.push(&t),
+            None => t,
+        };
         let evs = match p {
-            Piece::Text(t) => vec![data(&chunk(json!({ "content": t }), None))],
+            Piece::Text(t) => {
+                let t = content(t);
+                if t.is_empty() {
+                    vec![]
+                } else {
+                    vec![data(&chunk(json!({ "content": t }), None))]
+                }
+            }
             Piece::Token { text, probs: p } => {
-                let mut c = chunk(json!({ "content": text }), None);
+                let mut c = chunk(json!({ "content": content(text) }), None);
                 let entries = probs::entries(engine.tokenizer(), &[p], post);
                 c["choices"][0]["logprobs"] = json!({ "content": entries });
                 vec![data(&c)]
             }
-            Piece::Done(sum) => stream_end(
-                chunk(json!({}), Some(gen::finish_reason(&sum))),
-                include_usage.then(|| chunk(json!({}), None)),
-                &sum,
-            ),
+            Piece::Done(sum) => {
+                let mut finish = gen::finish_reason(&sum);
+                let mut evs = Vec::new();
+                if let Some(ts) = tool_stream.as_mut() {
+                    let (deltas, called) = ts.finish();
+                    evs.extend(deltas.into_iter().map(|d| data(&chunk(d, None))));
+                    if called {
+                        finish = "tool_calls";
+                    }
+                }
+                evs.extend(stream_end(
+                    chunk(json!({}), Some(finish)),
+                    include_usage.then(|| chunk(json!({}), None)),
+                    &sum,
+                ));
+                evs
+            }
             Piece::Error(e) => vec![data(&e.body()), done()],
         };
         stream::iter(evs)

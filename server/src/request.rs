@@ -136,6 +136,34 @@ pub struct MessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<ContentField>,
+    /// An assistant message's tool calls (OpenAI's shape).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// Tool calls as a chat template reads them: each `function.arguments`
+/// JSON string (OpenAI's spelling) parsed into its object, as llama.cpp
+/// does for templates that write `arguments | tojson`.
+fn template_tool_calls(calls: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    calls
+        .into_iter()
+        .map(|mut c| {
+            if let Some(args) = c.pointer_mut("/function/arguments") {
+                if let Some(parsed) = args
+                    .as_str()
+                    .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+                {
+                    *args = parsed;
+                }
+            }
+            c
+        })
+        .collect()
 }
 
 /// Checks the messages and converts them for the chat template.
@@ -168,7 +196,11 @@ pub fn chat_messages(msgs: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiError>
                     s
                 }
             };
-            Ok(ChatMessage::new(m.role, content))
+            let mut msg = ChatMessage::new(m.role, content);
+            msg.tool_calls = template_tool_calls(m.tool_calls.unwrap_or_default());
+            msg.tool_call_id = m.tool_call_id;
+            msg.name = m.name;
+            Ok(msg)
         })
         .collect()
 }

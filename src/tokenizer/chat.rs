@@ -28,6 +28,13 @@ pub enum ChatTemplateError {
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant message's tool calls in OpenAI's shape (`{id, type,
+    /// function: {name, arguments}}`), given to the template as they are.
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A `tool` message: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function's name, where the client gave it.
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -35,7 +42,28 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
+    }
+
+    /// The message as the template sees it: `role`, `content`, and
+    /// `tool_calls`, `tool_call_id`, `name` where set.
+    fn to_value(&self) -> minijinja::Value {
+        let mut m = serde_json::Map::new();
+        m.insert("role".into(), self.role.clone().into());
+        m.insert("content".into(), self.content.clone().into());
+        if !self.tool_calls.is_empty() {
+            m.insert("tool_calls".into(), self.tool_calls.clone().into());
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.insert("tool_call_id".into(), id.clone().into());
+        }
+        if let Some(n) = &self.name {
+            m.insert("name".into(), n.clone().into());
+        }
+        minijinja::Value::from(minijinja::value::Serde(serde_json::Value::Object(m)))
     }
 }
 
@@ -135,21 +163,35 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`Self::render`] with `tools` (OpenAI's list of `{type, function}`
+    /// objects) given to the template as `tools`; `None` leaves it undefined.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<String, ChatTemplateError> {
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| ChatTemplateError::Render(describe(&e)))?;
-        let messages: Vec<minijinja::Value> = messages
-            .iter()
-            .map(|m| context! { role => m.role.as_str(), content => m.content.as_str() })
-            .collect();
-        tmpl.render(context! {
+        let messages: Vec<minijinja::Value> = messages.iter().map(ChatMessage::to_value).collect();
+        let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
-        })
-        .map_err(|e| ChatTemplateError::Render(describe(&e)))
+        };
+        // Without tools the name stays undefined, as transformers leaves it.
+        let ctx = match tools {
+            Some(t) => context! { tools => minijinja::Value::from(minijinja::value::Serde(t)), ..ctx },
+            None => ctx,
+        };
+        tmpl.render(ctx)
+            .map_err(|e| ChatTemplateError::Render(describe(&e)))
     }
 }
 

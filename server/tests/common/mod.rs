@@ -45,6 +45,8 @@ pub struct Opts {
     pub longhaul: bool,
     /// Do not load a model: the server stays in its loading state.
     pub loading: bool,
+    /// A chat template instead of the model's (`--chat-template`).
+    pub chat_template: Option<String>,
 }
 
 impl Default for Opts {
@@ -55,6 +57,7 @@ impl Default for Opts {
             http: HttpConfig::default(),
             longhaul: false,
             loading: false,
+            chat_template: None,
         }
     }
 }
@@ -90,6 +93,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
             verify: false,
         }),
         no_mmap: false,
+        chat_template: o.chat_template.clone(),
         ..Default::default()
     };
     let engine = Arc::new(
@@ -104,6 +108,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
         model_path: path.display().to_string(),
         n_slots: o.n_slots,
         defaults: SamplerParams::default(),
+        default_constraint: None,
         created: 0,
     }
 }

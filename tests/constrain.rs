@@ -1,0 +1,187 @@
+//! Constrained decoding over a real vocabulary (SmolLM2's byte-level BPE,
+//! 49152 tokens): llama.cpp's own grammars (tests/fixtures/grammars, copies
+//! of its grammars/*.gbnf) compile through our GBNF reader and llguidance,
+//! and the token masks they give admit their language and refuse what is
+//! outside it; JSON schemas likewise; bad grammars are typed errors.
+
+mod common;
+
+use common::*;
+use longhaul::constrain::{ConstrainError, Constrainer, Constraint, ConstraintSpec};
+use longhaul::gguf;
+use longhaul::tokenizer::Tokenizer;
+use serde_json::json;
+
+fn tokenizer() -> Tokenizer {
+    let path = real_model("smollm2-135m-instruct-q4_1.gguf");
+    let file = gguf::Model::open(&path).expect("open");
+    Tokenizer::from_metadata(file.metadata()).expect("tokenizer")
+}
+
+fn grammar(name: &str) -> ConstraintSpec {
+    let p = fixture(&format!("grammars/{name}"));
+    ConstraintSpec::Gbnf(
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+}
+
+/// Feeds `text`'s tokens through `c`, checking each is allowed by the mask
+/// before it is committed. `Err(i)`: token `i` was masked out.
+fn feed(tok: &Tokenizer, c: &mut Constraint, text: &str) -> Result<bool, usize> {
+    let ids = tok.encode(text, false, false).expect("encode");
+    let mut complete = false;
+    for (i, &id) in ids.iter().enumerate() {
+        let mut logits = vec![0.0f32; tok.n_vocab()];
+        c.apply(&mut logits).expect("mask");
+        if logits[id as usize] == f32::NEG_INFINITY {
+            return Err(i);
+        }
+        complete = c.commit(id).expect("commit");
+    }
+    Ok(complete)
+}
+
+#[test]
+fn llamacpp_grammars_compile_and_mask_their_language() {
+    let tok = tokenizer();
+    let cz = Constrainer::new(&tok).expect("constrainer");
+    for name in [
+        "json.gbnf",
+        "arithmetic.gbnf",
+        "list.gbnf",
+        "chess.gbnf",
+        "c.gbnf",
+        "japanese.gbnf",
+    ] {
+        cz.compile(&grammar(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    // (grammar, text, admitted)
+    let cases = [
+        (
+            "json.gbnf",
+            "{\"a\": [1, 2.5, true, null], \"b\": {\"c\": \"d\\n\"}}",
+            true,
+        ),
+        ("json.gbnf", "{\"a\": tru}", false),
+        ("json.gbnf", "[1, 2]", false), // root is an object
+        // root is `expr "=" ws term "\n"`, and no blank follows an operator.
+        ("arithmetic.gbnf", "x = (1+y2*3)\n", true),
+        ("arithmetic.gbnf", "x = (1 + y2) * 3\n", false),
+        ("arithmetic.gbnf", "x = = 1\n", false),
+        ("list.gbnf", "- milk\n- eggs\n", true),
+        ("list.gbnf", "* milk\n", false),
+    ];
+    for (name, text, admitted) in cases {
+        let mut c = cz.compile(&grammar(name)).unwrap();
+        let r = feed(&tok, &mut c, text);
+        assert_eq!(r.is_ok(), admitted, "{name} on {text:?}: {r:?}");
+        if admitted {
+            assert!(
+                c.is_accepting(),
+                "{name}: {text:?} should be a complete match"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_complete_grammar_ends_and_allows_end_of_generation() {
+    let tok = tokenizer();
+    let cz = Constrainer::new(&tok).unwrap();
+    let mut c = cz
+        .compile(&ConstraintSpec::Gbnf("root ::= \"yes\" | \"no\"\n".into()))
+        .unwrap();
+    // Only tokens that begin "yes" or "no" are allowed first.
+    let mut logits = vec![0.0f32; tok.n_vocab()];
+    c.apply(&mut logits).unwrap();
+    let allowed: Vec<String> = (0..tok.n_vocab() as u32)
+        .filter(|&i| logits[i as usize].is_finite())
+        .map(|i| String::from_utf8_lossy(tok.token_to_piece_with(i, false)).into_owned())
+        .collect();
+    assert!(!allowed.is_empty());
+    assert!(
+        allowed
+            .iter()
+            .all(|p| "yes".starts_with(p.as_str()) || "no".starts_with(p.as_str())),
+        "{allowed:?}"
+    );
+    // "yes" completes the grammar: commit says so.
+    assert_eq!(feed(&tok, &mut c, "yes"), Ok(true));
+    // With a grammar that may go on, end-of-generation is allowed once it
+    // matches, and only then.
+    let mut c = cz
+        .compile(&ConstraintSpec::Gbnf("root ::= [a-z]+\n".into()))
+        .unwrap();
+    let eos = tok.eos().expect("eos") as usize;
+    let mut logits = vec![0.0f32; tok.n_vocab()];
+    c.apply(&mut logits).unwrap();
+    assert_eq!(logits[eos], f32::NEG_INFINITY);
+    assert_eq!(feed(&tok, &mut c, "abc"), Ok(false));
+    let mut logits = vec![0.0f32; tok.n_vocab()];
+    c.apply(&mut logits).unwrap();
+    assert!(logits[eos].is_finite());
+    // Logits past the vocabulary are never allowed.
+    let mut wide = vec![0.0f32; tok.n_vocab() + 8];
+    c.apply(&mut wide).unwrap();
+    assert!(wide[tok.n_vocab()..]
+        .iter()
+        .all(|&l| l == f32::NEG_INFINITY));
+}
+
+#[test]
+fn json_schema_masks_follow_the_schema() {
+    let tok = tokenizer();
+    let cz = Constrainer::new(&tok).unwrap();
+    let schema = json!({
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "tag": {"enum": ["a", "b"]}},
+        "required": ["n", "tag"],
+        "additionalProperties": false,
+    });
+    let spec = ConstraintSpec::JsonSchema(schema);
+    let mut c = cz.compile(&spec).unwrap();
+    assert_eq!(feed(&tok, &mut c, "{\"n\": 12, \"tag\": \"b\"}"), Ok(true));
+    for bad in [
+        "{\"n\": \"12\"",
+        "{\"tag\": \"c\"",
+        "{\"n\": 1, \"x\": 2",
+        "[1]",
+    ] {
+        let mut c = cz.compile(&spec).unwrap();
+        assert!(feed(&tok, &mut c, bad).is_err(), "{bad:?} was admitted");
+    }
+    let mut c = cz.compile(&ConstraintSpec::json_object()).unwrap();
+    assert_eq!(
+        feed(&tok, &mut c, "{\"any\": [1, {\"x\": null}]}"),
+        Ok(true)
+    );
+}
+
+#[test]
+fn bad_grammars_are_typed_errors() {
+    let tok = tokenizer();
+    let cz = Constrainer::new(&tok).unwrap();
+    let e = cz
+        .compile(&ConstraintSpec::Gbnf("root ::= nope\n".into()))
+        .unwrap_err();
+    assert!(matches!(e, ConstrainError::Gbnf(_)), "{e:?}");
+    assert!(e.to_string().contains("`nope`"), "{e}");
+    let e = cz
+        .compile(&ConstraintSpec::JsonSchema(
+            json!({"$ref": "#/$defs/missing"}),
+        ))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, ConstrainError::Schema(_)), "{e:?}");
+    let e = cz
+        .compile(&ConstraintSpec::Lark("start: undefined_rule\n".into()))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, ConstrainError::Grammar(_)), "{e:?}");
+    let e = cz
+        .compile(&ConstraintSpec::JsonSchema(json!(42)))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, ConstrainError::Schema(_)), "{e:?}");
+}
