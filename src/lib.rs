@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod engine;
+pub mod errors;
 pub mod gguf;
 pub mod kv;
 pub mod longhaul;

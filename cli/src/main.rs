@@ -7,6 +7,7 @@ mod bench;
 mod bench_out;
 mod demo;
 mod devices;
+mod errors;
 mod gen_model;
 mod inspect;
 mod report;
@@ -145,11 +146,10 @@ fn stream_kv<B: Backend>(
         }
         true
     })?;
-    write!(out, "{}", dec.finish())?;
-    out.flush()?;
     if let Some(e) = io_err {
-        return Err(e).context("writing to stdout");
+        return Err(errors::stdout_error(e));
     }
+    errors::write_stdout(&mut out, &dec.finish())?;
     Ok(res)
 }
 
@@ -192,11 +192,11 @@ fn run_on<B: Backend>(
         a.n_predict as usize
     };
     if !a.no_display_prompt {
-        print!("{prompt}");
+        errors::write_stdout(&mut std::io::stdout(), prompt)?;
     }
     let mut sampler = Sampler::new(sampling);
     let (_, stats) = stream(&engine, &tokens, n_predict, &mut sampler)?;
-    println!();
+    errors::write_stdout(&mut std::io::stdout(), "\n")?;
     print_stats(engine.load_time, &stats);
     report::longhaul_summary(&engine);
     Ok(())
@@ -293,7 +293,10 @@ fn main() {
         Cmd::Devices(a) => devices::devices(a),
     };
     if let Err(e) = res {
-        eprintln!("error: {e:#}");
+        if e.downcast_ref::<errors::StdoutClosed>().is_some() {
+            return;
+        }
+        eprintln!("error: {}", longhaul::errors::message(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -8,7 +8,7 @@ fn main() {
         std::env::args(),
     ));
     if let Err(e) = longhaul_server::run(cli.serve) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", longhaul::errors::message(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -95,9 +95,8 @@ fn compute_only_vulkan() -> Option<wgpu::Instance> {
     // its list of enabled extensions before it creates a surface of each
     // kind (an error, not undefined behaviour, when absent), and longhaul
     // creates no surface.
-    let raw =
-        unsafe { hal::vulkan::Instance::init_with_callback(&desc, Some(drop_window_system)) }
-            .ok()?;
+    let raw = unsafe { hal::vulkan::Instance::init_with_callback(&desc, Some(drop_window_system)) }
+        .ok()?;
     // SAFETY: `raw` is a valid Vulkan instance just created; wgpu takes
     // ownership of it.
     Some(unsafe { wgpu::Instance::from_hal::<hal::api::Vulkan>(raw) })
