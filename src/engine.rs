@@ -19,8 +19,8 @@ use crate::tokenizer::{Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("cannot load {path}: {source}")]
-    Load { path: String, source: GgufError },
+    #[error("cannot load {path}: {}", err.cause_in(std::path::Path::new(path)))]
+    Load { path: String, err: GgufError },
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -197,9 +197,9 @@ impl<B: Backend> Engine<B> {
         progress: Option<Progress>,
     ) -> Result<Self, EngineError> {
         let t0 = Instant::now();
-        let file = gguf::Model::open(path).map_err(|source| EngineError::Load {
+        let file = gguf::Model::open(path).map_err(|err| EngineError::Load {
             path: path.display().to_string(),
-            source,
+            err,
         })?;
         let tokenizer = Tokenizer::from_metadata(file.metadata())?;
         let template = ChatTemplate::from_metadata_or(file.metadata(), params.chat_template.as_deref())?;

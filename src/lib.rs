@@ -7,6 +7,7 @@ pub mod backend;
 pub mod clock;
 pub mod constrain;
 pub mod engine;
+pub mod errors;
 pub mod gguf;
 pub mod kv;
 pub mod longhaul;

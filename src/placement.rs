@@ -43,7 +43,7 @@ pub enum PlacementError {
     AutoFailed { gpu: GpuError },
     #[error(transparent)]
     Gpu(#[from] GpuError),
-    #[error("cannot load {path}: {err}")]
+    #[error("cannot load {path}: {}", err.cause_in(std::path::Path::new(path)))]
     Open { path: String, err: GgufError },
 }
 

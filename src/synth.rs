@@ -48,6 +48,15 @@ impl SynthArch {
 /// Names of the presets [`SynthSpec::preset`] knows, for help and errors.
 pub const PRESETS: [&str; 5] = ["demo", "tiny", "micro", "qwen3-30b-a3b", "gpt-oss-20b"];
 
+/// The types a synthetic model's tensors can have: those with a quantiser,
+/// in ggml's order.
+pub fn writable_types() -> Vec<GgmlType> {
+    GgmlType::ALL
+        .into_iter()
+        .filter(|&t| quant::ops(t).is_ok())
+        .collect()
+}
+
 /// Shape and types of a synthetic MoE model. Names follow llama.cpp
 /// (`n_embd`, `n_head_kv`, `n_ff_exp`, `n_expert_used`).
 #[derive(Clone, Debug)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compare longhaul-server with llama-server on the same GGUF file.
+"""Compare `longhaul serve` with llama-server on the same GGUF file.
 
 1. Equality: the same greedy chat completion (and /apply-template rendering)
    from both servers must have the same text and token counts.
@@ -10,7 +10,7 @@ Usage:
   tools/compare-llama-server.py [--model PATH] [--longhaul BIN] [--llama BIN]
                                 [--threads 2] [--tokens 64] [--streams 1,4,8] [--reps 3]
 Defaults: SmolLM2-135M-Instruct Q4_1 from ~/.cache/longhaul/models,
-target/release/longhaul-server, ~/.cache/longhaul/llama.cpp/build/bin/llama-server.
+target/release/longhaul (run as `longhaul serve`), ~/.cache/longhaul/llama.cpp/build/bin/llama-server.
 Only the Python standard library is used.
 """
 import argparse
@@ -100,7 +100,8 @@ def throughput(base, n_streams, n_tokens):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=f"{HOME}/.cache/longhaul/models/smollm2-135m-instruct-q4_1.gguf")
-    ap.add_argument("--longhaul", default=f"{ROOT}/target/release/longhaul-server")
+    ap.add_argument("--longhaul", default=f"{ROOT}/target/release/longhaul",
+                    help="the longhaul binary (run as `longhaul serve`)")
     ap.add_argument("--llama", default=f"{HOME}/.cache/longhaul/llama.cpp/build/bin/llama-server")
     ap.add_argument("--threads", default="2")
     ap.add_argument("--ctx", type=int, default=4096, help="total context (llama-server splits it over -np slots)")
@@ -115,7 +116,7 @@ def main():
         # llama-server's -c is the total over all slots; ours is per slot.
         "llama-server": [args.llama, "-m", args.model, "--port", "18181", "-t", args.threads,
                          "-c", str(args.ctx), "-np", str(args.np)],
-        "longhaul-server": [args.longhaul, "-m", args.model, "--port", "18182", "-t", args.threads,
+        "longhaul-server": [args.longhaul, "serve", "-m", args.model, "--port", "18182", "-t", args.threads,
                             "-c", str(args.ctx // args.np), "-np", str(args.np), "--quiet"],
     }
     env = dict(os.environ)

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Args;
 use longhaul::synth::{self, SynthSpec};
 use longhaul::tensor::GgmlType;
@@ -25,6 +26,9 @@ pub struct GenModelArgs {
     /// Write split shards with at most this many tensors each.
     #[arg(long = "split-max-tensors")]
     pub split_max_tensors: Option<usize>,
+    /// Replace the output file(s) if they exist.
+    #[arg(long)]
+    pub force: bool,
     /// Zipf-like exponent of each layer's expert popularity: 0 routes
     /// uniformly; 1 sends about 40% of the demo model's selections to its
     /// top 10% of experts (uniform: 9%). Recorded as
@@ -42,25 +46,33 @@ pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
         )
     })?;
     if let Some(t) = &a.ty {
-        spec.expert_type =
-            GgmlType::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown type `{t}`"))?;
+        spec.expert_type = expert_type(t)?;
     }
     if let Some(s) = a.seed {
         spec.seed = s;
     }
     spec.router_skew = a.router_skew;
-    eprintln!("writing {:?} to {}", spec, a.output.display());
-    let t0 = Instant::now();
     let w = synth::build(&spec)?;
-    match a.split_max_tensors {
-        Some(n) => {
-            let paths = w.write_split(&a.output, n.max(1))?;
-            eprintln!(
-                "wrote {} shards in {:.1} s",
-                paths.len(),
-                t0.elapsed().as_secs_f64()
+    let paths = match a.split_max_tensors {
+        Some(n) => w.split_paths(&a.output, n.max(1)),
+        None => vec![a.output.clone()],
+    };
+    if !a.force {
+        if let Some(p) = paths.iter().find(|p| p.exists()) {
+            anyhow::bail!(
+                "{} exists; pass --force to replace it, or choose another -o",
+                p.display()
             );
         }
+    }
+    eprintln!(
+        "writing {} to {}",
+        describe(&a.preset, &spec),
+        a.output.display()
+    );
+    let t0 = Instant::now();
+    let paths = match a.split_max_tensors {
+        Some(n) => w.write_split(&a.output, n.max(1))?,
         None => {
             let bar = crate::report::bytes_bar("writing");
             w.write_with_progress(&a.output, &|done, total| {
@@ -68,13 +80,59 @@ pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
                 bar.set_position(done);
             })?;
             bar.finish_and_clear();
-            let len = std::fs::metadata(&a.output)?.len();
-            eprintln!(
-                "wrote {:.2} GiB in {:.1} s",
-                len as f64 / (1u64 << 30) as f64,
-                t0.elapsed().as_secs_f64()
-            );
+            paths
         }
+    };
+    let mut len = 0;
+    for p in &paths {
+        len += std::fs::metadata(p)
+            .with_context(|| format!("reading the size of {}", p.display()))?
+            .len();
     }
+    let shards = match paths.len() {
+        1 => String::new(),
+        n => format!(" in {n} shards"),
+    };
+    eprintln!(
+        "wrote {}{shards} in {:.1} s",
+        indicatif::HumanBytes(len),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
+}
+
+/// `--type NAME`: a type synthetic experts can have.
+fn expert_type(name: &str) -> anyhow::Result<GgmlType> {
+    let valid = synth::writable_types();
+    match GgmlType::from_name(name) {
+        Some(t) if valid.contains(&t) => Ok(t),
+        _ => anyhow::bail!(
+            "unknown type `{name}`; use one of {}",
+            valid
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// One line about what is written: the preset and what makes it differ.
+fn describe(preset: &str, s: &SynthSpec) -> String {
+    format!(
+        "{preset} ({}, {} layers, n_embd {}, {} experts ({} used) of {}, dense {}, seed {}{})",
+        s.arch.name(),
+        s.n_layer,
+        s.n_embd,
+        s.n_expert,
+        s.n_expert_used,
+        s.expert_type.name(),
+        s.dense_type.name(),
+        s.seed,
+        if s.router_skew > 0.0 {
+            format!(", router skew {}", s.router_skew)
+        } else {
+            String::new()
+        }
+    )
 }

@@ -7,6 +7,7 @@ mod bench;
 mod bench_out;
 mod demo;
 mod devices;
+mod errors;
 mod gen_model;
 mod inspect;
 mod report;
@@ -195,11 +196,10 @@ fn stream_kv<B: Backend>(
         }
         true
     })?;
-    write!(out, "{}", dec.finish())?;
-    out.flush()?;
     if let Some(e) = io_err {
-        return Err(e).context("writing to stdout");
+        return Err(errors::stdout_error(e));
     }
+    errors::write_stdout(&mut out, &dec.finish())?;
     Ok(res)
 }
 
@@ -265,7 +265,7 @@ fn run_on<B: Backend>(
         a.n_predict as usize
     };
     if !a.no_display_prompt {
-        print!("{prompt}");
+        errors::write_stdout(&mut std::io::stdout(), prompt)?;
     }
     // A grammar that does not compile fails before any output.
     let mut constraint = match a.sample.constraint()? {
@@ -280,7 +280,7 @@ fn run_on<B: Backend>(
         &mut sampler,
         constraint.as_mut(),
     )?;
-    println!();
+    errors::write_stdout(&mut std::io::stdout(), "\n")?;
     if info {
         print_stats(engine.load_time, &stats);
         report::longhaul_summary(&engine);
@@ -445,7 +445,10 @@ fn main() {
         Cmd::Devices(a) => devices::devices(a),
     };
     if let Err(e) = res {
-        eprintln!("error: {e:#}");
+        if e.downcast_ref::<errors::StdoutClosed>().is_some() {
+            return;
+        }
+        eprintln!("error: {}", longhaul::errors::message(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -13,7 +13,7 @@ fn main() {
     };
     let cli = longhaul_server::args::Cli::parse_from(args);
     if let Err(e) = longhaul_server::run(cli.serve) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", longhaul::errors::message(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -36,7 +36,7 @@ use std::path::PathBuf;
 pub use metadata::{MetaType, MetaValue, Metadata};
 pub use model::{Model, ReadFault, Shard};
 pub use reader::{parse_header, Header};
-pub use writer::{TensorSource, Writer};
+pub use writer::{partial_path, TensorSource, Writer};
 
 use crate::tensor::GgmlType;
 
@@ -255,10 +255,20 @@ pub enum GgufError {
         expected: u64,
         got: u64,
     },
+    /// The folder a file is to be written into does not exist.
+    #[error("cannot write {}: the folder {} does not exist; create it first or choose another path", path.display(), dir.display())]
+    MissingFolder { path: PathBuf, dir: PathBuf },
+    /// A path names a directory where a GGUF file was expected.
+    #[error("{} is a directory; {DIRECTORY_FIX}", path.display())]
+    IsDirectory { path: PathBuf },
     /// A writer argument that cannot produce a valid file.
     #[error("cannot write GGUF: {reason}")]
     InvalidArgument { reason: String },
 }
+
+/// What to do instead of naming a directory as a model.
+const DIRECTORY_FIX: &str =
+    "pass the .gguf file itself (for a split model, its first shard NAME-00001-of-0000N.gguf)";
 
 impl GgufError {
     /// The error without [`GgufError::InFile`] context (the variant to match on).
@@ -269,11 +279,25 @@ impl GgufError {
         }
     }
 
+    /// What went wrong with the file at `path`, without repeating the path
+    /// when this error starts with it (for messages that name it already).
+    pub fn cause_in(&self, path: &std::path::Path) -> String {
+        match self {
+            GgufError::InFile { path: p, source } if p == path => source.to_string(),
+            GgufError::Io { path: p, source } if p == path => source.to_string(),
+            GgufError::IsDirectory { path: p } if p == path => {
+                format!("it is a directory; {DIRECTORY_FIX}")
+            }
+            e => e.to_string(),
+        }
+    }
+
     /// Adds the path of the file being parsed (not to errors that already name one).
     pub(crate) fn in_file(self, path: &std::path::Path) -> GgufError {
         match self {
             e @ (GgufError::Io { .. }
             | GgufError::InFile { .. }
+            | GgufError::IsDirectory { .. }
             | GgufError::ShardMissing { .. }
             | GgufError::ShardMismatch { .. }) => e,
             e => GgufError::InFile {

@@ -130,7 +130,14 @@ fn open_shard(path: &Path) -> Result<(Shard, Header), GgufError> {
         source,
     };
     let file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
+    let meta = file.metadata().map_err(io)?;
+    // Mapping a directory fails with ENODEV ("No such device").
+    if meta.is_dir() {
+        return Err(GgufError::IsDirectory {
+            path: path.to_path_buf(),
+        });
+    }
+    let len = meta.len();
     // An empty file cannot be mapped; it fails to parse as truncated anyway.
     let mmap = if len == 0 {
         None

@@ -184,6 +184,21 @@ impl Writer {
         write_file(path.as_ref(), &self.metadata, &tensors, progress)
     }
 
+    /// The paths [`Writer::write_split`] writes for these arguments (empty
+    /// when `max_tensors_per_shard` is 0).
+    pub fn split_paths(
+        &self,
+        first_path: impl AsRef<Path>,
+        max_tensors_per_shard: usize,
+    ) -> Vec<PathBuf> {
+        if max_tensors_per_shard == 0 {
+            return Vec::new();
+        }
+        let count = self.tensors.len().div_ceil(max_tensors_per_shard).max(1);
+        let prefix = writer_prefix(first_path.as_ref());
+        (0..count).map(|i| split_path(&prefix, i, count)).collect()
+    }
+
     /// Writes the model as `PREFIX-00001-of-0000N.gguf` ... with at most
     /// `max_tensors_per_shard` tensors per file, as `llama-gguf-split --split
     /// --split-max-tensors` does: the first shard holds every metadata key,
@@ -236,9 +251,52 @@ impl Writer {
     }
 }
 
-/// Writes one file: header, tensor table, padding, aligned tensor data.
+/// Writes one file at `path`, through `NAME.partial` in the same folder
+/// renamed to `NAME` once complete: an interrupted write (Ctrl-C, a full
+/// disk) never leaves a truncated file under the final name, and a failed
+/// one removes its partial file.
 fn write_file(
     path: &Path,
+    metadata: &Metadata,
+    tensors: &[&Pending],
+    progress: &dyn Fn(u64, u64),
+) -> Result<(), GgufError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(GgufError::MissingFolder {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        });
+    }
+    let partial = partial_path(path);
+    let res = write_contents(path, &partial, metadata, tensors, progress).and_then(|()| {
+        std::fs::rename(&partial, path).map_err(|source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    });
+    if res.is_err() {
+        // Best effort: the error that matters is the write's.
+        let _ = std::fs::remove_file(&partial);
+    }
+    res
+}
+
+/// `DIR/NAME.partial` for `DIR/NAME`: where [`write_file`] writes first.
+pub fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
+}
+
+/// Writes the header, tensor table, padding and aligned tensor data of the
+/// file `path` into `partial` (errors name `path`).
+fn write_contents(
+    path: &Path,
+    partial: &Path,
     metadata: &Metadata,
     tensors: &[&Pending],
     progress: &dyn Fn(u64, u64),
@@ -279,7 +337,7 @@ fn write_file(
         path: path.to_path_buf(),
         source,
     };
-    let mut w = BufWriter::new(File::create(path).map_err(io)?);
+    let mut w = BufWriter::new(File::create(partial).map_err(io)?);
     w.write_all(&h).map_err(io)?;
     let total: u64 = tensors.iter().map(|t| t.data.len()).sum();
     let mut done = 0u64;
@@ -439,5 +497,61 @@ mod tests {
         assert_eq!(h.tensors[1].offset, h.data_offset + 64);
         assert_eq!(bytes.len() as u64, h.data_offset + 128);
         let _ = std::fs::remove_file(p);
+    }
+
+    /// While a file is written (Ctrl-C could come at any moment), the final
+    /// name holds what it held before and the bytes go to the partial file;
+    /// a failed write leaves neither a partial file nor a changed final one.
+    #[test]
+    fn the_final_name_changes_only_when_the_file_is_complete() {
+        use std::sync::{Arc, Mutex};
+        let dir = tmp("atomic");
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.gguf");
+        std::fs::write(&p, b"previous").unwrap();
+        let seen: Arc<Mutex<Vec<(Vec<u8>, bool)>>> = Arc::default();
+        let lazy = |fail: bool| -> TensorSource {
+            let (p, seen) = (p.clone(), seen.clone());
+            Arc::new(move || {
+                let now = std::fs::read(&p).unwrap_or_default();
+                seen.lock().unwrap().push((now, partial_path(&p).exists()));
+                if fail {
+                    Err(GgufError::InvalidArgument {
+                        reason: "source failed".into(),
+                    })
+                } else {
+                    Ok(vec![7; 16])
+                }
+            })
+        };
+        let mut w = Writer::new();
+        w.add_tensor_lazy("a", &[4], GgmlType::F32, lazy(false))
+            .unwrap();
+        w.write(&p).unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![(b"previous".to_vec(), true)]);
+        let complete = std::fs::read(&p).unwrap();
+        assert_eq!(parse_header(&complete).unwrap().tensors.len(), 1);
+        assert!(!partial_path(&p).exists());
+
+        let mut w = Writer::new();
+        w.add_tensor_lazy("a", &[4], GgmlType::F32, lazy(false))
+            .unwrap();
+        w.add_tensor_lazy("b", &[4], GgmlType::F32, lazy(true))
+            .unwrap();
+        let e = w.write(&p).unwrap_err();
+        assert!(e.to_string().contains("source failed"), "{e}");
+        assert_eq!(std::fs::read(&p).unwrap(), complete);
+        assert!(!partial_path(&p).exists());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_missing_folder_is_named() {
+        let p = tmp("no-folder").join("m.gguf");
+        let e = Writer::new().write(&p).unwrap_err();
+        assert!(
+            matches!(&e, GgufError::MissingFolder { dir, .. } if *dir == tmp("no-folder")),
+            "{e}"
+        );
     }
 }

@@ -45,10 +45,61 @@ fn instance() -> wgpu::Instance {
     // WGPU_BACKEND=vulkan (etc.) restricts the search, so a missing driver
     // fails loudly instead of falling back to another API.
     let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
+    #[cfg(all(unix, not(target_vendor = "apple"), not(target_os = "android")))]
+    if backends.contains(wgpu::Backends::VULKAN) {
+        if let Some(inst) = compute_only_vulkan() {
+            return inst;
+        }
+    }
     wgpu::Instance::new(wgpu::InstanceDescriptor {
         backends,
         ..wgpu::InstanceDescriptor::new_without_display_handle()
     })
+}
+
+/// The window-system surface extensions wgpu enables on Linux and the BSDs
+/// when the driver offers them.
+#[cfg(all(unix, not(target_vendor = "apple"), not(target_os = "android")))]
+const WINDOW_SYSTEM_EXTENSIONS: [&std::ffi::CStr; 3] = [
+    c"VK_KHR_xlib_surface",
+    c"VK_KHR_xcb_surface",
+    c"VK_KHR_wayland_surface",
+];
+
+/// A Vulkan instance without window-system surface extensions: longhaul
+/// only computes, it never presents to a window. Mesa's implicit
+/// device-selection layer (`VK_LAYER_MESA_device_select`) connects to the
+/// Wayland display while listing physical devices whenever the instance
+/// enabled `VK_KHR_wayland_surface`, and on a machine without a display
+/// session libwayland then prints `error: XDG_RUNTIME_DIR is invalid or not
+/// set in the environment.` for each listing, though nothing failed. Without
+/// the extension the layer skips that probe; driver errors still reach
+/// wgpu's log as before. `None` when the Vulkan loader is missing (the caller
+/// then builds the instance as wgpu does by default, which finds no adapter).
+#[cfg(all(unix, not(target_vendor = "apple"), not(target_os = "android")))]
+fn compute_only_vulkan() -> Option<wgpu::Instance> {
+    use wgpu::hal;
+    let desc = hal::InstanceDescriptor {
+        name: "longhaul",
+        flags: wgpu::InstanceFlags::default(),
+        memory_budget_thresholds: Default::default(),
+        backend_options: Default::default(),
+        telemetry: None,
+        display: None,
+    };
+    let drop_window_system = Box::new(|args: hal::vulkan::CreateInstanceCallbackArgs| {
+        args.extensions
+            .retain(|e| !WINDOW_SYSTEM_EXTENSIONS.contains(e));
+    });
+    // SAFETY: the callback only removes surface extensions. wgpu-hal checks
+    // its list of enabled extensions before it creates a surface of each
+    // kind (an error, not undefined behaviour, when absent), and longhaul
+    // creates no surface.
+    let raw = unsafe { hal::vulkan::Instance::init_with_callback(&desc, Some(drop_window_system)) }
+        .ok()?;
+    // SAFETY: `raw` is a valid Vulkan instance just created; wgpu takes
+    // ownership of it.
+    Some(unsafe { wgpu::Instance::from_hal::<hal::api::Vulkan>(raw) })
 }
 
 /// Every adapter the enabled backends report, in the order wgpu lists them.
