@@ -22,8 +22,8 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context;
 use longhaul::backend::Backend;
@@ -224,6 +224,9 @@ impl Input {
     }
 }
 
+/// The prompt of a continued message's next line.
+const CONTINUE_PROMPT: &str = "... ";
+
 /// Reads one message: lines ending in `\` continue it (joined by newlines,
 /// as llama-cli joins them).
 fn read_message(input: &mut Input) -> anyhow::Result<Read> {
@@ -236,7 +239,7 @@ fn read_message(input: &mut Input) -> anyhow::Result<Read> {
                 Some(head) => {
                     msg += head;
                     msg.push('\n');
-                    prompt = "";
+                    prompt = CONTINUE_PROMPT;
                 }
                 None => {
                     msg += &line;
