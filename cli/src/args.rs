@@ -6,7 +6,11 @@
 pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
     longhaul_server::args::rewrite_short_flags(
         longhaul_server::args::normalize_args(args).into_iter(),
-        &[("-nr", "--no-repack"), ("-pg", "--pg"), ("-mmp", "--mmap")],
+        &[
+            ("-nr", "--no-repack"),
+            ("-pg", "--pg"),
+            ("-mmp", "--mmap"),
+        ],
     )
 }
 
