@@ -5,6 +5,7 @@ mod advise_svg;
 mod args;
 mod bench;
 mod bench_out;
+mod chat;
 mod demo;
 mod devices;
 mod errors;
@@ -13,7 +14,7 @@ mod inspect;
 mod report;
 mod trace_args;
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -22,7 +23,7 @@ use longhaul::constrain::Constraint;
 use longhaul::engine::{Engine, EngineParams, GenStats};
 use longhaul::kv::KvCache;
 use longhaul::sample::{Sampler, SamplerParams};
-use longhaul::tokenizer::{ChatMessage, StreamDecoder};
+use longhaul::tokenizer::StreamDecoder;
 
 use args::{ModelArgs, SampleArgs};
 
@@ -140,6 +141,9 @@ struct ChatArgs {
     /// Most tokens per reply.
     #[arg(short = 'n', long = "n-predict", default_value_t = 1024)]
     n_predict: usize,
+    /// Print each rendered prompt and its token count on stderr before the reply.
+    #[arg(long = "verbose-prompt")]
+    verbose_prompt: bool,
 }
 
 fn print_stats(engine_load: std::time::Duration, s: &GenStats) {
@@ -307,6 +311,7 @@ fn run_conversation(a: RunArgs, prompt: String) -> anyhow::Result<()> {
         system_prompt: a.system_prompt,
         color: a.color,
         n_predict: usize::try_from(a.n_predict).unwrap_or(usize::MAX),
+        verbose_prompt: false,
     };
     let first = Some(prompt).filter(|p| !p.is_empty());
     if a.single_turn && first.is_none() {
@@ -353,70 +358,26 @@ fn chat_on<B: Backend>(
     if info {
         report::longhaul_start(&engine);
     }
-    let mut messages = Vec::new();
-    if let Some(s) = &a.system_prompt {
-        messages.push(ChatMessage::new("system", s.clone()));
-    }
     // Each reply follows the grammar from its start.
     let constraint = match a.sample.constraint()? {
         Some(spec) => Some(engine.constraint(&spec)?),
         None => None,
     };
+    let opts = chat::ChatOptions {
+        system_prompt: a.system_prompt.as_deref(),
+        n_predict: a.n_predict,
+        verbose_prompt: a.verbose_prompt,
+        first: first.take(),
+        single_turn,
+        constraint: constraint.as_ref(),
+    };
     let mut sampler = Sampler::new(sampling);
-    let mut kv = engine.new_kv()?;
-    let mut cached: Vec<u32> = Vec::new();
-    eprintln!("chatting with {} (Ctrl-D to quit)", a.model.model.display());
-    let stdin = std::io::stdin();
-    loop {
-        eprint!("\n> ");
-        let mut line = String::new();
-        if let Some(p) = first.take() {
-            eprintln!("{p}");
-            line = p;
-        } else if stdin.lock().read_line(&mut line)? == 0 {
-            break;
-        }
-        let line = line.trim_end_matches(['\n', '\r']);
-        if line.is_empty() {
-            continue;
-        }
-        messages.push(ChatMessage::new("user", line));
-        let text = engine.apply_template(&messages, true)?;
-        // The template spells out BOS itself where the model wants it.
-        let tokens = engine.tokenizer.encode(&text, false, true)?;
-        // Reuse the KV cache for the conversation so far: only the new
-        // suffix is evaluated.
-        let common = cached
-            .iter()
-            .zip(&tokens)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let common = common.min(tokens.len().saturating_sub(1));
-        kv.truncate(common);
-        cached.truncate(common);
-        let (reply, stats) = stream_kv(
-            &engine,
-            &mut kv,
-            &tokens[common..],
-            a.n_predict,
-            &mut sampler,
-            constraint.clone().as_mut(),
-        )?;
-        // Every sampled token but the last was evaluated into the cache.
-        cached.extend_from_slice(&tokens[common..]);
-        cached.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
-        let content = engine.tokenizer.decode(&reply);
-        messages.push(ChatMessage::new("assistant", content));
-        eprintln!(
-            "\n[{:.1} t/s prompt, {:.1} t/s generation]",
-            stats.prompt_tps(),
-            stats.gen_tps()
-        );
-        if single_turn {
-            break;
-        }
-    }
-    Ok(())
+    chat::chat_loop(
+        &engine,
+        &opts,
+        &mut sampler,
+        &a.model.model.display().to_string(),
+    )
 }
 
 fn main() {

@@ -276,7 +276,7 @@ pub const SPELLINGS: &[Spelling] = &[
     refused("--prompt-cache", NOT_YET),
     refused("--prompt-cache-all", NOT_YET),
     refused("--prompt-cache-ro", NOT_YET),
-    refused("--verbose-prompt", NOT_YET),
+    same("--verbose-prompt"),
     refused("--simple-io", NOT_YET),
     refused("--perf", NOT_YET),
     refused("--no-perf", NOT_YET),
