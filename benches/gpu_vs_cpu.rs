@@ -102,6 +102,7 @@ fn attention<B: Backend>(b: &B, pos0: usize, t: usize) -> Option<Duration> {
         head_dim: 128,
         scale: 1.0 / (128f32).sqrt(),
         window: None,
+        flash_attn: false,
     };
     let mut kv = b.new_kv(2048, 512, 512, GgmlType::F16).ok()?;
     let q = b.from_host(randn(t * 4096, 5), t, 4096).ok()?;

@@ -214,7 +214,7 @@ impl<B: Backend> Engine<B> {
                 params.n_ctx, shapes.hp.n_ctx_train, shapes.hp.n_ctx_train
             );
         }
-        let (model, longhaul) = match params.longhaul {
+        let (mut model, longhaul) = match params.longhaul {
             Some(lp) => {
                 let (cfg, mut info) = Self::plan_longhaul(&shapes, kv_bytes, lp)?;
                 drop(shapes);
@@ -234,6 +234,8 @@ impl<B: Backend> Engine<B> {
             }
         };
         params.n_ubatch = params.n_ubatch.max(1);
+        // llama.cpp's `-fa auto` resolves to flash attention on the CPU.
+        model.flash_attn = params.flash_attn != FlashAttn::Off;
         Ok(Self {
             model,
             tokenizer,
