@@ -58,7 +58,10 @@ pub struct EngineParams {
 }
 
 /// `-fa/--flash-attn`, as llama.cpp spells it. `Auto` (the default) is what
-/// llama.cpp picks on the device; `Off` is the exact attention path.
+/// llama.cpp picks on the device; `Off` is the exact attention path. On the
+/// CPU, `Auto` and `On` follow ggml-cpu's flash-attention arithmetic and
+/// `Off` its `mul_mat` + `soft_max` arithmetic for the cache type
+/// ([`Model::flash_attn`]); the GPU runs its own kernels for all three.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FlashAttn {
     #[default]
