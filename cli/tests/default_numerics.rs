@@ -29,7 +29,16 @@ fn run(extra: &[&str]) -> String {
     let m = smollm2();
     let out = Command::new(env!("CARGO_BIN_EXE_longhaul"))
         .args(["run", "-m", m.to_str().expect("path")])
-        .args(["-p", "The capital of France is", "-n", "20", "--temp", "0", "-t", "2"])
+        .args([
+            "-p",
+            "The capital of France is",
+            "-n",
+            "20",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ])
         .args(extra)
         .output()
         .expect("spawn longhaul run");

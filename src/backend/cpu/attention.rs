@@ -691,7 +691,9 @@ pub(super) fn attend(
         r += s.n_tokens;
     }
     if p.flash_attn {
-        return Ok(super::flash_attn::attend(&views, q, sinks, seqs, &starts, p, fma));
+        return Ok(super::flash_attn::attend(
+            &views, q, sinks, seqs, &starts, p, fma,
+        ));
     }
     let mut out = CpuTensor::zeros(q.rows, q.cols);
     // One work item per token (all its heads: each key and value row is one

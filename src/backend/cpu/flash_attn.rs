@@ -583,7 +583,11 @@ mod tests {
                     for d in 0..hd {
                         a = kj[d].mul_add(q[d], a);
                     }
-                    let mask = if j >= lo && j <= qp { 0.0 } else { f32::NEG_INFINITY };
+                    let mask = if j >= lo && j <= qp {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    };
                     a * scale + mask
                 })
                 .collect();
@@ -652,7 +656,13 @@ mod tests {
             };
             // (pos0, n_tokens, n_ctx): decode, a short batch, a tiled batch
             // past a tile edge, and split-KV decodes (512 and 768 cells).
-            let seqs = [(0, 1, 256), (60, 5, 256), (40, 70, 256), (300, 1, 1024), (600, 1, 1024)];
+            let seqs = [
+                (0, 1, 256),
+                (60, 5, 256),
+                (40, 70, 256),
+                (300, 1, 1024),
+                (600, 1, 1024),
+            ];
             let n_embd = n_head_kv * hd;
             let sinks: Option<Vec<f32>> =
                 with_sinks.then(|| (0..n_head).map(|_| rnd(4.0)).collect());
@@ -689,7 +699,10 @@ mod tests {
                         let kvh = h / (n_head / n_head_kv);
                         // Cached rows as llama.cpp's f16 cast leaves them.
                         let row = |c: &Vec<f32>, j: usize| -> Vec<f32> {
-                            c[j * n_embd + kvh * hd..][..hd].iter().map(|&x| round_f16(x)).collect()
+                            c[j * n_embd + kvh * hd..][..hd]
+                                .iter()
+                                .map(|&x| round_f16(x))
+                                .collect()
                         };
                         let kr = |j: usize| row(&k, j);
                         let vr = |j: usize| row(&v, j);
@@ -702,8 +715,15 @@ mod tests {
                             let (mut mf, mut sf) = (f32::NEG_INFINITY, 0f32);
                             let mut fin = vec![0f32; hd];
                             for c0 in (0..n_kv).step_by(chunk) {
-                                let (mut m, mut s, mut acc) =
-                                    ref_chunk(&kr, &vr, qh, c0..(c0 + chunk).min(n_kv), lo, qp, p.scale);
+                                let (mut m, mut s, mut acc) = ref_chunk(
+                                    &kr,
+                                    &vr,
+                                    qh,
+                                    c0..(c0 + chunk).min(n_kv),
+                                    lo,
+                                    qp,
+                                    p.scale,
+                                );
                                 if let (0, Some(sn)) = (c0, sink) {
                                     ref_sink(&mut m, &mut s, &mut acc, sn, false);
                                 }
@@ -718,9 +738,12 @@ mod tests {
                                 sf = sf.mul_add(so, s * sc);
                                 mf = mn;
                             }
-                            fin.iter().map(|a| if sf != 0.0 { a * (1.0 / sf) } else { *a }).collect()
+                            fin.iter()
+                                .map(|a| if sf != 0.0 { a * (1.0 / sf) } else { *a })
+                                .collect()
                         } else {
-                            let (mut m, mut s, mut acc) = ref_chunk(&kr, &vr, qh, 0..n_kv, lo, qp, p.scale);
+                            let (mut m, mut s, mut acc) =
+                                ref_chunk(&kr, &vr, qh, 0..n_kv, lo, qp, p.scale);
                             if let Some(sn) = sink {
                                 ref_sink(&mut m, &mut s, &mut acc, sn, false);
                             }
