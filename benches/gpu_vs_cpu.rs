@@ -164,6 +164,7 @@ fn attention<P: Placement>(b: Bencher, pos0: usize, t: usize) {
         head_dim: 128,
         scale: 1.0 / (128f32).sqrt(),
         window: None,
+        flash_attn: false,
     };
     let mut setup = P::backend().and_then(|be| {
         let kv = be.new_kv(2048, 512, 512, GgmlType::F16).ok()?;

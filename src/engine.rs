@@ -61,7 +61,10 @@ pub struct EngineParams {
 }
 
 /// `-fa/--flash-attn`, as llama.cpp spells it. `Auto` (the default) is what
-/// llama.cpp picks on the device; `Off` is the exact attention path.
+/// llama.cpp picks on the device; `Off` is the exact attention path. On the
+/// CPU, `Auto` and `On` follow ggml-cpu's flash-attention arithmetic and
+/// `Off` its `mul_mat` + `soft_max` arithmetic for the cache type
+/// ([`Model::flash_attn`]); the GPU runs its own kernels for all three.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FlashAttn {
     #[default]
@@ -219,7 +222,7 @@ impl<B: Backend> Engine<B> {
                 params.n_ctx, shapes.hp.n_ctx_train, shapes.hp.n_ctx_train
             );
         }
-        let (model, longhaul) = match params.longhaul {
+        let (mut model, longhaul) = match params.longhaul {
             Some(lp) => {
                 let (cfg, mut info) = Self::plan_longhaul(&shapes, kv_bytes, lp)?;
                 drop(shapes);
@@ -239,6 +242,8 @@ impl<B: Backend> Engine<B> {
             }
         };
         params.n_ubatch = params.n_ubatch.max(1);
+        // llama.cpp's `-fa auto` resolves to flash attention on the CPU.
+        model.flash_attn = params.flash_attn != FlashAttn::Off;
         Ok(Self {
             model,
             tokenizer,

@@ -40,6 +40,7 @@ impl Config {
             head_dim: self.head_dim,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             window: self.window,
+            flash_attn: false,
         }
     }
 }

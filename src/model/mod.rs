@@ -155,6 +155,14 @@ pub struct Model<B: Backend> {
     pub prefetch_cancel: Vec<std::sync::atomic::AtomicBool>,
     /// Where routing decisions are recorded (`--trace-experts`), if anywhere.
     pub trace: Option<crate::longhaul::trace::TraceWriter>,
+    /// CPU attention arithmetic: ggml's flash attention (llama.cpp's `-fa
+    /// on`, and `auto` on the CPU) when true, its exact `mul_mat` + softmax
+    /// path (`-fa off`) when false. A loaded model starts on the exact path
+    /// (what the f32 reference goldens check); the engine sets this from
+    /// `-fa`, whose default follows llama.cpp. See [`AttnParams::flash_attn`].
+    ///
+    /// [`AttnParams::flash_attn`]: crate::backend::AttnParams::flash_attn
+    pub flash_attn: bool,
 }
 
 /// Which rows of logits a forward pass returns.

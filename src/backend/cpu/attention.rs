@@ -14,6 +14,16 @@
 //!    llamafile's tinyBLAS (one 16-lane accumulator per output) when the
 //!    batch has two or more tokens, `ggml_vec_dot_f32` (as in 1.) for one.
 //!
+//! Over an f16 cache ggml's `mul_mat` converts its f32 operand to f16 (the
+//! `vec_dot_type` of F16) before the products: Q is rounded to f16 for 1.
+//! (and, now contiguous, goes through tinyBLAS when the batch has two or
+//! more tokens; `ggml_vec_dot_f16`, whose tail past the last 64 is summed
+//! in f64, for one), and the softmax weights `p` are rounded to f16 for 3.
+//!
+//! With flash attention (`AttnParams::flash_attn`, llama.cpp's default on
+//! the CPU) the arithmetic is ggml's flash-attention kernel instead: see
+//! [`super::flash_attn`].
+//!
 //! llama.cpp pads the key range to a multiple of 256 cells; padded cells
 //! have `p = 0` and add exact zeros, so only the lane of each real position
 //! matters. Matching these orders bit for bit is what keeps greedy output
@@ -43,7 +53,7 @@ pub(super) fn reduce16(a: &[f32; 16]) -> f32 {
 
 /// `ggml_vec_dot_f32` (AVX-512: `GGML_F32_STEP` 64, `GGML_F32_EPR` 16).
 #[inline(always)]
-fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+pub(super) fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     let np = n & !63;
     let mut acc = [[0f32; 16]; 4];
@@ -62,6 +72,44 @@ fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
         sum += x[j] * y[j];
     }
     sum
+}
+
+/// `ggml_vec_dot_f16` (AVX-512, no AVX512-FP16) of two rows of f16 values
+/// held as f32: the products of [`vec_dot_f32`] over whole steps of 64, the
+/// tail added in f64 (`ggml_float`), the sum rounded to f32 at the end.
+#[inline(always)]
+pub(super) fn vec_dot_f16(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut sum = if np > 0 {
+        vec_dot_f32(&x[..np], &y[..np]) as f64
+    } else {
+        0.0
+    };
+    for j in np..n {
+        sum += (x[j] * y[j]) as f64;
+    }
+    sum as f32
+}
+
+/// One output of llamafile's tinyBLAS (AVX-512, `KN` 16): one 16-lane
+/// accumulator of fused products over steps of 16, then
+/// `_mm512_reduce_add_ps`. `x.len()` is a multiple of 16 (tinyBLAS refuses
+/// other lengths).
+#[inline(always)]
+fn tinyblas_dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut a = [0f32; 16];
+    for (xc, yc) in x.chunks_exact(16).zip(y.chunks_exact(16)) {
+        fma16(&mut a, xc, yc);
+    }
+    reduce16(&a)
+}
+
+/// `x` rounded to the nearest f16 (ties to even), as ggml's
+/// `GGML_CPU_FP32_TO_FP16` (F16C `vcvtps2ph`, rounding mode 0) does it.
+#[inline(always)]
+pub(super) fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
 }
 
 /// `a[l] = x[l] * y[l] + a[l]` (fused) for 16 lanes.
@@ -148,6 +196,8 @@ pub(super) fn v_expf16(x: &mut [f32; 16]) {
 
 /// Scratch of one work item (a token's heads).
 struct Row {
+    /// The query rows rounded to f16 (an f16 cache).
+    q16: Vec<f32>,
     /// Each query head's scores, then weights.
     w: Vec<f32>,
     /// 16 lane rows of one head's weighted value sum.
@@ -160,7 +210,7 @@ struct Row {
 
 /// A sequence's cached keys or values (`n_embd` per position), read in place.
 #[derive(Clone, Copy)]
-enum KvRows<'a> {
+pub(super) enum KvRows<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
 }
@@ -168,11 +218,13 @@ enum KvRows<'a> {
 /// The keys and values of positions `0..n` of one sequence. An f16 cache is
 /// converted one head row at a time as the row is used (exact, so the
 /// results are those of an f32 copy) rather than copied whole per call.
-struct KvView<'a> {
-    k: KvRows<'a>,
-    v: KvRows<'a>,
-    n_embd_k: usize,
-    n_embd_v: usize,
+pub(super) struct KvView<'a> {
+    pub(super) k: KvRows<'a>,
+    pub(super) v: KvRows<'a>,
+    pub(super) n_embd_k: usize,
+    pub(super) n_embd_v: usize,
+    /// Positions the cache holds (its `n_ctx`).
+    pub(super) n_ctx: usize,
 }
 
 fn rows(store: &KvStore, n: usize) -> KvRows<'_> {
@@ -184,21 +236,29 @@ fn rows(store: &KvStore, n: usize) -> KvRows<'_> {
 
 /// Halves to floats: `half`'s portable conversion, or F16C inlined into
 /// the FMA build of [`attend_group`].
-trait Widen {
+pub(super) trait Widen {
     fn widen(src: &[f16], dst: &mut [f32]);
+    /// Each `src[i]` rounded to f16 ([`round_f16`]) into `dst[i]`.
+    fn round(src: &[f32], dst: &mut [f32]);
 }
 
-struct Portable;
+pub(super) struct Portable;
 
 impl Widen for Portable {
     #[inline(always)]
     fn widen(src: &[f16], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }
+    #[inline(always)]
+    fn round(src: &[f32], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = round_f16(*s);
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
-struct F16c;
+pub(super) struct F16c;
 
 #[cfg(target_arch = "x86_64")]
 impl Widen for F16c {
@@ -220,6 +280,24 @@ impl Widen for F16c {
             *d = s.to_f32();
         }
     }
+    #[inline(always)]
+    fn round(src: &[f32], dst: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let n = src.len().min(dst.len());
+        let (s8, s_tail) = src[..n].as_chunks::<8>();
+        let (d8, d_tail) = dst[..n].as_chunks_mut::<8>();
+        for (s, d) in s8.iter().zip(d8) {
+            // SAFETY: as in `widen`; both pointers cover 8 lanes.
+            unsafe {
+                let x = _mm256_loadu_ps(s.as_ptr());
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        }
+        for (s, d) in s_tail.iter().zip(d_tail) {
+            *d = round_f16(*s);
+        }
+    }
 }
 
 /// Positions ahead whose key or value row is requested while one is used:
@@ -230,7 +308,7 @@ const PREFETCH_AHEAD: usize = 8;
 impl<'a> KvRows<'a> {
     /// Asks for elements `at..at + len` (a later row) to be cached.
     #[inline(always)]
-    fn prefetch(self, at: usize, len: usize) {
+    pub(super) fn prefetch(self, at: usize, len: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -266,7 +344,7 @@ impl<'a> KvRows<'a> {
 
     /// Row `at..at + len` as floats: borrowed, or widened into `buf`.
     #[inline(always)]
-    fn row<'b, W: Widen>(self, at: usize, len: usize, buf: &'b mut Vec<f32>) -> &'b [f32]
+    pub(super) fn row<'b, W: Widen>(self, at: usize, len: usize, buf: &'b mut Vec<f32>) -> &'b [f32]
     where
         'a: 'b,
     {
@@ -313,15 +391,26 @@ fn attend_group<W: Widen>(
     // is head `(h0 + hi) * group + g`.
     let qr = (row0 + t) * q.cols + h0 * group * hd;
     let qs = &q.data[qr..qr + nh * group * hd];
+    let f16_cache = matches!(kv.k, KvRows::F16(_));
     // Scores of query row r in w[r * n_pad..], padded with masked cells to
     // whole blocks of 16.
     let n_pad = (qp + 1).div_ceil(16) * 16;
     let Row {
+        q16,
         w,
         acc,
         kv: buf,
         max,
     } = row;
+    let qs: &[f32] = if f16_cache {
+        q16.resize(qs.len(), 0.0);
+        W::round(qs, q16);
+        q16
+    } else {
+        qs
+    };
+    // tinyBLAS takes the batch's f16 products when it accepts the length.
+    let kq_tinyblas = f16_cache && pos.n_tokens >= 2 && hd.is_multiple_of(16);
     w.clear();
     w.resize(nh * group * n_pad, f32::NEG_INFINITY);
     max.clear();
@@ -343,7 +432,14 @@ fn attend_group<W: Widen>(
             let k = kv.k.row::<W>(k_at(j) + hi * hd, hd, buf);
             for (g, qrow) in qh.chunks_exact(hd).enumerate() {
                 let r = hi * group + g;
-                let s = vec_dot_f32(k, qrow) * p.scale;
+                let dot = if kq_tinyblas {
+                    tinyblas_dot(k, qrow)
+                } else if f16_cache {
+                    vec_dot_f16(k, qrow)
+                } else {
+                    vec_dot_f32(k, qrow)
+                };
+                let s = dot * p.scale;
                 w[r * n_pad + j] = s;
                 max[r] = max[r].max(s);
             }
@@ -368,6 +464,9 @@ fn attend_group<W: Widen>(
         }
         let inv = (1.0 / sum) as f32;
         w.iter_mut().for_each(|v| *v *= inv);
+        if f16_cache {
+            w.iter_mut().for_each(|v| *v = round_f16(*v));
+        }
     }
     // KQV: lanes of 16 positions (tinyBLAS) or 64 (vec_dot_f32); lane `l`
     // sums the positions `j = l (mod lanes)` in order. Each lane's sum is
@@ -514,7 +613,7 @@ unsafe fn attend_group_fma(
     attend_group::<F16c>(kv, q, row0, sinks, pos, p, t, heads, row, dst)
 }
 
-fn has_fma() -> bool {
+pub(super) fn has_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         is_x86_feature_detected!("avx2")
@@ -580,6 +679,7 @@ pub(super) fn attend(
                 v: rows(&kv.v, n_pos * kv.n_embd_v),
                 n_embd_k: kv.n_embd_k,
                 n_embd_v: kv.n_embd_v,
+                n_ctx: kv.n_ctx,
             }
         })
         .collect();
@@ -589,6 +689,11 @@ pub(super) fn attend(
     for s in seqs {
         starts.push(r);
         r += s.n_tokens;
+    }
+    if p.flash_attn {
+        return Ok(super::flash_attn::attend(
+            &views, q, sinks, seqs, &starts, p, fma,
+        ));
     }
     let mut out = CpuTensor::zeros(q.rows, q.cols);
     // One work item per token (all its heads: each key and value row is one
@@ -607,6 +712,7 @@ pub(super) fn attend(
         .enumerate()
         .for_each_init(
             || Row {
+                q16: Vec::new(),
                 w: Vec::new(),
                 acc: Vec::new(),
                 kv: Vec::new(),
@@ -768,13 +874,39 @@ mod tests {
         scale: f32,
         sink: Option<f32>,
         lanes: usize,
+        f16_cache: bool,
     ) -> Vec<f32> {
         let hd = q.len();
+        // ggml's f16 mul_mat: Q rounded to f16; tinyBLAS for a batch
+        // (whole 16s), ggml_vec_dot_f16 (f64 tail) otherwise.
+        let q: Vec<f32> = if f16_cache {
+            q.iter().map(|&x| round_f16(x)).collect()
+        } else {
+            q.to_vec()
+        };
+        let dot = |k: &[f32]| -> f32 {
+            if !f16_cache {
+                return ref_vec_dot(k, &q);
+            }
+            if lanes == 16 && hd % 16 == 0 {
+                let mut a = [0f32; 16];
+                for i in 0..hd {
+                    a[i % 16] = k[i].mul_add(q[i], a[i % 16]);
+                }
+                return ref_reduce16(&a);
+            }
+            let np = hd & !63;
+            let mut s = ref_vec_dot(&k[..np], &q[..np]) as f64;
+            for i in np..hd {
+                s += (k[i] * q[i]) as f64;
+            }
+            s as f32
+        };
         let row = |c: &[f32], j: usize| c[j * n_embd + kvh * hd..][..hd].to_vec();
         let n_pad = (qp + 1).div_ceil(16) * 16;
         let mut w = vec![f32::NEG_INFINITY; n_pad];
         for (j, w) in w.iter_mut().enumerate().take(qp + 1).skip(lo) {
-            *w = ref_vec_dot(&row(k, j), q) * scale;
+            *w = dot(&row(k, j)) * scale;
         }
         let mut max = w.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         if let Some(s) = sink {
@@ -793,7 +925,11 @@ mod tests {
         let inv = (1.0 / sum) as f32;
         let mut acc = vec![vec![0f32; hd]; lanes];
         for j in 0..=qp {
-            let (vr, p) = (row(v, j), w[j] * inv);
+            let mut p = w[j] * inv;
+            if f16_cache {
+                p = round_f16(p);
+            }
+            let vr = row(v, j);
             for d in 0..hd {
                 acc[j % lanes][d] = vr[d].mul_add(p, acc[j % lanes][d]);
             }
@@ -841,6 +977,7 @@ mod tests {
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
+                flash_attn: false,
             };
             // (pos0, n_tokens): decode rows at short and long contexts,
             // and a prompt chunk past position 0.
@@ -928,7 +1065,9 @@ mod tests {
                         let qh = &q.data[row * q.cols + h * hd..][..hd];
                         let kvh = h / (n_head / n_head_kv);
                         let sink = sinks.as_ref().map(|s| s[h]);
-                        let want = ref_head(k, v, n_embd, qh, kvh, qp, lo, p.scale, sink, lanes);
+                        let want = ref_head(
+                            k, v, n_embd, qh, kvh, qp, lo, p.scale, sink, lanes, f16_cache,
+                        );
                         let got = &out.data[row * out.cols + h * hd..][..hd];
                         for (d, (g, w)) in got.iter().zip(&want).enumerate() {
                             assert_eq!(

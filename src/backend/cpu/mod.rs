@@ -3,6 +3,7 @@
 //! the weight type's dot-product partner (Q8_0 / Q8_1 / Q8_K / F16) as ggml does.
 
 mod attention;
+mod flash_attn;
 mod matmul;
 mod ops;
 
