@@ -113,9 +113,6 @@ const DEVICES: &str = "use `longhaul devices` to list GPU adapters";
 /// the ones listed here are those whose llama.cpp meaning the table decides.
 /// A spelling a command defines itself (bench's `-r`, `-o`, `--load-mode`)
 /// is that command's own and is not rewritten there.
-///
-/// Absent for now, added with their flags: `--grammar`, `--grammar-file`,
-/// `-j/--json-schema`, `-jf/--json-schema-file`.
 pub const SPELLINGS: &[Spelling] = &[
     // The model and the machine.
     same("--model").env("LLAMA_ARG_MODEL"),
@@ -300,6 +297,13 @@ pub const SPELLINGS: &[Spelling] = &[
     same("--frequency-penalty"),
     alias("-l", "--logit-bias"),
     same("--logit-bias"),
+    // Structured output.
+    same("--grammar"),
+    same("--grammar-file"),
+    alias("-j", "--json-schema"),
+    same("--json-schema"),
+    alias("-jf", "--json-schema-file"),
+    same("--json-schema-file"),
     refused("--samplers", SAMPLER),
     refused("--sampler-seq", SAMPLER),
     refused("--sampling-seq", SAMPLER),
