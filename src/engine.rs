@@ -80,7 +80,9 @@ impl std::str::FromStr for FlashAttn {
             "auto" | "-1" => Ok(Self::Auto),
             "on" | "1" | "true" => Ok(Self::On),
             "off" | "0" | "false" => Ok(Self::Off),
-            _ => Err(format!("`{s}` is not a --flash-attn value; use on, off or auto")),
+            _ => Err(format!(
+                "`{s}` is not a --flash-attn value; use on, off or auto"
+            )),
         }
     }
 }
@@ -205,7 +207,8 @@ impl<B: Backend> Engine<B> {
             err,
         })?;
         let tokenizer = Tokenizer::from_metadata(file.metadata())?;
-        let template = ChatTemplate::from_metadata_or(file.metadata(), params.chat_template.as_deref())?;
+        let template =
+            ChatTemplate::from_metadata_or(file.metadata(), params.chat_template.as_deref())?;
         let file = Arc::new(file);
         // The structure alone (no weight read or uploaded) sizes longhaul.
         let shapes = Model::load_shapes(backend.clone(), file.clone())?;

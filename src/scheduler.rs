@@ -559,10 +559,7 @@ impl<B: Backend> Worker<B> {
     /// Samples the next token of `a` from its row of logits, within its
     /// constraint if it has one; the flag is true when that token
     /// completes the constraint's grammar.
-    fn sample(
-        a: &mut Active,
-        logits: &[f32],
-    ) -> Result<(u32, Option<TokenProbs>, bool), String> {
+    fn sample(a: &mut Active, logits: &[f32]) -> Result<(u32, Option<TokenProbs>, bool), String> {
         let want = a.job.req.probs;
         let Some(c) = a.constraint.as_mut() else {
             let (tok, probs) = a.sampler.sample_with_probs(logits, &a.history, want);

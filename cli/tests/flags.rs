@@ -238,7 +238,10 @@ fn run_cnv_is_the_chat_loop_with_the_prompt_as_first_message() {
     assert!(out.status.success(), "{err}");
     // The prompt and the first message are on stdout, as llama-cli prints them.
     let stdout = text(&out.stdout);
-    let reply = stdout.split("> Say hi.").nth(1).expect("the first message after the prompt");
+    let reply = stdout
+        .split("> Say hi.")
+        .nth(1)
+        .expect("the first message after the prompt");
     assert!(!reply.trim().is_empty(), "no reply: {stdout}");
     // -st: one reply, then the end (no second prompt).
     assert_eq!(err.matches("Generation:").count(), 1, "{err}");

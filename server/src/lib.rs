@@ -23,9 +23,9 @@ mod native;
 mod openai;
 mod probs;
 mod request;
-mod unsupported;
 mod structured;
 mod tools;
+mod unsupported;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -20,9 +20,9 @@ use crate::error::ApiError;
 use crate::gen::{self, Piece};
 use crate::probs;
 use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
-use crate::unsupported;
 use crate::structured::{self, StructuredFields};
 use crate::tools::{self, ToolStream};
+use crate::unsupported;
 use crate::{new_id, unix_now, AppState};
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {

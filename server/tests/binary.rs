@@ -10,21 +10,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 
-/// The Python that has the `openai` package: $LONGHAUL_PYTHON, else the
-/// virtual environment .ci/run makes, else `python3`.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("LONGHAUL_PYTHON") {
-        return p.into();
-    }
-    let venv = PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-        .join(".cache/longhaul/pyenv/bin/python3");
-    if venv.exists() {
-        venv
-    } else {
-        "python3".into()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_openai_python_client() {
     let py = python();

@@ -11,20 +11,6 @@ use std::process::Command;
 
 use common::*;
 
-/// The Python that has the `openai` package, found as binary.rs finds it.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("LONGHAUL_PYTHON") {
-        return p.into();
-    }
-    let venv = PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-        .join(".cache/longhaul/pyenv/bin/python3");
-    if venv.exists() {
-        venv
-    } else {
-        "python3".into()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_client_gets_required_tool_calls() {
     let py = python();

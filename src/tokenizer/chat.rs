@@ -187,7 +187,9 @@ impl ChatTemplate {
         };
         // Without tools the name stays undefined, as transformers leaves it.
         let ctx = match tools {
-            Some(t) => context! { tools => minijinja::Value::from(minijinja::value::Serde(t)), ..ctx },
+            Some(t) => {
+                context! { tools => minijinja::Value::from(minijinja::value::Serde(t)), ..ctx }
+            }
             None => ctx,
         };
         tmpl.render(ctx)

@@ -262,3 +262,18 @@ pub async fn wait_ready(c: &reqwest::Client, url: &str) {
     }
     panic!("{url} did not become ready");
 }
+
+/// The Python that has the `openai` package: $LONGHAUL_PYTHON, else the
+/// virtual environment tools/test.sh makes, else `python3`.
+pub fn python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("LONGHAUL_PYTHON") {
+        return p.into();
+    }
+    let venv = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+        .join(".cache/longhaul/pyenv/bin/python3");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
