@@ -231,7 +231,7 @@ impl<B: Backend> Engine<B> {
                 drop(shapes);
                 // Resident tensors copied into memory, experts streamed.
                 let model = Model::load_with_progress(backend, file, Some(cfg), progress)?;
-                info.n_slots = model.n_slots;
+                info.n_slots = model.n_slots();
                 info.slot_bytes = model.slot_bytes();
                 (model, Some(info))
             }

@@ -167,7 +167,7 @@ fn gpu_longhaul_equals_gpu_resident() {
                 verify: false,
             };
             let m = Model::load_with(g.clone(), open(&name), Some(cfg)).expect("longhaul load");
-            assert_eq!(m.n_slots, slots);
+            assert_eq!(m.n_slots(), slots);
             assert_eq!(
                 greedy(&m, 12),
                 want,

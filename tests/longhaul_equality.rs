@@ -54,7 +54,7 @@ fn longhaul_model(
         verify: false,
     };
     let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul load");
-    assert_eq!(m.n_slots, slots);
+    assert_eq!(m.n_slots(), slots);
     m
 }
 

@@ -197,7 +197,7 @@ fn longhaul_slots(
         verify: false,
     };
     let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul");
-    assert_eq!(m.n_slots, n_slots);
+    assert_eq!(m.n_slots(), n_slots);
     m
 }
 

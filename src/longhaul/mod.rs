@@ -189,9 +189,12 @@ pub fn slots_for_budget(
     Ok(n.min(n_expert))
 }
 
+/// The scope longhaul's lookahead reads are spawned on while layers compute.
+pub type IoScope<'s> = rayon::Scope<'s>;
+
 /// Runs `f` with a scope whose spawned tasks run on the longhaul I/O pool
 /// (for reads that overlap compute), waiting for them before returning.
-pub fn io_scope<'s, R>(f: impl FnOnce(&rayon::Scope<'s>) -> R) -> R {
+pub fn io_scope<'s, R>(f: impl FnOnce(&IoScope<'s>) -> R) -> R {
     match loader::io_pool() {
         Some(pool) => pool.in_place_scope(f),
         None => rayon::in_place_scope(f),

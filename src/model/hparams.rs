@@ -1,17 +1,9 @@
 //! Hyperparameters read from GGUF metadata (`{arch}.*` keys), never hard-coded.
 
+use super::blocks::{Routing, Scoring};
 use super::ModelError;
+use crate::backend::{RopeMode, RopeParams};
 use crate::gguf::Metadata;
-
-/// How the router's logits become expert weights (llama.cpp's
-/// `llama_expert_gating_func_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gating {
-    /// softmax over all experts, then top-k of the probabilities.
-    Softmax,
-    /// top-k of the raw logits, then softmax over the chosen ones (gpt-oss).
-    SoftmaxWeight,
-}
 
 /// Model hyperparameters. Names follow llama.cpp (`n_embd`, `n_head_kv`,
 /// `n_ff_exp`, `n_expert_used`, ...).
@@ -42,6 +34,10 @@ pub struct Hparams {
     pub n_ff_exp: usize,
     pub n_ff_shexp: usize,
     pub expert_weights_scale: f32,
+    /// Expert groups (`expert_group_count`, 1: none) and the groups a token
+    /// may choose from (`expert_group_used_count`).
+    pub n_expert_groups: usize,
+    pub n_group_used: usize,
     /// Sliding-window size and which layers use it.
     pub n_swa: u32,
     pub swa_layers: Vec<bool>,
@@ -214,6 +210,27 @@ impl Hparams {
                 reason: format!("{n_expert_used} of {n_expert} experts"),
             });
         }
+        let n_expert_groups = size("expert_group_count", Some(1), l::N_EXPERT, "expert groups")?;
+        let n_expert_groups = n_expert_groups.max(1);
+        let n_group_used = size(
+            "expert_group_used_count",
+            Some(n_expert_groups),
+            l::N_EXPERT,
+            "expert groups used",
+        )?;
+        if n_expert_groups > 1
+            && (n_expert % n_expert_groups != 0
+                || n_group_used == 0
+                || n_group_used > n_expert_groups
+                || n_expert_used > n_group_used * (n_expert / n_expert_groups))
+        {
+            return Err(ModelError::BadHparam {
+                key: key(a, "expert_group_count"),
+                reason: format!(
+                    "{n_expert_groups} groups of {n_expert} experts, {n_group_used} used, for top-{n_expert_used}"
+                ),
+            });
+        }
         let n_swa = size(
             "attention.sliding_window",
             Some(0),
@@ -300,10 +317,42 @@ impl Hparams {
                 "shared-expert feed-forward width",
             )?,
             expert_weights_scale,
+            n_expert_groups,
+            n_group_used,
             n_swa,
             swa_layers,
             arch,
         })
+    }
+
+    /// The model's rope with pairing `mode`, as llama.cpp's context sets it.
+    pub fn rope(&self, mode: RopeMode) -> RopeParams {
+        let (ext_factor, attn_factor) = self.yarn_factors();
+        RopeParams {
+            mode,
+            n_rot: self.n_rot,
+            freq_base: self.rope_freq_base,
+            freq_scale: self.rope_freq_scale,
+            n_ctx_orig: self.n_ctx_orig_yarn,
+            ext_factor,
+            attn_factor,
+            beta_fast: self.yarn_beta_fast,
+            beta_slow: self.yarn_beta_slow,
+        }
+    }
+
+    /// The router settings from metadata, with the architecture's scoring
+    /// and renormalisation.
+    pub fn routing(&self, scoring: Scoring, norm: bool) -> Routing {
+        Routing {
+            scoring,
+            n_expert: self.n_expert,
+            n_used: self.n_expert_used,
+            norm,
+            scale: self.expert_weights_scale,
+            n_group: self.n_expert_groups,
+            n_group_used: self.n_group_used,
+        }
     }
 
     /// `(ext_factor, attn_factor)` for rope, as llama.cpp's context derives them.

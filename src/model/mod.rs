@@ -3,18 +3,20 @@
 //! graph of each family; it never touches a concrete backend.
 
 pub mod arch;
-mod block;
+pub mod blocks;
+mod forward;
 pub mod hparams;
+pub(crate) mod stream;
 
-mod stream;
+use std::sync::Arc;
 
-use std::sync::{Arc, Mutex};
-
-use crate::backend::{Backend, BackendError, RopeParams};
+use crate::backend::{Backend, BackendError};
 use crate::gguf::{self, GgufError};
-use crate::longhaul::{CacheStats, LonghaulConfig, LonghaulError, StreamedLayer};
+use crate::longhaul::{CacheStats, LonghaulConfig, LonghaulError};
 pub use arch::ArchSpec;
-pub use hparams::{Gating, Hparams};
+pub use blocks::ffn::is_routed;
+pub use blocks::{Attention, DenseFfn, Experts, Ffn, Layer, MoeFfn, Scoring};
+pub use hparams::Hparams;
 
 /// Errors raised while building or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -76,61 +78,14 @@ pub enum ModelError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Longhaul(#[from] LonghaulError),
+    /// A tensor the architecture does not use: running without it would
+    /// compute something other than the model.
+    #[error("tensor `{name}` is not part of a `{arch}` model as longhaul implements it; the file was converted for another architecture or a newer variant (re-convert it with llama.cpp's convert_hf_to_gguf.py, or report the variant)")]
+    UnexpectedTensor { name: String, arch: String },
     #[error(
         "--longhaul needs a MoE model; {arch} has no routed experts (run it without --longhaul)"
     )]
     NoExperts { arch: String },
-}
-
-/// The routed experts of one MoE layer (stacked `[k, n, n_expert]` tensors)
-/// with their optional per-expert biases.
-pub struct Experts<W> {
-    pub gate: W,
-    pub up: W,
-    pub down: W,
-    pub gate_b: Option<W>,
-    pub up_b: Option<W>,
-    pub down_b: Option<W>,
-}
-
-/// A dense SwiGLU FFN (dense models, shared experts).
-pub struct DenseFfn<W> {
-    pub gate: W,
-    pub up: W,
-    pub down: W,
-}
-
-/// A MoE FFN: router, routed experts and an optional gated shared expert.
-pub struct MoeFfn<W> {
-    pub router: W,
-    pub router_b: Option<W>,
-    pub experts: Experts<W>,
-    pub shared: Option<DenseFfn<W>>,
-    pub shared_gate: Option<W>,
-}
-
-pub enum Ffn<W> {
-    Dense(DenseFfn<W>),
-    Moe(MoeFfn<W>),
-}
-
-/// Weights and settings of one repeating layer.
-pub struct Layer<W> {
-    pub attn_norm: W,
-    pub wq: W,
-    pub wk: W,
-    pub wv: W,
-    pub wo: W,
-    pub bq: Option<W>,
-    pub bk: Option<W>,
-    pub bv: Option<W>,
-    pub bo: Option<W>,
-    pub q_norm: Option<W>,
-    pub k_norm: Option<W>,
-    pub sinks: Option<W>,
-    pub ffn_norm: W,
-    pub ffn: Ffn<W>,
-    pub window: Option<u32>,
 }
 
 /// A loaded model on backend `B`.
@@ -143,18 +98,8 @@ pub struct Model<B: Backend> {
     pub output_norm: B::Weight,
     pub output: B::Weight,
     pub layers: Vec<Layer<B::Weight>>,
-    pub rope: RopeParams,
-    /// Longhaul mode: the streamed experts of each MoE layer (`None` for
-    /// dense layers, or everywhere in resident mode).
-    pub streamed: Vec<Option<Mutex<StreamedLayer<B::Slots>>>>,
-    /// Slots per MoE layer in longhaul mode.
-    pub n_slots: usize,
-    /// Longhaul lookahead prefetch, and per layer the flag that stops a
-    /// prefetch not yet started once the layer's own sync point arrives.
-    pub prefetch: bool,
-    pub prefetch_cancel: Vec<std::sync::atomic::AtomicBool>,
-    /// Where routing decisions are recorded (`--trace-experts`), if anywhere.
-    pub trace: Option<crate::longhaul::trace::TraceWriter>,
+    /// Streamed experts, prefetch and routing trace.
+    pub(crate) runtime: stream::Runtime<B::Slots>,
     /// CPU attention arithmetic: ggml's flash attention (llama.cpp's `-fa
     /// on`, and `auto` on the CPU) when true, its exact `mul_mat` + softmax
     /// path (`-fa off`) when false. A loaded model starts on the exact path
@@ -224,30 +169,9 @@ pub struct LoadOptions {
     pub shapes_only: bool,
 }
 
-/// What the block loader needs to know of [`LoadOptions`].
-pub(crate) struct LoadHow {
-    /// Routed experts get placeholders (their bytes go to slots).
-    pub longhaul: bool,
-    pub shapes_only: bool,
-}
-
-/// True for routed-expert tensors (`*_exps.*`), which longhaul streams.
-pub fn is_routed(name: &str) -> bool {
-    name.contains("_exps.")
-}
-
 /// The names of the routed-expert tensors of layer `il` (what longhaul streams).
-pub fn routed_expert_tensor_names(il: usize) -> [String; 7] {
-    [
-        "ffn_gate_exps.weight",
-        "ffn_up_exps.weight",
-        "ffn_down_exps.weight",
-        "ffn_gate_up_exps.weight",
-        "ffn_gate_exps.bias",
-        "ffn_up_exps.bias",
-        "ffn_down_exps.bias",
-    ]
-    .map(|s| format!("blk.{il}.{s}"))
+pub fn routed_expert_tensor_names(il: usize) -> Vec<String> {
+    blocks::ffn::routed_names(il).collect()
 }
 
 /// The architecture and hyperparameters of `file`, every size checked
@@ -349,7 +273,7 @@ impl<B: Backend> Model<B> {
             shapes_only,
         } = opts;
         let (spec, hp) = read_hparams(&file)?;
-        let how = LoadHow {
+        let how = blocks::LoadHow {
             longhaul: longhaul.is_some(),
             shapes_only,
         };
@@ -362,7 +286,7 @@ impl<B: Backend> Model<B> {
                 .sum();
             (progress, total)
         });
-        let mut m = block::load(backend, file.clone(), spec, hp, &how, copy)?;
+        let mut m = load_layers(backend, file.clone(), spec, hp, &how, copy)?;
         if let Some(cfg) = longhaul {
             stream::attach(&mut m, cfg)?;
         }
@@ -381,19 +305,12 @@ impl<B: Backend> Model<B> {
     /// Longhaul cache statistics per layer (`None` in resident mode; dense
     /// layers report zeros).
     pub fn longhaul_stats(&self) -> Option<Vec<CacheStats>> {
-        if self.streamed.iter().all(Option::is_none) {
-            return None;
-        }
-        Some(
-            self.streamed
-                .iter()
-                .map(|l| {
-                    l.as_ref()
-                        .map(|l| l.lock().map(|g| g.stats).unwrap_or_default())
-                        .unwrap_or_default()
-                })
-                .collect(),
-        )
+        self.runtime.stats()
+    }
+
+    /// Slots per MoE layer in longhaul mode (0 when resident).
+    pub fn n_slots(&self) -> usize {
+        self.runtime.n_slots()
     }
 
     /// `(MoE layers, bytes of one expert across a layer's routed tensors)`:
@@ -404,23 +321,19 @@ impl<B: Backend> Model<B> {
 
     /// Records every MoE layer's routing decisions to `path` from now on.
     pub fn trace_experts(&mut self, path: &std::path::Path) -> std::io::Result<()> {
-        self.trace = Some(crate::longhaul::trace::TraceWriter::create(
-            path,
-            self.hp.n_layer,
-            self.hp.n_expert,
-            self.hp.n_expert_used,
-        )?);
+        self.runtime
+            .set_trace(crate::longhaul::trace::TraceWriter::create(
+                path,
+                self.hp.n_layer,
+                self.hp.n_expert,
+                self.hp.n_expert_used,
+            )?);
         Ok(())
     }
 
     /// Bytes of the expert slots (the longhaul budget actually used).
     pub fn slot_bytes(&self) -> u64 {
-        use crate::backend::SlotStore;
-        self.streamed
-            .iter()
-            .flatten()
-            .map(|l| l.lock().map(|g| g.slots.bytes()).unwrap_or(0))
-            .sum()
+        self.runtime.slot_bytes()
     }
 
     /// A fresh KV cache for `n_ctx` positions, one entry per layer. Its size
@@ -432,11 +345,12 @@ impl<B: Backend> Model<B> {
         dtype: crate::tensor::GgmlType,
     ) -> Result<Vec<B::Kv>, ModelError> {
         let bytes = crate::kv::check_kv_size(&self.hp, n_ctx, 1, dtype, false)?;
-        let n = self.hp.n_head_kv * self.hp.head_dim;
-        (0..self.hp.n_layer)
-            .map(|_| {
+        self.layers
+            .iter()
+            .map(|l| {
+                let (k, v) = l.attn.kv_widths();
                 self.backend
-                    .new_kv(n_ctx, n, n, dtype)
+                    .new_kv(n_ctx, k, v, dtype)
                     .map_err(|e| match e {
                         BackendError::OutOfMemory { .. } => ModelError::KvTooLarge {
                             n_ctx,
@@ -461,7 +375,7 @@ impl<B: Backend> Model<B> {
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
         self.file.check_files()?;
-        block::forward(self, kv, tokens, pos0, want)
+        forward::forward(self, kv, tokens, pos0, want)
     }
 
     /// Runs several sequences in one batch (`seqs[i] = (tokens, pos0)` with
@@ -473,6 +387,49 @@ impl<B: Backend> Model<B> {
         want: Logits,
     ) -> Result<BatchLogits, ModelError> {
         self.file.check_files()?;
-        block::forward_multi(self, kvs, seqs, want)
+        forward::forward_multi(self, kvs, seqs, want)
     }
+}
+
+/// Builds every layer of a `spec` model through its architecture file, then
+/// refuses a file with tensors the architecture did not declare.
+fn load_layers<B: Backend>(
+    backend: B,
+    file: Arc<gguf::Model>,
+    spec: ArchSpec,
+    hp: Hparams,
+    how: &blocks::LoadHow,
+    copy: Option<(Option<Progress>, u64)>,
+) -> Result<Model<B>, ModelError> {
+    if copy.is_some() {
+        crate::longhaul::prepare_files(&file);
+    }
+    let (tok_embd, output_norm, output, layers) = {
+        let l = blocks::Loader::new(&backend, &file, &hp, how, copy);
+        let (e, v) = (hp.n_embd as u64, hp.n_vocab as u64);
+        let tok_embd = l.req("token_embd.weight", &[e, v])?;
+        let output_norm = l.req("output_norm.weight", &[e])?;
+        let output = match l.opt("output.weight", &[e, v])? {
+            Some(w) => w,
+            None => l.req("token_embd.weight", &[e, v])?,
+        };
+        let layers = (0..hp.n_layer)
+            .map(|il| arch::load_layer(&spec, &l, il))
+            .collect::<Result<Vec<_>, _>>()?;
+        l.finish()?;
+        (tok_embd, output_norm, output, layers)
+    };
+    let runtime = stream::Runtime::resident(hp.n_layer);
+    Ok(Model {
+        spec,
+        hp,
+        backend,
+        file,
+        tok_embd,
+        output_norm,
+        output,
+        layers,
+        runtime,
+        flash_attn: false,
+    })
 }

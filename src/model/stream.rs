@@ -1,26 +1,95 @@
-//! The MoE sync point in longhaul mode: route, plan, load, remap expert ids
-//! to slot ids, compute. The planner and loader live in `crate::longhaul`;
-//! this file only ties them to the layer's expert tensors.
+//! The longhaul runtime of a model ([`Runtime`]: streamed layers, lookahead
+//! prefetch, routing trace) and the MoE sync point in longhaul mode: route,
+//! plan, load, remap expert ids to slot ids, compute. The planner and loader
+//! live in `crate::longhaul`; this file only ties them to a layer's experts.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, TryLockError};
 
-use super::block;
-use super::{Experts, Ffn, Layer, Model, ModelError};
-use crate::backend::Backend;
+use super::blocks::ffn::{self, Experts, Ffn, MoeFfn, ROUTED};
+use super::blocks::{Layer, Pass};
+use super::{Model, ModelError};
+use crate::backend::{Backend, SlotStore};
 use crate::gguf::{self, TensorInfo};
-use crate::longhaul::{self, LonghaulConfig, StreamedLayer};
+use crate::longhaul::trace::TraceWriter;
+use crate::longhaul::{self, CacheStats, LonghaulConfig, StreamedLayer};
 
-/// Routed tensors of a layer in slot-store order: the three matrices, then
-/// the per-expert biases an architecture has.
-const ROUTED: [&str; 6] = [
-    "ffn_gate_exps.weight",
-    "ffn_up_exps.weight",
-    "ffn_down_exps.weight",
-    "ffn_gate_exps.bias",
-    "ffn_up_exps.bias",
-    "ffn_down_exps.bias",
-];
+/// What a model needs at run time beyond its weights: in longhaul mode the
+/// streamed experts of each MoE layer and the lookahead prefetch; in any
+/// mode, where routing decisions are recorded (`--trace-experts`).
+pub struct Runtime<S: SlotStore> {
+    /// Per layer: its streamed experts (`None` for dense layers, or
+    /// everywhere in resident mode).
+    streamed: Vec<Option<Mutex<StreamedLayer<S>>>>,
+    /// Slots per MoE layer in longhaul mode.
+    n_slots: usize,
+    prefetch: bool,
+    /// Per layer, the flag that stops a prefetch not yet started once the
+    /// layer's own sync point arrives.
+    prefetch_cancel: Vec<AtomicBool>,
+    trace: Option<TraceWriter>,
+}
+
+impl<S: SlotStore> Runtime<S> {
+    /// A resident model's runtime over `n_layer` layers.
+    pub(super) fn resident(n_layer: usize) -> Self {
+        Runtime {
+            streamed: (0..n_layer).map(|_| None).collect(),
+            n_slots: 0,
+            prefetch: false,
+            prefetch_cancel: (0..n_layer).map(|_| AtomicBool::new(false)).collect(),
+            trace: None,
+        }
+    }
+
+    /// Layer `il`'s streamed experts, in longhaul mode.
+    pub(super) fn streamed(&self, il: usize) -> Option<&Mutex<StreamedLayer<S>>> {
+        self.streamed.get(il).and_then(Option::as_ref)
+    }
+
+    pub(super) fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+
+    pub(super) fn set_trace(&mut self, t: TraceWriter) {
+        self.trace = Some(t);
+    }
+
+    /// Records layer `il`'s routing, when tracing.
+    pub(super) fn record(&self, il: usize, ids: &[u32], k: usize) {
+        if let Some(t) = &self.trace {
+            // A trace is a diagnostic: a failed write must not stop generation.
+            let _ = t.record(il, ids, k);
+        }
+    }
+
+    /// Cache statistics per layer (`None` in resident mode; dense layers
+    /// report zeros).
+    pub(super) fn stats(&self) -> Option<Vec<CacheStats>> {
+        if self.streamed.iter().all(Option::is_none) {
+            return None;
+        }
+        Some(
+            self.streamed
+                .iter()
+                .map(|l| {
+                    l.as_ref()
+                        .map(|l| l.lock().map(|g| g.stats).unwrap_or_default())
+                        .unwrap_or_default()
+                })
+                .collect(),
+        )
+    }
+
+    /// Bytes of the expert slots (the longhaul budget actually used).
+    pub(super) fn slot_bytes(&self) -> u64 {
+        self.streamed
+            .iter()
+            .flatten()
+            .map(|l| l.lock().map(|g| g.slots.bytes()).unwrap_or(0))
+            .sum()
+    }
+}
 
 /// The largest one-expert size over the layers' routed tensors.
 fn expert_bytes(layers: &[(usize, Vec<&TensorInfo>)]) -> Result<u64, ModelError> {
@@ -58,13 +127,13 @@ pub(super) fn slot_cost<B: Backend>(m: &Model<B>) -> Result<(usize, u64), ModelE
 
 /// Switches every MoE layer of `m` to streamed experts under `cfg`'s budget.
 pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Result<(), ModelError> {
-    if m.hp.n_expert == 0 {
+    let file = m.file.clone();
+    let layers = routed(&m.layers, &file);
+    if layers.is_empty() {
         return Err(ModelError::NoExperts {
             arch: m.hp.arch.clone(),
         });
     }
-    let file = m.file.clone();
-    let layers = routed(&m.layers, &file);
     let expert_bytes = expert_bytes(&layers)?;
     let n_slots =
         longhaul::slots_for_budget(cfg.budget_bytes, layers.len(), expert_bytes, m.hp.n_expert)?;
@@ -72,10 +141,10 @@ pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Resul
         let specs = longhaul::slot_tensors(&ts)?;
         let slots = m.backend.new_slots(&specs, n_slots)?;
         let l = StreamedLayer::new(il, &ts, slots, n_slots, cfg.policy)?;
-        m.streamed[il] = Some(Mutex::new(if cfg.verify { l.verify_reads() } else { l }));
+        m.runtime.streamed[il] = Some(Mutex::new(if cfg.verify { l.verify_reads() } else { l }));
     }
-    m.n_slots = n_slots;
-    m.prefetch = cfg.prefetch;
+    m.runtime.n_slots = n_slots;
+    m.runtime.prefetch = cfg.prefetch;
     Ok(())
 }
 
@@ -83,12 +152,13 @@ pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Resul
 /// router picks from this layer's FFN input `x` (a guess: the next layer
 /// sees `x` after one more attention block).
 fn lookahead<'s, B: Backend>(
-    m: &'s Model<B>,
+    p: &Pass<'_, 's, B>,
     il: usize,
     x: &B::Tensor,
-    scope: &rayon::Scope<'s>,
 ) -> Result<(), ModelError> {
-    if !m.prefetch {
+    let m = p.m;
+    let rt = &m.runtime;
+    if !rt.prefetch {
         return Ok(());
     }
     let Some((next, Ffn::Moe(f))) = m
@@ -101,35 +171,21 @@ fn lookahead<'s, B: Backend>(
     else {
         return Ok(());
     };
-    let Some(Some(target)) = m.streamed.get(next) else {
+    let Some(target) = rt.streamed(next) else {
         return Ok(());
     };
-    let b = &m.backend;
-    let mut logits = b.matmul(&f.router, x)?;
-    if let Some(rb) = &f.router_b {
-        b.add_bias(&mut logits, rb)?;
-    }
-    let logits = b.to_host(&logits)?;
-    let hp = &m.hp;
-    let (ids, _) = block::route(
-        &logits,
-        hp.n_expert,
-        hp.n_expert_used,
-        m.spec.gating,
-        m.spec.norm_topk,
-        hp.expert_weights_scale,
-    );
+    let (ids, _) = f.router.route(&f.router.logits(&m.backend, x)?);
     let mut predicted = Vec::new();
-    let mut seen = vec![false; hp.n_expert];
+    let mut seen = vec![false; m.hp.n_expert];
     for e in ids {
         if !std::mem::replace(&mut seen[e as usize], true) {
             predicted.push(e);
         }
     }
-    let cancel = &m.prefetch_cancel[next];
+    let cancel = &rt.prefetch_cancel[next];
     cancel.store(false, Ordering::Relaxed);
     let file = &m.file;
-    scope.spawn(move |_| {
+    p.io.spawn(move |_| {
         // A lock held by someone else is the layer's own sync point (it holds
         // it from before its demand read until its experts are computed): the
         // prefetch is too late. Waiting for the lock would also hold an I/O
@@ -169,23 +225,23 @@ fn slot_experts<B: Backend>(
     })
 }
 
-/// Longhaul version of [`block::expert_outputs`]: identical rows, computed
+/// Longhaul version of [`ffn::expert_outputs`]: identical rows, computed
 /// from slots, in as many waves as the batch's distinct experts need.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn expert_outputs<'s, B: Backend>(
-    m: &'s Model<B>,
+pub(crate) fn expert_outputs<'s, B: Backend>(
+    p: &Pass<'_, 's, B>,
     il: usize,
     layer: &Mutex<StreamedLayer<B::Slots>>,
-    resident: &Experts<B::Weight>,
+    f: &MoeFfn<B::Weight>,
     x: &B::Tensor,
     ids: &[u32],
-    k: usize,
-    scope: &rayon::Scope<'s>,
 ) -> Result<B::Tensor, ModelError> {
+    let m = p.m;
     let b = &m.backend;
+    let k = f.router.routing.n_used;
+    let resident = &f.experts;
     // Stop a lookahead read of this layer that has not started yet: demand
     // reads never wait behind speculation that is not already in flight.
-    if let Some(c) = m.prefetch_cancel.get(il) {
+    if let Some(c) = m.runtime.prefetch_cancel.get(il) {
         c.store(true, Ordering::Relaxed);
     }
     // A poisoned lock means an earlier panic mid-update; the planner state is
@@ -196,19 +252,19 @@ pub(super) fn expert_outputs<'s, B: Backend>(
     let mut slot_of = vec![u32::MAX; m.hp.n_expert];
     if let [wave] = waves.as_slice() {
         l.load(&m.file, wave)?;
-        lookahead(m, il, x, scope)?;
+        lookahead(p, il, x)?;
         wave.experts
             .iter()
             .for_each(|&(e, s)| slot_of[e as usize] = s);
         let slot_ids: Vec<u32> = ids.iter().map(|&e| slot_of[e as usize]).collect();
         let ex = slot_experts(b, &l, resident)?;
-        return block::expert_outputs(b, &ex, x, &slot_ids, k, m.spec.glu);
+        return ffn::expert_outputs(b, &ex, x, &slot_ids, k, f.glu);
     }
     let mut out = b.zeros(ids.len(), m.hp.n_embd)?;
     for wave in &waves {
         l.load(&m.file, wave)?;
         if !lookahead_started {
-            lookahead(m, il, x, scope)?;
+            lookahead(p, il, x)?;
             lookahead_started = true;
         }
         slot_of.iter_mut().for_each(|s| *s = u32::MAX);
@@ -223,7 +279,7 @@ pub(super) fn expert_outputs<'s, B: Backend>(
         let xw = b.gather_rows(x, &tokens)?;
         let y = {
             let ex = slot_experts(b, &l, resident)?;
-            block::expert_outputs(b, &ex, &xw, &slot_ids, 1, m.spec.glu)?
+            ffn::expert_outputs(b, &ex, &xw, &slot_ids, 1, f.glu)?
         };
         b.scatter_rows(&mut out, &y, &pairs)?;
     }

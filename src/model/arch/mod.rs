@@ -1,0 +1,68 @@
+//! The supported architectures, one file per family. Each file declares its
+//! tensors (required, optional, never) and builds a layer from the shared
+//! blocks in [`super::blocks`]; every hyperparameter comes from metadata.
+
+mod gpt_oss;
+mod llama;
+mod qwen2moe;
+mod qwen3moe;
+
+use super::blocks::{Layer, Loader};
+use super::ModelError;
+use crate::backend::Backend;
+
+/// Which family's file builds the layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Llama,
+    Qwen2Moe,
+    Qwen3Moe,
+    GptOss,
+}
+
+/// An architecture: its GGUF name and what is read before any tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ArchSpec {
+    /// GGUF `general.architecture` value.
+    pub name: &'static str,
+    pub family: Family,
+    /// Default sliding-window period (0: no sliding-window layers), which
+    /// `attention.sliding_window_pattern` overrides.
+    pub swa_pattern: u32,
+}
+
+pub const LLAMA: ArchSpec = llama::SPEC;
+pub const QWEN2MOE: ArchSpec = qwen2moe::SPEC;
+pub const QWEN3MOE: ArchSpec = qwen3moe::SPEC;
+pub const GPT_OSS: ArchSpec = gpt_oss::SPEC;
+
+/// Every supported architecture.
+pub const SUPPORTED: [ArchSpec; 4] = [LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS];
+
+/// The spec for `name`, if supported.
+pub fn lookup(name: &str) -> Option<ArchSpec> {
+    SUPPORTED.iter().copied().find(|a| a.name == name)
+}
+
+/// Names of the supported architectures, for error messages.
+pub fn supported_names() -> String {
+    SUPPORTED
+        .iter()
+        .map(|a| a.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Layer `il` of a `spec` model, as its family's file declares it.
+pub(super) fn load_layer<B: Backend>(
+    spec: &ArchSpec,
+    l: &Loader<B>,
+    il: usize,
+) -> Result<Layer<B::Weight>, ModelError> {
+    match spec.family {
+        Family::Llama => llama::layer(l, il),
+        Family::Qwen2Moe => qwen2moe::layer(l, il),
+        Family::Qwen3Moe => qwen3moe::layer(l, il),
+        Family::GptOss => gpt_oss::layer(l, il),
+    }
+}

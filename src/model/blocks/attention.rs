@@ -1,0 +1,196 @@
+//! Attention blocks. [`Gqa`] is grouped-query attention as llama.cpp's
+//! `build_attn` runs it, with the options the families differ in: q/k/v and
+//! output biases, QK-norm per head or over the whole projection, sinks, a
+//! sliding window and rope parameters of the layer's own.
+
+use super::{matmuls, Loader, Pass};
+use crate::backend::{AttnParams, Backend, RopeParams};
+use crate::model::ModelError;
+
+/// Whether an architecture's layer has a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Never: a file that has it is refused ([`Loader::finish`]).
+    No,
+    /// Used when the file has it.
+    Opt,
+    /// A file without it is refused, naming it.
+    Req,
+}
+
+impl Want {
+    /// Loads `name` as this says.
+    pub fn load<B: Backend>(
+        self,
+        l: &Loader<B>,
+        name: &str,
+        dims: &[u64],
+    ) -> Result<Option<B::Weight>, ModelError> {
+        match self {
+            Want::No => Ok(None),
+            Want::Opt => l.opt(name, dims),
+            Want::Req => l.req(name, dims).map(Some),
+        }
+    }
+}
+
+/// What RMS-normalises q and k before rope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// Each head on its own, weight `[head_dim]` (Qwen3, GLM-4.5, Laguna).
+    Head,
+    /// The whole projection, weight `[n_head * head_dim]` (OLMoE).
+    Whole,
+}
+
+/// The attention tensors an architecture has.
+#[derive(Clone, Copy, Debug)]
+pub struct GqaDecl {
+    pub qkv_bias: Want,
+    pub out_bias: Want,
+    pub qk_norm: Option<QkNorm>,
+    pub sinks: bool,
+}
+
+/// Grouped-query attention weights and the layer's attention settings.
+pub struct Gqa<W> {
+    pub wq: W,
+    pub wk: W,
+    pub wv: W,
+    pub wo: W,
+    pub bq: Option<W>,
+    pub bk: Option<W>,
+    pub bv: Option<W>,
+    pub bo: Option<W>,
+    /// QK-norm weights, and what they normalise over.
+    pub qk_norm: Option<(W, W, QkNorm)>,
+    pub sinks: Option<W>,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub rope: RopeParams,
+    /// Sliding window of this layer (`None`: full causal).
+    pub window: Option<u32>,
+}
+
+/// A layer's attention block.
+pub enum Attention<W> {
+    Gqa(Gqa<W>),
+}
+
+impl<W> Attention<W> {
+    /// `(K, V)` values per position this layer's KV cache holds.
+    pub fn kv_widths(&self) -> (usize, usize) {
+        match self {
+            Attention::Gqa(a) => (a.n_head_kv * a.head_dim, a.n_head_kv * a.head_dim),
+        }
+    }
+}
+
+impl<W> Gqa<W> {
+    /// Layer `il`'s attention as `d` declares it, with rope `rope`.
+    pub fn load<B: Backend<Weight = W>>(
+        l: &Loader<B>,
+        il: usize,
+        d: GqaDecl,
+        rope: RopeParams,
+    ) -> Result<Self, ModelError> {
+        let hp = l.hp;
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let e = hp.n_embd as u64;
+        let (hd, nh, nkv) = (hp.head_dim as u64, hp.n_head as u64, hp.n_head_kv as u64);
+        let qk_norm = match d.qk_norm {
+            None => None,
+            Some(kind) => {
+                let (q, k) = match kind {
+                    QkNorm::Head => (hd, hd),
+                    QkNorm::Whole => (nh * hd, nkv * hd),
+                };
+                Some((
+                    l.req(&n("attn_q_norm.weight"), &[q])?,
+                    l.req(&n("attn_k_norm.weight"), &[k])?,
+                    kind,
+                ))
+            }
+        };
+        Ok(Gqa {
+            wq: l.req(&n("attn_q.weight"), &[e, nh * hd])?,
+            wk: l.req(&n("attn_k.weight"), &[e, nkv * hd])?,
+            wv: l.req(&n("attn_v.weight"), &[e, nkv * hd])?,
+            wo: l.req(&n("attn_output.weight"), &[nh * hd, e])?,
+            bq: d.qkv_bias.load(l, &n("attn_q.bias"), &[nh * hd])?,
+            bk: d.qkv_bias.load(l, &n("attn_k.bias"), &[nkv * hd])?,
+            bv: d.qkv_bias.load(l, &n("attn_v.bias"), &[nkv * hd])?,
+            bo: d.out_bias.load(l, &n("attn_output.bias"), &[e])?,
+            qk_norm,
+            sinks: if d.sinks {
+                Some(l.req(&n("attn_sinks.weight"), &[nh])?)
+            } else {
+                None
+            },
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hp.head_dim,
+            rope,
+            window: hp
+                .swa_layers
+                .get(il)
+                .copied()
+                .unwrap_or(false)
+                .then_some(hp.n_swa),
+        })
+    }
+}
+
+/// The attention block over the normed input `h`, writing the layer's KV
+/// caches `kvs` (one per sequence): its output before the residual add.
+pub fn forward<B: Backend>(
+    p: &Pass<B>,
+    a: &Attention<B::Weight>,
+    kvs: &mut [&mut B::Kv],
+    h: &B::Tensor,
+) -> Result<B::Tensor, ModelError> {
+    match a {
+        Attention::Gqa(a) => gqa(p, a, kvs, h),
+    }
+}
+
+fn gqa<B: Backend>(
+    p: &Pass<B>,
+    a: &Gqa<B::Weight>,
+    kvs: &mut [&mut B::Kv],
+    h: &B::Tensor,
+) -> Result<B::Tensor, ModelError> {
+    let b = p.b();
+    let eps = p.hp().eps;
+    let [mut q, mut k, mut v] = matmuls(b, [&a.wq, &a.wk, &a.wv], h)?;
+    for (t, bias) in [(&mut q, &a.bq), (&mut k, &a.bk), (&mut v, &a.bv)] {
+        if let Some(bias) = bias {
+            b.add_bias(t, bias)?;
+        }
+    }
+    if let Some((qn, kn, kind)) = &a.qk_norm {
+        let (gq, gk) = match kind {
+            QkNorm::Head => (a.head_dim, a.head_dim),
+            QkNorm::Whole => (a.n_head * a.head_dim, a.n_head_kv * a.head_dim),
+        };
+        q = b.rms_norm(&q, qn, gq, eps)?;
+        k = b.rms_norm(&k, kn, gk, eps)?;
+    }
+    let params = AttnParams {
+        n_head: a.n_head,
+        n_head_kv: a.n_head_kv,
+        head_dim: a.head_dim,
+        scale: 1.0 / (a.head_dim as f32).sqrt(),
+        window: a.window,
+        flash_attn: p.m.flash_attn,
+    };
+    b.rope_multi(&mut q, a.head_dim, p.seqs, &a.rope)?;
+    b.rope_multi(&mut k, a.head_dim, p.seqs, &a.rope)?;
+    let attn = b.attention_multi(kvs, &q, &k, &v, a.sinks.as_ref(), p.seqs, &params)?;
+    let mut o = b.matmul(&a.wo, &attn)?;
+    if let Some(bo) = &a.bo {
+        b.add_bias(&mut o, bo)?;
+    }
+    Ok(o)
+}
