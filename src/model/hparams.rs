@@ -41,6 +41,50 @@ pub struct Hparams {
     /// Sliding-window size and which layers use it.
     pub n_swa: u32,
     pub swa_layers: Vec<bool>,
+    /// Sliding-window layers' own rope (`rope.freq_base_swa`,
+    /// `rope.dimension_count_swa`), where a family has one (Laguna).
+    pub rope_freq_base_swa: Option<f32>,
+    pub n_rot_swa: Option<usize>,
+    /// Leading layers with a dense FFN (`leading_dense_block_count`).
+    pub n_layer_dense_lead: usize,
+    /// Shared experts (`expert_shared_count`).
+    pub n_expert_shared: usize,
+    /// Renormalise the chosen experts' weights (`expert_weights_norm`).
+    pub expert_weights_norm: bool,
+    /// The router's scoring as the file states it (`expert_gating_func`:
+    /// 1 softmax, 2 sigmoid, 3 softmax over the chosen); `None` when absent.
+    pub expert_gating: Option<Scoring>,
+    /// Value head size (`attention.value_length`, default `head_dim`).
+    pub head_dim_v: usize,
+    /// MLA: q and kv LoRA ranks (`attention.q_lora_rank`, 0 when absent;
+    /// `attention.kv_lora_rank`) and the per-head sizes of the decompressed
+    /// keys and values (`attention.key_length_mla`, `value_length_mla`).
+    pub n_lora_q: usize,
+    pub n_lora_kv: usize,
+    pub head_dim_k_mla: usize,
+    pub head_dim_v_mla: usize,
+    /// NextN/MTP layers after the repeating ones (`nextn_predict_layers`):
+    /// counted in `block_count` by llama.cpp, never loaded here.
+    pub n_nextn: usize,
+}
+
+/// An architecture's default sliding-window layer pattern (llama.cpp's
+/// `set_swa_pattern`), which `attention.sliding_window_pattern` overrides
+/// with a period or a per-layer array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwaPattern {
+    /// 0: no sliding-window layers unless the file lists them.
+    pub period: u32,
+    /// The full-attention layer comes first in each period (Laguna) rather
+    /// than last (gpt-oss).
+    pub dense_first: bool,
+}
+
+impl SwaPattern {
+    pub const NONE: SwaPattern = SwaPattern {
+        period: 0,
+        dense_first: false,
+    };
 }
 
 /// The largest plausible value of each size hyperparameter. A value above
@@ -103,8 +147,8 @@ fn float_in(key: String, value: f32, want: &'static str, ok: bool) -> Result<f32
 }
 
 impl Hparams {
-    /// Reads the hyperparameters of architecture `arch`. `swa_pattern` is the
-    /// architecture's default sliding-window period (0: no sliding window).
+    /// Reads the hyperparameters of architecture `arch`. `swa` is the
+    /// architecture's default sliding-window pattern.
     ///
     /// Every size is checked against its limit in [`limits`] and every
     /// float must be finite and in range before any value is used, so that
@@ -112,7 +156,7 @@ impl Hparams {
     pub fn from_metadata(
         md: &Metadata,
         n_vocab: usize,
-        swa_pattern: u32,
+        swa: SwaPattern,
     ) -> Result<Self, ModelError> {
         let arch = md.architecture()?.to_string();
         let a = arch.as_str();
@@ -147,8 +191,20 @@ impl Hparams {
         )?;
         let n_embd = size("embedding_length", None, l::N_EMBD, "embedding width")?;
         let n_embd = positive("embedding_length", n_embd)?;
-        let n_layer = size("block_count", None, l::N_LAYER, "layer count")?;
-        let n_layer = positive("block_count", n_layer)?;
+        let n_layer_all = size("block_count", None, l::N_LAYER, "layer count")?;
+        let n_nextn = size(
+            "nextn_predict_layers",
+            Some(0),
+            l::N_LAYER,
+            "NextN layer count",
+        )?;
+        if n_nextn >= n_layer_all.max(1) {
+            return Err(ModelError::BadHparam {
+                key: key(a, "nextn_predict_layers"),
+                reason: format!("{n_nextn} of {n_layer_all} layers"),
+            });
+        }
+        let n_layer = positive("block_count", n_layer_all - n_nextn)?;
         let n_head = size("attention.head_count", None, l::N_HEAD, "head count")?;
         let n_head = positive("attention.head_count", n_head)?;
         let n_head_kv = size(
@@ -237,15 +293,41 @@ impl Hparams {
             l::N_CTX,
             "sliding window",
         )? as u32;
-        let pattern = size(
-            "attention.sliding_window_pattern",
-            Some(swa_pattern as usize),
-            l::N_LAYER,
-            "sliding-window period",
-        )? as u32;
-        let swa_layers = (0..n_layer as u32)
-            .map(|il| n_swa > 0 && swa_pattern > 0 && (pattern == 0 || il % pattern < pattern - 1))
-            .collect();
+        let swa_key = key(a, "attention.sliding_window_pattern");
+        let swa_layers: Vec<bool> = match md.get(&swa_key) {
+            Some(crate::gguf::MetaValue::Array(_, v)) => {
+                if v.len() < n_layer {
+                    return Err(ModelError::BadHparam {
+                        key: swa_key,
+                        reason: format!("{} entries for {n_layer} layers", v.len()),
+                    });
+                }
+                v.iter()
+                    .take(n_layer)
+                    .map(|x| n_swa > 0 && matches!(x, crate::gguf::MetaValue::Bool(true)))
+                    .collect()
+            }
+            _ => {
+                let period = size(
+                    "attention.sliding_window_pattern",
+                    Some(swa.period as usize),
+                    l::N_LAYER,
+                    "sliding-window period",
+                )? as u32;
+                (0..n_layer as u32)
+                    .map(|il| {
+                        n_swa > 0
+                            && swa.period > 0
+                            && (period == 0
+                                || if swa.dense_first {
+                                    il % period != 0
+                                } else {
+                                    il % period < period - 1
+                                })
+                    })
+                    .collect()
+            }
+        };
         let n_ff = size(
             "feed_forward_length",
             Some(0),
@@ -282,7 +364,75 @@ impl Hparams {
         let expert_weights_scale = f("expert_weights_scale", 0.0, "0 (none) or positive", |v| {
             v >= 0.0
         })?;
+        let head_dim_v = size(
+            "attention.value_length",
+            Some(head_dim),
+            l::HEAD_DIM,
+            "value head size",
+        )?;
+        let expert_gating = match md.opt(&key(a, "expert_gating_func"), Metadata::get_u32)? {
+            None | Some(0) => None,
+            Some(1) => Some(Scoring::Softmax),
+            Some(2) => Some(Scoring::Sigmoid),
+            Some(3) => Some(Scoring::SoftmaxWeight),
+            Some(v) => {
+                return Err(ModelError::BadHparam {
+                    key: key(a, "expert_gating_func"),
+                    reason: format!("{v} is not a gating longhaul knows (1 softmax, 2 sigmoid, 3 softmax over the chosen)"),
+                })
+            }
+        };
+        let rope_freq_base_swa = md
+            .opt(&key(a, "rope.freq_base_swa"), Metadata::get_f32)?
+            .map(|v| float_in(key(a, "rope.freq_base_swa"), v, "positive", v > 0.0))
+            .transpose()?;
+        let n_rot_swa = md
+            .opt(&key(a, "rope.dimension_count_swa"), Metadata::get_u64)?
+            .map(|v| {
+                at_most(
+                    key(a, "rope.dimension_count_swa"),
+                    v,
+                    l::HEAD_DIM,
+                    "rotated dimensions",
+                )
+            })
+            .transpose()?;
+        let n_layer_dense_lead = size(
+            "leading_dense_block_count",
+            Some(0),
+            l::N_LAYER,
+            "leading dense layers",
+        )?;
         Ok(Hparams {
+            rope_freq_base_swa,
+            n_rot_swa,
+            n_layer_dense_lead,
+            n_expert_shared: size(
+                "expert_shared_count",
+                Some(0),
+                l::N_EXPERT,
+                "shared experts",
+            )?,
+            expert_weights_norm: md
+                .opt(&key(a, "expert_weights_norm"), Metadata::get_bool)?
+                .unwrap_or(false),
+            expert_gating,
+            head_dim_v,
+            n_lora_q: size("attention.q_lora_rank", Some(0), l::N_FF, "q LoRA rank")?,
+            n_lora_kv: size("attention.kv_lora_rank", Some(0), l::N_FF, "kv LoRA rank")?,
+            head_dim_k_mla: size(
+                "attention.key_length_mla",
+                Some(0),
+                l::HEAD_DIM,
+                "MLA key head size",
+            )?,
+            head_dim_v_mla: size(
+                "attention.value_length_mla",
+                Some(0),
+                l::HEAD_DIM,
+                "MLA value head size",
+            )?,
+            n_nextn,
             n_vocab,
             n_ctx_train,
             n_embd,

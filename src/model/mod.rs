@@ -193,7 +193,7 @@ pub fn read_hparams(file: &gguf::Model) -> Result<(ArchSpec, Hparams), ModelErro
         max: hparams::limits::N_VOCAB,
         what: "vocabulary",
     })?;
-    let hp = Hparams::from_metadata(md, n_vocab, spec.swa_pattern)?;
+    let hp = Hparams::from_metadata(md, n_vocab, spec.swa)?;
     // Every architecture has an attention norm in each layer.
     if let Some(il) = (0..hp.n_layer).find(|il| file.tensor(&layer_norm_name(*il)).is_none()) {
         return Err(ModelError::MissingLayer {
@@ -416,6 +416,9 @@ fn load_layers<B: Backend>(
         let layers = (0..hp.n_layer)
             .map(|il| arch::load_layer(&spec, &l, il))
             .collect::<Result<Vec<_>, _>>()?;
+        for il in hp.n_layer..hp.n_layer + hp.n_nextn {
+            l.skip_layer(il);
+        }
         l.finish()?;
         (tok_embd, output_norm, output, layers)
     };

@@ -2,17 +2,20 @@
 //! every projection and expert, softmax over the chosen experts' logits,
 //! clamped SwiGLU; the FFN's norm is named `post_attention_norm`.
 
-use super::{ArchSpec, Family};
+use super::{ArchSpec, Family, SwaPattern};
 use crate::backend::{Backend, Glu, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, Scoring};
+use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, QkNorm, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "gpt-oss",
     family: Family::GptOss,
-    swa_pattern: 2,
+    swa: SwaPattern {
+        period: 2,
+        dense_first: false,
+    },
 };
 
 pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, ModelError> {
@@ -20,7 +23,8 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
     let attn = GqaDecl {
         qkv_bias: Want::Req,
         out_bias: Want::Req,
-        qk_norm: None,
+        qk_norm: Want::No,
+        qk_norm_over: QkNorm::Head,
         sinks: true,
     };
     let moe = MoeDecl {

@@ -1,17 +1,17 @@
 //! llama: dense (SmolLM2, Llama 3) or Mixtral-style MoE when `expert_count`
 //! is above zero. Optional q/k/v/o biases; softmax routing, renormalised.
 
-use super::{ArchSpec, Family};
+use super::{ArchSpec, Family, SwaPattern};
 use crate::backend::{Backend, Glu, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, DenseFfn, Ffn, Gqa, Layer, Loader, MoeFfn, Scoring};
+use crate::model::blocks::{Attention, DenseFfn, Ffn, Gqa, Layer, Loader, MoeFfn, QkNorm, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "llama",
     family: Family::Llama,
-    swa_pattern: 0,
+    swa: SwaPattern::NONE,
 };
 
 pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, ModelError> {
@@ -19,7 +19,8 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
     let attn = GqaDecl {
         qkv_bias: Want::Opt,
         out_bias: Want::Opt,
-        qk_norm: None,
+        qk_norm: Want::No,
+        qk_norm_over: QkNorm::Head,
         sinks: false,
     };
     let ffn = if hp.n_expert > 0 {

@@ -2,12 +2,15 @@
 //! tensors (required, optional, never) and builds a layer from the shared
 //! blocks in [`super::blocks`]; every hyperparameter comes from metadata.
 
+mod glm4moe;
 mod gpt_oss;
 mod llama;
+mod olmoe;
 mod qwen2moe;
 mod qwen3moe;
 
 use super::blocks::{Layer, Loader};
+use super::hparams::SwaPattern;
 use super::ModelError;
 use crate::backend::Backend;
 
@@ -18,6 +21,8 @@ pub enum Family {
     Qwen2Moe,
     Qwen3Moe,
     GptOss,
+    Olmoe,
+    Glm4Moe,
 }
 
 /// An architecture: its GGUF name and what is read before any tensor.
@@ -26,18 +31,19 @@ pub struct ArchSpec {
     /// GGUF `general.architecture` value.
     pub name: &'static str,
     pub family: Family,
-    /// Default sliding-window period (0: no sliding-window layers), which
-    /// `attention.sliding_window_pattern` overrides.
-    pub swa_pattern: u32,
+    /// Default sliding-window layer pattern.
+    pub swa: SwaPattern,
 }
 
 pub const LLAMA: ArchSpec = llama::SPEC;
 pub const QWEN2MOE: ArchSpec = qwen2moe::SPEC;
 pub const QWEN3MOE: ArchSpec = qwen3moe::SPEC;
 pub const GPT_OSS: ArchSpec = gpt_oss::SPEC;
+pub const OLMOE: ArchSpec = olmoe::SPEC;
+pub const GLM4MOE: ArchSpec = glm4moe::SPEC;
 
 /// Every supported architecture.
-pub const SUPPORTED: [ArchSpec; 4] = [LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS];
+pub const SUPPORTED: [ArchSpec; 6] = [LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS, OLMOE, GLM4MOE];
 
 /// The spec for `name`, if supported.
 pub fn lookup(name: &str) -> Option<ArchSpec> {
@@ -64,5 +70,7 @@ pub(super) fn load_layer<B: Backend>(
         Family::Qwen2Moe => qwen2moe::layer(l, il),
         Family::Qwen3Moe => qwen3moe::layer(l, il),
         Family::GptOss => gpt_oss::layer(l, il),
+        Family::Olmoe => olmoe::layer(l, il),
+        Family::Glm4Moe => glm4moe::layer(l, il),
     }
 }

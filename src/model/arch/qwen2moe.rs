@@ -1,17 +1,17 @@
 //! Qwen2-MoE: q/k/v biases; softmax routing without renormalisation; a
 //! shared expert behind a sigmoid gate.
 
-use super::{ArchSpec, Family};
+use super::{ArchSpec, Family, SwaPattern};
 use crate::backend::{Backend, Glu, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, Scoring};
+use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, QkNorm, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "qwen2moe",
     family: Family::Qwen2Moe,
-    swa_pattern: 0,
+    swa: SwaPattern::NONE,
 };
 
 pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, ModelError> {
@@ -19,7 +19,8 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
     let attn = GqaDecl {
         qkv_bias: Want::Req,
         out_bias: Want::No,
-        qk_norm: None,
+        qk_norm: Want::No,
+        qk_norm_over: QkNorm::Head,
         sinks: false,
     };
     let moe = MoeDecl {

@@ -1,6 +1,6 @@
 //! Qwen3-MoE: QK-norm per head; softmax routing, renormalised.
 
-use super::{ArchSpec, Family};
+use super::{ArchSpec, Family, SwaPattern};
 use crate::backend::{Backend, Glu, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
@@ -10,7 +10,7 @@ use crate::model::ModelError;
 pub const SPEC: ArchSpec = ArchSpec {
     name: "qwen3moe",
     family: Family::Qwen3Moe,
-    swa_pattern: 0,
+    swa: SwaPattern::NONE,
 };
 
 pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, ModelError> {
@@ -18,7 +18,8 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
     let attn = GqaDecl {
         qkv_bias: Want::No,
         out_bias: Want::No,
-        qk_norm: Some(QkNorm::Head),
+        qk_norm: Want::Req,
+        qk_norm_over: QkNorm::Head,
         sinks: false,
     };
     let moe = MoeDecl {

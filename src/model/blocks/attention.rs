@@ -48,7 +48,9 @@ pub enum QkNorm {
 pub struct GqaDecl {
     pub qkv_bias: Want,
     pub out_bias: Want,
-    pub qk_norm: Option<QkNorm>,
+    /// QK-norm weights, and what they normalise over.
+    pub qk_norm: Want,
+    pub qk_norm_over: QkNorm,
     pub sinks: bool,
 }
 
@@ -99,18 +101,20 @@ impl<W> Gqa<W> {
         let n = |s: &str| format!("blk.{il}.{s}");
         let e = hp.n_embd as u64;
         let (hd, nh, nkv) = (hp.head_dim as u64, hp.n_head as u64, hp.n_head_kv as u64);
-        let qk_norm = match d.qk_norm {
-            None => None,
-            Some(kind) => {
-                let (q, k) = match kind {
-                    QkNorm::Head => (hd, hd),
-                    QkNorm::Whole => (nh * hd, nkv * hd),
-                };
-                Some((
-                    l.req(&n("attn_q_norm.weight"), &[q])?,
-                    l.req(&n("attn_k_norm.weight"), &[k])?,
-                    kind,
-                ))
+        let (q, k) = match d.qk_norm_over {
+            QkNorm::Head => (hd, hd),
+            QkNorm::Whole => (nh * hd, nkv * hd),
+        };
+        let qn = d.qk_norm.load(l, &n("attn_q_norm.weight"), &[q])?;
+        let kn = d.qk_norm.load(l, &n("attn_k_norm.weight"), &[k])?;
+        let qk_norm = match (qn, kn) {
+            (Some(qn), Some(kn)) => Some((qn, kn, d.qk_norm_over)),
+            (None, None) => None,
+            _ => {
+                return Err(crate::gguf::GgufError::MissingTensor {
+                    name: n("attn_q_norm.weight / attn_k_norm.weight (one without the other)"),
+                }
+                .into())
             }
         };
         Ok(Gqa {

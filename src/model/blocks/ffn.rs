@@ -177,6 +177,22 @@ impl<W> MoeFfn<W> {
     }
 }
 
+impl<W> Ffn<W> {
+    /// A dense FFN for the leading `leading_dense_block_count` layers, the
+    /// MoE FFN `d` declares after them.
+    pub fn dense_lead_then_moe<B: Backend<Weight = W>>(
+        l: &Loader<B>,
+        il: usize,
+        d: MoeDecl,
+    ) -> Result<Self, ModelError> {
+        if il < l.hp.n_layer_dense_lead {
+            Ok(Ffn::Dense(DenseFfn::load(l, il, "", l.hp.n_ff)?))
+        } else {
+            Ok(Ffn::Moe(MoeFfn::load(l, il, d)?))
+        }
+    }
+}
+
 /// The FFN block over the normed input `h` of layer `il`.
 pub fn forward<'s, B: Backend>(
     p: &Pass<'_, 's, B>,
