@@ -379,6 +379,7 @@ fn layers<'s, B: Backend>(
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
             head_dim: hp.head_dim,
+            head_dim_v: hp.head_dim,
             scale: 1.0 / (hp.head_dim as f32).sqrt(),
             window: layer.window,
             flash_attn: m.flash_attn,
