@@ -367,3 +367,74 @@ fn k_only_contract_errors() {
         .attention(&mut kv, &q1, &k1, &k1, None, pos, &c.params())
         .is_ok());
 }
+
+/// ggml's kernels treat every output dim alike (its loops over `DV` never
+/// mix dims), so attention with V heads of `dv < dk` equals, bit for bit,
+/// the first `dv` dims of each head of attention with `DV = DK` whose
+/// value rows are padded with other values: the `DK == DV` arithmetic that
+/// `attend_matches_ggml_order_bit_for_bit` and
+/// `flash_attention_matches_ggml_kernels_bit_for_bit` pin to ggml. Every
+/// kernel: tiled (70 tokens), one chunk (1 and 5), split KV (one token
+/// over 512 cells), on both paths and cache types.
+#[test]
+fn dv_below_dk_is_the_leading_dims_of_dk_eq_dv() {
+    let b = CpuBackend::new();
+    let (n_head, n_head_kv, dk, dv) = (4, 1, 576, 512);
+    for dtype in [GgmlType::F16, GgmlType::F32] {
+        for flash_attn in [true, false] {
+            let p = AttnParams {
+                n_head,
+                n_head_kv,
+                head_dim: dk,
+                head_dim_v: dv,
+                scale: 1.0 / (dk as f32).sqrt(),
+                window: None,
+                flash_attn,
+            };
+            let square = AttnParams {
+                head_dim_v: dk,
+                ..p
+            };
+            let mut narrow = b.new_kv(1024, n_head_kv * dk, 0, dtype).unwrap();
+            let mut wide = b
+                .new_kv(1024, n_head_kv * dk, n_head_kv * dk, dtype)
+                .unwrap();
+            let mut pos0 = 0;
+            for (i, t) in [70, 1, 5, 200, 1].into_iter().enumerate() {
+                let q = rnd(t * n_head * dk, 70 + i as u64, 3.0);
+                let k = rnd(t * n_head_kv * dk, 80 + i as u64, 1.0);
+                // V rows: the K-only cache's values, then other values.
+                let pad = rnd(t * n_head_kv * dk, 90 + i as u64, 1.0);
+                let v: Vec<f32> = k
+                    .chunks_exact(dk)
+                    .zip(pad.chunks_exact(dk))
+                    .flat_map(|(kh, ph)| [&kh[..dv], &ph[dv..]].concat())
+                    .collect();
+                let qt = b.from_host(q, t, n_head * dk).unwrap();
+                let kt = b.from_host(k, t, n_head_kv * dk).unwrap();
+                let vt = b.from_host(v, t, n_head_kv * dk).unwrap();
+                let pos = BatchPos { pos0, n_tokens: t };
+                let a = b
+                    .attention(&mut narrow, &qt, &kt, &kt, None, pos, &p)
+                    .unwrap();
+                let w = b
+                    .attention(&mut wide, &qt, &kt, &vt, None, pos, &square)
+                    .unwrap();
+                for (r, (ah, wh)) in a
+                    .data
+                    .chunks_exact(dv)
+                    .zip(w.data.chunks_exact(dk))
+                    .enumerate()
+                {
+                    let same = ah.iter().zip(wh).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{} fa {flash_attn}: step {i}, head row {r} differs",
+                        dtype.name()
+                    );
+                }
+                pos0 += t;
+            }
+        }
+    }
+}
