@@ -429,3 +429,56 @@ fn mla_all_variants_and_split_cache() {
         }
     }
 }
+
+/// Several sequences in one `attention_multi` call (the scheduler's batch),
+/// each with its own K-only cache: every row equals the CPU's.
+#[test]
+fn mla_k_only_attention_multi() {
+    let c = Config {
+        head_dim_v: 512,
+        k_only: true,
+        ..cfg(4, 1, 576)
+    };
+    let p = c.params();
+    let cpu = CpuBackend::new();
+    let g = gpu();
+    // Sequence lengths so far and this batch's tokens of each.
+    let batches: [&[(usize, usize)]; 3] =
+        [&[(0, 20), (0, 7)], &[(20, 1), (7, 1)], &[(21, 3), (8, 1)]];
+    let mut cpu_kv: Vec<_> = (0..2)
+        .map(|_| cpu.new_kv(c.n_ctx, c.n_embd_k(), 0, c.dtype).unwrap())
+        .collect();
+    let mut gpu_kv: Vec<_> = (0..2)
+        .map(|_| g.new_kv(c.n_ctx, c.n_embd_k(), 0, c.dtype).unwrap())
+        .collect();
+    for (i, batch) in batches.iter().enumerate() {
+        let seqs: Vec<BatchPos> = batch
+            .iter()
+            .map(|&(pos0, n_tokens)| BatchPos { pos0, n_tokens })
+            .collect();
+        let t: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        let q = randn(t * c.n_head * c.head_dim, 60 + i as u64, c.q_scale);
+        let k = randn(t * c.n_embd_k(), 70 + i as u64, 1.0);
+        let want = {
+            let qt = cpu.from_host(q.clone(), t, c.n_head * c.head_dim).unwrap();
+            let kt = cpu.from_host(k.clone(), t, c.n_embd_k()).unwrap();
+            let mut kvs: Vec<_> = cpu_kv.iter_mut().collect();
+            let o = cpu
+                .attention_multi(&mut kvs, &qt, &kt, &kt, None, &seqs, &p)
+                .unwrap();
+            cpu.to_host(&o).unwrap()
+        };
+        let got = {
+            let qt = g.from_host(q, t, c.n_head * c.head_dim).unwrap();
+            let kt = g.from_host(k, t, c.n_embd_k()).unwrap();
+            let mut kvs: Vec<_> = gpu_kv.iter_mut().collect();
+            let o = g
+                .attention_multi(&mut kvs, &qt, &kt, &kt, None, &seqs, &p)
+                .unwrap();
+            assert_eq!(g.shape(&o), (t, c.n_head * 512));
+            g.to_host(&o).unwrap()
+        };
+        let e = nmse(&got, &want);
+        assert!(e <= TOL, "batch {i}: nmse {e:e} > {TOL:e}");
+    }
+}

@@ -886,7 +886,7 @@ mod tests {
             if !f16_cache {
                 return ref_vec_dot(k, &q);
             }
-            if lanes == 16 && hd % 16 == 0 {
+            if lanes == 16 && hd.is_multiple_of(16) {
                 let mut a = [0f32; 16];
                 for i in 0..hd {
                     a[i % 16] = k[i].mul_add(q[i], a[i % 16]);
