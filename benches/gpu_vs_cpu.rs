@@ -162,6 +162,7 @@ fn attention<P: Placement>(b: Bencher, pos0: usize, t: usize) {
         n_head: 32,
         n_head_kv: 4,
         head_dim: 128,
+        head_dim_v: 128,
         scale: 1.0 / (128f32).sqrt(),
         window: None,
         flash_attn: false,

@@ -14,16 +14,21 @@
 // (m, l): `first` starts from an empty state, `last` finishes with the sink
 // and writes the normalised output.
 //
-// Layouts: q and out are [t, n_head * HD] f32; a cache part holds rows of
-// n_embd_k (n_embd_v) elements for positions part_first.., as f16 pairs
-// packed in u32 (KV_F16) or f32. Head h reads kv head h / group.
-// Constants: HD (even), BR, BC, KV_F16, TILE_F16 (K/V tiles as f16; needs
-// shader-f16 and an f16 cache), SINKS.
+// Layouts: q is [t, n_head * DK] and out [t, n_head * DV] f32; a cache part
+// holds rows of n_embd_k (n_embd_v) elements for positions part_first.., as
+// f16 pairs packed in u32 (KV_F16) or f32. Head h reads kv head kvh = h /
+// group: its key pairs at kvh * DK / 2, its value pairs at kvh * VH (VH =
+// DK / 2 when the values are the first DV of each key row: a K-only cache
+// bound as both kc and vc).
+// Constants: DK, DV (even), VH, BR, BC, KV_F16, TILE_F16 (K/V tiles as f16;
+// needs shader-f16 and an f16 cache), SINKS.
 
 const WG: u32 = 64u;
 const TPQ: u32 = WG / BR;            // threads per query row
-const NP: u32 = HD / 2u;             // element pairs per head row
-const NPT: u32 = (NP + TPQ - 1u) / TPQ; // pairs per thread
+const NPK: u32 = DK / 2u;            // element pairs per Q / K head row
+const NPV: u32 = DV / 2u;            // element pairs per V / output head row
+const NPM: u32 = max(NPK, NPV);      // pairs per row of the K/V tile
+const NPT: u32 = (NPV + TPQ - 1u) / TPQ; // output pairs per thread
 const NEG: f32 = -3.0e38;            // "no key yet" (finite: exp(NEG - m) == 0)
 
 #if TILE_F16
@@ -64,8 +69,8 @@ struct Params {
 // Q stays f32: rounding it to f16 moved the logits of the quantised test
 // fixtures by NMSE ~1e-4 against the CPU; K and V are f16 in the cache
 // already, so their tiles lose nothing in f16.
-var<workgroup> qt: array<vec2<f32>, BR * NP>;
-var<workgroup> kvt: array<T2, BC * NP>;
+var<workgroup> qt: array<vec2<f32>, BR * NPK>;
+var<workgroup> kvt: array<T2, BC * NPM>;
 var<workgroup> st: array<f32, BR * BC>;
 
 // kpair / vpair: kv_read.wgsl.
@@ -84,7 +89,8 @@ fn main(
     let h = gi % p.n_head;
     let r0 = (gi / p.n_head) * BR;
     let kvh = h / p.group;
-    let kofs = kvh * NP;
+    let kofs = kvh * NPK;
+    let vofs = kvh * VH;
 
     // Keys any query of this tile may see, within this part.
     let q_first = p.pos0 + r0;
@@ -101,13 +107,13 @@ fn main(
     }
 
     // Q tile.
-    for (var k = 0u; k < (BR * NP + WG - 1u) / WG; k++) {
+    for (var k = 0u; k < (BR * NPK + WG - 1u) / WG; k++) {
         let e = lid + k * WG;
-        if e < BR * NP {
-            let i = e / NP;
+        if e < BR * NPK {
+            let i = e / NPK;
             var v = vec2<f32>(0.0);
             if r0 + i < p.t {
-                v = q[((r0 + i) * p.n_head + h) * NP + e % NP];
+                v = q[((r0 + i) * p.n_head + h) * NPK + e % NPK];
             }
             qt[e] = v;
         }
@@ -133,8 +139,8 @@ fn main(
         l = s.y;
         for (var k = 0u; k < NPT; k++) {
             let w = lane + k * TPQ;
-            if w < NP {
-                acc[k] = out[si * NP + w];
+            if w < NPV {
+                acc[k] = out[si * NPV + w];
             }
         }
     }
@@ -142,13 +148,13 @@ fn main(
     for (var kt = 0u; kt < n_kt; kt++) {
         let k0 = klo + kt * BC;
         // K tile.
-        for (var k = 0u; k < (BC * NP + WG - 1u) / WG; k++) {
+        for (var k = 0u; k < (BC * NPK + WG - 1u) / WG; k++) {
             let e = lid + k * WG;
-            if e < BC * NP {
-                let kp = k0 + e / NP;
+            if e < BC * NPK {
+                let kp = k0 + e / NPK;
                 var v = vec2<f32>(0.0);
                 if kp < khi {
-                    v = kpair((kp - p.part_first) * (p.n_embd_k / 2u) + kofs + e % NP);
+                    v = kpair((kp - p.part_first) * (p.n_embd_k / 2u) + kofs + e % NPK);
                 }
                 kvt[e] = T2(v);
             }
@@ -158,10 +164,10 @@ fn main(
         for (var k = 0u; k < (BR * BC + WG - 1u) / WG; k++) {
             let e = lid + k * WG;
             if e < BR * BC {
-                let qi = (e / BC) * NP;
-                let kj = (e % BC) * NP;
+                let qi = (e / BC) * NPK;
+                let kj = (e % BC) * NPK;
                 var d = 0.0;
-                for (var w = 0u; w < NP; w++) {
+                for (var w = 0u; w < NPK; w++) {
                     d += dot(qt[qi + w], vec2<f32>(kvt[kj + w]));
                 }
                 st[e] = d * p.scale;
@@ -169,13 +175,13 @@ fn main(
         }
         workgroupBarrier();
         // V tile in the same memory.
-        for (var k = 0u; k < (BC * NP + WG - 1u) / WG; k++) {
+        for (var k = 0u; k < (BC * NPV + WG - 1u) / WG; k++) {
             let e = lid + k * WG;
-            if e < BC * NP {
-                let kp = k0 + e / NP;
+            if e < BC * NPV {
+                let kp = k0 + e / NPV;
                 var v = vec2<f32>(0.0);
                 if kp < khi {
-                    v = vpair((kp - p.part_first) * (p.n_embd_v / 2u) + kofs + e % NP);
+                    v = vpair((kp - p.part_first) * (p.n_embd_v / 2u) + vofs + e % NPV);
                 }
                 kvt[e] = T2(v);
             }
@@ -202,8 +208,8 @@ fn main(
                     ls += pj;
                     for (var k = 0u; k < NPT; k++) {
                         let w = lane + k * TPQ;
-                        if w < NP {
-                            acc[k] += pj * vec2<f32>(kvt[j * NP + w]);
+                        if w < NPV {
+                            acc[k] += pj * vec2<f32>(kvt[j * NPV + w]);
                         }
                     }
                 }
@@ -223,8 +229,8 @@ fn main(
         }
         for (var k = 0u; k < NPT; k++) {
             let w = lane + k * TPQ;
-            if w < NP {
-                out[si * NP + w] = acc[k];
+            if w < NPV {
+                out[si * NPV + w] = acc[k];
             }
         }
         return;
@@ -240,8 +246,8 @@ fn main(
     let f = c / den;
     for (var k = 0u; k < NPT; k++) {
         let w = lane + k * TPQ;
-        if w < NP {
-            out[si * NP + w] = acc[k] * f;
+        if w < NPV {
+            out[si * NPV + w] = acc[k] * f;
         }
     }
 }

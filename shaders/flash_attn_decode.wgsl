@@ -10,15 +10,19 @@
 // lane, lane + TPR, ..., accumulate every R-th key of the block.
 //
 // Partial of chunk g = chunk_base + c, token tok, head h at
-// ((g * t + tok) * n_head + h) * (HD + 2): m, l, acc[HD] (unnormalised;
+// ((g * t + tok) * n_head + h) * (DV + 2): m, l, acc[DV] (unnormalised;
 // m = NEG, l = 0 when the query sees no key of the chunk).
-// Constants: HD (even), WG (a power of two, a multiple of the subgroup
-// size), SG_MIN (smallest subgroup size), KV_F16.
+// Scores take DK elements of q and of each key row (kv head kvh's pairs at
+// kvh * DK / 2), values DV (pairs at kvh * VH; VH = DK / 2 when the values
+// are the first DV of each key row: a K-only cache bound as kc and vc).
+// Constants: DK, DV (even), VH, WG (a power of two, a multiple of the
+// subgroup size), SG_MIN (smallest subgroup size), KV_F16.
 
-const NP: u32 = HD / 2u;
-const R: u32 = max(1u, WG / NP);            // key groups in the V pass
+const NPK: u32 = DK / 2u;
+const NPV: u32 = DV / 2u;
+const R: u32 = max(1u, WG / NPV);           // key groups in the V pass
 const TPR: u32 = WG / R;                    // threads per key group
-const NPT: u32 = (NP + TPR - 1u) / TPR;     // pairs per thread
+const NPT: u32 = (NPV + TPR - 1u) / TPR;    // pairs per thread
 const NEG: f32 = -3.0e38;
 
 struct Params {
@@ -43,10 +47,10 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> part: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;
 
-var<workgroup> qs: array<vec2<f32>, NP>;
+var<workgroup> qs: array<vec2<f32>, NPK>;
 var<workgroup> ss: array<f32, WG>;
 var<workgroup> red: array<f32, WG>;
-var<workgroup> accs: array<vec2<f32>, R * NP>;
+var<workgroup> accs: array<vec2<f32>, R * NPV>;
 
 // kpair / vpair: kv_read.wgsl.
 
@@ -137,7 +141,8 @@ fn main(
     let h = gi % p.n_head;
     let tok = (gi / p.n_head) % p.t;
     let c = gi / (p.n_head * p.t);
-    let kofs = (h / p.group) * NP;
+    let kofs = (h / p.group) * NPK;
+    let vofs = (h / p.group) * VH;
     let qpos = p.pos0 + tok;
     var qlo = 0u;
     if p.window > 0u && qpos + 1u > p.window {
@@ -151,10 +156,10 @@ fn main(
         n_blk = (khi - klo + WG - 1u) / WG;
     }
 
-    for (var k = 0u; k < (NP + WG - 1u) / WG; k++) {
+    for (var k = 0u; k < (NPK + WG - 1u) / WG; k++) {
         let w = lid + k * WG;
-        if w < NP {
-            qs[w] = q[(tok * p.n_head + h) * NP + w];
+        if w < NPK {
+            qs[w] = q[(tok * p.n_head + h) * NPK + w];
         }
     }
     workgroupBarrier();
@@ -171,7 +176,7 @@ fn main(
         if kp < khi {
             let base = (kp - p.part_first) * (p.n_embd_k / 2u) + kofs;
             var d = 0.0;
-            for (var w = 0u; w < NP; w++) {
+            for (var w = 0u; w < NPK; w++) {
                 d += dot(qs[w], kpair(base + w));
             }
             s = d * p.scale;
@@ -193,10 +198,10 @@ fn main(
                 let kj = k0 + j;
                 if kj < khi {
                     let pj = ss[j];
-                    let base = (kj - p.part_first) * (p.n_embd_v / 2u) + kofs;
+                    let base = (kj - p.part_first) * (p.n_embd_v / 2u) + vofs;
                     for (var k = 0u; k < NPT; k++) {
                         let w = lane + k * TPR;
-                        if w < NP {
+                        if w < NPV {
                             acc[k] += pj * vpair(base + w);
                         }
                     }
@@ -211,8 +216,8 @@ fn main(
         if r < R {
             for (var k = 0u; k < NPT; k++) {
                 let w = lane + k * TPR;
-                if w < NP {
-                    accs[r * NP + w] = acc[k];
+                if w < NPV {
+                    accs[r * NPV + w] = acc[k];
                 }
             }
         }
@@ -220,10 +225,10 @@ fn main(
         if r == 0u {
             for (var k = 0u; k < NPT; k++) {
                 let w = lane + k * TPR;
-                if w < NP {
+                if w < NPV {
                     var a = acc[k];
                     for (var g = 1u; g < R; g++) {
-                        a += accs[g * NP + w];
+                        a += accs[g * NPV + w];
                     }
                     acc[k] = a;
                 }
@@ -231,7 +236,7 @@ fn main(
         }
     }
 
-    let base = (((p.chunk_base + c) * p.t + tok) * p.n_head + h) * (HD + 2u);
+    let base = (((p.chunk_base + c) * p.t + tok) * p.n_head + h) * (DV + 2u);
     if lid == 0u {
         part[base] = m;
         part[base + 1u] = l;
@@ -239,7 +244,7 @@ fn main(
     if r == 0u {
         for (var k = 0u; k < NPT; k++) {
             let w = lane + k * TPR;
-            if w < NP {
+            if w < NPV {
                 part[base + 2u + 2u * w] = acc[k].x;
                 part[base + 2u + 2u * w + 1u] = acc[k].y;
             }

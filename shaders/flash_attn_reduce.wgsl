@@ -1,7 +1,8 @@
 // Combines the per-chunk partials of flash_attn_decode.wgsl into the output:
 // M = max(m_c, sink), L = sum l_c e^(m_c - M) + e^(sink - M),
 // out = sum acc_c e^(m_c - M) / L. One workgroup per (token, head).
-// Constants: HD, SINKS.
+// Constants: DV (the V head size: partials of DV + 2, output [t, n_head * DV]),
+// SINKS.
 
 struct Params {
     t: u32,
@@ -30,10 +31,10 @@ fn main(
     if gi >= rows {
         return;
     }
-    let stride = rows * (HD + 2u);
+    let stride = rows * (DV + 2u);
     var mx = -3.0e38;
     for (var c = 0u; c < p.n_chunks; c++) {
-        mx = max(mx, part[c * stride + gi * (HD + 2u)]);
+        mx = max(mx, part[c * stride + gi * (DV + 2u)]);
     }
 #if SINKS
     let s = sinks[gi % p.n_head];
@@ -41,19 +42,19 @@ fn main(
 #endif
     var den = 0.0;
     for (var c = 0u; c < p.n_chunks; c++) {
-        let b = c * stride + gi * (HD + 2u);
+        let b = c * stride + gi * (DV + 2u);
         den += part[b + 1u] * exp(part[b] - mx);
     }
 #if SINKS
     den += exp(s - mx);
 #endif
     let inv = 1.0 / den;
-    for (var d = lid; d < HD; d += 64u) {
+    for (var d = lid; d < DV; d += 64u) {
         var a = 0.0;
         for (var c = 0u; c < p.n_chunks; c++) {
-            let b = c * stride + gi * (HD + 2u);
+            let b = c * stride + gi * (DV + 2u);
             a += part[b + 2u + d] * exp(part[b] - mx);
         }
-        out[gi * HD + d] = a * inv;
+        out[gi * DV + d] = a * inv;
     }
 }

@@ -1,5 +1,7 @@
 //! GPU attention against the CPU reference: the same `new_kv` + `attention`
 //! calls, in the same order, on both backends, over seeded random q/k/v.
+//! Ordinary attention, V heads smaller than K heads (`head_dim_v`), and
+//! DeepSeek's MLA (K heads of 576, V heads of 512 read from a K-only cache).
 //! Tolerance: normalised MSE <= 5e-4, ggml test-backend-ops' bound for
 //! attention. Outputs are NaN-poisoned before the kernels run (an unwritten
 //! element fails the comparison).
@@ -23,6 +25,10 @@ struct Config {
     n_head: usize,
     n_head_kv: usize,
     head_dim: usize,
+    /// V head size (`head_dim` for ordinary attention).
+    head_dim_v: usize,
+    /// A K-only cache: V is the first `head_dim_v` of each K head row.
+    k_only: bool,
     window: Option<u32>,
     sinks: bool,
     dtype: GgmlType,
@@ -38,9 +44,21 @@ impl Config {
             n_head: self.n_head,
             n_head_kv: self.n_head_kv,
             head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             window: self.window,
             flash_attn: false,
+        }
+    }
+    fn n_embd_k(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+    /// Values a position holds in the cache (0: K-only).
+    fn n_embd_v(&self) -> usize {
+        if self.k_only {
+            0
+        } else {
+            self.n_head_kv * self.head_dim_v
         }
     }
 }
@@ -67,8 +85,9 @@ struct Side<B: Backend> {
 
 impl<B: Backend> Side<B> {
     fn new(b: B, c: &Config, sinks: Option<&[f32]>) -> Self {
-        let n_embd = c.n_head_kv * c.head_dim;
-        let kv = b.new_kv(c.n_ctx, n_embd, n_embd, c.dtype).expect("new_kv");
+        let kv = b
+            .new_kv(c.n_ctx, c.n_embd_k(), c.n_embd_v(), c.dtype)
+            .expect("new_kv");
         let sinks = sinks.map(|s| sinks_weight(&b, s));
         Self { b, kv, sinks }
     }
@@ -82,16 +101,20 @@ impl<B: Backend> Side<B> {
         v: &[f32],
     ) -> Result<Vec<f32>, BackendError> {
         let t = pos.n_tokens;
-        let n_embd = c.n_head_kv * c.head_dim;
         let b = &self.b;
         let q = b.from_host(q.to_vec(), t, c.n_head * c.head_dim)?;
-        let k = b.from_host(k.to_vec(), t, n_embd)?;
-        let v = b.from_host(v.to_vec(), t, n_embd)?;
+        let k = b.from_host(k.to_vec(), t, c.n_embd_k())?;
+        // A K-only cache ignores v (k stands in for it).
+        let v = if c.k_only {
+            None
+        } else {
+            Some(b.from_host(v.to_vec(), t, c.n_embd_v())?)
+        };
         let out = b.attention(
             &mut self.kv,
             &q,
             &k,
-            &v,
+            v.as_ref().unwrap_or(&k),
             self.sinks.as_ref(),
             pos,
             &c.params(),
@@ -113,14 +136,13 @@ fn run(gpu: GpuBackend, c: &Config, steps: &[usize], seed: u64, label: &str) -> 
     });
     let mut cpu = Side::new(CpuBackend::new(), c, sinks.as_deref());
     let mut gpu = Side::new(gpu, c, sinks.as_deref());
-    let n_embd = c.n_head_kv * c.head_dim;
     let mut pos0 = 0;
     let mut worst = 0f64;
     for (i, &t) in steps.iter().enumerate() {
         let s = seed.wrapping_mul(1000).wrapping_add(i as u64);
         let q = randn(t * c.n_head * c.head_dim, s, c.q_scale);
-        let k = randn(t * n_embd, s ^ 0xA5A5, 1.0);
-        let v = randn(t * n_embd, s ^ 0x5A5A, 1.0);
+        let k = randn(t * c.n_embd_k(), s ^ 0xA5A5, 1.0);
+        let v = randn(t * c.n_embd_v(), s ^ 0x5A5A, 1.0);
         let pos = BatchPos { pos0, n_tokens: t };
         let want = cpu.step(c, pos, &q, &k, &v).expect("cpu attention");
         let got = gpu.step(c, pos, &q, &k, &v).expect("gpu attention");
@@ -147,6 +169,8 @@ fn cfg(n_head: usize, n_head_kv: usize, head_dim: usize) -> Config {
         n_head,
         n_head_kv,
         head_dim,
+        head_dim_v: head_dim,
+        k_only: false,
         window: None,
         sinks: false,
         dtype: GgmlType::F16,
@@ -331,4 +355,130 @@ fn context_full_and_bad_inputs() {
         side.step(&bad, pos, &q[..128], &k[..64], &v[..64]),
         Err(BackendError::Shape { .. })
     ));
+}
+
+/// DeepSeek's MLA in absorbed form: MQA (one kv head) with K heads of 576
+/// and V heads of 512 read from a K-only cache; f16 and f32 caches, 4 and
+/// 16 query heads, a 64-token prompt and decode steps.
+#[test]
+fn mla_k_only_cache_dk576_dv512() {
+    let g = gpu();
+    let steps = [64, 1, 1, 3, 20, 1, 4, 1];
+    for (i, (n_head, dtype)) in [(16, GgmlType::F16), (4, GgmlType::F32), (4, GgmlType::F16)]
+        .into_iter()
+        .enumerate()
+    {
+        let c = Config {
+            head_dim_v: 512,
+            k_only: true,
+            dtype,
+            ..cfg(n_head, 1, 576)
+        };
+        let label = format!("mla {n_head}/1 576/512 {} k-only", dtype.name());
+        let (_, side) = run(g.clone(), &c, &steps, 20 + i as u64, &label);
+        // Keys only: 576 elements a position, no value buffer.
+        let elt = if dtype == GgmlType::F16 { 2 } else { 4 };
+        assert_eq!(side.kv.bytes(), (c.n_ctx * 576 * elt) as u64, "{label}");
+    }
+}
+
+/// K heads of 192, V heads of 128 over an ordinary cache (GQA, sinks, a
+/// window), f16 and f32.
+#[test]
+fn dk192_dv128_ordinary_cache() {
+    let g = gpu();
+    for (i, dtype) in [GgmlType::F16, GgmlType::F32].into_iter().enumerate() {
+        let c = Config {
+            head_dim_v: 128,
+            dtype,
+            sinks: true,
+            window: Some(30),
+            ..cfg(8, 2, 192)
+        };
+        let label = format!("gqa 8/2 192/128 {} window 30 sinks", dtype.name());
+        run(g.clone(), &c, STEPS, 30 + i as u64, &label);
+    }
+}
+
+/// The MLA shapes on every device variant: no f16, no subgroups, and
+/// 64 KiB bindings, which split the K-only cache by position (f16: 1152
+/// bytes a position, 56 per part; f32: 28). Activations stay under 64 KiB:
+/// at most 6 tokens of 4 x 576 floats. Peaky scores check the max.
+#[test]
+fn mla_all_variants_and_split_cache() {
+    let steps = [6, 1, 1, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4, 1, 2];
+    let n_pos: usize = steps.iter().sum();
+    for (name, g) in variants() {
+        for (dtype, q_scale) in [(GgmlType::F16, 4.0), (GgmlType::F32, 40.0)] {
+            let c = Config {
+                head_dim_v: 512,
+                k_only: true,
+                dtype,
+                q_scale,
+                n_ctx: n_pos + 3,
+                ..cfg(4, 1, 576)
+            };
+            let label = format!("{name}: mla 4/1 576/512 {} q_scale {q_scale}", dtype.name());
+            let (_, side) = run(g.clone(), &c, &steps, 40, &label);
+            if name == "64KiB-bindings" {
+                let per = if dtype == GgmlType::F16 { 56 } else { 28 };
+                assert_eq!(side.kv.n_parts(), c.n_ctx.div_ceil(per), "{label}");
+            } else {
+                assert_eq!(side.kv.n_parts(), 1, "{label}");
+            }
+        }
+    }
+}
+
+/// Several sequences in one `attention_multi` call (the scheduler's batch),
+/// each with its own K-only cache: every row equals the CPU's.
+#[test]
+fn mla_k_only_attention_multi() {
+    let c = Config {
+        head_dim_v: 512,
+        k_only: true,
+        ..cfg(4, 1, 576)
+    };
+    let p = c.params();
+    let cpu = CpuBackend::new();
+    let g = gpu();
+    // Sequence lengths so far and this batch's tokens of each.
+    let batches: [&[(usize, usize)]; 3] =
+        [&[(0, 20), (0, 7)], &[(20, 1), (7, 1)], &[(21, 3), (8, 1)]];
+    let mut cpu_kv: Vec<_> = (0..2)
+        .map(|_| cpu.new_kv(c.n_ctx, c.n_embd_k(), 0, c.dtype).unwrap())
+        .collect();
+    let mut gpu_kv: Vec<_> = (0..2)
+        .map(|_| g.new_kv(c.n_ctx, c.n_embd_k(), 0, c.dtype).unwrap())
+        .collect();
+    for (i, batch) in batches.iter().enumerate() {
+        let seqs: Vec<BatchPos> = batch
+            .iter()
+            .map(|&(pos0, n_tokens)| BatchPos { pos0, n_tokens })
+            .collect();
+        let t: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        let q = randn(t * c.n_head * c.head_dim, 60 + i as u64, c.q_scale);
+        let k = randn(t * c.n_embd_k(), 70 + i as u64, 1.0);
+        let want = {
+            let qt = cpu.from_host(q.clone(), t, c.n_head * c.head_dim).unwrap();
+            let kt = cpu.from_host(k.clone(), t, c.n_embd_k()).unwrap();
+            let mut kvs: Vec<_> = cpu_kv.iter_mut().collect();
+            let o = cpu
+                .attention_multi(&mut kvs, &qt, &kt, &kt, None, &seqs, &p)
+                .unwrap();
+            cpu.to_host(&o).unwrap()
+        };
+        let got = {
+            let qt = g.from_host(q, t, c.n_head * c.head_dim).unwrap();
+            let kt = g.from_host(k, t, c.n_embd_k()).unwrap();
+            let mut kvs: Vec<_> = gpu_kv.iter_mut().collect();
+            let o = g
+                .attention_multi(&mut kvs, &qt, &kt, &kt, None, &seqs, &p)
+                .unwrap();
+            assert_eq!(g.shape(&o), (t, c.n_head * 512));
+            g.to_host(&o).unwrap()
+        };
+        let e = nmse(&got, &want);
+        assert!(e <= TOL, "batch {i}: nmse {e:e} > {TOL:e}");
+    }
 }

@@ -78,7 +78,13 @@ pub enum Glu {
 pub struct AttnParams {
     pub n_head: usize,
     pub n_head_kv: usize,
+    /// Q and K head size (ggml's `DK`, `n_embd_head_k`).
     pub head_dim: usize,
+    /// V head size (ggml's `DV`, `n_embd_head_v`), which is also the head
+    /// size of the output. Ordinary attention: `head_dim`. DeepSeek's MLA in
+    /// absorbed form: K heads of 576 (`kv_lora_rank` 512 + rope 64), V heads
+    /// of 512 read from a K-only cache (see [`Backend::new_kv`]).
+    pub head_dim_v: usize,
     pub scale: f32,
     /// Sliding window (`n_swa`): key at `p0` is masked for query `p1` when
     /// `p1 - p0 >= n_swa` (llama.cpp's standard SWA). `None`: full causal.
@@ -97,6 +103,121 @@ pub struct AttnParams {
 pub struct BatchPos {
     pub pos0: usize,
     pub n_tokens: usize,
+}
+
+/// The shape of one layer's KV cache, as [`Backend::new_kv`] made it:
+/// `n_ctx` positions of `n_embd_k` keys and `n_embd_v` values
+/// (`n_embd_v == 0`: a K-only cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_ctx: usize,
+    pub n_embd_k: usize,
+    pub n_embd_v: usize,
+}
+
+impl KvShape {
+    /// The cache holds keys only; values are views of them.
+    pub fn k_only(&self) -> bool {
+        self.n_embd_v == 0
+    }
+}
+
+/// The contract of [`Backend::attention`] and [`Backend::attention_multi`],
+/// checked once for both backends before they compute anything (nothing is
+/// written to a cache when it fails):
+///
+/// - `p`: `n_head` a non-zero multiple of `n_head_kv > 0`, non-zero
+///   `head_dim` and `head_dim_v`, no window of 0 positions;
+/// - `caches[i]` belongs to `seqs[i]` (same count), holds
+///   `n_embd_k == n_head_kv * head_dim` keys a position and either
+///   `n_embd_v == n_head_kv * head_dim_v` values or none (K-only, which
+///   needs `head_dim_v <= head_dim`), and has room for positions
+///   `pos0..pos0 + n_tokens` ([`BackendError::ContextFull`] otherwise);
+/// - `q` is `[n, n_head * head_dim]`, `k` `[n, n_embd_k]` and, unless every
+///   cache is K-only, `v` `[n, n_embd_v]`, `n` the tokens of all sequences;
+/// - `n_sinks`, when there are sinks, is `n_head`.
+///
+/// Shapes are `(rows, cols)`.
+pub fn check_attention(
+    p: &AttnParams,
+    caches: &[KvShape],
+    seqs: &[BatchPos],
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+    n_sinks: Option<usize>,
+) -> Result<(), BackendError> {
+    let err = |detail: String| BackendError::Shape {
+        op: "attention",
+        detail,
+    };
+    let (hd, hdv) = (p.head_dim, p.head_dim_v);
+    if p.n_head == 0
+        || p.n_head_kv == 0
+        || !p.n_head.is_multiple_of(p.n_head_kv)
+        || hd == 0
+        || hdv == 0
+    {
+        return Err(err(format!(
+            "{} heads / {} kv heads of {hd} (K) / {hdv} (V): want non-zero sizes,              n_head a multiple of n_head_kv",
+            p.n_head, p.n_head_kv
+        )));
+    }
+    if p.window == Some(0) {
+        return Err(err("a sliding window of 0 positions sees no key".into()));
+    }
+    if caches.len() != seqs.len() {
+        return Err(err(format!(
+            "{} caches for {} sequences",
+            caches.len(),
+            seqs.len()
+        )));
+    }
+    let n: usize = seqs.iter().map(|s| s.n_tokens).sum();
+    let (n_embd_k, n_embd_v) = (p.n_head_kv * hd, p.n_head_kv * hdv);
+    let mut need_v = false;
+    for (c, s) in caches.iter().zip(seqs) {
+        let v_ok = if c.k_only() {
+            hdv <= hd
+        } else {
+            need_v = true;
+            c.n_embd_v == n_embd_v
+        };
+        if c.n_embd_k != n_embd_k || !v_ok {
+            return Err(err(format!(
+                "cache rows of {} keys / {} values for {} kv heads of {hd} (K) / {hdv} (V)                  (a K-only cache needs V heads no larger than K heads)",
+                c.n_embd_k, c.n_embd_v, p.n_head_kv
+            )));
+        }
+        let end = s.pos0 + s.n_tokens;
+        if end > c.n_ctx {
+            return Err(BackendError::ContextFull {
+                pos: end - 1,
+                n_ctx: c.n_ctx,
+            });
+        }
+    }
+    let v_bad = need_v && v != (n, n_embd_v);
+    if q != (n, p.n_head * hd) || k != (n, n_embd_k) || v_bad {
+        return Err(err(format!(
+            "q [{}, {}], k [{}, {}], v [{}, {}] for {n} tokens of {} sequences,              {} heads / {} kv heads of {hd} (K) / {hdv} (V)",
+            q.0,
+            q.1,
+            k.0,
+            k.1,
+            v.0,
+            v.1,
+            seqs.len(),
+            p.n_head,
+            p.n_head_kv
+        )));
+    }
+    if let Some(ns) = n_sinks {
+        if ns != p.n_head {
+            return Err(err(format!("{ns} sinks for {} heads", p.n_head)));
+        }
+    }
+    Ok(())
 }
 
 /// One routed tensor's shape in an expert slot store: the dims and bytes of a
@@ -294,7 +415,15 @@ pub trait Backend: Send + Sync + Clone {
         n_used: usize,
     ) -> Result<Self::Tensor, BackendError>;
 
-    /// A KV cache for `n_ctx` positions of `n_embd_kv` keys and values.
+    /// A KV cache for `n_ctx` positions of `n_embd_k` keys and `n_embd_v`
+    /// values (`n_head_kv * head_dim` and `n_head_kv * head_dim_v`).
+    ///
+    /// `n_embd_v == 0` makes a K-only cache, llama.cpp's for DeepSeek's MLA
+    /// (`llm_graph_input_attn_k`): it stores only the keys, and the value
+    /// row of kv head `h` at a position is the first `head_dim_v` elements
+    /// of that position's key row of head `h` (MLA has one kv head: V is
+    /// the first 512 of the 576 K values). [`Backend::attention`] then
+    /// ignores its `v` argument.
     fn new_kv(
         &self,
         n_ctx: usize,
@@ -302,8 +431,11 @@ pub trait Backend: Send + Sync + Clone {
         n_embd_v: usize,
         dtype: GgmlType,
     ) -> Result<Self::Kv, BackendError>;
-    /// Writes `k`, `v` (`[t, n_embd_kv]`) at `pos` and attends `q [t, n_head * head_dim]`
-    /// causally over positions `0..pos0 + t`, with optional per-head sinks `[n_head]`.
+    /// Writes `k [t, n_embd_k]` and `v [t, n_embd_v]` at `pos` and attends
+    /// `q [t, n_head * head_dim]` causally over positions `0..pos0 + t`, with
+    /// optional per-head sinks `[n_head]`. Result `[t, n_head * head_dim_v]`.
+    /// A K-only cache writes only `k`; `v` is ignored (any tensor; pass
+    /// `k`). The shapes are [`check_attention`]'s contract.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -339,17 +471,20 @@ pub trait Backend: Send + Sync + Clone {
                 detail: format!("{} caches for {} sequences", kvs.len(), seqs.len()),
             });
         }
-        let (rows, cols) = self.shape(q);
-        let mut out = self.zeros(rows, cols)?;
+        let rows = self.shape(q).0;
+        let mut out = self.zeros(rows, p.n_head * p.head_dim_v)?;
+        // A K-only cache ignores `v`, which need not have a row per token.
+        let split_v = self.shape(v).0 == rows;
         let mut r0 = 0;
         for (kv, pos) in kvs.iter_mut().zip(seqs) {
             let r: Vec<usize> = (r0..r0 + pos.n_tokens).collect();
-            let (qs, ks, vs) = (
-                self.gather_rows(q, &r)?,
-                self.gather_rows(k, &r)?,
-                self.gather_rows(v, &r)?,
-            );
-            let a = self.attention(kv, &qs, &ks, &vs, sinks, *pos, p)?;
+            let (qs, ks) = (self.gather_rows(q, &r)?, self.gather_rows(k, &r)?);
+            let vs = if split_v {
+                Some(self.gather_rows(v, &r)?)
+            } else {
+                None
+            };
+            let a = self.attention(kv, &qs, &ks, vs.as_ref().unwrap_or(v), sinks, *pos, p)?;
             self.scatter_rows(&mut out, &a, &r)?;
             r0 += pos.n_tokens;
         }

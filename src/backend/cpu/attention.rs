@@ -218,11 +218,19 @@ pub(super) enum KvRows<'a> {
 /// The keys and values of positions `0..n` of one sequence. An f16 cache is
 /// converted one head row at a time as the row is used (exact, so the
 /// results are those of an f32 copy) rather than copied whole per call.
+///
+/// The value row of kv head `h` at position `j` is `v[j * n_embd_v + h *
+/// v_head..][..head_dim_v]`. A K-only cache is viewed as llama.cpp views
+/// it (`ggml_view_4d` of K with `ne0 = head_dim_v` and K's strides):
+/// `v` is the key rows, `n_embd_v = n_embd_k` and `v_head = head_dim`.
 pub(super) struct KvView<'a> {
     pub(super) k: KvRows<'a>,
     pub(super) v: KvRows<'a>,
     pub(super) n_embd_k: usize,
+    /// Elements between the value rows of consecutive positions.
     pub(super) n_embd_v: usize,
+    /// Elements between the value rows of consecutive kv heads.
+    pub(super) v_head: usize,
     /// Positions the cache holds (its `n_ctx`).
     pub(super) n_ctx: usize,
 }
@@ -379,7 +387,7 @@ fn attend_group<W: Widen>(
     row: &mut Row,
     dst: &mut [f32],
 ) {
-    let hd = p.head_dim;
+    let (hd, dv) = (p.head_dim, p.head_dim_v);
     let group = p.n_head / p.n_head_kv;
     let qp = pos.pos0 + t;
     let lo = match p.window {
@@ -419,15 +427,16 @@ fn attend_group<W: Widen>(
     // scores go (the values are read after the softmax: asked for now).
     let (k_at, v_at) = (
         |j: usize| j * kv.n_embd_k + h0 * hd,
-        |j: usize| j * kv.n_embd_v + h0 * hd,
+        |j: usize| j * kv.n_embd_v + h0 * kv.v_head,
     );
+    let v_len = (nh - 1) * kv.v_head + dv;
     for j in lo..(lo + PREFETCH_AHEAD).min(qp + 1) {
         kv.k.prefetch(k_at(j), nh * hd);
-        kv.v.prefetch(v_at(j), nh * hd);
+        kv.v.prefetch(v_at(j), v_len);
     }
     for j in lo..=qp {
         kv.k.prefetch(k_at(j + PREFETCH_AHEAD), nh * hd);
-        kv.v.prefetch(v_at(j + PREFETCH_AHEAD), nh * hd);
+        kv.v.prefetch(v_at(j + PREFETCH_AHEAD), v_len);
         for (hi, qh) in qs.chunks_exact(group * hd).enumerate() {
             let k = kv.k.row::<W>(k_at(j) + hi * hd, hd, buf);
             for (g, qrow) in qh.chunks_exact(hd).enumerate() {
@@ -475,10 +484,10 @@ fn attend_group<W: Widen>(
     // + 48)` into 16, then the 16-lane reduction. An empty lane is +0 (a
     // chain starting at +0 never becomes -0), which adds nothing.
     let lanes = if pos.n_tokens >= 2 { 16 } else { 64 };
-    let chunks = hd / 16;
+    let chunks = dv / 16;
     acc.clear();
-    acc.resize(16 * hd, 0.0);
-    for (r, dst) in dst.chunks_exact_mut(hd).enumerate() {
+    acc.resize(16 * dv, 0.0);
+    for (r, dst) in dst.chunks_exact_mut(dv).enumerate() {
         let kvh = h0 + r / group;
         let pg = &w[r * n_pad..r * n_pad + qp + 1];
         let span = LaneSpan {
@@ -490,13 +499,13 @@ fn attend_group<W: Widen>(
             p: pg,
         };
         for c in 0..chunks {
-            span.lane_rows::<W, 16>(kvh * hd, 16 * c, hd, acc);
+            span.lane_rows::<W, 16>(kvh * kv.v_head, 16 * c, dv, acc);
         }
         // Dims past the last whole 16, one at a time.
-        for d in 16 * chunks..hd {
-            span.lane_rows::<W, 1>(kvh * hd, d, hd, acc);
+        for d in 16 * chunks..dv {
+            span.lane_rows::<W, 1>(kvh * kv.v_head, d, dv, acc);
         }
-        reduce16_rows(acc, hd, dst);
+        reduce16_rows(acc, dv, dst);
     }
 }
 
@@ -626,8 +635,14 @@ pub(super) fn has_fma() -> bool {
 
 /// Attention for several sequences at once: `q` holds their rows back to
 /// back (`seqs[i].n_tokens` rows each) and `kvs[i]` is sequence `i`'s cache,
-/// already holding its new keys and values. One parallel pass over every
+/// already holding its new keys and values; the shapes were checked by
+/// [`crate::backend::check_attention`]. One parallel pass over every
 /// (token, kv head); each row is computed exactly as for its sequence alone.
+/// With `head_dim_v != head_dim` the scores use the `head_dim` elements of
+/// Q and K and the weighted sum the `head_dim_v` of V, as ggml's
+/// `mul_mat(k, q)` and `mul_mat(v, kq)` do; a K-only cache's V (ggml's
+/// `ggml_cont(ggml_transpose(view of K))`, an exact copy in the cache type)
+/// is read in place.
 pub(super) fn attend(
     kvs: &[&CpuKv],
     q: &CpuTensor,
@@ -635,51 +650,34 @@ pub(super) fn attend(
     seqs: &[BatchPos],
     p: &AttnParams,
 ) -> Result<CpuTensor, BackendError> {
-    let hd = p.head_dim;
+    let dv = p.head_dim_v;
     let n_rows: usize = seqs.iter().map(|s| s.n_tokens).sum();
-    let bad_kv = kvs
-        .iter()
-        .any(|kv| kv.n_embd_k != p.n_head_kv * hd || kv.n_embd_v != p.n_head_kv * hd);
-    if p.n_head == 0
-        || p.n_head_kv == 0
-        || !p.n_head.is_multiple_of(p.n_head_kv)
-        || q.cols != p.n_head * hd
-        || q.rows != n_rows
-        || kvs.len() != seqs.len()
-        || bad_kv
-    {
-        return Err(BackendError::Shape {
-            op: "attention",
-            detail: format!(
-                "q [{}, {}] for {n_rows} tokens of {} sequences, {} heads / {} kv heads of {hd}",
-                q.rows,
-                q.cols,
-                seqs.len(),
-                p.n_head,
-                p.n_head_kv
-            ),
-        });
-    }
-    if let Some(s) = sinks {
-        if s.len() != p.n_head {
-            return Err(BackendError::Shape {
-                op: "attention",
-                detail: format!("{} sinks for {} heads", s.len(), p.n_head),
-            });
-        }
-    }
     let fma = has_fma();
     let views: Vec<KvView> = kvs
         .iter()
         .zip(seqs)
         .map(|(kv, pos)| {
             let n_pos = pos.pos0 + pos.n_tokens;
-            KvView {
-                k: rows(&kv.k, n_pos * kv.n_embd_k),
-                v: rows(&kv.v, n_pos * kv.n_embd_v),
-                n_embd_k: kv.n_embd_k,
-                n_embd_v: kv.n_embd_v,
-                n_ctx: kv.n_ctx,
+            let k = rows(&kv.k, n_pos * kv.n_embd_k);
+            if kv.n_embd_v == 0 {
+                // K-only: V is a view of K (first head_dim_v of each head).
+                KvView {
+                    k,
+                    v: k,
+                    n_embd_k: kv.n_embd_k,
+                    n_embd_v: kv.n_embd_k,
+                    v_head: p.head_dim,
+                    n_ctx: kv.n_ctx,
+                }
+            } else {
+                KvView {
+                    k,
+                    v: rows(&kv.v, n_pos * kv.n_embd_v),
+                    n_embd_k: kv.n_embd_k,
+                    n_embd_v: kv.n_embd_v,
+                    v_head: dv,
+                    n_ctx: kv.n_ctx,
+                }
             }
         })
         .collect();
@@ -695,7 +693,7 @@ pub(super) fn attend(
             &views, q, sinks, seqs, &starts, p, fma,
         ));
     }
-    let mut out = CpuTensor::zeros(q.rows, q.cols);
+    let mut out = CpuTensor::zeros(q.rows, p.n_head * dv);
     // One work item per token (all its heads: each key and value row is one
     // stretch of memory), or per (token, kv head) when there are too few
     // tokens to keep every thread busy. The heads of a GQA group are
@@ -708,7 +706,7 @@ pub(super) fn attend(
     };
     let items_per_tok = p.n_head_kv / per_item;
     out.data
-        .par_chunks_mut((per_item * group * hd).max(1))
+        .par_chunks_mut((per_item * group * dv).max(1))
         .enumerate()
         .for_each_init(
             || Row {
@@ -888,7 +886,7 @@ mod tests {
             if !f16_cache {
                 return ref_vec_dot(k, &q);
             }
-            if lanes == 16 && hd % 16 == 0 {
+            if lanes == 16 && hd.is_multiple_of(16) {
                 let mut a = [0f32; 16];
                 for i in 0..hd {
                     a[i % 16] = k[i].mul_add(q[i], a[i % 16]);
@@ -975,6 +973,7 @@ mod tests {
                 n_head,
                 n_head_kv,
                 head_dim: hd,
+                head_dim_v: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
                 flash_attn: false,

@@ -31,6 +31,12 @@
 //! the cache size padded to 256 (the rest masked); only the split decision
 //! and its chunk bounds depend on `n_kv` and on the thread count (`-t`), as
 //! in ggml. `expf` is the C library's, as ggml calls it.
+//!
+//! With `head_dim_v != head_dim` (ggml's `DK != DV`) the scores take the
+//! `DK` elements of Q and K and the accumulator the `DV` of V, in every
+//! kernel; nothing else changes (ggml's kernels loop over `DK` and `DV`
+//! alike). A K-only cache's V is llama.cpp's view of K (the first `DV` of
+//! each K head row), cast to f16 with K when the cache is f32.
 
 use rayon::prelude::*;
 
@@ -123,7 +129,7 @@ fn round_in_place<W: Widen>(y: &mut [f32]) {
 fn one_chunk<W: Widen>(
     kv: &KvView,
     kvh: usize,
-    hd: usize,
+    (hd, dv): (usize, usize),
     q: &[f32],
     cells: std::ops::Range<usize>,
     scale: f32,
@@ -133,7 +139,7 @@ fn one_chunk<W: Widen>(
 ) {
     for j in cells {
         load_f16::<W>(kv.k, j * kv.n_embd_k + kvh * hd, hd, k);
-        load_f16::<W>(kv.v, j * kv.n_embd_v + kvh * hd, hd, v);
+        load_f16::<W>(kv.v, j * kv.n_embd_v + kvh * kv.v_head, dv, v);
         for (h, qrow) in heads.iter_mut().zip(q.chunks_exact(hd)) {
             let s = vec_dot_f16(k, qrow) * scale;
             let (ms, vs);
@@ -212,7 +218,7 @@ fn attend_item<W: Widen>(
     sc: &mut Scratch,
     dst: &mut [f32],
 ) {
-    let hd = p.head_dim;
+    let (hd, dv) = (p.head_dim, p.head_dim_v);
     let group = p.n_head / p.n_head_kv;
     let qp = pos.pos0 + t;
     let lo = match p.window {
@@ -233,21 +239,21 @@ fn attend_item<W: Widen>(
         fin,
     } = sc;
     acc.clear();
-    acc.resize(group * hd, 0.0);
+    acc.resize(group * dv, 0.0);
     match kernel {
         Kernel::OneChunk => {
             q.resize(qs.len(), 0.0);
             W::round(qs, q);
             let mut heads: Vec<HeadState> = acc
-                .chunks_exact_mut(hd)
+                .chunks_exact_mut(dv)
                 .map(|acc| HeadState {
                     m: f32::NEG_INFINITY,
                     s: 0.0,
                     acc,
                 })
                 .collect();
-            one_chunk::<W>(kv, kvh, hd, q, lo..qp + 1, p.scale, &mut heads, k, v);
-            for (g, (h, dst)) in heads.iter_mut().zip(dst.chunks_exact_mut(hd)).enumerate() {
+            one_chunk::<W>(kv, kvh, (hd, dv), q, lo..qp + 1, p.scale, &mut heads, k, v);
+            for (g, (h, dst)) in heads.iter_mut().zip(dst.chunks_exact_mut(dv)).enumerate() {
                 if let Some(s) = sink(g) {
                     add_sink(h, s);
                 }
@@ -263,13 +269,13 @@ fn attend_item<W: Widen>(
             s.clear();
             s.resize(group, 0.0);
             fin.clear();
-            fin.resize(group * hd, 0.0);
+            fin.resize(group * dv, 0.0);
             let mut c0 = 0;
             while c0 < n_kv {
                 let c1 = (c0 + chunk).min(n_kv);
                 acc.iter_mut().for_each(|x| *x = 0.0);
                 let mut heads: Vec<HeadState> = acc
-                    .chunks_exact_mut(hd)
+                    .chunks_exact_mut(dv)
                     .map(|acc| HeadState {
                         m: f32::NEG_INFINITY,
                         s: 0.0,
@@ -278,7 +284,7 @@ fn attend_item<W: Widen>(
                     .collect();
                 let cells = c0.max(lo)..c1.min(qp + 1);
                 if !cells.is_empty() {
-                    one_chunk::<W>(kv, kvh, hd, q, cells, p.scale, &mut heads, k, v);
+                    one_chunk::<W>(kv, kvh, (hd, dv), q, cells, p.scale, &mut heads, k, v);
                 }
                 for (g, h) in heads.iter_mut().enumerate() {
                     if c0 == 0 {
@@ -291,7 +297,7 @@ fn attend_item<W: Widen>(
                     }
                     let m_new = m[g].max(h.m);
                     let (so, sn) = ((m[g] - m_new).exp(), (h.m - m_new).exp());
-                    for (f, a) in fin[g * hd..(g + 1) * hd].iter_mut().zip(h.acc.iter()) {
+                    for (f, a) in fin[g * dv..(g + 1) * dv].iter_mut().zip(h.acc.iter()) {
                         *f = f.mul_add(so, *a * sn);
                     }
                     s[g] = s[g].mul_add(so, h.s * sn);
@@ -299,9 +305,9 @@ fn attend_item<W: Widen>(
                 }
                 c0 = c1;
             }
-            for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
+            for (g, dst) in dst.chunks_exact_mut(dv).enumerate() {
                 let inv = if s[g] != 0.0 { 1.0 / s[g] } else { 1.0 };
-                for (d, f) in dst.iter_mut().zip(&fin[g * hd..(g + 1) * hd]) {
+                for (d, f) in dst.iter_mut().zip(&fin[g * dv..(g + 1) * dv]) {
                     *d = *f * inv;
                 }
             }
@@ -312,7 +318,7 @@ fn attend_item<W: Widen>(
             s.clear();
             s.resize(group, 0.0);
             kt.resize(hd * TILE_KV, 0.0);
-            vt.resize(TILE_KV * hd, 0.0);
+            vt.resize(TILE_KV * dv, 0.0);
             kq.resize(TILE_KV, 0.0);
             // Tiles holding a visible cell (the others change nothing).
             for ic in (lo / TILE_KV * TILE_KV..=qp).step_by(TILE_KV) {
@@ -324,13 +330,13 @@ fn attend_item<W: Widen>(
                         for (dk, x) in k.iter().enumerate() {
                             kt[dk * TILE_KV + tk] = *x;
                         }
-                        load_f16::<W>(kv.v, j * kv.n_embd_v + kvh * hd, hd, v);
-                        vt[tk * hd..(tk + 1) * hd].copy_from_slice(v);
+                        load_f16::<W>(kv.v, j * kv.n_embd_v + kvh * kv.v_head, dv, v);
+                        vt[tk * dv..(tk + 1) * dv].copy_from_slice(v);
                     } else {
                         for dk in 0..hd {
                             kt[dk * TILE_KV + tk] = 0.0;
                         }
-                        vt[tk * hd..(tk + 1) * hd].iter_mut().for_each(|x| *x = 0.0);
+                        vt[tk * dv..(tk + 1) * dv].iter_mut().for_each(|x| *x = 0.0);
                     }
                 }
                 for (g, qrow) in qs.chunks_exact(hd).enumerate() {
@@ -353,7 +359,7 @@ fn attend_item<W: Widen>(
                     let tile_max = kq.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let m_old = m[g];
                     let m_new = m_old.max(tile_max);
-                    let accg = &mut acc[g * hd..(g + 1) * hd];
+                    let accg = &mut acc[g * dv..(g + 1) * dv];
                     if m_new > m_old {
                         let ms = (m_old - m_new).exp();
                         accg.iter_mut().for_each(|x| *x *= ms);
@@ -370,18 +376,18 @@ fn attend_item<W: Widen>(
                     }
                     s[g] = (s[g] as f64 + sum) as f32;
                     for (tk, &pk) in kq.iter().enumerate() {
-                        let vr = &vt[tk * hd..(tk + 1) * hd];
+                        let vr = &vt[tk * dv..(tk + 1) * dv];
                         for (a, x) in accg.iter_mut().zip(vr) {
                             *a = x.mul_add(pk, *a);
                         }
                     }
                 }
             }
-            for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
+            for (g, dst) in dst.chunks_exact_mut(dv).enumerate() {
                 let mut h = HeadState {
                     m: m[g],
                     s: s[g],
-                    acc: &mut acc[g * hd..(g + 1) * hd],
+                    acc: &mut acc[g * dv..(g + 1) * dv],
                 };
                 if let Some(sn) = sink(g) {
                     // The tiled kernel scales the accumulator but keeps M.
@@ -434,7 +440,7 @@ pub(super) fn attend(
     p: &AttnParams,
     fma: bool,
 ) -> CpuTensor {
-    let hd = p.head_dim;
+    let (hd, dv) = (p.head_dim, p.head_dim_v);
     let group = p.n_head / p.n_head_kv;
     let n_threads = rayon::current_num_threads();
     let kernels: Vec<Kernel> = views
@@ -442,9 +448,9 @@ pub(super) fn attend(
         .zip(seqs)
         .map(|(kv, pos)| kernel(kv, *pos, n_threads))
         .collect();
-    let mut out = CpuTensor::zeros(q.rows, q.cols);
+    let mut out = CpuTensor::zeros(q.rows, p.n_head * dv);
     out.data
-        .par_chunks_mut((group * hd).max(1))
+        .par_chunks_mut((group * dv).max(1))
         .enumerate()
         .for_each_init(Scratch::default, |sc, (i, dst)| {
             let tok = i / p.n_head_kv;
@@ -650,6 +656,7 @@ mod tests {
                 n_head,
                 n_head_kv,
                 head_dim: hd,
+                head_dim_v: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
                 flash_attn: true,

@@ -5,6 +5,8 @@
 mod attention;
 mod flash_attn;
 mod matmul;
+#[cfg(test)]
+mod mla_tests;
 mod ops;
 
 use std::sync::Arc;
@@ -12,7 +14,10 @@ use std::sync::Arc;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use super::{AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams, SlotStore, SlotTensor};
+use super::{
+    check_attention, AttnParams, Backend, BackendError, BatchPos, Glu, KvShape, RopeParams,
+    SlotStore, SlotTensor,
+};
 use crate::gguf;
 use crate::tensor::GgmlType;
 
@@ -114,7 +119,8 @@ impl CpuWeight {
     }
 }
 
-/// One layer's KV cache on the host, f16 (default) or f32.
+/// One layer's KV cache on the host, f16 (default) or f32. A K-only cache
+/// (`n_embd_v` 0, see [`Backend::new_kv`]) has an empty `v`.
 pub struct CpuKv {
     k: KvStore,
     v: KvStore,
@@ -139,6 +145,16 @@ fn try_filled<T: Copy>(n: usize, zero: T, what: &'static str) -> Result<Vec<T>, 
     v.try_reserve_exact(n).map_err(|_| oom())?;
     v.resize(n, zero);
     Ok(v)
+}
+
+impl CpuKv {
+    fn shape(&self) -> KvShape {
+        KvShape {
+            n_ctx: self.n_ctx,
+            n_embd_k: self.n_embd_k,
+            n_embd_v: self.n_embd_v,
+        }
+    }
 }
 
 impl KvStore {
@@ -512,26 +528,6 @@ impl Backend for CpuBackend {
         pos: BatchPos,
         p: &AttnParams,
     ) -> Result<CpuTensor, BackendError> {
-        let end = pos.pos0 + pos.n_tokens;
-        if end > kv.n_ctx {
-            return Err(BackendError::ContextFull {
-                pos: end - 1,
-                n_ctx: kv.n_ctx,
-            });
-        }
-        if k.cols != kv.n_embd_k
-            || v.cols != kv.n_embd_v
-            || k.rows != pos.n_tokens
-            || v.rows != pos.n_tokens
-        {
-            return Err(shape_err(
-                "attention",
-                format!(
-                    "k [{}, {}], v [{}, {}] for cache rows {}/{}",
-                    k.rows, k.cols, v.rows, v.cols, kv.n_embd_k, kv.n_embd_v
-                ),
-            ));
-        }
         self.attention_multi(&mut [kv], q, k, v, sinks, &[pos], p)
     }
 
@@ -545,52 +541,36 @@ impl Backend for CpuBackend {
         seqs: &[BatchPos],
         p: &AttnParams,
     ) -> Result<CpuTensor, BackendError> {
-        let n_rows: usize = seqs.iter().map(|s| s.n_tokens).sum();
-        if kvs.len() != seqs.len() || k.rows != n_rows || v.rows != n_rows {
-            return Err(shape_err(
-                "attention",
-                format!(
-                    "{} caches, {} sequences of {n_rows} tokens, k/v rows {}/{}",
-                    kvs.len(),
-                    seqs.len(),
-                    k.rows,
-                    v.rows
-                ),
-            ));
-        }
+        let sinks = match sinks {
+            Some(w) => Some(w.to_f32()?),
+            None => None,
+        };
+        let shapes: Vec<KvShape> = kvs.iter().map(|kv| kv.shape()).collect();
+        check_attention(
+            p,
+            &shapes,
+            seqs,
+            (q.rows, q.cols),
+            (k.rows, k.cols),
+            (v.rows, v.cols),
+            sinks.as_ref().map(|s| s.len()),
+        )?;
         let mut r0 = 0;
         for (kv, pos) in kvs.iter_mut().zip(seqs) {
-            let end = pos.pos0 + pos.n_tokens;
-            if end > kv.n_ctx {
-                return Err(BackendError::ContextFull {
-                    pos: end - 1,
-                    n_ctx: kv.n_ctx,
-                });
-            }
-            if k.cols != kv.n_embd_k || v.cols != kv.n_embd_v {
-                return Err(shape_err(
-                    "attention",
-                    format!(
-                        "k [{}, {}], v [{}, {}] for cache rows {}/{}",
-                        k.rows, k.cols, v.rows, v.cols, kv.n_embd_k, kv.n_embd_v
-                    ),
-                ));
-            }
             let (kr, vr) = (r0 * k.cols, r0 * v.cols);
             kv.k.write(
                 pos.pos0 * kv.n_embd_k,
                 &k.data[kr..kr + pos.n_tokens * k.cols],
             );
-            kv.v.write(
-                pos.pos0 * kv.n_embd_v,
-                &v.data[vr..vr + pos.n_tokens * v.cols],
-            );
+            // A K-only cache (n_embd_v 0) reads its values from the keys.
+            if kv.n_embd_v > 0 {
+                kv.v.write(
+                    pos.pos0 * kv.n_embd_v,
+                    &v.data[vr..vr + pos.n_tokens * v.cols],
+                );
+            }
             r0 += pos.n_tokens;
         }
-        let sinks = match sinks {
-            Some(w) => Some(w.to_f32()?),
-            None => None,
-        };
         let kvs: Vec<&CpuKv> = kvs.iter().map(|kv| &**kv).collect();
         attention::attend(&kvs, q, sinks.as_deref(), seqs, p)
     }

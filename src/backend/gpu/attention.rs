@@ -8,7 +8,10 @@
 //! elements per position; query token `i` sits at `pos0 + i` and sees keys
 //! `0..=pos0 + i` (minus those `>= window` behind it), head `h` reads kv head
 //! `h / (n_head / n_head_kv)`, and a sink joins the softmax's max and
-//! denominator without a value.
+//! denominator without a value. Scores use `head_dim` (`DK`) elements of Q
+//! and K, the output `head_dim_v` (`DV`) of V. A K-only cache (MLA) has no
+//! value buffers: the kernels bind the key buffer as values too and read
+//! the first `DV` elements of each key head row.
 //!
 //! The cache is split by position into parts that each fit one storage
 //! binding. f16 caches are stored as f16 pairs packed in u32 words (core
@@ -16,7 +19,7 @@
 //! its tiles as f16. This module knows nothing of models or layers.
 
 use super::{Arg, Ctx, GpuBackend, GpuError, GpuTensor, GpuWeight, KernelKey};
-use crate::backend::{AttnParams, BackendError, BatchPos};
+use crate::backend::{check_attention, AttnParams, BackendError, BatchPos, KvShape};
 use crate::tensor::GgmlType;
 
 /// Batches of at most this many tokens use the split-KV decode kernels.
@@ -29,20 +32,32 @@ const DECODE_TARGET_WGS: usize = 256;
 const WG_MEMORY: usize = 16384;
 /// Threads of a prompt-kernel workgroup (`WG` in `flash_attn.wgsl`).
 const PROMPT_WG: usize = 64;
-/// Largest head dimension the kernels are built for.
-const MAX_HEAD_DIM: usize = 256;
+/// Largest Q/K head dimension the kernels are built for (DeepSeek's MLA:
+/// 576).
+const MAX_HEAD_DIM: usize = 576;
+/// Largest V head dimension the kernels are built for (MLA: 512).
+const MAX_HEAD_DIM_V: usize = 512;
 
-/// Positions `first..first + count` of one layer's keys and values.
+/// Positions `first..first + count` of one layer's keys and values (no
+/// value buffer in a K-only cache).
 struct KvPart {
     first: usize,
     count: usize,
     k: wgpu::Buffer,
-    v: wgpu::Buffer,
+    v: Option<wgpu::Buffer>,
+}
+
+impl KvPart {
+    /// The buffer the kernels read values from: the keys of a K-only cache.
+    fn values(&self) -> &wgpu::Buffer {
+        self.v.as_ref().unwrap_or(&self.k)
+    }
 }
 
 /// One layer's KV cache on the device: `n_ctx` rows of `n_embd_k` keys and
-/// `n_embd_v` values, f16 (packed in pairs) or f32, split by position into
-/// parts that fit one storage binding each. Starts zeroed, like the CPU's.
+/// `n_embd_v` values (0: K-only), f16 (packed in pairs) or f32, split by
+/// position into parts that fit one storage binding each. Starts zeroed,
+/// like the CPU's.
 pub struct GpuKv {
     pub n_ctx: usize,
     pub n_embd_k: usize,
@@ -59,7 +74,18 @@ impl GpuKv {
 
     /// Bytes of device memory the cache holds.
     pub fn bytes(&self) -> u64 {
-        self.parts.iter().map(|p| p.k.size() + p.v.size()).sum()
+        self.parts
+            .iter()
+            .map(|p| p.k.size() + p.v.as_ref().map_or(0, |v| v.size()))
+            .sum()
+    }
+
+    fn shape(&self) -> KvShape {
+        KvShape {
+            n_ctx: self.n_ctx,
+            n_embd_k: self.n_embd_k,
+            n_embd_v: self.n_embd_v,
+        }
     }
 }
 
@@ -91,11 +117,13 @@ pub(super) fn new_kv(
         backend: "gpu",
         dtype,
     })?;
-    if n_embd_k == 0 || n_embd_v == 0 || !n_embd_k.is_multiple_of(2) || !n_embd_v.is_multiple_of(2)
-    {
+    if n_embd_k == 0 || !n_embd_k.is_multiple_of(2) || !n_embd_v.is_multiple_of(2) {
         return Err(BackendError::Shape {
             op: "kv cache",
-            detail: format!("rows of {n_embd_k} keys / {n_embd_v} values (must be even, non-zero)"),
+            detail: format!(
+                "rows of {n_embd_k} keys / {n_embd_v} values (must be even, non-zero keys; \
+                 0 values: K-only)"
+            ),
         });
     }
     // Positions per part: whole rows within one binding (whose size the
@@ -116,10 +144,16 @@ pub(super) fn new_kv(
     while first < n_ctx {
         let count = per.min(n_ctx - first);
         let k = ctx.storage((count * n_embd_k * elt) as u64, "kv cache k")?;
-        let v = ctx.storage((count * n_embd_v * elt) as u64, "kv cache v")?;
+        let v = if n_embd_v > 0 {
+            Some(ctx.storage((count * n_embd_v * elt) as u64, "kv cache v")?)
+        } else {
+            None
+        };
         ctx.record(|enc| {
             enc.clear_buffer(&k, 0, None);
-            enc.clear_buffer(&v, 0, None);
+            if let Some(v) = &v {
+                enc.clear_buffer(v, 0, None);
+            }
         });
         parts.push(KvPart { first, count, k, v });
         first += count;
@@ -137,6 +171,9 @@ pub(super) fn new_kv(
 #[derive(Clone, Copy, Default)]
 struct Spec {
     head_dim: usize,
+    head_dim_v: usize,
+    /// Values read from the key rows (a K-only cache).
+    k_only: bool,
     kv_f16: bool,
     tile_f16: bool,
     sinks: bool,
@@ -149,24 +186,28 @@ struct Spec {
 }
 
 impl Spec {
-    fn bits(&self) -> u32 {
-        self.head_dim as u32
-            | (self.kv_f16 as u32) << 11
-            | (self.tile_f16 as u32) << 12
-            | (self.sinks as u32) << 13
-            | (self.subgroups as u32) << 14
-            | self.br << 16
-            | self.bc << 20
-            | self.wg << 24
-            | self.sg_min << 28
+    fn bits(&self) -> u64 {
+        self.head_dim as u64
+            | (self.head_dim_v as u64) << 10
+            | (self.k_only as u64) << 20
+            | (self.kv_f16 as u64) << 21
+            | (self.tile_f16 as u64) << 22
+            | (self.sinks as u64) << 23
+            | (self.subgroups as u64) << 24
+            | (self.br as u64) << 28
+            | (self.bc as u64) << 32
+            | (self.wg as u64) << 36
+            | (self.sg_min as u64) << 40
     }
 }
 
-/// Tile shape of the prompt kernel for `head_dim` and the K/V tile element
-/// size (the Q tile is f32): `(BR query rows, BC keys)`, the first of a
-/// preference list whose Q tile, K/V tile and score tile fit [`WG_MEMORY`].
-fn prompt_tiles(head_dim: usize, elt: usize) -> Option<(usize, usize)> {
-    const PREF: [(usize, usize); 9] = [
+/// Tile shape of the prompt kernel for head dims `dk` (Q, K) and `dv` (V)
+/// and the K/V tile element size (the Q tile is f32): `(BR query rows, BC
+/// keys)`, the first of a preference list whose Q tile (`BR x dk`), K/V
+/// tile (`BC x max(dk, dv)`: V replaces K) and score tile fit
+/// [`WG_MEMORY`]. The last entries serve MLA's heads of 576.
+fn prompt_tiles(dk: usize, dv: usize, elt: usize) -> Option<(usize, usize)> {
+    const PREF: [(usize, usize); 12] = [
         (16, 32),
         (16, 16),
         (8, 32),
@@ -176,9 +217,13 @@ fn prompt_tiles(head_dim: usize, elt: usize) -> Option<(usize, usize)> {
         (4, 16),
         (4, 8),
         (4, 4),
+        (4, 2),
+        (2, 4),
+        (2, 2),
     ];
+    let dkv = dk.max(dv);
     PREF.into_iter()
-        .find(|&(br, bc)| br * head_dim * 4 + bc * head_dim * elt + br * bc * 4 <= WG_MEMORY)
+        .find(|&(br, bc)| br * dk * 4 + bc * dkv * elt + br * bc * 4 <= WG_MEMORY)
 }
 
 /// Workgroup size of the decode kernel: a power of two of at least 64 and
@@ -206,48 +251,26 @@ pub(super) fn attention(
 ) -> Result<GpuTensor, BackendError> {
     let t = pos.n_tokens;
     let end = pos.pos0 + t;
-    if end > kv.n_ctx {
-        return Err(BackendError::ContextFull {
-            pos: end - 1,
-            n_ctx: kv.n_ctx,
-        });
-    }
-    let hd = p.head_dim;
-    if p.n_head == 0
-        || p.n_head_kv == 0
-        || !p.n_head.is_multiple_of(p.n_head_kv)
-        || hd == 0
-        || !hd.is_multiple_of(2)
-        || hd > MAX_HEAD_DIM
-        || q.cols != p.n_head * hd
-        || q.rows != t
-        || kv.n_embd_k != p.n_head_kv * hd
-        || kv.n_embd_v != p.n_head_kv * hd
-        || k.cols != kv.n_embd_k
-        || v.cols != kv.n_embd_v
-        || k.rows != t
-        || v.rows != t
-    {
+    check_attention(
+        p,
+        &[kv.shape()],
+        &[pos],
+        (q.rows, q.cols),
+        (k.rows, k.cols),
+        (v.rows, v.cols),
+        sinks.map(|w| w.ne[0]),
+    )?;
+    let (hd, dv) = (p.head_dim, p.head_dim_v);
+    // What these kernels support beyond the contract.
+    if !hd.is_multiple_of(2) || !dv.is_multiple_of(2) || hd > MAX_HEAD_DIM || dv > MAX_HEAD_DIM_V {
         return Err(shape(format!(
-            "q [{}, {}], k [{}, {}], v [{}, {}], {} heads / {} kv heads of {hd} \
-             (even, at most {MAX_HEAD_DIM}), {t} tokens, cache rows {}/{}",
-            q.rows,
-            q.cols,
-            k.rows,
-            k.cols,
-            v.rows,
-            v.cols,
-            p.n_head,
-            p.n_head_kv,
-            kv.n_embd_k,
-            kv.n_embd_v
+            "heads of {hd} (K) / {dv} (V): the GPU kernels take even head sizes of at most \
+             {MAX_HEAD_DIM} (K) / {MAX_HEAD_DIM_V} (V)"
         )));
     }
-    if p.window == Some(0) {
-        return Err(shape("a sliding window of 0 positions sees no key".into()));
-    }
     let sinks = match sinks {
-        Some(w) if w.ty != GgmlType::F32 || w.ne[0] != p.n_head || w.parts.len() != 1 => {
+        // (Their count was checked with the contract.)
+        Some(w) if w.ty != GgmlType::F32 || w.parts.len() != 1 => {
             return Err(shape(format!(
                 "sinks {:?} of {} for {} heads (want one f32 per head)",
                 w.ne,
@@ -259,19 +282,19 @@ pub(super) fn attention(
         None => None,
     };
     // Every index the kernels compute stays below the largest of these.
-    let largest = end.max(t * p.n_head * (hd + 2));
+    let largest = end.max(t * p.n_head * (hd.max(dv) + 2));
     if u32::try_from(largest).is_err() {
         return Err(shape(format!(
             "{largest} positions or elements do not fit the kernels' u32 indices"
         )));
     }
     if t == 0 {
-        return b.tensor(0, q.cols);
+        return b.tensor(0, p.n_head * dv);
     }
     let kv_f16 = kv.dtype == GgmlType::F16;
     write_kv(b.ctx(), kv, k, v, pos)?;
 
-    let out = b.tensor(t, q.cols)?;
+    let out = b.tensor(t, p.n_head * dv)?;
     // Keys the first query may see: nothing before `lo` is read.
     let lo = p
         .window
@@ -292,8 +315,14 @@ pub(super) fn attention(
         pos,
         p,
         kv_f16,
+        k_only: kv.n_embd_v == 0,
         n_embd_k: kv.n_embd_k,
-        n_embd_v: kv.n_embd_v,
+        // A K-only cache's value rows are its key rows.
+        n_embd_v: if kv.n_embd_v == 0 {
+            kv.n_embd_k
+        } else {
+            kv.n_embd_v
+        },
         ranges: &ranges,
         out: &out,
     };
@@ -312,7 +341,10 @@ struct Common<'a> {
     pos: BatchPos,
     p: &'a AttnParams,
     kv_f16: bool,
+    /// Values are read from the key rows.
+    k_only: bool,
     n_embd_k: usize,
+    /// Elements between the value rows of consecutive positions.
     n_embd_v: usize,
     /// Cache parts holding keys the batch may see, with the positions
     /// `[a, z)` of those keys in each.
@@ -336,6 +368,18 @@ impl Common<'_> {
             part.first as u32,
             a as u32,
             z as u32,
+        ]
+    }
+
+    /// Shader constants of the head sizes: `DK`, `DV` and `VH`, the value
+    /// pairs between consecutive kv heads (`DK / 2` when values are read
+    /// from the key rows).
+    fn head_consts(&self) -> [(&'static str, u32); 3] {
+        let (dk, dv) = (self.p.head_dim as u32, self.p.head_dim_v as u32);
+        [
+            ("DK", dk),
+            ("DV", dv),
+            ("VH", if self.k_only { dk / 2 } else { dv / 2 }),
         ]
     }
 }
@@ -364,10 +408,12 @@ fn write_kv(
         if a >= z {
             continue;
         }
-        for (src, dst, n_embd) in [
-            (&k.buf, &part.k, kv.n_embd_k),
-            (&v.buf, &part.v, kv.n_embd_v),
-        ] {
+        // A K-only cache writes no values.
+        let writes = [
+            Some((&k.buf, &part.k, kv.n_embd_k)),
+            part.v.as_ref().map(|pv| (&v.buf, pv, kv.n_embd_v)),
+        ];
+        for (src, dst, n_embd) in writes.into_iter().flatten() {
             let n = ((z - a) * n_embd / per_word) as u32;
             let params = [
                 n,
@@ -389,15 +435,17 @@ fn write_kv(
 /// state crosses parts in `out` and a `(m, l)` buffer.
 fn prompt(c: &Common) -> Result<(), BackendError> {
     let ctx = c.ctx;
-    let (p, t, hd) = (c.p, c.pos.n_tokens, c.p.head_dim);
+    let (p, t, hd, dv) = (c.p, c.pos.n_tokens, c.p.head_dim, c.p.head_dim_v);
     let tile_f16 = ctx.caps.f16 && c.kv_f16;
-    let (br, bc) = prompt_tiles(hd, if tile_f16 { 2 } else { 4 }).ok_or_else(|| {
+    let (br, bc) = prompt_tiles(hd, dv, if tile_f16 { 2 } else { 4 }).ok_or_else(|| {
         shape(format!(
-            "head_dim {hd} needs more workgroup memory than the prompt kernel has"
+            "heads of {hd} (K) / {dv} (V) need more workgroup memory than the prompt kernel has"
         ))
     })?;
     let spec = Spec {
         head_dim: hd,
+        head_dim_v: dv,
+        k_only: c.k_only,
         kv_f16: c.kv_f16,
         tile_f16,
         sinks: c.sinks.is_some(),
@@ -413,13 +461,16 @@ fn prompt(c: &Common) -> Result<(), BackendError> {
                 include_str!("../../../shaders/flash_attn.wgsl"),
             ],
             &[
-                ("HD", hd as u32),
-                ("BR", br as u32),
-                ("BC", bc as u32),
-                ("KV_F16", c.kv_f16 as u32),
-                ("TILE_F16", tile_f16 as u32),
-                ("SINKS", c.sinks.is_some() as u32),
-            ],
+                &c.head_consts()[..],
+                &[
+                    ("BR", br as u32),
+                    ("BC", bc as u32),
+                    ("KV_F16", c.kv_f16 as u32),
+                    ("TILE_F16", tile_f16 as u32),
+                    ("SINKS", c.sinks.is_some() as u32),
+                ],
+            ]
+            .concat(),
         )
     })?;
     let ml = ctx.storage(
@@ -443,7 +494,11 @@ fn prompt(c: &Common) -> Result<(), BackendError> {
             ],
         ]
         .concat();
-        let mut args = vec![Arg::Buf(&c.q.buf), Arg::Buf(&part.k), Arg::Buf(&part.v)];
+        let mut args = vec![
+            Arg::Buf(&c.q.buf),
+            Arg::Buf(&part.k),
+            Arg::Buf(part.values()),
+        ];
         if let Some(s) = c.sinks {
             args.push(Arg::Buf(s));
         }
@@ -459,11 +514,11 @@ fn prompt(c: &Common) -> Result<(), BackendError> {
 /// would not fit one binding; the caller then runs [`prompt`].
 fn decode(c: &Common) -> Result<bool, BackendError> {
     let ctx = c.ctx;
-    let (p, t, hd) = (c.p, c.pos.n_tokens, c.p.head_dim);
+    let (p, t, hd, dv) = (c.p, c.pos.n_tokens, c.p.head_dim, c.p.head_dim_v);
     let wg = decode_wg(ctx);
     let span = c.ranges.iter().map(|&(_, a, z)| z - a).sum::<usize>();
     let rows = t * p.n_head;
-    let row_bytes = ((hd + 2) * 4) as u64;
+    let row_bytes = ((dv + 2) * 4) as u64;
     let count = |chunk_len: usize| -> usize {
         c.ranges
             .iter()
@@ -493,6 +548,8 @@ fn decode(c: &Common) -> Result<bool, BackendError> {
         .min(wg as u32);
     let spec = Spec {
         head_dim: hd,
+        head_dim_v: dv,
+        k_only: c.k_only,
         kv_f16: c.kv_f16,
         subgroups: ctx.caps.subgroups,
         wg: log2(wg),
@@ -508,16 +565,19 @@ fn decode(c: &Common) -> Result<bool, BackendError> {
                     include_str!("../../../shaders/flash_attn_decode.wgsl"),
                 ],
                 &[
-                    ("HD", hd as u32),
-                    ("WG", wg as u32),
-                    ("SG_MIN", sg_min),
-                    ("KV_F16", c.kv_f16 as u32),
-                ],
+                    &c.head_consts()[..],
+                    &[
+                        ("WG", wg as u32),
+                        ("SG_MIN", sg_min),
+                        ("KV_F16", c.kv_f16 as u32),
+                    ],
+                ]
+                .concat(),
             )
         },
     )?;
     let rspec = Spec {
-        head_dim: hd,
+        head_dim_v: dv,
         sinks: c.sinks.is_some(),
         ..Default::default()
     };
@@ -526,7 +586,7 @@ fn decode(c: &Common) -> Result<bool, BackendError> {
         || {
             ctx.source(
                 &[include_str!("../../../shaders/flash_attn_reduce.wgsl")],
-                &[("HD", hd as u32), ("SINKS", c.sinks.is_some() as u32)],
+                &[("DV", dv as u32), ("SINKS", c.sinks.is_some() as u32)],
             )
         },
     )?;
@@ -550,7 +610,7 @@ fn decode(c: &Common) -> Result<bool, BackendError> {
             &[
                 Arg::Buf(&c.q.buf),
                 Arg::Buf(&part.k),
-                Arg::Buf(&part.v),
+                Arg::Buf(part.values()),
                 Arg::Buf(&partials),
             ],
             &params,
@@ -579,13 +639,24 @@ mod tests {
     #[test]
     fn prompt_tiles_fit_workgroup_memory() {
         for hd in (2..=MAX_HEAD_DIM).step_by(2) {
-            for elt in [2, 4] {
-                let (br, bc) = prompt_tiles(hd, elt).expect("tiles");
-                assert!(br * hd * 4 + bc * hd * elt + br * bc * 4 <= WG_MEMORY);
+            for dv in [
+                hd.min(MAX_HEAD_DIM_V),
+                hd * 2 / 3 / 2 * 2,
+                2,
+                MAX_HEAD_DIM_V,
+            ] {
+                for elt in [2, 4] {
+                    let (br, bc) = prompt_tiles(hd, dv.max(2), elt).expect("tiles");
+                    let dkv = hd.max(dv);
+                    assert!(br * hd * 4 + bc * dkv * elt + br * bc * 4 <= WG_MEMORY);
+                }
             }
         }
-        assert_eq!(prompt_tiles(64, 2), Some((16, 32)));
-        assert_eq!(prompt_tiles(128, 2), Some((16, 16)));
-        assert_eq!(prompt_tiles(128, 4), Some((16, 8)));
+        assert_eq!(prompt_tiles(64, 64, 2), Some((16, 32)));
+        assert_eq!(prompt_tiles(128, 128, 2), Some((16, 16)));
+        assert_eq!(prompt_tiles(128, 128, 4), Some((16, 8)));
+        // MLA: K heads of 576, V of 512.
+        assert_eq!(prompt_tiles(576, 512, 2), Some((4, 4)));
+        assert_eq!(prompt_tiles(576, 512, 4), Some((4, 2)));
     }
 }

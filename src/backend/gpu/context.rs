@@ -35,7 +35,7 @@ pub struct KernelKey {
     /// The weight type a quantised kernel is specialised for.
     pub ty: Option<GgmlType>,
     /// Kernel-specific variant bits (tile shape, dtype of the KV cache, ...).
-    pub variant: u32,
+    pub variant: u64,
 }
 
 impl KernelKey {
@@ -50,8 +50,8 @@ impl KernelKey {
         self.ty = Some(ty);
         self
     }
-    pub fn variant(mut self, v: u32) -> Self {
-        self.variant = v;
+    pub fn variant(mut self, v: impl Into<u64>) -> Self {
+        self.variant = v.into();
         self
     }
 }

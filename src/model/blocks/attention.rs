@@ -185,6 +185,7 @@ fn gqa<B: Backend>(
         n_head: a.n_head,
         n_head_kv: a.n_head_kv,
         head_dim: a.head_dim,
+        head_dim_v: a.head_dim,
         scale: 1.0 / (a.head_dim as f32).sqrt(),
         window: a.window,
         flash_attn: p.m.flash_attn,
