@@ -9,12 +9,14 @@ use crate::model::{BatchLogits, Hparams, Logits, Model, ModelError};
 use crate::tensor::GgmlType;
 
 /// Bytes the KV caches of `n_seq` sequences of `n_ctx` positions take: per
-/// layer, one key and one value row of `n_head_kv * head_dim` elements of
-/// `dtype` per position. Saturates at `u64::MAX`.
+/// layer and position, a key and a value row of `dtype` as wide as
+/// [`Hparams::kv_widths`] says (the latent alone for DeepSeek's MLA).
+/// Saturates at `u64::MAX`.
 pub fn kv_bytes(hp: &Hparams, n_ctx: usize, n_seq: usize, dtype: GgmlType) -> u64 {
-    let n_embd_kv = (hp.n_head_kv as u64).saturating_mul(hp.head_dim as u64);
-    let row = dtype.row_bytes(n_embd_kv).unwrap_or(u64::MAX) as u128;
-    let total = row * 2 * hp.n_layer as u128 * n_ctx as u128 * n_seq as u128;
+    let (k, v) = hp.kv_widths();
+    let bytes = |n: usize| dtype.row_bytes(n as u64).unwrap_or(u64::MAX) as u128;
+    let row = bytes(k) + if v == 0 { 0 } else { bytes(v) };
+    let total = row * hp.n_layer as u128 * n_ctx as u128 * n_seq as u128;
     u64::try_from(total).unwrap_or(u64::MAX)
 }
 

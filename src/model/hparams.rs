@@ -361,6 +361,13 @@ impl Hparams {
             "0 (none) or positive",
             |v| v >= 0.0,
         )?;
+        // llama.cpp's deepseek2 loader cancels the 0.1 its converter puts
+        // into the multiplier ([TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]).
+        let yarn_log_mul = if a == "deepseek2" {
+            yarn_log_mul / 0.1
+        } else {
+            yarn_log_mul
+        };
         let expert_weights_scale = f("expert_weights_scale", 0.0, "0 (none) or positive", |v| {
             v >= 0.0
         })?;
@@ -505,6 +512,18 @@ impl Hparams {
         }
     }
 
+    /// `(K, V)` values per position in each layer's KV cache: per-head keys
+    /// and values, or for DeepSeek's absorbed MLA the latent keys alone,
+    /// whose leading values are the values.
+    pub fn kv_widths(&self) -> (usize, usize) {
+        let k = self.n_head_kv * self.head_dim;
+        if self.arch == "deepseek2" {
+            (k, 0)
+        } else {
+            (k, self.n_head_kv * self.head_dim_v)
+        }
+    }
+
     /// `(ext_factor, attn_factor)` for rope, as llama.cpp's context derives them.
     pub fn yarn_factors(&self) -> (f32, f32) {
         let mut attn = 1.0f32;
@@ -519,7 +538,14 @@ impl Hparams {
                 }
             };
             attn = if self.yarn_log_mul != 0.0 {
-                mscale(factor, 1.0) / mscale(factor, self.yarn_log_mul)
+                // DeepSeek-V2 gives mscale as mscale_all_dim (llama.cpp's
+                // context special-cases the architecture the same way).
+                let m = if self.arch == "deepseek2" && self.yarn_log_mul != 1.0 {
+                    self.yarn_log_mul
+                } else {
+                    1.0
+                };
+                mscale(factor, m) / mscale(factor, self.yarn_log_mul)
             } else {
                 mscale(factor, 1.0)
             };

@@ -2,6 +2,7 @@
 //! tensors (required, optional, never) and builds a layer from the shared
 //! blocks in [`super::blocks`]; every hyperparameter comes from metadata.
 
+mod deepseek2;
 mod glm4moe;
 mod gpt_oss;
 mod llama;
@@ -23,6 +24,7 @@ pub enum Family {
     GptOss,
     Olmoe,
     Glm4Moe,
+    Deepseek2,
 }
 
 /// An architecture: its GGUF name and what is read before any tensor.
@@ -41,9 +43,12 @@ pub const QWEN3MOE: ArchSpec = qwen3moe::SPEC;
 pub const GPT_OSS: ArchSpec = gpt_oss::SPEC;
 pub const OLMOE: ArchSpec = olmoe::SPEC;
 pub const GLM4MOE: ArchSpec = glm4moe::SPEC;
+pub const DEEPSEEK2: ArchSpec = deepseek2::SPEC;
 
 /// Every supported architecture.
-pub const SUPPORTED: [ArchSpec; 6] = [LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS, OLMOE, GLM4MOE];
+pub const SUPPORTED: [ArchSpec; 7] = [
+    LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS, OLMOE, GLM4MOE, DEEPSEEK2,
+];
 
 /// The spec for `name`, if supported.
 pub fn lookup(name: &str) -> Option<ArchSpec> {
@@ -72,5 +77,6 @@ pub(super) fn load_layer<B: Backend>(
         Family::GptOss => gpt_oss::layer(l, il),
         Family::Olmoe => olmoe::layer(l, il),
         Family::Glm4Moe => glm4moe::layer(l, il),
+        Family::Deepseek2 => deepseek2::layer(l, il),
     }
 }

@@ -78,6 +78,8 @@ pub struct Gqa<W> {
 /// A layer's attention block.
 pub enum Attention<W> {
     Gqa(Gqa<W>),
+    /// Multi-head latent attention (DeepSeek).
+    Mla(super::mla::Mla<W>),
 }
 
 impl<W> Attention<W> {
@@ -85,6 +87,7 @@ impl<W> Attention<W> {
     pub fn kv_widths(&self) -> (usize, usize) {
         match self {
             Attention::Gqa(a) => (a.n_head_kv * a.head_dim, a.n_head_kv * a.head_dim),
+            Attention::Mla(a) => a.kv_widths(),
         }
     }
 }
@@ -156,6 +159,7 @@ pub fn forward<B: Backend>(
 ) -> Result<B::Tensor, ModelError> {
     match a {
         Attention::Gqa(a) => gqa(p, a, kvs, h),
+        Attention::Mla(a) => super::mla::forward(p, a, kvs, h),
     }
 }
 

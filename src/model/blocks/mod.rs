@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod ffn;
+pub mod mla;
 pub mod router;
 
 use std::cell::{Cell, RefCell};
