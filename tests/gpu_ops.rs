@@ -7,7 +7,7 @@ mod gpu_util;
 
 use std::sync::Arc;
 
-use gpu_util::{nmse, randn, variants};
+use gpu_util::{base_seed, nmse, randn, variants};
 use longhaul::backend::cpu::{CpuBackend, CpuWeight};
 use longhaul::backend::gpu::GpuBackend;
 use longhaul::backend::{Backend, BatchPos, Glu, RopeMode, RopeParams};
@@ -213,24 +213,11 @@ fn device_errors_come_back_as_typed_errors() {
     assert!(bad.is_err());
 }
 
-/// A seed that differs from run to run (printed in every failure message,
-/// so a failing input can be replayed with `LONGHAUL_TEST_SEED`).
-fn fresh_seed() -> u64 {
-    std::env::var("LONGHAUL_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        })
-}
-
 #[test]
 fn column_ops_and_gates_match_cpu() {
     use longhaul::backend::Act;
     let c = CpuBackend::new();
-    let seed = fresh_seed();
+    let seed = base_seed();
     for (name, g) in variants() {
         // MLA-like heads: 6 heads of 24 = 16 plain + 8 rotated columns;
         // 37 x 144 floats stay within the 64 KiB binding variant.
@@ -298,6 +285,32 @@ fn column_ops_and_gates_match_cpu() {
             }
         }
     }
+}
+
+/// More workgroups than one grid dimension allows: the column kernels
+/// recover their index from a 2-D grid.
+#[test]
+fn large_column_ops_use_a_2d_grid() {
+    use longhaul::backend::Act;
+    let c = CpuBackend::new();
+    let g = gpu_util::gpu();
+    let seed = base_seed();
+    let lim = g.caps().max_workgroups_per_dim as usize;
+    // (lim + 1000) * 255 threads of 256 per workgroup are more than `lim`
+    // workgroups for the split, and so are the gate's (lim + 1000) * 256.
+    let (rows, cols) = (lim + 1000, 256);
+    let x = randn(rows * cols, seed, 3.0);
+    let (gx, cx) = pair(&g, &x, rows, cols);
+    let gs = g.split_cols(&gx, cols, 1, cols - 1).unwrap();
+    let cs = c.split_cols(&cx, cols, 1, cols - 1).unwrap();
+    check(&format!("large split_cols (seed {seed})"), &g, &gs, &cs);
+    drop((gs, cs));
+    let gate = randn(rows * cols, seed ^ 0x5eed, 8.0);
+    let (gg, cg) = pair(&g, &gate, rows, cols);
+    let (mut gx, mut cx) = (gx, cx);
+    g.mul_act(&mut gx, &gg, Act::Softplus).unwrap();
+    c.mul_act(&mut cx, &cg, Act::Softplus).unwrap();
+    check(&format!("large mul_act (seed {seed})"), &g, &gx, &cx);
 }
 
 #[test]
