@@ -352,7 +352,7 @@ fn gpu_unsupported_errors_point_to_the_cpu() {
         parts: Vec::new(),
     };
     let x = g.from_host(vec![1.0; 256], 1, 256).unwrap();
-    let e = g.matmul(&w, &x).err().expect("iq2_xxs is unsupported");
+    let e = g.matmul(&w, &x).expect_err("iq2_xxs is unsupported");
     assert!(matches!(e, BackendError::Unsupported { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(
