@@ -14,7 +14,7 @@ mod gpu_util;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpu_util::{gpu, nmse, randn, variants};
+use gpu_util::{base_seed, gpu, nmse, randn, variants};
 use longhaul::backend::cpu::{CpuBackend, CpuWeight};
 use longhaul::backend::gpu::{GpuBackend, GpuWeight};
 use longhaul::backend::Backend;
@@ -52,19 +52,6 @@ const FAMILY: [GgmlType; 6] = [
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
 ];
-
-/// This run's base seed: fresh each run unless `LONGHAUL_TEST_SEED` is set.
-fn base_seed() -> u64 {
-    std::env::var("LONGHAUL_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        })
-}
 
 /// xorshift64 for bytes and ids.
 struct Rng(u64);

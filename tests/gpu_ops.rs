@@ -7,7 +7,7 @@ mod gpu_util;
 
 use std::sync::Arc;
 
-use gpu_util::{nmse, randn, variants};
+use gpu_util::{base_seed, nmse, randn, variants};
 use longhaul::backend::cpu::{CpuBackend, CpuWeight};
 use longhaul::backend::gpu::GpuBackend;
 use longhaul::backend::{Backend, BatchPos, Glu, RopeMode, RopeParams};
@@ -211,4 +211,162 @@ fn device_errors_come_back_as_typed_errors() {
     // A shader that does not compile is a typed error too.
     let bad = ctx.pipeline(&KernelKey::new("test_bad_shader"), || "fn main( {".into());
     assert!(bad.is_err());
+}
+
+#[test]
+fn column_ops_and_gates_match_cpu() {
+    use longhaul::backend::Act;
+    let c = CpuBackend::new();
+    let seed = base_seed();
+    for (name, g) in variants() {
+        // MLA-like heads: 6 heads of 24 = 16 plain + 8 rotated columns;
+        // 37 x 144 floats stay within the 64 KiB binding variant.
+        let (rows, n_head, head_dim) = (37, 6, 24);
+        let cols = n_head * head_dim;
+        let x = randn(rows * cols, seed, 3.0);
+        let what = |op: &str| format!("{name} {op} (seed {seed})");
+
+        // reshape: the same values under another shape, then ops on it.
+        let (gx, cx) = pair(&g, &x, rows, cols);
+        let gr = g.reshape(gx, rows * n_head, head_dim).unwrap();
+        let cr = c.reshape(cx, rows * n_head, head_dim).unwrap();
+        assert_eq!(g.shape(&gr), (rows * n_head, head_dim));
+        assert_eq!(g.to_host(&gr).unwrap(), x, "{}", what("reshape"));
+        check(&what("reshape"), &g, &gr, &cr);
+
+        // split_cols per head and over a whole row, then concat_cols back.
+        let (gx, cx) = pair(&g, &x, rows, cols);
+        for (group, start, len) in [
+            (head_dim, 0, 16),
+            (head_dim, 16, 8),
+            (head_dim, 5, 1),
+            (cols, 24, 100),
+        ] {
+            let gs = g.split_cols(&gx, group, start, len).unwrap();
+            let cs = c.split_cols(&cx, group, start, len).unwrap();
+            assert_eq!(g.shape(&gs), c.shape(&cs));
+            check(
+                &what(&format!("split_cols {group}/{start}/{len}")),
+                &g,
+                &gs,
+                &cs,
+            );
+        }
+        let (gn, cn) = (
+            g.split_cols(&gx, head_dim, 0, 16).unwrap(),
+            c.split_cols(&cx, head_dim, 0, 16).unwrap(),
+        );
+        let (gp, cp) = (
+            g.split_cols(&gx, head_dim, 16, 8).unwrap(),
+            c.split_cols(&cx, head_dim, 16, 8).unwrap(),
+        );
+        let gc = g.concat_cols(&gn, 16, &gp, 8).unwrap();
+        let cc = c.concat_cols(&cn, 16, &cp, 8).unwrap();
+        check(&what("concat_cols"), &g, &gc, &cc);
+        assert_eq!(g.to_host(&gc).unwrap(), x, "{}", what("split then concat"));
+        // Rotated part first, and one side broadcast-free (a single group).
+        let gc = g.concat_cols(&gp, 8, &gn, 16).unwrap();
+        let cc = c.concat_cols(&cp, 8, &cn, 16).unwrap();
+        check(&what("concat_cols swapped"), &g, &gc, &cc);
+        let gc = g.concat_cols(&gn, 16 * n_head, &gp, 8 * n_head).unwrap();
+        let cc = c.concat_cols(&cn, 16 * n_head, &cp, 8 * n_head).unwrap();
+        check(&what("concat_cols one group"), &g, &gc, &cc);
+
+        // Gates per element and per head, around softplus's threshold.
+        for act in [Act::Sigmoid, Act::Softplus] {
+            for g_cols in [cols, n_head] {
+                let mut gate = randn(rows * g_cols, seed ^ 0x5eed, 24.0);
+                gate[..4].copy_from_slice(&[20.0, 20.5, 19.5, -60.0]);
+                let (mut gx, mut cx) = pair(&g, &x, rows, cols);
+                let (gg, cg) = pair(&g, &gate, rows, g_cols);
+                g.mul_act(&mut gx, &gg, act).unwrap();
+                c.mul_act(&mut cx, &cg, act).unwrap();
+                check(&what(&format!("mul_act {act:?}/{g_cols}")), &g, &gx, &cx);
+            }
+        }
+    }
+}
+
+/// More workgroups than one grid dimension allows: the column kernels
+/// recover their index from a 2-D grid.
+#[test]
+fn large_column_ops_use_a_2d_grid() {
+    use longhaul::backend::Act;
+    let c = CpuBackend::new();
+    let g = gpu_util::gpu();
+    let seed = base_seed();
+    let lim = g.caps().max_workgroups_per_dim as usize;
+    // (lim + 1000) * 255 threads of 256 per workgroup are more than `lim`
+    // workgroups for the split, and so are the gate's (lim + 1000) * 256.
+    let (rows, cols) = (lim + 1000, 256);
+    let x = randn(rows * cols, seed, 3.0);
+    let (gx, cx) = pair(&g, &x, rows, cols);
+    let gs = g.split_cols(&gx, cols, 1, cols - 1).unwrap();
+    let cs = c.split_cols(&cx, cols, 1, cols - 1).unwrap();
+    check(&format!("large split_cols (seed {seed})"), &g, &gs, &cs);
+    drop((gs, cs));
+    let gate = randn(rows * cols, seed ^ 0x5eed, 8.0);
+    let (gg, cg) = pair(&g, &gate, rows, cols);
+    let (mut gx, mut cx) = (gx, cx);
+    g.mul_act(&mut gx, &gg, Act::Softplus).unwrap();
+    c.mul_act(&mut cx, &cg, Act::Softplus).unwrap();
+    check(&format!("large mul_act (seed {seed})"), &g, &gx, &cx);
+}
+
+#[test]
+fn column_op_bad_shapes_are_errors_not_panics() {
+    use longhaul::backend::{Act, BackendError};
+    let g = gpu_util::gpu();
+    let shape_err = |r: Result<(), BackendError>, op: &str| {
+        assert!(
+            matches!(&r, Err(BackendError::Shape { op: o, .. }) if *o == op),
+            "{op}: {r:?}"
+        )
+    };
+    let x = || g.from_host(vec![1.0; 24], 2, 12).unwrap();
+    shape_err(g.reshape(x(), 5, 5).map(drop), "reshape");
+    shape_err(g.split_cols(&x(), 5, 0, 1).map(drop), "split_cols");
+    shape_err(g.split_cols(&x(), 0, 0, 0).map(drop), "split_cols");
+    shape_err(g.split_cols(&x(), 6, 4, 3).map(drop), "split_cols");
+    let b = g.from_host(vec![1.0; 9], 3, 3).unwrap();
+    shape_err(g.concat_cols(&x(), 4, &b, 1).map(drop), "concat_cols");
+    let b = g.from_host(vec![1.0; 10], 2, 5).unwrap();
+    shape_err(g.concat_cols(&x(), 4, &b, 1).map(drop), "concat_cols");
+    let gate = g.from_host(vec![1.0; 10], 2, 5).unwrap();
+    shape_err(g.mul_act(&mut x(), &gate, Act::Sigmoid), "mul_act");
+    let gate = g.from_host(vec![1.0; 3], 1, 3).unwrap();
+    shape_err(g.mul_act(&mut x(), &gate, Act::Softplus), "mul_act");
+}
+
+#[test]
+fn gpu_unsupported_errors_point_to_the_cpu() {
+    use longhaul::backend::gpu::GpuWeight;
+    use longhaul::backend::BackendError;
+    let g = gpu_util::gpu();
+    // A weight type the GPU kernels do not read.
+    let w = GpuWeight {
+        ty: GgmlType::IQ2_XXS,
+        ne: [256, 4, 1],
+        row_bytes: 66,
+        expert_stride: 264,
+        parts: Vec::new(),
+    };
+    let x = g.from_host(vec![1.0; 256], 1, 256).unwrap();
+    let e = g.matmul(&w, &x).expect_err("iq2_xxs is unsupported");
+    assert!(matches!(e, BackendError::Unsupported { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("use --n-gpu-layers 0 to run on the CPU"),
+        "{msg}"
+    );
+    // An op the GPU lacks (what the trait's defaults return).
+    let msg = g.unsupported_op("mla_attention").to_string();
+    assert!(
+        msg.contains("GPU backend does not implement mla_attention"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("use --n-gpu-layers 0 to run on the CPU"),
+        "{msg}"
+    );
 }

@@ -8,6 +8,7 @@
 //! `matmul(w, x)` computes `y[t, i] = sum_j w[i, j] * x[t, j]`), and stacked
 //! expert weights `[k, n, n_expert]` store `n_expert` such matrices back to back.
 
+pub mod contract;
 pub mod cpu;
 pub mod gpu;
 pub(crate) mod rope_math;
@@ -18,11 +19,25 @@ use crate::tensor::GgmlType;
 /// Errors raised by a backend.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    #[error("{backend} backend does not support {op} on {dtype}; use --n-gpu-layers 0 to run on the CPU or another quantisation")]
+    /// `backend` (its [`Backend::name`], any case) cannot run `op` on
+    /// `dtype`; the message's advice depends on which backend raised it.
+    #[error(
+        "{backend} backend does not support {op} on {dtype}; {}",
+        unsupported_hint(backend, op)
+    )]
     Unsupported {
         op: &'static str,
         backend: &'static str,
         dtype: GgmlType,
+    },
+    /// `backend` does not implement `op` at all (the trait's default).
+    #[error(
+        "{backend} backend does not implement {op}; {}",
+        missing_op_hint(backend)
+    )]
+    UnsupportedOp {
+        op: &'static str,
+        backend: &'static str,
     },
     #[error("shape mismatch in {op}: {detail}")]
     Shape { op: &'static str, detail: String },
@@ -35,6 +50,56 @@ pub enum BackendError {
     /// A buffer whose allocation failed (a fallible allocation, not an abort).
     #[error("cannot allocate {bytes} bytes for {what}: out of memory")]
     OutOfMemory { what: &'static str, bytes: u64 },
+}
+
+fn is_cpu(backend: &str) -> bool {
+    backend.eq_ignore_ascii_case("cpu")
+}
+
+/// What a user can do about [`BackendError::Unsupported`]: the CPU is the
+/// fallback placement, so only the GPU may send the user there.
+fn unsupported_hint(backend: &str, op: &str) -> &'static str {
+    match (is_cpu(backend), op) {
+        (_, "kv cache") => "use --cache-type-k / --cache-type-v f16 or f32",
+        (true, _) => "use another quantisation of the model (or re-convert it to a supported type)",
+        (false, _) => "use --n-gpu-layers 0 to run on the CPU, or another quantisation",
+    }
+}
+
+/// What a user can do about [`BackendError::UnsupportedOp`].
+fn missing_op_hint(backend: &str) -> &'static str {
+    if is_cpu(backend) {
+        "this model's architecture cannot run in this build of longhaul"
+    } else {
+        "use --n-gpu-layers 0 to run on the CPU"
+    }
+}
+
+/// The activation of [`Backend::mul_act`], with ggml-cpu's formulas (f32,
+/// libm `expf` / `logf`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// `1 / (1 + exp(-x))` (ggml's `op_sigmoid`).
+    Sigmoid,
+    /// `x > 20 ? x : log(1 + exp(x))` (ggml's `op_softplus`).
+    Softplus,
+}
+
+impl Act {
+    /// The activation of one value, exactly as ggml-cpu computes it.
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Act::Softplus => {
+                if x > 20.0 {
+                    x
+                } else {
+                    (1.0 + x.exp()).ln()
+                }
+            }
+        }
+    }
 }
 
 /// How rotary embeddings pair dimensions (ggml's rope modes).
@@ -318,6 +383,70 @@ pub trait Backend: Send + Sync + Clone {
     /// `(rows, cols)`.
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
 
+    /// [`BackendError::UnsupportedOp`] for `op` on this backend: what the
+    /// trait's defaults of ops a backend may lack return.
+    fn unsupported_op(&self, op: &'static str) -> BackendError {
+        BackendError::UnsupportedOp {
+            op,
+            backend: self.name(),
+        }
+    }
+
+    /// `t [rows, cols]` viewed as `[rows2, cols2]` (same element count,
+    /// row-major; no copy where the backend can avoid one). Contract:
+    /// [`contract::reshape`].
+    fn reshape(
+        &self,
+        t: Self::Tensor,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = (t, rows, cols);
+        Err(self.unsupported_op("reshape"))
+    }
+    /// Columns `start..start + len` of every group of `group` columns:
+    /// `[t, G * group]` -> `[t, G * len]` (MLA's split of a head into its
+    /// rotated and plain parts; `group == cols` takes a column range).
+    /// Contract: [`contract::split_cols`].
+    fn split_cols(
+        &self,
+        x: &Self::Tensor,
+        group: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = (x, group, start, len);
+        Err(self.unsupported_op("split_cols"))
+    }
+    /// Per group, `a`'s `ga` columns then `b`'s `gb` columns:
+    /// `a [t, G * ga]`, `b [t, G * gb]` -> `[t, G * (ga + gb)]` (ggml_concat
+    /// along dim 0 of `[ga, G, t]` and `[gb, G, t]`). Contract:
+    /// [`contract::concat_cols`].
+    fn concat_cols(
+        &self,
+        a: &Self::Tensor,
+        ga: usize,
+        b: &Self::Tensor,
+        gb: usize,
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = (a, ga, b, gb);
+        Err(self.unsupported_op("concat_cols"))
+    }
+    /// `x[r, c] *= act(g[r, c / (x.cols / g.cols)])`: a gate per element
+    /// (`g.cols == x.cols`) or per group of columns (per head): ggml's
+    /// `ggml_mul(x, ggml_sigmoid(g))` / `ggml_mul(x, ggml_softplus(g))` with
+    /// `g` broadcast over the group (Qwen3-Next's and Laguna's attention
+    /// output gates). Contract: [`contract::mul_act`].
+    fn mul_act(
+        &self,
+        x: &mut Self::Tensor,
+        g: &Self::Tensor,
+        act: Act,
+    ) -> Result<(), BackendError> {
+        let _ = (x, g, act);
+        Err(self.unsupported_op("mul_act"))
+    }
+
     /// `get_rows(w, ids)`: rows `ids` of matrix `w` dequantised, `[ids.len(), ne0]`.
     fn get_rows(&self, w: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor, BackendError>;
     /// `matmul(w, x)`: `w [k, n]`, `x [t, k]` -> `[t, n]`.
@@ -336,7 +465,8 @@ pub trait Backend: Send + Sync + Clone {
     /// `x [t * x_per_tok, k]` where row `t * x_per_tok + (j % x_per_tok)` is the
     /// input of pair `(t, j)`, `ids [t, n_used]` expert (or slot) ids.
     /// Result `[t * n_used, n]`: row `t * n_used + j` is `w[ids[t, j]] . x`.
-    /// Only experts that have tokens are touched.
+    /// Only experts that have tokens are touched. Contract:
+    /// [`contract::mul_mat_id`].
     fn mul_mat_id(
         &self,
         w: &Self::Weight,
@@ -489,5 +619,72 @@ pub trait Backend: Send + Sync + Clone {
             r0 += pos.n_tokens;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu::CpuBackend;
+    use super::*;
+
+    #[test]
+    fn cpu_unsupported_messages_do_not_send_the_user_to_the_cpu() {
+        let cpu = CpuBackend::new();
+        // A dtype the CPU lacks: another quantisation, never -ngl 0.
+        let e = BackendError::Unsupported {
+            op: "matmul",
+            backend: cpu.name(),
+            dtype: GgmlType::IQ1_M,
+        }
+        .to_string();
+        assert!(e.contains("CPU backend does not support matmul on"), "{e}");
+        assert!(
+            e.contains("another quantisation") && e.contains("re-convert"),
+            "{e}"
+        );
+        assert!(!e.contains("--n-gpu-layers"), "{e}");
+        // A KV cache type the CPU lacks, raised by the CPU itself.
+        let e = cpu
+            .new_kv(16, 8, 8, GgmlType::Q4_0)
+            .err()
+            .expect("a q4_0 cache is unsupported");
+        assert!(
+            matches!(e, BackendError::Unsupported { backend, .. } if backend.eq_ignore_ascii_case("cpu"))
+        );
+        let e = e.to_string();
+        assert!(
+            e.contains("--cache-type-k") && !e.contains("--n-gpu-layers"),
+            "{e}"
+        );
+        // An op the CPU lacks (what the trait's defaults return).
+        let e = cpu.unsupported_op("mla_attention");
+        assert!(matches!(
+            e,
+            BackendError::UnsupportedOp {
+                op: "mla_attention",
+                backend: "CPU"
+            }
+        ));
+        let e = e.to_string();
+        assert!(
+            e.contains("CPU backend does not implement mla_attention"),
+            "{e}"
+        );
+        assert!(!e.contains("--n-gpu-layers"), "{e}");
+    }
+
+    #[test]
+    fn gpu_unsupported_messages_point_to_the_cpu() {
+        for backend in ["gpu", "GPU"] {
+            let e = BackendError::Unsupported {
+                op: "matmul",
+                backend,
+                dtype: GgmlType::IQ1_M,
+            }
+            .to_string();
+            assert!(e.contains("use --n-gpu-layers 0 to run on the CPU"), "{e}");
+            let e = BackendError::UnsupportedOp { op: "x", backend }.to_string();
+            assert!(e.contains("use --n-gpu-layers 0 to run on the CPU"), "{e}");
+        }
     }
 }

@@ -43,6 +43,20 @@ pub fn variants() -> Vec<(&'static str, GpuBackend)> {
     out
 }
 
+/// This run's base seed: fresh each run unless `LONGHAUL_TEST_SEED` is set
+/// (tests print it in their failure messages, so a run can be replayed).
+pub fn base_seed() -> u64 {
+    std::env::var("LONGHAUL_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+}
+
 /// Normalised mean squared error `sum (a-b)^2 / sum b^2` (b: the reference).
 /// NaN anywhere in `a` (a poisoned, unwritten output) gives infinity.
 pub fn nmse(a: &[f32], b: &[f32]) -> f64 {

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::{CpuTensor, CpuWeight};
-use crate::backend::BackendError;
+use crate::backend::{contract, BackendError};
 use crate::quant::{self, QuantOps};
 use crate::tensor::GgmlType;
 
@@ -72,6 +72,8 @@ struct Matrix<'a> {
     rb: usize,
 }
 
+/// `n_mats` matrices of `w` whose rows hold `k` values (the op's contract
+/// has checked `k`); errors when the bytes are short of them.
 fn matrix<'a>(
     op: &'static str,
     w: &'a CpuWeight,
@@ -79,12 +81,6 @@ fn matrix<'a>(
     n_mats: usize,
 ) -> Result<Matrix<'a>, BackendError> {
     let ops = quant::ops(w.ty)?;
-    if w.row_len() != k {
-        return Err(shape_err(
-            op,
-            format!("weight rows of {} for inputs of {k}", w.row_len()),
-        ));
-    }
     let n = w.n_rows();
     let rb = w.row_bytes();
     let bytes = w.bytes();
@@ -123,7 +119,11 @@ pub(super) fn matmul_many(
 ) -> Result<Vec<CpuTensor>, BackendError> {
     let ms = ws
         .iter()
-        .map(|w| matrix("matmul", w, x.cols, 1))
+        .map(|w| {
+            let n_mat = w.dims.get(2).copied().unwrap_or(1) as usize;
+            contract::matmul(w.row_len(), n_mat, x.cols)?;
+            matrix("matmul", w, x.cols, 1)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     // Quantised activations per distinct activation type.
     let mut acts: Vec<(GgmlType, Vec<u8>, usize)> = Vec::new();
@@ -239,36 +239,17 @@ pub(super) fn mul_mat_id(
     n_used: usize,
 ) -> Result<CpuTensor, BackendError> {
     let n_exp = w.dims.get(2).copied().unwrap_or(1) as usize;
+    let contract::MulMatId { n_tok, x_per_tok } =
+        contract::mul_mat_id(w.row_len(), n_exp, (x.rows, x.cols), ids, n_used)?;
     let m = matrix("mul_mat_id", w, x.cols, n_exp)?;
-    if n_used == 0 || !ids.len().is_multiple_of(n_used) {
-        return Err(shape_err(
-            "mul_mat_id",
-            format!("{} ids in groups of {n_used}", ids.len()),
-        ));
-    }
-    let n_tok = ids.len() / n_used;
     if n_tok == 0 {
         return Ok(CpuTensor::zeros(0, m.n));
     }
-    let x_per_tok = x.rows / n_tok;
-    if !x.rows.is_multiple_of(n_tok) || !(x_per_tok == 1 || x_per_tok == n_used) {
-        return Err(shape_err(
-            "mul_mat_id",
-            format!(
-                "{} input rows for {n_tok} tokens x {n_used} experts",
-                x.rows
-            ),
-        ));
-    }
-    // Pairs grouped by expert: (output row, input row).
+    // Pairs grouped by expert (ids are below n_exp): (output row, input row).
     let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_exp];
     for (r, &e) in ids.iter().enumerate() {
-        let e = e as usize;
-        if e >= n_exp {
-            return Err(shape_err("mul_mat_id", format!("expert id {e} >= {n_exp}")));
-        }
         let (t, j) = (r / n_used, r % n_used);
-        by_expert[e].push((r, t * x_per_tok + j % x_per_tok));
+        by_expert[e as usize].push((r, t * x_per_tok + j % x_per_tok));
     }
     let (acts_x, arb) = quantize_rows(m.ops.act_type(), x)?;
     // Activation rows in expert order, so each expert's rows are contiguous

@@ -3,6 +3,7 @@
 //! the weight type's dot-product partner (Q8_0 / Q8_1 / Q8_K / F16) as ggml does.
 
 mod attention;
+mod cols;
 mod flash_attn;
 mod matmul;
 #[cfg(test)]
@@ -15,7 +16,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use super::{
-    check_attention, AttnParams, Backend, BackendError, BatchPos, Glu, KvShape, RopeParams,
+    check_attention, Act, AttnParams, Backend, BackendError, BatchPos, Glu, KvShape, RopeParams,
     SlotStore, SlotTensor,
 };
 use crate::gguf;
@@ -367,6 +368,34 @@ impl Backend for CpuBackend {
 
     fn shape(&self, t: &CpuTensor) -> (usize, usize) {
         (t.rows, t.cols)
+    }
+
+    fn reshape(&self, t: CpuTensor, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
+        cols::reshape(t, rows, cols)
+    }
+
+    fn split_cols(
+        &self,
+        x: &CpuTensor,
+        group: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<CpuTensor, BackendError> {
+        cols::split_cols(x, group, start, len)
+    }
+
+    fn concat_cols(
+        &self,
+        a: &CpuTensor,
+        ga: usize,
+        b: &CpuTensor,
+        gb: usize,
+    ) -> Result<CpuTensor, BackendError> {
+        cols::concat_cols(a, ga, b, gb)
+    }
+
+    fn mul_act(&self, x: &mut CpuTensor, g: &CpuTensor, act: Act) -> Result<(), BackendError> {
+        cols::mul_act(x, g, act)
     }
 
     fn get_rows(&self, w: &CpuWeight, ids: &[u32]) -> Result<CpuTensor, BackendError> {

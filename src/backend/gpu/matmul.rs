@@ -26,7 +26,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::{Arg, GpuBackend, GpuError, GpuTensor, GpuWeight, KernelKey};
-use crate::backend::BackendError;
+use crate::backend::{contract, BackendError};
 use crate::tensor::GgmlType;
 
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
@@ -387,20 +387,9 @@ pub(super) fn matmul(
     x: &GpuTensor,
 ) -> Result<GpuTensor, BackendError> {
     const OP: &str = "matmul";
-    check_weight(OP, w)?;
     let [k, n, n_mat] = w.ne;
-    if n_mat != 1 {
-        return Err(shape(
-            OP,
-            format!("weight of {n_mat} stacked matrices; use mul_mat_id"),
-        ));
-    }
-    if x.cols != k {
-        return Err(shape(
-            OP,
-            format!("weight rows of {k} for inputs of {}", x.cols),
-        ));
-    }
+    contract::matmul(k, n_mat, x.cols)?;
+    check_weight(OP, w)?;
     let t = x.rows;
     let out = b.tensor(t, n)?;
     if t == 0 || n == 0 {
@@ -468,34 +457,13 @@ pub(super) fn mul_mat_id(
     n_used: usize,
 ) -> Result<GpuTensor, BackendError> {
     const OP: &str = "mul_mat_id";
-    check_weight(OP, w)?;
     let [k, n, n_exp] = w.ne;
-    if x.cols != k {
-        return Err(shape(
-            OP,
-            format!("weight rows of {k} for inputs of {}", x.cols),
-        ));
-    }
-    if n_used == 0 || !ids.len().is_multiple_of(n_used) {
-        return Err(shape(
-            OP,
-            format!("{} ids in groups of {n_used}", ids.len()),
-        ));
-    }
-    let n_tok = ids.len() / n_used;
+    let contract::MulMatId { n_tok, x_per_tok } =
+        contract::mul_mat_id(k, n_exp, (x.rows, x.cols), ids, n_used)?;
+    check_weight(OP, w)?;
     let out = b.tensor(ids.len(), n)?;
     if n_tok == 0 || n == 0 {
         return Ok(out);
-    }
-    let x_per_tok = x.rows / n_tok;
-    if !x.rows.is_multiple_of(n_tok) || !(x_per_tok == 1 || x_per_tok == n_used) {
-        return Err(shape(
-            OP,
-            format!(
-                "{} input rows for {n_tok} tokens x {n_used} experts",
-                x.rows
-            ),
-        ));
     }
 
     let rounded = act_rounded(b, w.ty, x)?;
@@ -506,7 +474,7 @@ pub(super) fn mul_mat_id(
         items,
         parts: plan,
         tile,
-    } = IdPlan::new(ids, n_used, x_per_tok, n_exp, &parts).map_err(|d| shape(OP, d))?;
+    } = IdPlan::new(ids, n_used, x_per_tok, n_exp, &parts)?;
 
     let ctx = b.ctx();
     let toks_buf = ctx.upload(bytemuck::cast_slice(&toks), "mul_mat_id pairs")?;
@@ -585,21 +553,18 @@ struct IdPlan {
 
 impl IdPlan {
     /// `parts`: (first expert, expert count) of each weight part. Errors
-    /// (as a message) on an expert id outside `0..n_exp`.
+    /// on an expert id outside `0..n_exp` ([`contract::expert_ids`]).
     fn new(
         ids: &[u32],
         n_used: usize,
         x_per_tok: usize,
         n_exp: usize,
         parts: &[(usize, usize)],
-    ) -> Result<IdPlan, String> {
+    ) -> Result<IdPlan, BackendError> {
+        contract::expert_ids(ids, n_exp)?;
         let mut off = vec![0usize; n_exp + 1];
         for &e in ids {
-            let e = e as usize;
-            if e >= n_exp {
-                return Err(format!("expert id {e} >= {n_exp}"));
-            }
-            off[e + 1] += 1;
+            off[e as usize + 1] += 1;
         }
         for e in 0..n_exp {
             off[e + 1] += off[e];

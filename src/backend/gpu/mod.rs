@@ -5,6 +5,7 @@
 //! and dispatched per part. Activations are f32.
 
 mod attention;
+mod cols;
 mod context;
 mod device;
 mod matmul;
@@ -18,7 +19,7 @@ pub use context::{Arg, Caps, Ctx, KernelKey};
 pub use device::{default_adapter, list_adapters, named_adapter, AdapterSummary, DeviceChoice};
 pub use slots::GpuSlots;
 
-use super::{AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams, SlotTensor};
+use super::{Act, AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams, SlotTensor};
 use crate::gguf;
 use crate::tensor::GgmlType;
 
@@ -371,6 +372,34 @@ impl Backend for GpuBackend {
 
     fn shape(&self, t: &GpuTensor) -> (usize, usize) {
         (t.rows, t.cols)
+    }
+
+    fn reshape(&self, t: GpuTensor, rows: usize, cols: usize) -> Result<GpuTensor, BackendError> {
+        cols::reshape(t, rows, cols)
+    }
+
+    fn split_cols(
+        &self,
+        x: &GpuTensor,
+        group: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<GpuTensor, BackendError> {
+        cols::split_cols(self, x, group, start, len)
+    }
+
+    fn concat_cols(
+        &self,
+        a: &GpuTensor,
+        ga: usize,
+        b: &GpuTensor,
+        gb: usize,
+    ) -> Result<GpuTensor, BackendError> {
+        cols::concat_cols(self, a, ga, b, gb)
+    }
+
+    fn mul_act(&self, x: &mut GpuTensor, g: &GpuTensor, act: Act) -> Result<(), BackendError> {
+        cols::mul_act(self, x, g, act)
     }
 
     fn get_rows(&self, w: &GpuWeight, ids: &[u32]) -> Result<GpuTensor, BackendError> {

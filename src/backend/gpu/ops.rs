@@ -19,8 +19,9 @@ fn shape(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
 }
 
-/// A kernel with no constants: compiled once per device.
-fn simple(
+/// A kernel whose constants are fixed by `variant`: compiled once per
+/// device and variant.
+pub(super) fn simple(
     b: &GpuBackend,
     name: &'static str,
     src: &'static str,
@@ -34,7 +35,7 @@ fn simple(
 }
 
 /// Workgroups of 256 threads covering `n` items.
-fn groups(b: &GpuBackend, n: usize) -> [u32; 3] {
+pub(super) fn groups(b: &GpuBackend, n: usize) -> [u32; 3] {
     b.ctx().grid(n.div_ceil(256) as u32)
 }
 

@@ -63,12 +63,8 @@ impl<W> Mla<W> {
                 "the file has the unsplit attn_kv_b of older conversions; re-convert it with a current convert_hf_to_gguf.py (which writes attn_k_b and attn_v_b)".into(),
             ));
         }
-        let (dk, dv, rope_dim, kv_lora) = (
-            hp.head_dim_k_mla,
-            hp.head_dim_v_mla,
-            hp.n_rot,
-            hp.n_lora_kv,
-        );
+        let (dk, dv, rope_dim, kv_lora) =
+            (hp.head_dim_k_mla, hp.head_dim_v_mla, hp.n_rot, hp.n_lora_kv);
         if dk <= rope_dim || dv == 0 || kv_lora == 0 {
             return Err(bad(
                 "attention.key_length_mla",
@@ -162,7 +158,12 @@ pub fn forward<B: Backend>(
     let kv = b.matmul(&a.wkv_a_mqa, h)?;
     let mut k_pe = b.split_cols(&kv, kvl + rd, kvl, rd)?;
     b.rope_multi(&mut k_pe, rd, p.seqs, &a.rope)?;
-    let kv_c = b.rms_norm(&b.split_cols(&kv, kvl + rd, 0, kvl)?, &a.kv_a_norm, kvl, eps)?;
+    let kv_c = b.rms_norm(
+        &b.split_cols(&kv, kvl + rd, 0, kvl)?,
+        &a.kv_a_norm,
+        kvl,
+        eps,
+    )?;
     let q_nope = b.split_cols(&q, nope + rd, 0, nope)?;
     let mut q_pe = b.split_cols(&q, nope + rd, nope, rd)?;
     b.rope_multi(&mut q_pe, rd, p.seqs, &a.rope)?;
