@@ -14,7 +14,10 @@ pub struct Hparams {
     pub n_ctx_train: usize,
     pub n_embd: usize,
     pub n_layer: usize,
+    /// Query heads of layer 0 (`attention.head_count`), and of each layer
+    /// where the file gives an array.
     pub n_head: usize,
+    pub n_head_layer: Vec<usize>,
     pub n_head_kv: usize,
     /// Per-head key/value size (`attention.key_length`, default n_embd / n_head).
     pub head_dim: usize,
@@ -205,18 +208,49 @@ impl Hparams {
             });
         }
         let n_layer = positive("block_count", n_layer_all - n_nextn)?;
-        let n_head = size("attention.head_count", None, l::N_HEAD, "head count")?;
-        let n_head = positive("attention.head_count", n_head)?;
+        // A per-layer array (Laguna) or one count for every layer; like
+        // llama.cpp, `n_head` alone means layer 0's.
+        let hk = key(a, "attention.head_count");
+        let n_head_layer: Vec<usize> = match md.get(&hk) {
+            Some(crate::gguf::MetaValue::Array(_, v)) => {
+                if v.len() < n_layer {
+                    return Err(ModelError::BadHparam {
+                        key: hk,
+                        reason: format!("{} entries for {n_layer} layers", v.len()),
+                    });
+                }
+                v.iter()
+                    .take(n_layer)
+                    .map(|x| {
+                        let n = x.as_i128().filter(|&n| n > 0).ok_or_else(|| {
+                            ModelError::BadHparam {
+                                key: hk.clone(),
+                                reason: format!("{x:?} is not a positive head count"),
+                            }
+                        })?;
+                        at_most(hk.clone(), n as u64, l::N_HEAD, "head count")
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            _ => {
+                let n = size("attention.head_count", None, l::N_HEAD, "head count")?;
+                vec![positive("attention.head_count", n)?; n_layer]
+            }
+        };
+        let n_head = n_head_layer[0];
         let n_head_kv = size(
             "attention.head_count_kv",
             Some(n_head),
             l::N_HEAD,
             "KV head count",
         )?;
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+        if let Some(&h) = n_head_layer
+            .iter()
+            .find(|&&h| n_head_kv == 0 || h % n_head_kv != 0)
+        {
             return Err(ModelError::BadHparam {
                 key: key(a, "attention.head_count_kv"),
-                reason: format!("{n_head_kv} does not divide {n_head} heads"),
+                reason: format!("{n_head_kv} does not divide {h} heads"),
             });
         }
         let head_dim = size(
@@ -445,6 +479,7 @@ impl Hparams {
             n_embd,
             n_layer,
             n_head,
+            n_head_layer,
             n_head_kv,
             head_dim,
             n_rot,
@@ -495,6 +530,23 @@ impl Hparams {
             attn_factor,
             beta_fast: self.yarn_beta_fast,
             beta_slow: self.yarn_beta_slow,
+        }
+    }
+
+    /// The rope of sliding-window layers where a family gives them their
+    /// own (Laguna): plain rope over `rope.dimension_count_swa` dims at
+    /// `rope.freq_base_swa`, no YaRN, as llama.cpp's laguna graph sets it.
+    pub fn rope_swa(&self, mode: RopeMode) -> RopeParams {
+        RopeParams {
+            mode,
+            n_rot: self.n_rot_swa.unwrap_or(self.n_rot),
+            freq_base: self.rope_freq_base_swa.unwrap_or(self.rope_freq_base),
+            freq_scale: 1.0,
+            n_ctx_orig: self.n_ctx_train as u32,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 0.0,
+            beta_slow: 0.0,
         }
     }
 

@@ -25,6 +25,7 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
         qk_norm: Want::Opt,
         qk_norm_over: QkNorm::Head,
         sinks: false,
+        out_gate: None,
     };
     let shared = if hp.n_expert_shared > 0 {
         Want::Req

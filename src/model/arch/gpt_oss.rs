@@ -26,6 +26,7 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
         qk_norm: Want::No,
         qk_norm_over: QkNorm::Head,
         sinks: true,
+        out_gate: None,
     };
     let moe = MoeDecl {
         routing: hp.routing(Scoring::SoftmaxWeight, false),

@@ -22,6 +22,7 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
         qk_norm: Want::No,
         qk_norm_over: QkNorm::Head,
         sinks: false,
+        out_gate: None,
     };
     let ffn = if hp.n_expert > 0 {
         Ffn::Moe(MoeFfn::load(

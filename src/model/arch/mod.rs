@@ -5,6 +5,7 @@
 mod deepseek2;
 mod glm4moe;
 mod gpt_oss;
+mod laguna;
 mod llama;
 mod olmoe;
 mod qwen2moe;
@@ -25,6 +26,7 @@ pub enum Family {
     Olmoe,
     Glm4Moe,
     Deepseek2,
+    Laguna,
 }
 
 /// An architecture: its GGUF name and what is read before any tensor.
@@ -44,10 +46,11 @@ pub const GPT_OSS: ArchSpec = gpt_oss::SPEC;
 pub const OLMOE: ArchSpec = olmoe::SPEC;
 pub const GLM4MOE: ArchSpec = glm4moe::SPEC;
 pub const DEEPSEEK2: ArchSpec = deepseek2::SPEC;
+pub const LAGUNA: ArchSpec = laguna::SPEC;
 
 /// Every supported architecture.
-pub const SUPPORTED: [ArchSpec; 7] = [
-    LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS, OLMOE, GLM4MOE, DEEPSEEK2,
+pub const SUPPORTED: [ArchSpec; 8] = [
+    LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS, OLMOE, GLM4MOE, DEEPSEEK2, LAGUNA,
 ];
 
 /// The spec for `name`, if supported.
@@ -78,5 +81,6 @@ pub(super) fn load_layer<B: Backend>(
         Family::Olmoe => olmoe::layer(l, il),
         Family::Glm4Moe => glm4moe::layer(l, il),
         Family::Deepseek2 => deepseek2::layer(l, il),
+        Family::Laguna => laguna::layer(l, il),
     }
 }

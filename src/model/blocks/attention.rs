@@ -4,7 +4,7 @@
 //! sliding window and rope parameters of the layer's own.
 
 use super::{matmuls, Loader, Pass};
-use crate::backend::{AttnParams, Backend, RopeParams};
+use crate::backend::{Act, AttnParams, Backend, RopeParams};
 use crate::model::ModelError;
 
 /// Whether an architecture's layer has a tensor.
@@ -52,6 +52,10 @@ pub struct GqaDecl {
     pub qk_norm: Want,
     pub qk_norm_over: QkNorm,
     pub sinks: bool,
+    /// An output gate `act(attn_gate · h)` on the attention output before
+    /// `attn_output`, one value per head or per element as the tensor's
+    /// width says (Laguna's softplus gate).
+    pub out_gate: Option<Act>,
 }
 
 /// Grouped-query attention weights and the layer's attention settings.
@@ -67,6 +71,7 @@ pub struct Gqa<W> {
     /// QK-norm weights, and what they normalise over.
     pub qk_norm: Option<(W, W, QkNorm)>,
     pub sinks: Option<W>,
+    pub out_gate: Option<(W, Act)>,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -103,7 +108,8 @@ impl<W> Gqa<W> {
         let hp = l.hp;
         let n = |s: &str| format!("blk.{il}.{s}");
         let e = hp.n_embd as u64;
-        let (hd, nh, nkv) = (hp.head_dim as u64, hp.n_head as u64, hp.n_head_kv as u64);
+        let n_head = hp.n_head_layer.get(il).copied().unwrap_or(hp.n_head);
+        let (hd, nh, nkv) = (hp.head_dim as u64, n_head as u64, hp.n_head_kv as u64);
         let (q, k) = match d.qk_norm_over {
             QkNorm::Head => (hd, hd),
             QkNorm::Whole => (nh * hd, nkv * hd),
@@ -135,7 +141,18 @@ impl<W> Gqa<W> {
             } else {
                 None
             },
-            n_head: hp.n_head,
+            out_gate: match d.out_gate {
+                None => None,
+                Some(act) => {
+                    let name = n("attn_gate.weight");
+                    let t = l.file.require_tensor(&name)?;
+                    // One gate per head or one per element of the output.
+                    let w = t.dims.get(1).copied().unwrap_or(0);
+                    let w = if w == nh { nh } else { nh * hd };
+                    Some((l.req(&name, &[e, w])?, act))
+                }
+            },
+            n_head,
             n_head_kv: hp.n_head_kv,
             head_dim: hp.head_dim,
             rope,
@@ -196,7 +213,10 @@ fn gqa<B: Backend>(
     };
     b.rope_multi(&mut q, a.head_dim, p.seqs, &a.rope)?;
     b.rope_multi(&mut k, a.head_dim, p.seqs, &a.rope)?;
-    let attn = b.attention_multi(kvs, &q, &k, &v, a.sinks.as_ref(), p.seqs, &params)?;
+    let mut attn = b.attention_multi(kvs, &q, &k, &v, a.sinks.as_ref(), p.seqs, &params)?;
+    if let Some((g, act)) = &a.out_gate {
+        b.mul_act(&mut attn, &b.matmul(g, h)?, *act)?;
+    }
     let mut o = b.matmul(&a.wo, &attn)?;
     if let Some(bo) = &a.bo {
         b.add_bias(&mut o, bo)?;
