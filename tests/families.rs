@@ -1,48 +1,151 @@
-//! The families added in issue 12 (olmoe, glm4moe, deepseek2, laguna)
-//! against references: transformers for F32 (NMSE <= 1e-5), llama.cpp at
-//! its exact path for every file (NMSE <= 1e-4) and greedy tokens at F32
-//! and F16. Tolerances as issue 12 states them (the same as issue 2's for
-//! the first families, tests/reference_logits.rs).
+//! The families added in issue 12 (olmoe, glm4moe, deepseek2, laguna) on
+//! the CPU against references, for every fixture file:
+//! - F32 logits vs transformers: NMSE <= 1e-5;
+//! - every file vs llama.cpp at its exact path (`-fa off`, f32 cache):
+//!   NMSE <= 1e-4 (1e-5 at F32), greedy 32 tokens equal at F32 and F16;
+//! - F32 and F16 at llama.cpp's default settings (`-fa auto` = flash
+//!   attention on the CPU, f16 cache) vs llama.cpp run the same way: NMSE
+//!   <= 1e-4 and greedy 32 tokens equal.
+//!
+//! Tolerances as issue 12 states them, the same as issue 2's for the first
+//! families (tests/reference_logits.rs). Fixtures: tools/make_fixtures.py.
 
 mod common;
 
 use common::*;
+use longhaul::backend::cpu::CpuBackend;
+use longhaul::kv::KvCache;
+use longhaul::model::{Logits, Model};
 use longhaul::tensor::GgmlType;
 
-fn stems() -> Vec<String> {
-    match std::env::var("FAMILIES") {
-        Ok(s) => s.split(',').map(str::to_string).collect(),
-        Err(_) => ["olmoe", "glm4moe", "deepseek3"].map(String::from).to_vec(),
-    }
+pub const FAMILIES: [&str; 7] = [
+    "olmoe",
+    "glm4moe",
+    "deepseek2",
+    "deepseek3",
+    "deepseek3-lite",
+    "laguna-head",
+    "laguna-elem",
+];
+
+/// deepseek3-lite (27 random layers, needed because llama.cpp takes a
+/// deepseek2 file without q LoRA only at 26 or 27 layers) amplifies any
+/// rounding difference: llama.cpp's own greedy tokens on it agree between
+/// its exact and default settings for only 8, 0 and 0 of 32 tokens at F16
+/// and 32, 4 and 1 at F32 (its goldens). Below that noise floor a token
+/// comparison tells nothing, so it is checked only where llama.cpp agrees
+/// with transformers (F32 at the exact path: logits and 32 greedy tokens)
+/// and at Q8_0, whose products are exact integers.
+const CHAOTIC: &str = "deepseek3-lite";
+
+/// How a reference ran: llama.cpp's exact path, or its defaults.
+#[derive(Clone, Copy)]
+struct Settings {
+    flash_attn: bool,
+    kv: GgmlType,
+    n_ctx: usize,
 }
 
-fn check(stem: &str, golden_file: &str, tol: f64, greedy_too: bool) -> Vec<String> {
+const EXACT: Settings = Settings {
+    flash_attn: false,
+    kv: GgmlType::F32,
+    n_ctx: 0,
+};
+
+/// llama_logits.cpp's default run: `--fa auto --kv f16`, a 256-cell context.
+const DEFAULT: Settings = Settings {
+    flash_attn: true,
+    kv: GgmlType::F16,
+    n_ctx: 256,
+};
+
+fn logits_with(m: &Model<CpuBackend>, tokens: &[u32], s: Settings) -> Vec<f32> {
+    let mut kv = KvCache::new(m, s.n_ctx.max(tokens.len() + 64), s.kv).expect("kv");
+    kv.eval(m, tokens, Logits::All).expect("forward")
+}
+
+fn greedy_with(m: &Model<CpuBackend>, prompt: &[u32], n: usize, s: Settings) -> Vec<u32> {
+    let mut kv = KvCache::new(m, s.n_ctx.max(prompt.len() + n + 1), s.kv).expect("kv");
+    let mut logits = kv.eval(m, prompt, Logits::Last).expect("forward");
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        if i + 1 < n {
+            logits = kv.eval(m, &[t], Logits::Last).expect("forward");
+        }
+    }
+    out
+}
+
+/// Checks every prompt of `golden_file` against `stem`'s file run with `s`;
+/// returns the failures instead of stopping at the first.
+fn check(stem: &str, golden_file: &str, tol: f64, greedy_too: bool, s: Settings) -> Vec<String> {
     let mut fails = Vec::new();
     let g = golden(golden_file);
-    let m = load(&fixture(&format!("{stem}.gguf")));
+    let mut m = load(&fixture(&format!("{stem}.gguf")));
+    m.flash_attn = s.flash_attn;
     for (i, p) in g["prompts"].as_array().expect("prompts").iter().enumerate() {
         let tokens = ids(&p["tokens"]);
-        let e = nmse(&prompt_logits(&m, &tokens), &floats(&p["logits"]));
+        let e = nmse(&logits_with(&m, &tokens, s), &floats(&p["logits"]));
         eprintln!("{golden_file} prompt {i}: nmse {e:.3e}");
         if e.is_nan() || e > tol {
             fails.push(format!("{golden_file} prompt {i}: nmse {e:.3e} > {tol:e}"));
         }
         if greedy_too {
             let want = ids(&p["greedy"]);
-            let got = greedy(&m, &tokens, want.len(), GgmlType::F32);
+            let got = greedy_with(&m, &tokens, want.len(), s);
             if got != want {
-                fails.push(format!("{golden_file} prompt {i}: greedy differs:\n  ours   {got:?}\n  theirs {want:?}"));
+                fails.push(format!(
+                    "{golden_file} prompt {i}: greedy differs:\n  ours   {got:?}\n  theirs {want:?}"
+                ));
             }
         }
     }
     fails
 }
 
+fn assert_none(fails: Vec<String>) {
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
 #[test]
 fn f32_logits_match_transformers() {
-    let fails: Vec<String> = stems()
-        .iter()
-        .flat_map(|s| check(&format!("{s}-f32"), &format!("{s}-f32.json"), 1e-5, false))
-        .collect();
-    assert!(fails.is_empty(), "{}", fails.join("\n"));
+    assert_none(
+        FAMILIES
+            .iter()
+            .flat_map(|s| check(&format!("{s}-f32"), &format!("{s}-f32.json"), 1e-5, false, EXACT))
+            .collect(),
+    );
+}
+
+#[test]
+fn every_file_matches_llamacpp_at_the_exact_path() {
+    let mut fails = Vec::new();
+    for s in FAMILIES {
+        let f32 = format!("{s}-f32");
+        fails.extend(check(&f32, &format!("{f32}.llamacpp.json"), 1e-5, true, EXACT));
+        let f16 = format!("{s}-f16");
+        if s != CHAOTIC {
+            fails.extend(check(&f16, &format!("{f16}.json"), 1e-4, true, EXACT));
+        }
+        let quants: &[&str] = if s == CHAOTIC { &["q8_0"] } else { &["q8_0", "q4_k_m"] };
+        for q in quants {
+            let stem = format!("{s}-{q}");
+            fails.extend(check(&stem, &format!("{stem}.json"), 1e-4, false, EXACT));
+        }
+    }
+    assert_none(fails);
+}
+
+#[test]
+fn f32_and_f16_match_llamacpp_at_its_default_settings() {
+    let mut fails = Vec::new();
+    for s in FAMILIES.into_iter().filter(|&s| s != CHAOTIC) {
+        for ty in ["f32", "f16"] {
+            let stem = format!("{s}-{ty}");
+            fails.extend(check(&stem, &format!("{stem}.default.json"), 1e-4, true, DEFAULT));
+        }
+    }
+    assert_none(fails);
 }
