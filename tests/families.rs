@@ -114,7 +114,15 @@ fn f32_logits_match_transformers() {
     assert_none(
         FAMILIES
             .iter()
-            .flat_map(|s| check(&format!("{s}-f32"), &format!("{s}-f32.json"), 1e-5, false, EXACT))
+            .flat_map(|s| {
+                check(
+                    &format!("{s}-f32"),
+                    &format!("{s}-f32.json"),
+                    1e-5,
+                    false,
+                    EXACT,
+                )
+            })
             .collect(),
     );
 }
@@ -124,12 +132,22 @@ fn every_file_matches_llamacpp_at_the_exact_path() {
     let mut fails = Vec::new();
     for s in FAMILIES {
         let f32 = format!("{s}-f32");
-        fails.extend(check(&f32, &format!("{f32}.llamacpp.json"), 1e-5, true, EXACT));
+        fails.extend(check(
+            &f32,
+            &format!("{f32}.llamacpp.json"),
+            1e-5,
+            true,
+            EXACT,
+        ));
         let f16 = format!("{s}-f16");
         if s != CHAOTIC {
             fails.extend(check(&f16, &format!("{f16}.json"), 1e-4, true, EXACT));
         }
-        let quants: &[&str] = if s == CHAOTIC { &["q8_0"] } else { &["q8_0", "q4_k_m"] };
+        let quants: &[&str] = if s == CHAOTIC {
+            &["q8_0"]
+        } else {
+            &["q8_0", "q4_k_m"]
+        };
         for q in quants {
             let stem = format!("{s}-{q}");
             fails.extend(check(&stem, &format!("{stem}.json"), 1e-4, false, EXACT));
@@ -144,7 +162,13 @@ fn f32_and_f16_match_llamacpp_at_its_default_settings() {
     for s in FAMILIES.into_iter().filter(|&s| s != CHAOTIC) {
         for ty in ["f32", "f16"] {
             let stem = format!("{s}-{ty}");
-            fails.extend(check(&stem, &format!("{stem}.default.json"), 1e-4, true, DEFAULT));
+            fails.extend(check(
+                &stem,
+                &format!("{stem}.default.json"),
+                1e-4,
+                true,
+                DEFAULT,
+            ));
         }
     }
     assert_none(fails);

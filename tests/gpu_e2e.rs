@@ -22,6 +22,17 @@ use longhaul::tensor::GgmlType;
 
 const ARCHS: [&str; 4] = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"];
 
+/// The families of issue 12 (tests/families.rs checks them on the CPU).
+const NEW_FAMILIES: [&str; 7] = [
+    "olmoe",
+    "glm4moe",
+    "deepseek2",
+    "deepseek3",
+    "deepseek3-lite",
+    "laguna-head",
+    "laguna-elem",
+];
+
 fn open(name: &str) -> Arc<gguf::Model> {
     Arc::new(gguf::Model::open(fixture(name)).expect("open fixture"))
 }
@@ -145,10 +156,29 @@ fn quantised_models_agree_on_top1() {
     }
 }
 
+/// As [`float_models_generate_the_cpu_tokens`], for the new families: the
+/// GPU runs MLA (576/512 heads over a K-only cache), output gates, per-layer
+/// rope and head counts unchanged.
+#[test]
+fn new_families_generate_the_cpu_tokens() {
+    let g = gpu_util::gpu();
+    for arch in NEW_FAMILIES {
+        for ty in ["f32", "f16"] {
+            let name = format!("{arch}-{ty}.gguf");
+            let cpu = Model::load(CpuBackend::new(), open(&name)).expect("cpu load");
+            let gpu = Model::load(g.clone(), open(&name)).expect("gpu load");
+            let p = prompt(cpu.hp.n_vocab, 40);
+            let want = try_greedy_kv(&cpu, &p, 32, GgmlType::F32).expect("cpu greedy");
+            let got = try_greedy_kv(&gpu, &p, 32, GgmlType::F32).expect("gpu greedy");
+            assert_eq!(got, want, "{name}");
+        }
+    }
+}
+
 #[test]
 fn gpu_longhaul_equals_gpu_resident() {
     let g = gpu_util::gpu();
-    for arch in ARCHS {
+    for arch in ARCHS.into_iter().chain(NEW_FAMILIES) {
         let name = format!("{arch}-q4_k_m.gguf");
         let resident = Model::load(g.clone(), open(&name)).expect("gpu load");
         let want = greedy(&resident, 12);

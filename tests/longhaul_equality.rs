@@ -135,6 +135,27 @@ fn longhaul_is_bit_identical_to_resident_for_every_cache_size() {
     check(&fixture("gpt-oss-mxfp4.gguf"), "gpt-oss-mxfp4");
 }
 
+/// The families of issue 12: MLA (deepseek*), leading dense layers and
+/// shared experts (glm4moe, deepseek*, laguna), sigmoid routing with a
+/// selection bias and groups (deepseek3), NextN layers skipped (glm4moe).
+#[test]
+fn longhaul_is_bit_identical_to_resident_for_the_new_families() {
+    for a in [
+        "olmoe",
+        "glm4moe",
+        "deepseek2",
+        "deepseek3",
+        "deepseek3-lite",
+        "laguna-head",
+        "laguna-elem",
+    ] {
+        for q in ["f32", "q4_k_m"] {
+            let stem = format!("{a}-{q}");
+            check(&fixture(&format!("{stem}.gguf")), &stem);
+        }
+    }
+}
+
 #[test]
 fn longhaul_reads_split_files_from_our_writer() {
     let src = gguf::Model::open(fixture("qwen3moe-q4_k_m.gguf")).expect("open");
