@@ -1,6 +1,9 @@
 //! The op vocabulary. Architectures are written once against [`Backend`] and
 //! run on either placement; a backend that lacks an op returns
-//! [`BackendError::Unsupported`], never a panic.
+//! [`BackendError::UnsupportedOp`] (the trait's default) and one that lacks
+//! a dtype [`BackendError::Unsupported`], never a panic. Each op's shape
+//! contract is checked once, by a function of [`contract`] that both
+//! backends call before they compute.
 //!
 //! Shapes follow row-major, token-major activations: a `[n_tokens, n]` tensor
 //! holds `n_tokens` rows of `n` floats. Weights use ggml's convention: a 2-D
