@@ -110,7 +110,7 @@ pub(super) fn add_bias(
         "add_bias"
     };
     match ids {
-        None => contract::add_bias(x.cols, n)?,
+        None => contract::add_bias(x.cols, w.ne.iter().product())?,
         Some(ids) => contract::add_bias_id((x.rows, x.cols), (n, rows), ids)?,
     }
     if w.ty != crate::tensor::GgmlType::F32 || w.parts.len() != 1 {
