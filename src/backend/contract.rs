@@ -81,15 +81,15 @@ pub fn mul_mat_id(
             format!("{x_rows} input rows for {n_tok} tokens x {n_used} experts"),
         ));
     }
-    expert_ids(ids, n_expert)?;
+    expert_ids(OP, ids, n_expert)?;
     Ok(MulMatId { n_tok, x_per_tok })
 }
 
-/// The part of [`mul_mat_id`]'s contract that routing code indexing by
-/// expert relies on: every id is below `n_expert`.
-pub fn expert_ids(ids: &[u32], n_expert: usize) -> Result<(), BackendError> {
+/// The part of [`mul_mat_id`]'s and [`add_bias_id`]'s contracts that code
+/// indexing by expert relies on: every id is below `n_expert`.
+pub fn expert_ids(op: &'static str, ids: &[u32], n_expert: usize) -> Result<(), BackendError> {
     match ids.iter().find(|&&e| e as usize >= n_expert) {
-        Some(&e) => Err(shape("mul_mat_id", format!("expert id {e} >= {n_expert}"))),
+        Some(&e) => Err(shape(op, format!("expert id {e} >= {n_expert}"))),
         None => Ok(()),
     }
 }
@@ -174,6 +174,147 @@ pub fn mul_act(
     Ok(cols / g_cols)
 }
 
+/// The contract of [`super::Backend::gather_rows`]: every row index is
+/// below `x_rows`.
+pub fn gather_rows(x_rows: usize, rows: &[usize]) -> Result<(), BackendError> {
+    match rows.iter().find(|&&r| r >= x_rows) {
+        Some(r) => Err(shape("gather_rows", format!("row {r} of {x_rows}"))),
+        None => Ok(()),
+    }
+}
+
+/// The contract of [`super::Backend::scatter_rows`]: `src [rows.len(), n]`
+/// into `dst [.., n]`, every row index below `dst`'s rows.
+pub fn scatter_rows(
+    (dst_rows, dst_cols): (usize, usize),
+    (src_rows, src_cols): (usize, usize),
+    rows: &[usize],
+) -> Result<(), BackendError> {
+    if src_cols != dst_cols || src_rows != rows.len() || rows.iter().any(|&r| r >= dst_rows) {
+        return Err(shape(
+            "scatter_rows",
+            format!(
+                "[{src_rows}, {src_cols}] into [{dst_rows}, {dst_cols}] at {} rows",
+                rows.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::add`]: the same shapes.
+pub fn add(a: (usize, usize), b: (usize, usize)) -> Result<(), BackendError> {
+    if a != b {
+        return Err(shape(
+            "add",
+            format!("[{}, {}] + [{}, {}]", a.0, a.1, b.0, b.1),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::add_bias`]: a bias of `x_cols` values.
+pub fn add_bias(x_cols: usize, bias_len: usize) -> Result<(), BackendError> {
+    if bias_len != x_cols {
+        return Err(shape(
+            "add_bias",
+            format!("bias of {bias_len} for rows of {x_cols}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::add_bias_id`]: `x [t * n_used, n]`, a
+/// stacked bias `[n, n_expert]` and one id below `n_expert` per row of `x`.
+pub fn add_bias_id(
+    (x_rows, x_cols): (usize, usize),
+    (n, n_expert): (usize, usize),
+    ids: &[u32],
+) -> Result<(), BackendError> {
+    const OP: &str = "add_bias_id";
+    if n != x_cols || ids.len() != x_rows {
+        return Err(shape(
+            OP,
+            format!(
+                "bias rows of {n}, {} ids for [{x_rows}, {x_cols}]",
+                ids.len()
+            ),
+        ));
+    }
+    expert_ids(OP, ids, n_expert)
+}
+
+/// The contract of [`super::Backend::scale_rows`]: one scale per row.
+pub fn scale_rows(x_rows: usize, n_scales: usize) -> Result<(), BackendError> {
+    if n_scales != x_rows {
+        return Err(shape(
+            "scale_rows",
+            format!("{n_scales} scales for {x_rows} rows"),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::rms_norm`]: `group > 0` divides the
+/// rows' `cols` and the weight holds `group` values.
+pub fn rms_norm(cols: usize, group: usize, weight_len: usize) -> Result<(), BackendError> {
+    if group == 0 || !cols.is_multiple_of(group) || weight_len != group {
+        return Err(shape(
+            "rms_norm",
+            format!("groups of {group} over rows of {cols} with a weight of {weight_len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::rope`] (and `rope_multi`): rows of
+/// whole heads of `head_dim > 0`, an even `n_rot <= head_dim`, one row per
+/// token of the batch.
+pub fn rope(
+    (x_rows, x_cols): (usize, usize),
+    head_dim: usize,
+    n_rot: usize,
+    n_tokens: usize,
+) -> Result<(), BackendError> {
+    if head_dim == 0
+        || !x_cols.is_multiple_of(head_dim)
+        || n_rot > head_dim
+        || !n_rot.is_multiple_of(2)
+        || x_rows != n_tokens
+    {
+        return Err(shape(
+            "rope",
+            format!(
+                "rows of {x_cols} in heads of {head_dim}, n_rot {n_rot}, {x_rows} rows for {n_tokens} tokens"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::glu`]: gate and up of the same shape.
+pub fn glu(gate: (usize, usize), up: (usize, usize)) -> Result<(), BackendError> {
+    if gate != up {
+        return Err(shape(
+            "glu",
+            format!("gate [{}, {}] vs up [{}, {}]", gate.0, gate.1, up.0, up.1),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::weighted_sum`]: rows in groups of
+/// `n_used > 0`, one weight per row. Returns the tokens (`rows / n_used`).
+pub fn weighted_sum(x_rows: usize, n_weights: usize, n_used: usize) -> Result<usize, BackendError> {
+    if n_used == 0 || !x_rows.is_multiple_of(n_used) || n_weights != x_rows {
+        return Err(shape(
+            "weighted_sum",
+            format!("{x_rows} rows in groups of {n_used} with {n_weights} weights"),
+        ));
+    }
+    Ok(x_rows / n_used)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +352,56 @@ mod tests {
         assert!(is_shape(ok((6, 8), &[0, 1, 2, 3], 2), "mul_mat_id"), "rows");
         let e = ok((2, 8), &[0, 4], 1).unwrap_err().to_string();
         assert!(e.contains("expert id 4 >= 4"), "{e}");
+    }
+
+    #[test]
+    fn row_and_elementwise_contracts() {
+        assert!(gather_rows(3, &[0, 2, 2]).is_ok());
+        assert!(is_shape(gather_rows(3, &[3]), "gather_rows"));
+        assert!(scatter_rows((4, 2), (2, 2), &[3, 0]).is_ok());
+        assert!(is_shape(
+            scatter_rows((4, 2), (2, 3), &[3, 0]),
+            "scatter_rows"
+        ));
+        assert!(is_shape(
+            scatter_rows((4, 2), (2, 2), &[4, 0]),
+            "scatter_rows"
+        ));
+        assert!(is_shape(
+            scatter_rows((4, 2), (1, 2), &[3, 0]),
+            "scatter_rows"
+        ));
+        assert!(add((2, 3), (2, 3)).is_ok());
+        assert!(is_shape(add((2, 3), (3, 2)), "add"));
+        assert!(add_bias(4, 4).is_ok());
+        assert!(is_shape(add_bias(4, 5), "add_bias"));
+        assert!(add_bias_id((2, 4), (4, 3), &[0, 2]).is_ok());
+        assert!(is_shape(
+            add_bias_id((2, 4), (4, 3), &[0, 3]),
+            "add_bias_id"
+        ));
+        assert!(is_shape(
+            add_bias_id((2, 4), (5, 3), &[0, 1]),
+            "add_bias_id"
+        ));
+        assert!(is_shape(add_bias_id((2, 4), (4, 3), &[0]), "add_bias_id"));
+        assert!(scale_rows(3, 3).is_ok());
+        assert!(is_shape(scale_rows(3, 2), "scale_rows"));
+        assert!(rms_norm(8, 4, 4).is_ok());
+        assert!(is_shape(rms_norm(8, 3, 3), "rms_norm"));
+        assert!(is_shape(rms_norm(8, 0, 0), "rms_norm"));
+        assert!(is_shape(rms_norm(8, 4, 8), "rms_norm"));
+        assert!(rope((2, 8), 4, 4, 2).is_ok());
+        assert!(is_shape(rope((2, 8), 3, 2, 2), "rope"));
+        assert!(is_shape(rope((2, 8), 4, 6, 2), "rope"));
+        assert!(is_shape(rope((2, 8), 4, 3, 2), "rope"));
+        assert!(is_shape(rope((2, 8), 4, 4, 3), "rope"));
+        assert!(glu((2, 3), (2, 3)).is_ok());
+        assert!(is_shape(glu((2, 3), (2, 4)), "glu"));
+        assert_eq!(weighted_sum(6, 6, 3).unwrap(), 2);
+        assert!(is_shape(weighted_sum(6, 6, 4), "weighted_sum"));
+        assert!(is_shape(weighted_sum(6, 5, 3), "weighted_sum"));
+        assert!(is_shape(weighted_sum(6, 6, 0), "weighted_sum"));
     }
 
     #[test]

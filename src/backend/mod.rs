@@ -1,6 +1,9 @@
 //! The op vocabulary. Architectures are written once against [`Backend`] and
 //! run on either placement; a backend that lacks an op returns
-//! [`BackendError::Unsupported`], never a panic.
+//! [`BackendError::UnsupportedOp`] (the trait's default) and one that lacks
+//! a dtype [`BackendError::Unsupported`], never a panic. Each op's shape
+//! contract is checked once, by a function of [`contract`] that both
+//! backends call before they compute.
 //!
 //! Shapes follow row-major, token-major activations: a `[n_tokens, n]` tensor
 //! holds `n_tokens` rows of `n` floats. Weights use ggml's convention: a 2-D
@@ -623,68 +626,4 @@ pub trait Backend: Send + Sync + Clone {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::cpu::CpuBackend;
-    use super::*;
-
-    #[test]
-    fn cpu_unsupported_messages_do_not_send_the_user_to_the_cpu() {
-        let cpu = CpuBackend::new();
-        // A dtype the CPU lacks: another quantisation, never -ngl 0.
-        let e = BackendError::Unsupported {
-            op: "matmul",
-            backend: cpu.name(),
-            dtype: GgmlType::IQ1_M,
-        }
-        .to_string();
-        assert!(e.contains("CPU backend does not support matmul on"), "{e}");
-        assert!(
-            e.contains("another quantisation") && e.contains("re-convert"),
-            "{e}"
-        );
-        assert!(!e.contains("--n-gpu-layers"), "{e}");
-        // A KV cache type the CPU lacks, raised by the CPU itself.
-        let e = cpu
-            .new_kv(16, 8, 8, GgmlType::Q4_0)
-            .err()
-            .expect("a q4_0 cache is unsupported");
-        assert!(
-            matches!(e, BackendError::Unsupported { backend, .. } if backend.eq_ignore_ascii_case("cpu"))
-        );
-        let e = e.to_string();
-        assert!(
-            e.contains("--cache-type-k") && !e.contains("--n-gpu-layers"),
-            "{e}"
-        );
-        // An op the CPU lacks (what the trait's defaults return).
-        let e = cpu.unsupported_op("mla_attention");
-        assert!(matches!(
-            e,
-            BackendError::UnsupportedOp {
-                op: "mla_attention",
-                backend: "CPU"
-            }
-        ));
-        let e = e.to_string();
-        assert!(
-            e.contains("CPU backend does not implement mla_attention"),
-            "{e}"
-        );
-        assert!(!e.contains("--n-gpu-layers"), "{e}");
-    }
-
-    #[test]
-    fn gpu_unsupported_messages_point_to_the_cpu() {
-        for backend in ["gpu", "GPU"] {
-            let e = BackendError::Unsupported {
-                op: "matmul",
-                backend,
-                dtype: GgmlType::IQ1_M,
-            }
-            .to_string();
-            assert!(e.contains("use --n-gpu-layers 0 to run on the CPU"), "{e}");
-            let e = BackendError::UnsupportedOp { op: "x", backend }.to_string();
-            assert!(e.contains("use --n-gpu-layers 0 to run on the CPU"), "{e}");
-        }
-    }
-}
+mod tests;

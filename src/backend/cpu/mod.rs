@@ -16,8 +16,8 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use super::{
-    check_attention, Act, AttnParams, Backend, BackendError, BatchPos, Glu, KvShape, RopeParams,
-    SlotStore, SlotTensor,
+    check_attention, contract, Act, AttnParams, Backend, BackendError, BatchPos, Glu, KvShape,
+    RopeParams, SlotStore, SlotTensor,
 };
 use crate::gguf;
 use crate::tensor::GgmlType;
@@ -305,11 +305,9 @@ impl Backend for CpuBackend {
     }
 
     fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> Result<CpuTensor, BackendError> {
+        contract::gather_rows(x.rows, rows)?;
         let mut out = CpuTensor::zeros(rows.len(), x.cols);
         for (dst, &r) in out.data.chunks_mut(x.cols.max(1)).zip(rows) {
-            if r >= x.rows {
-                return Err(shape_err("gather_rows", format!("row {r} of {}", x.rows)));
-            }
             dst.copy_from_slice(x.row(r));
         }
         Ok(out)
@@ -321,19 +319,8 @@ impl Backend for CpuBackend {
         src: &CpuTensor,
         rows: &[usize],
     ) -> Result<(), BackendError> {
-        if src.cols != dst.cols || src.rows != rows.len() {
-            return Err(shape_err(
-                "scatter_rows",
-                format!("[{}, {}] into rows of {}", src.rows, src.cols, dst.cols),
-            ));
-        }
+        contract::scatter_rows((dst.rows, dst.cols), (src.rows, src.cols), rows)?;
         for (i, &r) in rows.iter().enumerate() {
-            if r >= dst.rows {
-                return Err(shape_err(
-                    "scatter_rows",
-                    format!("row {r} of {}", dst.rows),
-                ));
-            }
             dst.data[r * dst.cols..(r + 1) * dst.cols].copy_from_slice(src.row(i));
         }
         Ok(())
@@ -426,12 +413,7 @@ impl Backend for CpuBackend {
 
     fn add_bias(&self, x: &mut CpuTensor, b: &CpuWeight) -> Result<(), BackendError> {
         let b = b.to_f32()?;
-        if b.len() != x.cols {
-            return Err(shape_err(
-                "add_bias",
-                format!("bias of {} for rows of {}", b.len(), x.cols),
-            ));
-        }
+        contract::add_bias(x.cols, b.len())?;
         x.data
             .chunks_mut(x.cols)
             .for_each(|r| r.iter_mut().zip(&b).for_each(|(a, b)| *a += b));
@@ -445,27 +427,10 @@ impl Backend for CpuBackend {
         ids: &[u32],
     ) -> Result<(), BackendError> {
         let n = b.row_len();
-        let n_exp = b.n_rows();
-        if n != x.cols || ids.len() != x.rows {
-            return Err(shape_err(
-                "add_bias_id",
-                format!(
-                    "bias rows of {n}, {} ids for [{}, {}]",
-                    ids.len(),
-                    x.rows,
-                    x.cols
-                ),
-            ));
-        }
+        contract::add_bias_id((x.rows, x.cols), (n, b.n_rows()), ids)?;
         let bias = b.to_f32()?;
-        for (row, &e) in x.data.chunks_mut(n).zip(ids) {
+        for (row, &e) in x.data.chunks_mut(n.max(1)).zip(ids) {
             let e = e as usize;
-            if e >= n_exp {
-                return Err(shape_err(
-                    "add_bias_id",
-                    format!("expert id {e} >= {n_exp}"),
-                ));
-            }
             row.iter_mut()
                 .zip(&bias[e * n..(e + 1) * n])
                 .for_each(|(a, b)| *a += b);
@@ -474,23 +439,13 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, a: &mut CpuTensor, b: &CpuTensor) -> Result<(), BackendError> {
-        if a.rows != b.rows || a.cols != b.cols {
-            return Err(shape_err(
-                "add",
-                format!("[{}, {}] + [{}, {}]", a.rows, a.cols, b.rows, b.cols),
-            ));
-        }
+        contract::add((a.rows, a.cols), (b.rows, b.cols))?;
         a.data.iter_mut().zip(&b.data).for_each(|(a, b)| *a += b);
         Ok(())
     }
 
     fn scale_rows(&self, x: &mut CpuTensor, s: &[f32]) -> Result<(), BackendError> {
-        if s.len() != x.rows {
-            return Err(shape_err(
-                "scale_rows",
-                format!("{} scales for {} rows", s.len(), x.rows),
-            ));
-        }
+        contract::scale_rows(x.rows, s.len())?;
         x.data
             .chunks_mut(x.cols.max(1))
             .zip(s)

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::{CpuTensor, CpuWeight};
 use crate::backend::rope_math::{rope_cache, yarn_corr_dims};
-use crate::backend::{BackendError, BatchPos, Glu, RopeMode, RopeParams};
+use crate::backend::{contract, BackendError, BatchPos, Glu, RopeMode, RopeParams};
 
 fn shape_err(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
@@ -43,16 +43,7 @@ pub(super) fn rms_norm(
     eps: f32,
 ) -> Result<CpuTensor, BackendError> {
     let weight = w.to_f32()?;
-    if group == 0 || !x.cols.is_multiple_of(group) || weight.len() != group {
-        return Err(shape_err(
-            "rms_norm",
-            format!(
-                "groups of {group} over rows of {} with a weight of {}",
-                x.cols,
-                weight.len()
-            ),
-        ));
-    }
+    contract::rms_norm(x.cols, group, weight.len())?;
     let mut out = x.clone();
     out.data.par_chunks_mut(group).for_each(|g| {
         let sum: f64 = g.iter().map(|&v| (v * v) as f64).sum();
@@ -83,20 +74,7 @@ pub(super) fn rope_rows(
     p: &RopeParams,
 ) -> Result<(), BackendError> {
     let n_tokens: usize = seqs.iter().map(|s| s.n_tokens).sum();
-    if head_dim == 0
-        || !x.cols.is_multiple_of(head_dim)
-        || p.n_rot > head_dim
-        || !p.n_rot.is_multiple_of(2)
-        || x.rows != n_tokens
-    {
-        return Err(shape_err(
-            "rope",
-            format!(
-                "rows of {} in heads of {head_dim}, n_rot {}, {} rows for {n_tokens} tokens",
-                x.cols, p.n_rot, x.rows
-            ),
-        ));
-    }
+    contract::rope((x.rows, x.cols), head_dim, p.n_rot, n_tokens)?;
     let positions: Vec<usize> = seqs
         .iter()
         .flat_map(|s| s.pos0..s.pos0 + s.n_tokens)
@@ -167,15 +145,7 @@ fn rope_table(p: &RopeParams, positions: Vec<usize>) -> Arc<RopeTable> {
 }
 
 pub(super) fn glu(gate: &CpuTensor, up: &CpuTensor, kind: Glu) -> Result<CpuTensor, BackendError> {
-    if gate.rows != up.rows || gate.cols != up.cols {
-        return Err(shape_err(
-            "glu",
-            format!(
-                "gate [{}, {}] vs up [{}, {}]",
-                gate.rows, gate.cols, up.rows, up.cols
-            ),
-        ));
-    }
+    contract::glu((gate.rows, gate.cols), (up.rows, up.cols))?;
     let mut out = gate.clone();
     match kind {
         Glu::SwiGlu => swiglu_rows(&mut out.data, &up.data, gate.cols),
@@ -239,17 +209,7 @@ pub(super) fn weighted_sum(
     w: &[f32],
     n_used: usize,
 ) -> Result<CpuTensor, BackendError> {
-    if n_used == 0 || !x.rows.is_multiple_of(n_used) || w.len() != x.rows {
-        return Err(shape_err(
-            "weighted_sum",
-            format!(
-                "{} rows in groups of {n_used} with {} weights",
-                x.rows,
-                w.len()
-            ),
-        ));
-    }
-    let n_tok = x.rows / n_used;
+    let n_tok = contract::weighted_sum(x.rows, w.len(), n_used)?;
     let mut out = CpuTensor::zeros(n_tok, x.cols);
     for t in 0..n_tok {
         let dst = &mut out.data[t * x.cols..(t + 1) * x.cols];

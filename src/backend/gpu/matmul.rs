@@ -561,7 +561,7 @@ impl IdPlan {
         n_exp: usize,
         parts: &[(usize, usize)],
     ) -> Result<IdPlan, BackendError> {
-        contract::expert_ids(ids, n_exp)?;
+        contract::expert_ids("mul_mat_id", ids, n_exp)?;
         let mut off = vec![0usize; n_exp + 1];
         for &e in ids {
             off[e as usize + 1] += 1;

@@ -4,7 +4,7 @@
 
 use super::{Arg, GpuBackend, GpuTensor, GpuWeight, KernelKey};
 use crate::backend::rope_math::{rope_cache, yarn_corr_dims};
-use crate::backend::{BackendError, BatchPos, Glu, RopeMode, RopeParams};
+use crate::backend::{contract, BackendError, BatchPos, Glu, RopeMode, RopeParams};
 
 const RMS_NORM: &str = include_str!("../../../shaders/rms_norm.wgsl");
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
@@ -70,9 +70,7 @@ pub(super) fn gather_rows(
     x: &GpuTensor,
     rows: &[usize],
 ) -> Result<GpuTensor, BackendError> {
-    if let Some(&r) = rows.iter().find(|&&r| r >= x.rows) {
-        return Err(shape("gather_rows", format!("row {r} of {}", x.rows)));
-    }
+    contract::gather_rows(x.rows, rows)?;
     let out = b.tensor(rows.len(), x.cols)?;
     let map: Vec<[u32; 2]> = rows
         .iter()
@@ -89,19 +87,7 @@ pub(super) fn scatter_rows(
     src: &GpuTensor,
     rows: &[usize],
 ) -> Result<(), BackendError> {
-    if src.cols != dst.cols || src.rows != rows.len() || rows.iter().any(|&r| r >= dst.rows) {
-        return Err(shape(
-            "scatter_rows",
-            format!(
-                "[{}, {}] into [{}, {}] at {} rows",
-                src.rows,
-                src.cols,
-                dst.rows,
-                dst.cols,
-                rows.len()
-            ),
-        ));
-    }
+    contract::scatter_rows((dst.rows, dst.cols), (src.rows, src.cols), rows)?;
     let map: Vec<[u32; 2]> = rows
         .iter()
         .enumerate()
@@ -118,11 +104,23 @@ pub(super) fn add_bias(
 ) -> Result<(), BackendError> {
     let ctx = b.ctx();
     let (n, rows) = (w.ne[0], w.ne[1]);
-    let vector = w.ty == crate::tensor::GgmlType::F32 && w.parts.len() == 1;
-    if !vector || n != x.cols {
+    let op = if ids.is_some() {
+        "add_bias_id"
+    } else {
+        "add_bias"
+    };
+    match ids {
+        None => contract::add_bias(x.cols, w.ne.iter().product())?,
+        Some(ids) => contract::add_bias_id((x.rows, x.cols), (n, rows), ids)?,
+    }
+    if w.ty != crate::tensor::GgmlType::F32 || w.parts.len() != 1 {
         return Err(shape(
-            "add_bias",
-            format!("bias {:?} ({}) for rows of {}", w.ne, w.ty.name(), x.cols),
+            op,
+            format!(
+                "bias {:?} of {}: the GPU reads f32 biases in one part",
+                w.ne,
+                w.ty.name()
+            ),
         ));
     }
     let bias = &w.parts[0].buf;
@@ -137,12 +135,6 @@ pub(super) fn add_bias(
             );
         }
         Some(ids) => {
-            if ids.len() != x.rows || ids.iter().any(|&i| i as usize >= rows) {
-                return Err(shape(
-                    "add_bias_id",
-                    format!("{} ids for {} rows of a {rows}-row bias", ids.len(), x.rows),
-                ));
-            }
             let pipe = simple(b, "add_bias_id", ADD_BIAS, &[("IDS", 1)], 1)?;
             let idb = ctx.upload(bytemuck::cast_slice(ids), "bias ids")?;
             ctx.dispatch(
@@ -157,12 +149,7 @@ pub(super) fn add_bias(
 }
 
 pub(super) fn add(b: &GpuBackend, a: &mut GpuTensor, x: &GpuTensor) -> Result<(), BackendError> {
-    if a.rows != x.rows || a.cols != x.cols {
-        return Err(shape(
-            "add",
-            format!("[{}, {}] + [{}, {}]", a.rows, a.cols, x.rows, x.cols),
-        ));
-    }
+    contract::add((a.rows, a.cols), (x.rows, x.cols))?;
     let n = a.rows * a.cols;
     let pipe = simple(b, "add", ADD, &[], 0)?;
     b.ctx().dispatch(
@@ -175,12 +162,7 @@ pub(super) fn add(b: &GpuBackend, a: &mut GpuTensor, x: &GpuTensor) -> Result<()
 }
 
 pub(super) fn scale_rows(b: &GpuBackend, x: &mut GpuTensor, s: &[f32]) -> Result<(), BackendError> {
-    if s.len() != x.rows {
-        return Err(shape(
-            "scale_rows",
-            format!("{} scales for {} rows", s.len(), x.rows),
-        ));
-    }
+    contract::scale_rows(x.rows, s.len())?;
     let ctx = b.ctx();
     let pipe = simple(b, "scale_rows", SCALE_ROWS, &[], 0)?;
     let sb = ctx.upload(f32s(s), "row scales")?;
@@ -200,16 +182,14 @@ pub(super) fn rms_norm(
     group: usize,
     eps: f32,
 ) -> Result<GpuTensor, BackendError> {
-    if group == 0
-        || !x.cols.is_multiple_of(group)
-        || w.ne[0] != group
-        || w.ty != crate::tensor::GgmlType::F32
-    {
+    contract::rms_norm(x.cols, group, w.ne[0])?;
+    if w.ty != crate::tensor::GgmlType::F32 || w.parts.len() != 1 {
         return Err(shape(
             "rms_norm",
             format!(
-                "groups of {group} over rows of {} with a weight of {:?}",
-                x.cols, w.ne
+                "weight {:?} of {}: the GPU reads f32 norm weights in one part",
+                w.ne,
+                w.ty.name()
             ),
         ));
     }
@@ -238,20 +218,7 @@ pub(super) fn rope(
     pos: BatchPos,
     p: &RopeParams,
 ) -> Result<(), BackendError> {
-    if head_dim == 0
-        || !x.cols.is_multiple_of(head_dim)
-        || p.n_rot > head_dim
-        || !p.n_rot.is_multiple_of(2)
-        || x.rows != pos.n_tokens
-    {
-        return Err(shape(
-            "rope",
-            format!(
-                "rows of {} in heads of {head_dim}, n_rot {}, {} rows for {} tokens",
-                x.cols, p.n_rot, x.rows, pos.n_tokens
-            ),
-        ));
-    }
+    contract::rope((x.rows, x.cols), head_dim, p.n_rot, pos.n_tokens)?;
     let half = p.n_rot / 2;
     if half == 0 || x.rows == 0 {
         return Ok(());
@@ -287,15 +254,7 @@ pub(super) fn glu(
     up: &GpuTensor,
     kind: Glu,
 ) -> Result<GpuTensor, BackendError> {
-    if gate.rows != up.rows || gate.cols != up.cols {
-        return Err(shape(
-            "glu",
-            format!(
-                "gate [{}, {}] vs up [{}, {}]",
-                gate.rows, gate.cols, up.rows, up.cols
-            ),
-        ));
-    }
+    contract::glu((gate.rows, gate.cols), (up.rows, up.cols))?;
     let (oai, alpha, limit) = match kind {
         Glu::SwiGlu => (0, 0.0f32, 0.0f32),
         Glu::SwiGluOai { alpha, limit } => (1, alpha, limit),
@@ -318,18 +277,8 @@ pub(super) fn weighted_sum(
     w: &[f32],
     n_used: usize,
 ) -> Result<GpuTensor, BackendError> {
-    if n_used == 0 || !x.rows.is_multiple_of(n_used) || w.len() != x.rows {
-        return Err(shape(
-            "weighted_sum",
-            format!(
-                "{} rows in groups of {n_used} with {} weights",
-                x.rows,
-                w.len()
-            ),
-        ));
-    }
+    let n_tok = contract::weighted_sum(x.rows, w.len(), n_used)?;
     let ctx = b.ctx();
-    let n_tok = x.rows / n_used;
     let out = b.tensor(n_tok, x.cols)?;
     let pipe = simple(b, "weighted_sum", WEIGHTED_SUM, &[], 0)?;
     let wb = ctx.upload(f32s(w), "pair weights")?;
