@@ -4,9 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use clap::Args;
+use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf::{self, MetaValue};
 use longhaul::model::arch::lookup;
-use longhaul::model::{is_routed, read_hparams, routed_expert_tensor_names};
+use longhaul::model::{is_routed, read_hparams, routed_expert_tensor_names, Model};
+use longhaul::tensor::GgmlType;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -142,6 +144,26 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
     // after everything above has been shown.
     if lookup(&arch).is_some() {
         read_hparams(&m)?;
+        let shapes = Model::load_shapes(CpuBackend::new(), std::sync::Arc::new(m))?;
+        let (dense, moe) = shapes.layer_counts();
+        let (k, v) = shapes.hp.kv_widths();
+        let per_pos = longhaul::kv::kv_bytes(&shapes.hp, 1, 1, GgmlType::F16);
+        println!(
+            "layers:        {} ({dense} dense FFN, {moe} MoE{}), {} attention",
+            shapes.hp.n_layer,
+            match shapes.hp.n_nextn {
+                0 => String::new(),
+                n => format!(", {n} NextN layers not loaded"),
+            },
+            shapes.attention_kind()
+        );
+        println!(
+            "KV cache:      {} values per position per layer ({k} K + {v} V): {} per position at f16, {} at the trained context of {}",
+            k + v,
+            gib(per_pos),
+            gib(per_pos.saturating_mul(shapes.hp.n_ctx_train as u64)),
+            shapes.hp.n_ctx_train
+        );
     }
     Ok(())
 }

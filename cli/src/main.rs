@@ -257,6 +257,7 @@ fn run_on<B: Backend>(
     a.trace.attach(&mut engine)?;
     check_bias(&sampling, &engine)?;
     if info {
+        report::model_start(&engine);
         report::longhaul_start(&engine);
     }
     let tokens = engine.tokenize(prompt)?;
@@ -356,6 +357,7 @@ fn chat_on<B: Backend>(
     a.model.lock_memory();
     check_bias(&sampling, &engine)?;
     if info {
+        report::model_start(&engine);
         report::longhaul_start(&engine);
     }
     // Each reply follows the grammar from its start.

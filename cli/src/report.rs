@@ -46,6 +46,28 @@ pub fn load_bar() -> longhaul::model::Progress {
     })
 }
 
+/// The start-up log of every run: the layer layout and what the KV cache
+/// costs (per position, per architecture: MLA caches only its latent).
+pub fn model_start<B: Backend>(e: &Engine<B>) {
+    let m = &e.model;
+    let (dense, moe) = m.layer_counts();
+    let nextn = match m.hp.n_nextn {
+        0 => String::new(),
+        n => format!(", {n} NextN not loaded"),
+    };
+    let (k, v) = m.hp.kv_widths();
+    let n_ctx = e.params.n_ctx;
+    let total = longhaul::kv::kv_bytes(&m.hp, n_ctx, 1, e.params.kv_type);
+    eprintln!(
+        "model: {} layers ({dense} dense, {moe} MoE{nextn}), {} attention; KV cache {} values per position per layer ({k} K + {v} V), {} {} at -c {n_ctx}",
+        m.hp.n_layer,
+        m.attention_kind(),
+        k + v,
+        mib(total),
+        e.params.kv_type.name(),
+    );
+}
+
 /// The start-up log: slots per layer, the budget, and memory outside it.
 pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
     let Some(i) = &e.longhaul else { return };

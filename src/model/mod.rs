@@ -302,6 +302,24 @@ impl<B: Backend> Model<B> {
         self.file.total_tensor_bytes() - routed
     }
 
+    /// `(dense-FFN layers, MoE layers)` of the trunk.
+    pub fn layer_counts(&self) -> (usize, usize) {
+        let moe = self
+            .layers
+            .iter()
+            .filter(|l| matches!(l.ffn, Ffn::Moe(_)))
+            .count();
+        (self.layers.len() - moe, moe)
+    }
+
+    /// What attention the layers run: `"MLA"` (a latent cache) or `"GQA"`.
+    pub fn attention_kind(&self) -> &'static str {
+        match self.layers.first().map(|l| &l.attn) {
+            Some(Attention::Mla(_)) => "MLA",
+            _ => "GQA",
+        }
+    }
+
     /// Longhaul cache statistics per layer (`None` in resident mode; dense
     /// layers report zeros).
     pub fn longhaul_stats(&self) -> Option<Vec<CacheStats>> {
