@@ -91,7 +91,12 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
     for (ty, (n, b)) in &by_type {
         println!("  {ty:<8} {n:>6} tensors {:>12}", gib(*b));
     }
+    // NextN layers (counted in block_count) are not part of the trunk.
     let n_layer = md.get_u64(&format!("{arch}.block_count")).unwrap_or(0) as usize;
+    let n_layer = n_layer.saturating_sub(
+        md.get_u64(&format!("{arch}.nextn_predict_layers"))
+            .unwrap_or(0) as usize,
+    );
     let n_expert = md
         .get_u64(&format!("{arch}.expert_count"))
         .unwrap_or(0)
@@ -158,9 +163,8 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
             shapes.attention_kind()
         );
         println!(
-            "KV cache:      {} values per position per layer ({k} K + {v} V): {} per position at f16, {} at the trained context of {}",
+            "KV cache:      {} values per position per layer ({k} K + {v} V): {per_pos} bytes per position at f16, {} at the trained context of {}",
             k + v,
-            gib(per_pos),
             gib(per_pos.saturating_mul(shapes.hp.n_ctx_train as u64)),
             shapes.hp.n_ctx_train
         );
