@@ -517,6 +517,16 @@ impl Hparams {
         })
     }
 
+    /// True for the tensors of the NextN layers after the trunk, which are
+    /// never loaded.
+    pub fn is_skipped(&self, tensor: &str) -> bool {
+        tensor
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|il| il >= self.n_layer)
+    }
+
     /// The model's rope with pairing `mode`, as llama.cpp's context sets it.
     pub fn rope(&self, mode: RopeMode) -> RopeParams {
         let (ext_factor, attn_factor) = self.yarn_factors();

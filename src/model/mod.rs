@@ -281,7 +281,7 @@ impl<B: Backend> Model<B> {
             let total: u64 = file
                 .tensors()
                 .iter()
-                .filter(|t| !(how.longhaul && is_routed(&t.name)))
+                .filter(|t| !(how.longhaul && is_routed(&t.name)) && !hp.is_skipped(&t.name))
                 .map(|t| t.len)
                 .sum();
             (progress, total)
@@ -294,12 +294,14 @@ impl<B: Backend> Model<B> {
     }
 
     /// Bytes of every tensor that stays resident (all but the routed experts).
+    /// NextN layers are neither resident nor streamed: they are not loaded.
     pub fn resident_bytes(&self) -> u64 {
-        let routed: u64 = (0..self.hp.n_layer)
-            .flat_map(routed_expert_tensor_names)
-            .filter_map(|n| self.file.tensor(&n).map(|t| t.len))
-            .sum();
-        self.file.total_tensor_bytes() - routed
+        self.file
+            .tensors()
+            .iter()
+            .filter(|t| !is_routed(&t.name) && !self.hp.is_skipped(&t.name))
+            .map(|t| t.len)
+            .sum()
     }
 
     /// `(dense-FFN layers, MoE layers)` of the trunk.
