@@ -1222,3 +1222,45 @@ pub fn write_with_progress(
     build(spec)?.write_with_progress(path, progress)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole stream of `offset + amp * U(-1, 1)` (amp 2, offset 0.5),
+    /// one generator per block of 2^14 values, in order.
+    fn whole(seed: u64, name: &str, n: usize) -> Vec<f32> {
+        const BLOCK: usize = 1 << 14;
+        let base = name_seed(seed, name);
+        let mut v = Vec::with_capacity(n);
+        for b in 0..n.div_ceil(BLOCK) {
+            let mut r = Rng(base ^ (b as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+            for _ in 0..BLOCK.min(n - b * BLOCK) {
+                v.push(0.5 + 2.0 * r.uniform());
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn random_ranges_are_slices_of_the_whole_stream() {
+        let n = 5 * (1 << 14) + 123;
+        let all = whole(3, "t", n);
+        for (start, len) in [(0, n), (0, 1), (1, 1 << 14), (15_488, 40_000), ((1 << 14) - 1, 2), (n - 7, 7)] {
+            assert!(
+                random_at(3, "t", start, len, 2.0, 0.5) == all[start..start + len],
+                "start {start} len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn fit_type_falls_back_as_llama_quantize() {
+        use GgmlType as T;
+        assert_eq!(fit_type(T::Q4_K, 2048), T::Q4_K);
+        assert_eq!(fit_type(T::Q4_K, 1408), T::Q5_0);
+        assert_eq!(fit_type(T::Q6_K, 128), T::Q8_0);
+        assert_eq!(fit_type(T::Q8_0, 48), T::F16);
+        assert_eq!(fit_type(T::F32, 7), T::F32);
+    }
+}
