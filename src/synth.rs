@@ -244,7 +244,7 @@ impl SynthSpec {
     /// (top-6, softmax, weights not renormalised, scale 1) of n_ff_exp 1408
     /// plus 2 shared, YaRN (factor 40 over 4096, as the released config).
     /// Q4_K experts and attention (rows of 1408 and 128 fall back to Q5_0,
-    /// as llama-quantize does): about 9.5 GB. The vocabulary is the
+    /// as llama-quantize does): 9.2 GB (8.6 GiB). The vocabulary is the
     /// synthetic byte-level one.
     pub fn deepseek2_lite() -> Self {
         Self {
@@ -305,7 +305,7 @@ impl SynthSpec {
     /// and half of each head rotated, the first layer dense (FFN 10944),
     /// then 128 routed experts (top-8, sigmoid with a selection bias,
     /// renormalised, scale 1) of n_ff_exp 1408 plus 1 shared. Q4_K experts
-    /// and attention (rows of 1408 and 10944 fall back to Q5_0): about 7.3 GB.
+    /// and attention (rows of 1408 and 10944 fall back to Q5_0): about 7.2 GB.
     pub fn glm45_air_scaled() -> Self {
         Self {
             arch: SynthArch::Glm4Moe,
@@ -1246,7 +1246,14 @@ mod tests {
     fn random_ranges_are_slices_of_the_whole_stream() {
         let n = 5 * (1 << 14) + 123;
         let all = whole(3, "t", n);
-        for (start, len) in [(0, n), (0, 1), (1, 1 << 14), (15_488, 40_000), ((1 << 14) - 1, 2), (n - 7, 7)] {
+        for (start, len) in [
+            (0, n),
+            (0, 1),
+            (1, 1 << 14),
+            (15_488, 40_000),
+            ((1 << 14) - 1, 2),
+            (n - 7, 7),
+        ] {
             assert!(
                 random_at(3, "t", start, len, 2.0, 0.5) == all[start..start + len],
                 "start {start} len {len}"

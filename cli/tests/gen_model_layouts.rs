@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use longhaul::gguf::{self, Metadata};
 use longhaul::synth::{self, SynthSpec};
@@ -126,7 +126,10 @@ fn check_tensors(what: &str, want: &BTreeMap<String, Want>, have: &Tensors) {
 /// Tensors llama.cpp creates outside the layers (output is optional: tied).
 fn global_tensors(m: &Metadata, want: &mut BTreeMap<String, Want>) {
     let n_embd = u(m, "embedding_length");
-    let n_vocab = m.get_str_array("tokenizer.ggml.tokens").expect("tokens").len() as u64;
+    let n_vocab = m
+        .get_str_array("tokenizer.ggml.tokens")
+        .expect("tokens")
+        .len() as u64;
     let mut put = |n: &str, dims: Vec<u64>, required| {
         want.insert(n.to_string(), Want { dims, required });
     };
@@ -148,9 +151,17 @@ fn moe_tensors(m: &Metadata, il: u64, probs_b_required: bool, want: &mut BTreeMa
     };
     put("ffn_gate_inp.weight", vec![n_embd, n_expert], true);
     put("exp_probs_b.bias", vec![n_expert], probs_b_required);
-    put("ffn_gate_exps.weight", vec![n_embd, n_ff_exp, n_expert], true);
+    put(
+        "ffn_gate_exps.weight",
+        vec![n_embd, n_ff_exp, n_expert],
+        true,
+    );
     put("ffn_up_exps.weight", vec![n_embd, n_ff_exp, n_expert], true);
-    put("ffn_down_exps.weight", vec![n_ff_exp, n_embd, n_expert], true);
+    put(
+        "ffn_down_exps.weight",
+        vec![n_ff_exp, n_embd, n_expert],
+        true,
+    );
     if n_shared > 0 {
         let sh = n_ff_exp * n_shared;
         put("ffn_gate_shexp.weight", vec![n_embd, sh], true);
@@ -166,7 +177,13 @@ fn dense_ffn_tensors(m: &Metadata, il: u64, want: &mut BTreeMap<String, Want>) {
         ("ffn_up.weight", vec![n_embd, n_ff]),
         ("ffn_down.weight", vec![n_ff, n_embd]),
     ] {
-        want.insert(format!("blk.{il}.{n}"), Want { dims, required: true });
+        want.insert(
+            format!("blk.{il}.{n}"),
+            Want {
+                dims,
+                required: true,
+            },
+        );
     }
 }
 
@@ -201,7 +218,10 @@ fn deepseek2_wants(m: &Metadata) -> BTreeMap<String, Want> {
     assert_eq!(u(m, "attention.key_length"), kv_lora + n_rot);
     assert_eq!(u(m, "attention.value_length"), kv_lora);
     let n_lead = opt_u(m, "leading_dense_block_count").unwrap_or(0);
-    let vocab = m.get_str_array("tokenizer.ggml.tokens").expect("tokens").len() as u64;
+    let vocab = m
+        .get_str_array("tokenizer.ggml.tokens")
+        .expect("tokens")
+        .len() as u64;
     assert_eq!(opt_u(m, "vocab_size"), Some(vocab));
     assert!(u(m, "expert_count") > 0 && u(m, "expert_used_count") > 0);
 
@@ -209,7 +229,13 @@ fn deepseek2_wants(m: &Metadata) -> BTreeMap<String, Want> {
     global_tensors(m, &mut want);
     for il in 0..n_layer {
         let mut put = |n: &str, dims: Vec<u64>| {
-            want.insert(format!("blk.{il}.{n}"), Want { dims, required: true });
+            want.insert(
+                format!("blk.{il}.{n}"),
+                Want {
+                    dims,
+                    required: true,
+                },
+            );
         };
         put("attn_norm.weight", vec![n_embd]);
         put("attn_kv_a_norm.weight", vec![kv_lora]);
@@ -248,7 +274,10 @@ fn glm4moe_wants(m: &Metadata) -> BTreeMap<String, Want> {
     let n_head_kv = opt_u(m, "attention.head_count_kv").unwrap_or(n_head);
     let head_k = opt_u(m, "attention.key_length").unwrap_or(n_embd / n_head);
     let head_v = opt_u(m, "attention.value_length").unwrap_or(n_embd / n_head);
-    assert_eq!(head_k, head_v, "the graph asserts n_embd_head_v == n_embd_head_k");
+    assert_eq!(
+        head_k, head_v,
+        "the graph asserts n_embd_head_v == n_embd_head_k"
+    );
     let n_lead = opt_u(m, "leading_dense_block_count").unwrap_or(0);
     assert!(u(m, "expert_count") > 0 && u(m, "expert_used_count") > 0);
 
@@ -312,7 +341,10 @@ fn assert_deepseek2_lite_shape(m: &Metadata) {
     assert_eq!(f(m, "rope.freq_base"), 10000.0);
     assert_eq!(f(m, "rope.scaling.factor"), 40.0);
     assert!((f(m, "rope.scaling.yarn_log_multiplier") - 0.0707).abs() < 1e-6);
-    assert_eq!(m.get_str("deepseek2.rope.scaling.type").expect("rope type"), "yarn");
+    assert_eq!(
+        m.get_str("deepseek2.rope.scaling.type").expect("rope type"),
+        "yarn"
+    );
 }
 
 /// GLM-4.5-Air's config.json (46 layers there, 6 here, no NextN).
@@ -416,8 +448,15 @@ fn router_skew_scales_the_new_layouts_routers() {
                 continue;
             }
             routers += 1;
-            let il: usize = t.name.split('.').nth(1).expect("layer").parse().expect("layer");
-            let scales = synth::router_row_scales(spec.seed, il, spec.n_expert, 1.0).expect("scales");
+            let il: usize = t
+                .name
+                .split('.')
+                .nth(1)
+                .expect("layer")
+                .parse()
+                .expect("layer");
+            let scales =
+                synth::router_row_scales(spec.seed, il, spec.n_expert, 1.0).expect("scales");
             let (a, b) = (f32s(&a), f32s(&b));
             let row = t.dims[0] as usize;
             for (e, (ra, rb)) in a.chunks(row).zip(b.chunks(row)).enumerate() {
@@ -435,21 +474,37 @@ fn router_skew_scales_the_new_layouts_routers() {
 #[test]
 #[ignore = "needs llama.cpp's llama-completion (tools/build-llamacpp.sh)"]
 fn llama_cpp_generates_from_tiny_variants() {
-    let bin = std::env::var_os("LLAMA_COMPLETION").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-            .join(".cache/longhaul/llama.cpp/build/bin/llama-completion")
-    });
+    let bin = std::env::var_os("LLAMA_COMPLETION")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/longhaul/llama.cpp/build/bin/llama-completion")
+        });
     let dir = tmp("llama");
     for preset in ["deepseek2-tiny", "glm4moe-tiny"] {
         let (path, _, _) = from_cli(preset, &dir, &["--router-skew", "1"]);
-        let out = Command::new(&bin)
+        // llama-completion stops before generating when its stdin is at
+        // end of file, so it gets an open pipe, closed after it exits.
+        let mut child = Command::new(&bin)
             .args(["-m", path.to_str().expect("utf-8")])
-            .args(["-p", "hello", "-n", "8", "-no-cnv", "--temp", "0", "-t", "2"])
-            .output()
+            .args([
+                "-p", "hello", "-n", "8", "-no-cnv", "--temp", "0", "-t", "2",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .expect("spawn llama-completion");
+        let stdin = child.stdin.take();
+        let out = child.wait_with_output().expect("llama-completion");
+        drop(stdin);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{preset}: {err}");
-        assert!(out.stdout.len() > "hello".len(), "{preset}: no tokens: {err}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.stdout.len() > "hello".len(),
+            "{preset}: no tokens ({text:?}): {err}"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }
