@@ -1,5 +1,9 @@
 //! Deterministic synthetic models: random weights in a real architecture's
-//! layout (qwen3moe or gpt-oss), written with the project's own GGUF writer.
+//! layout (qwen3moe, gpt-oss, deepseek2 or glm4moe), written with the
+//! project's own GGUF writer. The deepseek2 and glm4moe layouts follow what
+//! llama.cpp's converter writes and its loader requires
+//! (`convert_hf_to_gguf.py`'s `DeepseekV2Model` / `Glm4MoeModel`,
+//! `src/models/deepseek2.cpp` / `glm4-moe.cpp`).
 //! Used by `longhaul demo`, `longhaul gen-model`, tests and benchmarks. Same
 //! spec and seed, same bytes. An optional router skew makes some experts
 //! popular, per layer, as in trained models; it knows nothing of how models
@@ -33,6 +37,14 @@ pub enum SynthArch {
     /// `gpt-oss`: attention and expert biases, attention sinks, alternating
     /// sliding-window layers, YaRN rope, top-k-then-softmax gating.
     GptOss,
+    /// `deepseek2`: multi-head latent attention ([`Mla`], the split
+    /// `attn_k_b` / `attn_v_b` form of llama.cpp's current converter), leading
+    /// dense layers, shared experts, softmax gating, YaRN rope.
+    Deepseek2,
+    /// `glm4moe`: GQA with q/k/v biases, partial rotary, leading dense
+    /// layers, a shared expert, sigmoid gating with a selection bias
+    /// (`exp_probs_b`), normalised top-k weights.
+    Glm4Moe,
 }
 
 impl SynthArch {
@@ -41,12 +53,44 @@ impl SynthArch {
         match self {
             Self::Qwen3Moe => QWEN3MOE.name,
             Self::GptOss => GPT_OSS.name,
+            Self::Deepseek2 => "deepseek2",
+            Self::Glm4Moe => "glm4moe",
         }
+    }
+
+    /// Whether the layout has leading dense layers and shared experts.
+    fn has_dense_lead(self) -> bool {
+        matches!(self, Self::Deepseek2 | Self::Glm4Moe)
     }
 }
 
+/// Multi-head latent attention (deepseek2). The query/key head of the
+/// decompressed (MHA) form is [`SynthSpec::head_dim`] = `qk_nope +
+/// qk_rope` (`key_length_mla`), with `qk_rope` = [`SynthSpec::rope_dim`];
+/// the file stores the absorbed (MQA) form: one KV head of `kv_lora_rank +
+/// qk_rope` (`key_length`) and `kv_lora_rank` (`value_length`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mla {
+    /// Rank of the query compression; 0 for a plain `attn_q` (DeepSeek-V2-Lite).
+    pub q_lora_rank: usize,
+    /// Rank of the joint KV compression (`kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// Value head of the decompressed form (`value_length_mla`).
+    pub v_head_dim: usize,
+}
+
 /// Names of the presets [`SynthSpec::preset`] knows, for help and errors.
-pub const PRESETS: [&str; 5] = ["demo", "tiny", "micro", "qwen3-30b-a3b", "gpt-oss-20b"];
+pub const PRESETS: [&str; 9] = [
+    "demo",
+    "tiny",
+    "micro",
+    "qwen3-30b-a3b",
+    "gpt-oss-20b",
+    "deepseek2-lite",
+    "deepseek2-tiny",
+    "glm45-air-scaled",
+    "glm4moe-tiny",
+];
 
 /// The types a synthetic model's tensors can have: those with a quantiser,
 /// in ggml's order.
@@ -55,6 +99,32 @@ pub fn writable_types() -> Vec<GgmlType> {
         .into_iter()
         .filter(|&t| quant::ops(t).is_ok())
         .collect()
+}
+
+/// The type a tensor of `ty` with rows of `row` elements is written in:
+/// `ty` when the rows are whole blocks of it, otherwise llama-quantize's
+/// fallback (`tensor_type_fallback`: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K ->
+/// Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL), and F16 when that does not
+/// fit either.
+pub fn fit_type(ty: GgmlType, row: usize) -> GgmlType {
+    use GgmlType as T;
+    let fits = |t: GgmlType| t.row_bytes(row as u64).is_some();
+    if fits(ty) {
+        return ty;
+    }
+    let fallback = match ty {
+        T::Q4_K => T::Q5_0,
+        T::Q5_K => T::Q5_1,
+        T::Q6_K => T::Q8_0,
+        T::Q2_K | T::Q3_K => T::Q4_0,
+        T::IQ4_XS => T::IQ4_NL,
+        _ => T::F16,
+    };
+    if fits(fallback) {
+        fallback
+    } else {
+        T::F16
+    }
 }
 
 /// Shape and types of a synthetic MoE model. Names follow llama.cpp
@@ -71,8 +141,22 @@ pub struct SynthSpec {
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
     pub n_ctx_train: usize,
-    /// Sliding-window size of gpt-oss's even layers (ignored by qwen3moe).
+    /// Sliding-window size of gpt-oss's even layers (ignored by the others).
     pub n_swa: usize,
+    /// Rotated dimensions of each head (`rope.dimension_count`); `None`
+    /// rotates the whole head.
+    pub rope_dim: Option<usize>,
+    /// FFN length of the leading dense layers (`feed_forward_length`;
+    /// deepseek2 and glm4moe).
+    pub n_ff: usize,
+    /// How many layers at the start have a dense FFN instead of experts
+    /// (`leading_dense_block_count`; deepseek2 and glm4moe).
+    pub n_layer_dense_lead: usize,
+    /// Shared experts of each MoE layer, stored as one FFN of
+    /// `n_ff_exp * n_expert_shared` (`expert_shared_count`; deepseek2 and glm4moe).
+    pub n_expert_shared: usize,
+    /// Latent attention; `Some` for deepseek2 only.
+    pub mla: Option<Mla>,
     /// Type of the routed expert tensors.
     pub expert_type: GgmlType,
     /// Type of the attention and output matrices.
@@ -98,6 +182,11 @@ impl SynthSpec {
             n_ff_exp: 256,
             n_ctx_train: 4096,
             n_swa: 0,
+            rope_dim: None,
+            n_ff: 0,
+            n_layer_dense_lead: 0,
+            n_expert_shared: 0,
+            mla: None,
             expert_type: GgmlType::Q4_K,
             dense_type: GgmlType::Q8_0,
             seed: 0x1006a,
@@ -145,7 +234,120 @@ impl SynthSpec {
             expert_type: GgmlType::MXFP4,
             dense_type: GgmlType::Q8_0,
             seed: 20,
-            router_skew: 0.0,
+            ..Self::demo()
+        }
+    }
+
+    /// Shaped like DeepSeek-V2-Lite: 27 layers (the first dense, FFN 10944),
+    /// n_embd 2048, 16 heads of latent attention (kv_lora_rank 512, no query
+    /// compression, qk_nope 128 + qk_rope 64, v_head 128), 64 routed experts
+    /// (top-6, softmax, weights not renormalised, scale 1) of n_ff_exp 1408
+    /// plus 2 shared, YaRN (factor 40 over 4096, as the released config).
+    /// Q4_K experts and attention (rows of 1408 and 128 fall back to Q5_0,
+    /// as llama-quantize does): 9.2 GB (8.6 GiB). The vocabulary is the
+    /// synthetic byte-level one.
+    pub fn deepseek2_lite() -> Self {
+        Self {
+            arch: SynthArch::Deepseek2,
+            n_embd: 2048,
+            n_layer: 27,
+            n_head: 16,
+            n_head_kv: 1,
+            head_dim: 128 + 64,
+            n_expert: 64,
+            n_expert_used: 6,
+            n_ff_exp: 1408,
+            n_ctx_train: 163840,
+            rope_dim: Some(64),
+            n_ff: 10944,
+            n_layer_dense_lead: 1,
+            n_expert_shared: 2,
+            mla: Some(Mla {
+                q_lora_rank: 0,
+                kv_lora_rank: 512,
+                v_head_dim: 128,
+            }),
+            expert_type: GgmlType::Q4_K,
+            dense_type: GgmlType::Q4_K,
+            seed: 16,
+            ..Self::demo()
+        }
+    }
+
+    /// deepseek2-lite's layout at the tiny preset's size (a few MB): 2
+    /// layers (the first dense), n_embd 256, 4 latent heads (kv_lora_rank 64,
+    /// qk_nope 32 + qk_rope 16, v_head 32), 8 experts (top-2) plus 2 shared.
+    pub fn deepseek2_tiny() -> Self {
+        Self {
+            n_embd: 256,
+            n_layer: 2,
+            n_head: 4,
+            head_dim: 32 + 16,
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 256,
+            n_ctx_train: 4096,
+            rope_dim: Some(16),
+            n_ff: 512,
+            mla: Some(Mla {
+                q_lora_rank: 0,
+                kv_lora_rank: 64,
+                v_head_dim: 32,
+            }),
+            dense_type: GgmlType::Q8_0,
+            seed: 17,
+            ..Self::deepseek2_lite()
+        }
+    }
+
+    /// GLM-4.5-Air's layer shapes in 6 layers instead of 46 (no NextN
+    /// layer): n_embd 4096, 96 query and 8 KV heads of 128 with q/k/v biases
+    /// and half of each head rotated, the first layer dense (FFN 10944),
+    /// then 128 routed experts (top-8, sigmoid with a selection bias,
+    /// renormalised, scale 1) of n_ff_exp 1408 plus 1 shared. Q4_K experts
+    /// and attention (rows of 1408 and 10944 fall back to Q5_0): about 7.2 GB.
+    pub fn glm45_air_scaled() -> Self {
+        Self {
+            arch: SynthArch::Glm4Moe,
+            n_embd: 4096,
+            n_layer: 6,
+            n_head: 96,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_expert: 128,
+            n_expert_used: 8,
+            n_ff_exp: 1408,
+            n_ctx_train: 131072,
+            rope_dim: Some(64),
+            n_ff: 10944,
+            n_layer_dense_lead: 1,
+            n_expert_shared: 1,
+            expert_type: GgmlType::Q4_K,
+            dense_type: GgmlType::Q4_K,
+            seed: 45,
+            ..Self::demo()
+        }
+    }
+
+    /// glm45-air-scaled's layout at the tiny preset's size: 2 layers (the
+    /// first dense), n_embd 256, 6 query and 2 KV heads of 64 (32 rotated),
+    /// 8 experts (top-2) plus 1 shared.
+    pub fn glm4moe_tiny() -> Self {
+        Self {
+            n_embd: 256,
+            n_layer: 2,
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 256,
+            n_ctx_train: 4096,
+            rope_dim: Some(32),
+            n_ff: 512,
+            dense_type: GgmlType::Q8_0,
+            seed: 46,
+            ..Self::glm45_air_scaled()
         }
     }
 
@@ -157,6 +359,10 @@ impl SynthSpec {
             "micro" => Some(Self::micro()),
             "qwen3-30b-a3b" => Some(Self::qwen3_30b_a3b()),
             "gpt-oss-20b" => Some(Self::gpt_oss_20b()),
+            "deepseek2-lite" => Some(Self::deepseek2_lite()),
+            "deepseek2-tiny" => Some(Self::deepseek2_tiny()),
+            "glm45-air-scaled" => Some(Self::glm45_air_scaled()),
+            "glm4moe-tiny" => Some(Self::glm4moe_tiny()),
             _ => None,
         }
     }
@@ -200,8 +406,17 @@ impl SynthSpec {
 
     /// Bytes of one routed expert across a layer's three expert tensors.
     pub fn expert_bytes(&self) -> u64 {
-        let row = |n: usize| self.expert_type.row_bytes(n as u64).unwrap_or(0);
+        let row = |n: usize| {
+            fit_type(self.expert_type, n)
+                .row_bytes(n as u64)
+                .unwrap_or(0)
+        };
         2 * self.n_ff_exp as u64 * row(self.n_embd) + self.n_embd as u64 * row(self.n_ff_exp)
+    }
+
+    /// Rotated dimensions of each head.
+    pub fn n_rot(&self) -> usize {
+        self.rope_dim.unwrap_or(self.head_dim)
     }
 
     /// Why this spec cannot be built, if it cannot.
@@ -231,10 +446,70 @@ impl SynthSpec {
                 self.router_skew
             ));
         }
-        let rows = [
-            ("expert", self.expert_type, [self.n_embd, self.n_ff_exp]),
-            ("dense", self.dense_type, [self.n_embd, q]),
-        ];
+        let n_rot = self.n_rot();
+        if n_rot == 0 || n_rot > self.head_dim || !n_rot.is_multiple_of(2) {
+            return bad(format!(
+                "rope dimensions {n_rot} must be even and within the head of {}",
+                self.head_dim
+            ));
+        }
+        if (self.arch == SynthArch::Deepseek2) != self.mla.is_some() {
+            return bad(format!(
+                "{} {} latent attention (mla)",
+                self.arch.name(),
+                if self.mla.is_some() {
+                    "has no"
+                } else {
+                    "needs"
+                }
+            ));
+        }
+        if let Some(m) = self.mla {
+            if m.kv_lora_rank == 0 || m.v_head_dim == 0 || n_rot >= self.head_dim {
+                return bad(format!(
+                    "latent attention needs kv_lora_rank, v_head_dim and qk_nope                      (head_dim {} - rope {n_rot}) above zero",
+                    self.head_dim
+                ));
+            }
+            if self.n_head_kv != 1 {
+                return bad(format!(
+                    "deepseek2 stores its latent attention as one KV head, not {}",
+                    self.n_head_kv
+                ));
+            }
+        }
+        if self.arch.has_dense_lead() {
+            if self.n_layer_dense_lead >= self.n_layer {
+                return bad(format!(
+                    "{} leading dense layers leave no MoE layer of {}",
+                    self.n_layer_dense_lead, self.n_layer
+                ));
+            }
+            if self.n_layer_dense_lead > 0 && self.n_ff == 0 {
+                return bad("leading dense layers need n_ff > 0".into());
+            }
+        } else if self.n_layer_dense_lead > 0
+            || self.n_expert_shared > 0
+            || self.rope_dim.is_some_and(|r| r != self.head_dim)
+        {
+            return bad(format!(
+                "{} has no dense layers, shared experts or partial rotary",
+                self.arch.name()
+            ));
+        }
+        // deepseek2 and glm4moe write every row as llama-quantize would
+        // (`fit_type`), so only rows of n_embd must suit the types.
+        let rows = if self.arch.has_dense_lead() {
+            [
+                ("expert", self.expert_type, [self.n_embd, self.n_embd]),
+                ("dense", self.dense_type, [self.n_embd, self.n_embd]),
+            ]
+        } else {
+            [
+                ("expert", self.expert_type, [self.n_embd, self.n_ff_exp]),
+                ("dense", self.dense_type, [self.n_embd, q]),
+            ]
+        };
         for (what, ty, lens) in rows {
             if let Some(n) = lens.iter().find(|&&n| ty.row_bytes(n as u64).is_none()) {
                 return bad(format!(
@@ -303,16 +578,35 @@ fn name_seed(seed: u64, name: &str) -> u64 {
     })
 }
 
-/// Random values of amplitude `amp`, generated in parallel by row blocks so
-/// the result does not depend on the thread count.
-fn random(seed: u64, name: &str, n: usize, amp: f32, offset: f32) -> Vec<f32> {
+/// Values `start..start + len` of a tensor's random stream of amplitude
+/// `amp`: blocks of 2^14 values, each from its own generator, made in
+/// parallel, so the values depend neither on the thread count nor on how
+/// the tensor is cut into ranges.
+fn random_at(seed: u64, name: &str, start: usize, len: usize, amp: f32, offset: f32) -> Vec<f32> {
     const BLOCK: usize = 1 << 14;
     let base = name_seed(seed, name);
-    let mut v = vec![0f32; n];
-    v.par_chunks_mut(BLOCK).enumerate().for_each(|(i, c)| {
-        let mut r = Rng(base ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+    let fill = |block: usize, skip: usize, c: &mut [f32]| {
+        let mut r = Rng(base ^ (block as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+        (0..skip).for_each(|_| {
+            r.next_u64();
+        });
         c.iter_mut().for_each(|x| *x = offset + amp * r.uniform());
-    });
+    };
+    let mut v = vec![0f32; len];
+    let (first_block, skip) = (start / BLOCK, start % BLOCK);
+    let head = if skip == 0 {
+        0
+    } else {
+        (BLOCK - skip).min(len)
+    };
+    let (a, b) = v.split_at_mut(head);
+    if head > 0 {
+        fill(first_block, skip, a);
+    }
+    let rest_first = first_block + usize::from(head > 0);
+    b.par_chunks_mut(BLOCK)
+        .enumerate()
+        .for_each(|(i, c)| fill(rest_first + i, 0, c));
     v
 }
 
@@ -379,6 +673,7 @@ fn add(
     ty: GgmlType,
     fill: Fill,
 ) -> Result<(), SynthError> {
+    let ty = fit_type(ty, dims[0] as usize);
     let (name_s, dims_v) = (name.to_string(), dims.to_vec());
     let source = move || -> Result<Vec<u8>, GgufError> {
         let n: u64 = dims_v.iter().product();
@@ -390,21 +685,32 @@ fn add(
         if ty == GgmlType::Q4_K && *offset == 0.0 && row_scale.is_none() {
             return Ok(random_q4k(seed, &name_s, n as usize / 256, *amp));
         }
-        let mut data = random(seed, &name_s, n as usize, *amp, *offset);
+        // Made and quantised a slab of rows at a time: a stacked expert
+        // tensor's floats can be gigabytes.
+        const SLAB: usize = 1 << 24;
         let row = dims_v[0] as usize;
-        if let Some(scale) = row_scale {
-            data.par_chunks_mut(row)
-                .zip(scale.par_iter())
-                .for_each(|(r, &s)| r.iter_mut().for_each(|v| *v *= s));
-        }
-        let rows: Result<Vec<Vec<u8>>, QuantError> = data
-            .par_chunks(row)
-            .map(|r| quant::quantize_row(ty, r))
-            .collect();
-        rows.map(|r| r.concat())
-            .map_err(|e| GgufError::InvalidArgument {
+        let n_rows = n as usize / row;
+        let slab_rows = (SLAB / row).max(1);
+        let mut out = Vec::with_capacity(n_rows * ty.row_bytes(row as u64).unwrap_or(0) as usize);
+        for first in (0..n_rows).step_by(slab_rows) {
+            let k = slab_rows.min(n_rows - first);
+            let mut data = random_at(seed, &name_s, first * row, k * row, *amp, *offset);
+            if let Some(scale) = row_scale {
+                let scale = scale.get(first..).unwrap_or(&[]);
+                data.par_chunks_mut(row)
+                    .zip(scale.par_iter())
+                    .for_each(|(r, &s)| r.iter_mut().for_each(|v| *v *= s));
+            }
+            let rows: Result<Vec<Vec<u8>>, QuantError> = data
+                .par_chunks(row)
+                .map(|r| quant::quantize_row(ty, r))
+                .collect();
+            let rows = rows.map_err(|e| GgufError::InvalidArgument {
                 reason: format!("quantising `{name_s}`: {e}"),
-            })
+            })?;
+            rows.iter().for_each(|r| out.extend_from_slice(r));
+        }
+        Ok(out)
     };
     w.add_tensor_lazy(name, dims, ty, Arc::new(source))?;
     Ok(())
@@ -434,6 +740,12 @@ fn byte_tokens() -> Vec<String> {
 }
 
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// A minimal DeepSeek-V2 chat template.
+const DEEPSEEK2_CHAT: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\n\n' }}{% elif message['role'] == 'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}{% else %}{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+
+/// A minimal GLM-4.5 chat template (no thinking or tools).
+const GLM45_CHAT: &str = "[gMASK]<sop>{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}";
 
 /// A minimal harmony template (gpt-oss): no system preamble or channels.
 const HARMONY: &str = "{% for message in messages %}{{'<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>'}}{% endfor %}{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}";
@@ -467,6 +779,32 @@ fn set_tokenizer(w: &mut Writer, arch: SynthArch) -> usize {
             "gpt-4o",
             [0, 1, 2],
             HARMONY,
+        ),
+        // DeepSeek-V2's own pre-tokenizer is `deepseek-llm`; `deepseek-v3`
+        // is its successor, known to llama.cpp and to longhaul.
+        SynthArch::Deepseek2 => (
+            &["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
+            "deepseek-v3",
+            [0, 1, 1],
+            DEEPSEEK2_CHAT,
+        ),
+        // GLM-4.5's specials in its order; bos `[gMASK]` as llama.cpp's converter sets it.
+        SynthArch::Glm4Moe => (
+            &[
+                "<|endoftext|>",
+                "[MASK]",
+                "[gMASK]",
+                "[sMASK]",
+                "<sop>",
+                "<eop>",
+                "<|system|>",
+                "<|user|>",
+                "<|assistant|>",
+                "<|observation|>",
+            ],
+            "glm4",
+            [2, 0, 0],
+            GLM45_CHAT,
         ),
     };
     let mut tokens = byte_tokens();
@@ -507,6 +845,9 @@ fn set_tokenizer(w: &mut Writer, arch: SynthArch) -> usize {
 
 /// Sets the `{arch}.*` hyperparameter keys.
 fn set_hparams(w: &mut Writer, s: &SynthSpec) {
+    if s.arch.has_dense_lead() {
+        return set_hparams_dense_lead(w, s);
+    }
     let a = s.arch.name();
     let u32_ = |v: usize| MetaValue::U32(v as u32);
     let mut keys = vec![
@@ -532,7 +873,8 @@ fn set_hparams(w: &mut Writer, s: &SynthSpec) {
     }
     let f32_ = |k: &str, v: f32| (format!("{a}.{k}"), MetaValue::F32(v));
     let floats = match s.arch {
-        SynthArch::Qwen3Moe => vec![
+        // qwen3moe (deepseek2 and glm4moe returned above).
+        SynthArch::Qwen3Moe | SynthArch::Deepseek2 | SynthArch::Glm4Moe => vec![
             f32_("rope.freq_base", 1_000_000.0),
             f32_("attention.layer_norm_rms_epsilon", 1e-6),
         ],
@@ -556,6 +898,208 @@ fn set_hparams(w: &mut Writer, s: &SynthSpec) {
     }
 }
 
+/// The `{arch}.*` keys of deepseek2 and glm4moe, as llama.cpp's converter
+/// writes them for DeepSeek-V2-Lite and GLM-4.5-Air.
+fn set_hparams_dense_lead(w: &mut Writer, s: &SynthSpec) {
+    let a = s.arch.name();
+    let mut u = vec![
+        ("context_length", s.n_ctx_train),
+        ("embedding_length", s.n_embd),
+        ("block_count", s.n_layer),
+        ("feed_forward_length", s.n_ff),
+        ("attention.head_count", s.n_head),
+        ("attention.head_count_kv", s.n_head_kv),
+        ("rope.dimension_count", s.n_rot()),
+        ("expert_count", s.n_expert),
+        ("expert_used_count", s.n_expert_used),
+        ("expert_group_count", 1),
+        ("expert_group_used_count", 1),
+        ("expert_feed_forward_length", s.n_ff_exp),
+        ("expert_shared_count", s.n_expert_shared),
+        ("leading_dense_block_count", s.n_layer_dense_lead),
+    ];
+    // llama.cpp's `llama_expert_gating_func_type`: 1 softmax, 2 sigmoid.
+    let (gating, norm_topk, freq_base, eps) = match s.arch {
+        SynthArch::Deepseek2 => (1, false, 10_000.0, 1e-6),
+        _ => (2, true, 1_000_000.0, 1e-5),
+    };
+    u.push(("expert_gating_func", gating));
+    match s.mla {
+        Some(m) => {
+            let rope = s.n_rot();
+            u.extend([
+                ("attention.kv_lora_rank", m.kv_lora_rank),
+                ("attention.key_length", m.kv_lora_rank + rope),
+                ("attention.value_length", m.kv_lora_rank),
+                ("attention.key_length_mla", s.head_dim),
+                ("attention.value_length_mla", m.v_head_dim),
+                ("rope.scaling.original_context_length", 4096),
+            ]);
+            // The converter writes the query rank only when there is one;
+            // llama.cpp then requires it unless the layer count says "lite"
+            // (26 or 27 layers), so smaller variants say 0 explicitly.
+            if m.q_lora_rank > 0 || !matches!(s.n_layer, 26 | 27) {
+                u.push(("attention.q_lora_rank", m.q_lora_rank));
+            }
+        }
+        None => u.extend([
+            ("attention.key_length", s.head_dim),
+            ("attention.value_length", s.head_dim),
+        ]),
+    }
+    for (k, v) in u {
+        w.set(&format!("{a}.{k}"), MetaValue::U32(v as u32));
+    }
+    let mut f = vec![
+        ("rope.freq_base", freq_base),
+        ("attention.layer_norm_rms_epsilon", eps),
+        ("expert_weights_scale", 1.0),
+    ];
+    if s.arch == SynthArch::Deepseek2 {
+        // DeepSeek-V2-Lite's YaRN: factor 40, beta 32/1, mscale_all_dim
+        // 0.707 written as 0.1 * 0.707 (llama.cpp's convention for deepseek2).
+        f.extend([
+            ("rope.scaling.factor", 40.0),
+            ("rope.scaling.yarn_beta_fast", 32.0),
+            ("rope.scaling.yarn_beta_slow", 1.0),
+            ("rope.scaling.yarn_log_multiplier", 0.1 * 0.707),
+        ]);
+        w.set(
+            &format!("{a}.rope.scaling.type"),
+            MetaValue::String("yarn".into()),
+        );
+    }
+    for (k, v) in f {
+        w.set(&format!("{a}.{k}"), MetaValue::F32(v));
+    }
+    if norm_topk {
+        w.set(&format!("{a}.expert_weights_norm"), MetaValue::Bool(true));
+    }
+}
+
+/// Adds one layer's tensors of the deepseek2 and glm4moe layouts: attention
+/// (latent or GQA with biases), then a dense FFN for the leading layers, or
+/// the router, the routed experts and the shared experts.
+fn add_layer_dense_lead(w: &mut Writer, s: &SynthSpec, il: usize) -> Result<(), SynthError> {
+    let (e, hd, nh) = (s.n_embd as u64, s.head_dim as u64, s.n_head as u64);
+    let (x, ff, rot) = (s.n_expert as u64, s.n_ff_exp as u64, s.n_rot() as u64);
+    let amp = |k: u64| (3.0 / k as f32).sqrt();
+    let (f32_, dense, experts) = (GgmlType::F32, s.dense_type, s.expert_type);
+    let mut t = |name: &str, dims: &[u64], ty: GgmlType, fill: Fill| {
+        add(w, s.seed, &format!("blk.{il}.{name}"), dims, ty, fill)
+    };
+    t("attn_norm.weight", &[e], f32_, Fill::norm())?;
+    let out_rows = match s.mla {
+        Some(m) => {
+            let (kvr, vh) = (m.kv_lora_rank as u64, m.v_head_dim as u64);
+            let nope = hd - rot;
+            if m.q_lora_rank > 0 {
+                let qr = m.q_lora_rank as u64;
+                t("attn_q_a.weight", &[e, qr], dense, Fill::uniform(amp(e)))?;
+                t("attn_q_a_norm.weight", &[qr], f32_, Fill::norm())?;
+                t(
+                    "attn_q_b.weight",
+                    &[qr, nh * hd],
+                    dense,
+                    Fill::uniform(amp(qr)),
+                )?;
+            } else {
+                t("attn_q.weight", &[e, nh * hd], dense, Fill::uniform(amp(e)))?;
+            }
+            t(
+                "attn_kv_a_mqa.weight",
+                &[e, kvr + rot],
+                dense,
+                Fill::uniform(amp(e)),
+            )?;
+            t("attn_kv_a_norm.weight", &[kvr], f32_, Fill::norm())?;
+            t(
+                "attn_k_b.weight",
+                &[nope, kvr, nh],
+                dense,
+                Fill::uniform(amp(nope)),
+            )?;
+            t(
+                "attn_v_b.weight",
+                &[kvr, vh, nh],
+                dense,
+                Fill::uniform(amp(kvr)),
+            )?;
+            nh * vh
+        }
+        None => {
+            let kv = (s.n_head_kv * s.head_dim) as u64;
+            for (m, out) in [("q", nh * hd), ("k", kv), ("v", kv)] {
+                let wname = format!("attn_{m}.weight");
+                t(&wname, &[e, out], dense, Fill::uniform(amp(e)))?;
+                let bname = format!("attn_{m}.bias");
+                t(&bname, &[out], f32_, Fill::uniform(0.1))?;
+            }
+            nh * hd
+        }
+    };
+    t(
+        "attn_output.weight",
+        &[out_rows, e],
+        dense,
+        Fill::uniform(amp(out_rows)),
+    )?;
+    let post_norm = match s.arch {
+        SynthArch::Glm4Moe => "post_attention_norm.weight",
+        _ => "ffn_norm.weight",
+    };
+    t(post_norm, &[e], f32_, Fill::norm())?;
+    let ffn = |t: &mut dyn FnMut(&str, &[u64], GgmlType, Fill) -> Result<(), SynthError>,
+               suffix: &str,
+               n: u64| {
+        t(
+            &format!("ffn_gate{suffix}.weight"),
+            &[e, n],
+            dense,
+            Fill::uniform(amp(e)),
+        )?;
+        t(
+            &format!("ffn_down{suffix}.weight"),
+            &[n, e],
+            dense,
+            Fill::uniform(amp(n)),
+        )?;
+        t(
+            &format!("ffn_up{suffix}.weight"),
+            &[e, n],
+            dense,
+            Fill::uniform(amp(e)),
+        )
+    };
+    if il < s.n_layer_dense_lead {
+        return ffn(&mut t, "", s.n_ff as u64);
+    }
+    // Softmax routers as qwen3moe's; sigmoid ones with logits of about unit
+    // spread (wider ones saturate at 1 and tie), and a selection bias small
+    // next to the sigmoid's slope.
+    let sigmoid = s.arch == SynthArch::Glm4Moe;
+    let router = Fill {
+        row_scale: router_row_scales(s.seed, il, s.n_expert, s.router_skew).map(Arc::from),
+        ..Fill::uniform(amp(e) * if sigmoid { 1.0 } else { 4.0 })
+    };
+    t("ffn_gate_inp.weight", &[e, x], f32_, router)?;
+    if sigmoid {
+        t("exp_probs_b.bias", &[x], f32_, Fill::uniform(0.02))?;
+    }
+    for (m, dims, k) in [
+        ("gate", [e, ff, x], e),
+        ("down", [ff, e, x], ff),
+        ("up", [e, ff, x], e),
+    ] {
+        let name = format!("ffn_{m}_exps.weight");
+        t(&name, &dims, experts, Fill::uniform(amp(k)))?;
+    }
+    if s.n_expert_shared > 0 {
+        ffn(&mut t, "_shexp", ff * s.n_expert_shared as u64)?;
+    }
+    Ok(())
+}
+
 /// Builds the synthetic model in memory (tensors are made when written).
 pub fn build(spec: &SynthSpec) -> Result<Writer, SynthError> {
     let s = spec;
@@ -570,6 +1114,9 @@ pub fn build(spec: &SynthSpec) -> Result<Writer, SynthError> {
     w.set("general.alignment", MetaValue::U32(32));
     set_hparams(&mut w, s);
     let n_vocab = set_tokenizer(&mut w, s.arch);
+    if s.mla.is_some() {
+        w.set(&format!("{a}.vocab_size"), MetaValue::U32(n_vocab as u32));
+    }
     if s.router_skew > 0.0 {
         w.set("longhaul.synth.router_skew", MetaValue::F32(s.router_skew));
     }
@@ -591,6 +1138,12 @@ pub fn build(spec: &SynthSpec) -> Result<Writer, SynthError> {
     t("token_embd.weight", &[e, v], f32_, Fill::uniform(1.0))?;
     t("output_norm.weight", &[e], f32_, Fill::norm())?;
     t("output.weight", &[e, v], dense, Fill::uniform(amp(e)))?;
+    if s.arch.has_dense_lead() {
+        for il in 0..s.n_layer {
+            add_layer_dense_lead(&mut w, s, il)?;
+        }
+        return Ok(w);
+    }
     for il in 0..s.n_layer {
         let n = |k: &str| format!("blk.{il}.{k}");
         t(&n("attn_norm.weight"), &[e], f32_, Fill::norm())?;
@@ -668,4 +1221,53 @@ pub fn write_with_progress(
 ) -> Result<(), SynthError> {
     build(spec)?.write_with_progress(path, progress)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole stream of `offset + amp * U(-1, 1)` (amp 2, offset 0.5),
+    /// one generator per block of 2^14 values, in order.
+    fn whole(seed: u64, name: &str, n: usize) -> Vec<f32> {
+        const BLOCK: usize = 1 << 14;
+        let base = name_seed(seed, name);
+        let mut v = Vec::with_capacity(n);
+        for b in 0..n.div_ceil(BLOCK) {
+            let mut r = Rng(base ^ (b as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+            for _ in 0..BLOCK.min(n - b * BLOCK) {
+                v.push(0.5 + 2.0 * r.uniform());
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn random_ranges_are_slices_of_the_whole_stream() {
+        let n = 5 * (1 << 14) + 123;
+        let all = whole(3, "t", n);
+        for (start, len) in [
+            (0, n),
+            (0, 1),
+            (1, 1 << 14),
+            (15_488, 40_000),
+            ((1 << 14) - 1, 2),
+            (n - 7, 7),
+        ] {
+            assert!(
+                random_at(3, "t", start, len, 2.0, 0.5) == all[start..start + len],
+                "start {start} len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn fit_type_falls_back_as_llama_quantize() {
+        use GgmlType as T;
+        assert_eq!(fit_type(T::Q4_K, 2048), T::Q4_K);
+        assert_eq!(fit_type(T::Q4_K, 1408), T::Q5_0);
+        assert_eq!(fit_type(T::Q6_K, 128), T::Q8_0);
+        assert_eq!(fit_type(T::Q8_0, 48), T::F16);
+        assert_eq!(fit_type(T::F32, 7), T::F32);
+    }
 }

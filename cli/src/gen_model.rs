@@ -11,7 +11,8 @@ use longhaul::tensor::GgmlType;
 
 #[derive(Args, Debug)]
 pub struct GenModelArgs {
-    /// Shape: demo, tiny, micro, qwen3-30b-a3b or gpt-oss-20b.
+    /// Shape: demo, tiny, micro, qwen3-30b-a3b, gpt-oss-20b, deepseek2-lite,
+    /// deepseek2-tiny, glm45-air-scaled or glm4moe-tiny.
     #[arg(long, default_value = "demo")]
     pub preset: String,
     /// Output file.
@@ -120,12 +121,16 @@ fn expert_type(name: &str) -> anyhow::Result<GgmlType> {
 /// One line about what is written: the preset and what makes it differ.
 fn describe(preset: &str, s: &SynthSpec) -> String {
     format!(
-        "{preset} ({}, {} layers, n_embd {}, {} experts ({} used) of {}, dense {}, seed {}{})",
+        "{preset} ({}, {} layers, n_embd {}, {} experts ({} used{}) of {}, dense {}, seed {}{})",
         s.arch.name(),
         s.n_layer,
         s.n_embd,
         s.n_expert,
         s.n_expert_used,
+        match (s.n_layer_dense_lead, s.n_expert_shared) {
+            (0, 0) => String::new(),
+            (d, sh) => format!(", {sh} shared, {d} leading dense layers"),
+        },
         s.expert_type.name(),
         s.dense_type.name(),
         s.seed,

@@ -85,6 +85,19 @@ impl Writer {
         &mut self.metadata
     }
 
+    /// The metadata to write.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Name, shape (ggml order) and type of each tensor, in file order;
+    /// makes no tensor data.
+    pub fn tensor_shapes(&self) -> impl Iterator<Item = (&str, &[u64], GgmlType)> {
+        self.tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.dims.as_slice(), t.ty))
+    }
+
     /// Sets one metadata key, replacing an earlier value in place.
     pub fn set(&mut self, key: &str, v: MetaValue) {
         self.metadata.set(key, v);
