@@ -281,7 +281,7 @@ impl<B: Backend> Model<B> {
             let total: u64 = file
                 .tensors()
                 .iter()
-                .filter(|t| !(how.longhaul && is_routed(&t.name)) && !hp.is_skipped(&t.name))
+                .filter(|t| !(hp.is_skipped(&t.name) || how.longhaul && is_routed(&t.name)))
                 .map(|t| t.len)
                 .sum();
             (progress, total)
