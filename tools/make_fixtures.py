@@ -11,7 +11,9 @@ tools/llama_logits.cpp. Stages (all by default):
   convert  convert_hf_to_gguf.py -> tests/fixtures/<arch>-f32.gguf, -f16.gguf
   quantize llama-quantize <arch>-f32.gguf -> -q8_0, -q4_k_m (+ gpt-oss -mxfp4)
   llama    llama.cpp goldens via llama_logits (tests/goldens/<stem>.json, and
-           <arch>-f32.llamacpp.json), NMSE table vs transformers
+           <arch>-f32.llamacpp.json), NMSE table vs transformers; for the newer
+           stems (NEW_ARCHS) also <arch>-{f32,f16}.default.json (llama.cpp's
+           default settings) and the NMSE numbers inside the goldens
   smollm2  tests/goldens/smollm2-greedy.json from the real SmolLM2 GGUF
 
 Everything is seeded; running twice gives byte-identical files.
