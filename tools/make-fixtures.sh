@@ -25,6 +25,15 @@ g++ -O2 -std=c++17 "$root/tools/llama_logits.cpp" -I"$src/include" -I"$src/ggml/
   -L"$bin" -lllama -lggml -lggml-base -Wl,-rpath,"$bin" -o "$work/llama_logits"
 ver="llama.cpp $(git -C "$src" rev-parse --short=12 HEAD 2>/dev/null || echo unknown), llama-cpp-python sdist $(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$lc/src/llama_cpp/__init__.py" 2>/dev/null || echo unknown)"
 export PYTHONHASHSEED=0 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2
+# A CUDA build of torch (the PyPI wheel) installed without its nvidia-* wheels
+# cannot be imported: give it stub CUDA libraries (tools/torch_cuda_stubs.py),
+# it then runs on the CPU.
+if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+  tlib="$("$PYTHON" -c "import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec('torch').origin), 'lib'))")"
+  python3 "$root/tools/torch_cuda_stubs.py" "$tlib" "$work/cuda-stubs" >/dev/null
+  export LD_LIBRARY_PATH="$work/cuda-stubs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  "$PYTHON" -c "import torch" || { echo "torch does not import, even with CUDA stubs" >&2; exit 1; }
+fi
 exec "$PYTHON" "$root/tools/make_fixtures.py" --work "$work" --llama-src "$src" --bin "$bin" \
   --llama-logits "$work/llama_logits" --llama-version "$ver" \
   --models "${LONGHAUL_MODELS:-$HOME/.cache/longhaul/models}" "$@"
