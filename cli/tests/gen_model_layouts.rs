@@ -457,7 +457,7 @@ fn router_skew_scales_the_new_layouts_routers() {
                 .expect("layer");
             let scales =
                 synth::router_row_scales(spec.seed, il, spec.n_expert, 1.0).expect("scales");
-            let (a, b) = (f32s(&a), f32s(&b));
+            let (a, b) = (f32s(a), f32s(b));
             let row = t.dims[0] as usize;
             for (e, (ra, rb)) in a.chunks(row).zip(b.chunks(row)).enumerate() {
                 for (x, y) in ra.iter().zip(rb) {
