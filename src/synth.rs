@@ -977,6 +977,9 @@ fn set_hparams_dense_lead(w: &mut Writer, s: &SynthSpec) {
     }
 }
 
+/// Adds a tensor of a layer: name within the layer, shape, type, fill.
+type AddTensor<'a> = dyn FnMut(&str, &[u64], GgmlType, Fill) -> Result<(), SynthError> + 'a;
+
 /// Adds one layer's tensors of the deepseek2 and glm4moe layouts: attention
 /// (latent or GQA with biases), then a dense FFN for the leading layers, or
 /// the router, the routed experts and the shared experts.
@@ -1049,9 +1052,7 @@ fn add_layer_dense_lead(w: &mut Writer, s: &SynthSpec, il: usize) -> Result<(), 
         _ => "ffn_norm.weight",
     };
     t(post_norm, &[e], f32_, Fill::norm())?;
-    let ffn = |t: &mut dyn FnMut(&str, &[u64], GgmlType, Fill) -> Result<(), SynthError>,
-               suffix: &str,
-               n: u64| {
+    let ffn = |t: &mut AddTensor, suffix: &str, n: u64| {
         t(
             &format!("ffn_gate{suffix}.weight"),
             &[e, n],
