@@ -173,3 +173,100 @@ fn f32_and_f16_match_llamacpp_at_its_default_settings() {
     }
     assert_none(fails);
 }
+
+/// `stem`'s F32 file rewritten through our writer, `edit` applied to its
+/// metadata and tensor list, then loaded.
+fn load_edited(
+    stem: &str,
+    name: &str,
+    edit: impl FnOnce(&mut longhaul::gguf::Metadata, &mut Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>),
+) -> Result<Model<CpuBackend>, longhaul::model::ModelError> {
+    use longhaul::gguf::{self, Writer};
+    let src = gguf::Model::open(fixture(&format!("{stem}-f32.gguf"))).expect("open");
+    let mut md = src.metadata().clone();
+    let mut ts: Vec<_> = src
+        .tensors()
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dims.clone(),
+                t.ty,
+                src.tensor_data(t).expect("data").to_vec(),
+            )
+        })
+        .collect();
+    edit(&mut md, &mut ts);
+    let mut w = Writer::new();
+    for (k, v) in md.iter() {
+        w.set(k, v.clone());
+    }
+    for (n, d, ty, b) in ts {
+        w.add_tensor(&n, &d, ty, b).expect("add");
+    }
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("families-edited");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join(format!("{name}.gguf"));
+    w.write(&path).expect("write");
+    let file = std::sync::Arc::new(gguf::Model::open(&path).expect("reopen"));
+    Model::load(CpuBackend::new(), file)
+}
+
+fn err_text(r: Result<Model<CpuBackend>, longhaul::model::ModelError>) -> String {
+    match r {
+        Ok(_) => panic!("the edited file loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_tensor_the_architecture_does_not_declare_is_refused_by_name() {
+    // OLMoE has no attention biases: a file with one is not run without it.
+    let e = err_text(load_edited("olmoe", "olmoe-bias", |_, ts| {
+        ts.push((
+            "blk.0.attn_q.bias".into(),
+            vec![128],
+            GgmlType::F32,
+            vec![0; 512],
+        ));
+    }));
+    assert!(
+        e.contains("blk.0.attn_q.bias") && e.contains("olmoe"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_required_tensor_is_named() {
+    // GLM-4.5's MoE layers need their selection bias.
+    let e = err_text(load_edited("glm4moe", "glm4moe-no-bias", |_, ts| {
+        ts.retain(|t| t.0 != "blk.1.exp_probs_b.bias");
+    }));
+    assert!(e.contains("blk.1.exp_probs_b.bias"), "{e}");
+}
+
+#[test]
+fn nextn_layers_are_skipped_and_impossible_groups_refused() {
+    use longhaul::gguf::MetaValue;
+    // Without the NextN count the NextN block is a fourth trunk layer,
+    // whose extra tensors are then undeclared.
+    let e = err_text(load_edited("glm4moe", "glm4moe-no-nextn", |md, _| {
+        md.remove("glm4moe.nextn_predict_layers");
+    }));
+    assert!(e.contains("blk.3.nextn"), "{e}");
+    // 16 experts cannot form 3 groups.
+    let e = err_text(load_edited("deepseek3", "deepseek3-groups", |md, _| {
+        md.set("deepseek2.expert_group_count", MetaValue::U32(3));
+    }));
+    assert!(e.contains("expert_group_count"), "{e}");
+    // Older MLA conversions carry the unsplit attn_kv_b: refused with advice.
+    let e = err_text(load_edited("deepseek2", "deepseek2-kvb", |_, ts| {
+        ts.push((
+            "blk.0.attn_kv_b.weight".into(),
+            vec![32, 4],
+            GgmlType::F32,
+            vec![0; 512],
+        ));
+    }));
+    assert!(e.contains("re-convert"), "{e}");
+}
