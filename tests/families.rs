@@ -18,15 +18,7 @@ use longhaul::kv::KvCache;
 use longhaul::model::{Logits, Model};
 use longhaul::tensor::GgmlType;
 
-pub const FAMILIES: [&str; 7] = [
-    "olmoe",
-    "glm4moe",
-    "deepseek2",
-    "deepseek3",
-    "deepseek3-lite",
-    "laguna-head",
-    "laguna-elem",
-];
+const FAMILIES: [&str; 7] = NEW_FAMILIES;
 
 /// deepseek3-lite (27 random layers, needed because llama.cpp takes a
 /// deepseek2 file without q LoRA only at 26 or 27 layers) amplifies any

@@ -11,7 +11,7 @@ mod gpu_util;
 
 use std::sync::Arc;
 
-use common::{argmax, fixture};
+use common::{argmax, fixture, NEW_FAMILIES};
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::backend::Backend;
 use longhaul::gguf;
@@ -22,16 +22,6 @@ use longhaul::tensor::GgmlType;
 
 const ARCHS: [&str; 4] = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"];
 
-/// The families of issue 12 (tests/families.rs checks them on the CPU).
-const NEW_FAMILIES: [&str; 7] = [
-    "olmoe",
-    "glm4moe",
-    "deepseek2",
-    "deepseek3",
-    "deepseek3-lite",
-    "laguna-head",
-    "laguna-elem",
-];
 
 fn open(name: &str) -> Arc<gguf::Model> {
     Arc::new(gguf::Model::open(fixture(name)).expect("open fixture"))

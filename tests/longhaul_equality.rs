@@ -140,15 +140,7 @@ fn longhaul_is_bit_identical_to_resident_for_every_cache_size() {
 /// selection bias and groups (deepseek3), NextN layers skipped (glm4moe).
 #[test]
 fn longhaul_is_bit_identical_to_resident_for_the_new_families() {
-    for a in [
-        "olmoe",
-        "glm4moe",
-        "deepseek2",
-        "deepseek3",
-        "deepseek3-lite",
-        "laguna-head",
-        "laguna-elem",
-    ] {
+    for a in NEW_FAMILIES {
         for q in ["f32", "q4_k_m"] {
             let stem = format!("{a}-{q}");
             check(&fixture(&format!("{stem}.gguf")), &stem);

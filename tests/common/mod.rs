@@ -14,6 +14,18 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The fixture stems of the families added in issue 12 (olmoe, glm4moe,
+/// deepseek2 in three variants, laguna with both gates).
+pub const NEW_FAMILIES: [&str; 7] = [
+    "olmoe",
+    "glm4moe",
+    "deepseek2",
+    "deepseek3",
+    "deepseek3-lite",
+    "laguna-head",
+    "laguna-elem",
+];
+
 pub fn fixture(name: &str) -> PathBuf {
     root().join("tests/fixtures").join(name)
 }

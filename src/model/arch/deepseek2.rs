@@ -5,7 +5,7 @@
 //! metadata says, plus shared experts. NextN layers are not loaded.
 
 use super::{ArchSpec, Family, SwaPattern};
-use crate::backend::{Backend, Glu, RopeMode};
+use crate::backend::{Backend, RopeMode};
 use crate::model::blocks::attention::Want;
 use crate::model::blocks::ffn::MoeDecl;
 use crate::model::blocks::mla::Mla;
@@ -21,17 +21,13 @@ pub const SPEC: ArchSpec = ArchSpec {
 pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, ModelError> {
     let hp = l.hp;
     let moe = MoeDecl {
-        routing: hp.routing(
-            hp.expert_gating.unwrap_or(Scoring::Softmax),
-            hp.expert_weights_norm,
-        ),
-        glu: Glu::SwiGlu,
-        router_bias: Want::No,
         select_bias: Want::Opt,
-        expert_bias: Want::No,
         shared: Want::Req,
         n_ff_shared: hp.n_ff_exp * hp.n_expert_shared,
-        shared_gate: Want::No,
+        ..MoeDecl::routed(hp.routing(
+            hp.expert_gating.unwrap_or(Scoring::Softmax),
+            hp.expert_weights_norm,
+        ))
     };
     Ok(Layer {
         attn_norm: l.layer_norm(il, "attn_norm")?,

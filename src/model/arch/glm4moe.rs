@@ -5,10 +5,10 @@
 //! `post_attention_norm`; NextN layers after the trunk are not loaded.
 
 use super::{ArchSpec, Family, SwaPattern};
-use crate::backend::{Backend, Glu, RopeMode};
+use crate::backend::{Backend, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, QkNorm, Scoring};
+use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -21,11 +21,8 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
     let hp = l.hp;
     let attn = GqaDecl {
         qkv_bias: Want::Opt,
-        out_bias: Want::No,
         qk_norm: Want::Opt,
-        qk_norm_over: QkNorm::Head,
-        sinks: false,
-        out_gate: None,
+        ..GqaDecl::PLAIN
     };
     let shared = if hp.n_expert_shared > 0 {
         Want::Req
@@ -33,17 +30,13 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
         Want::No
     };
     let moe = MoeDecl {
-        routing: hp.routing(
-            hp.expert_gating.unwrap_or(Scoring::Sigmoid),
-            hp.expert_weights_norm,
-        ),
-        glu: Glu::SwiGlu,
-        router_bias: Want::No,
         select_bias: Want::Req,
-        expert_bias: Want::No,
         shared,
         n_ff_shared: hp.n_ff_exp * hp.n_expert_shared,
-        shared_gate: Want::No,
+        ..MoeDecl::routed(hp.routing(
+            hp.expert_gating.unwrap_or(Scoring::Sigmoid),
+            hp.expert_weights_norm,
+        ))
     };
     Ok(Layer {
         attn_norm: l.layer_norm(il, "attn_norm")?,

@@ -6,7 +6,7 @@ use super::{ArchSpec, Family, SwaPattern};
 use crate::backend::{Backend, Glu, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, QkNorm, Scoring};
+use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -23,23 +23,17 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
     let attn = GqaDecl {
         qkv_bias: Want::Req,
         out_bias: Want::Req,
-        qk_norm: Want::No,
-        qk_norm_over: QkNorm::Head,
         sinks: true,
-        out_gate: None,
+        ..GqaDecl::PLAIN
     };
     let moe = MoeDecl {
-        routing: hp.routing(Scoring::SoftmaxWeight, false),
         glu: Glu::SwiGluOai {
             alpha: 1.702,
             limit: 7.0,
         },
         router_bias: Want::Req,
-        select_bias: Want::No,
         expert_bias: Want::Req,
-        shared: Want::No,
-        n_ff_shared: 0,
-        shared_gate: Want::No,
+        ..MoeDecl::routed(hp.routing(Scoring::SoftmaxWeight, false))
     };
     Ok(Layer {
         attn_norm: l.layer_norm(il, "attn_norm")?,

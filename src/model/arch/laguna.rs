@@ -5,10 +5,10 @@
 //! sigmoid routing with a selection bias and an always-on shared expert.
 
 use super::{ArchSpec, Family, SwaPattern};
-use crate::backend::{Act, Backend, Glu, RopeMode};
+use crate::backend::{Act, Backend, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, QkNorm, Scoring};
+use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -23,12 +23,9 @@ pub const SPEC: ArchSpec = ArchSpec {
 pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, ModelError> {
     let hp = l.hp;
     let attn = GqaDecl {
-        qkv_bias: Want::No,
-        out_bias: Want::No,
         qk_norm: Want::Req,
-        qk_norm_over: QkNorm::Head,
-        sinks: false,
         out_gate: Some(Act::Softplus),
+        ..GqaDecl::PLAIN
     };
     let rope = if hp.swa_layers.get(il).copied().unwrap_or(false) {
         hp.rope_swa(RopeMode::Neox)
@@ -48,17 +45,13 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
         hp.n_ff_shexp
     };
     let moe = MoeDecl {
-        routing: hp.routing(
-            hp.expert_gating.unwrap_or(Scoring::Sigmoid),
-            hp.expert_weights_norm,
-        ),
-        glu: Glu::SwiGlu,
-        router_bias: Want::No,
         select_bias: Want::Req,
-        expert_bias: Want::No,
         shared: Want::Req,
         n_ff_shared,
-        shared_gate: Want::No,
+        ..MoeDecl::routed(hp.routing(
+            hp.expert_gating.unwrap_or(Scoring::Sigmoid),
+            hp.expert_weights_norm,
+        ))
     };
     Ok(Layer {
         attn_norm: l.layer_norm(il, "attn_norm")?,

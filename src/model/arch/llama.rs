@@ -2,10 +2,10 @@
 //! is above zero. Optional q/k/v/o biases; softmax routing, renormalised.
 
 use super::{ArchSpec, Family, SwaPattern};
-use crate::backend::{Backend, Glu, RopeMode};
+use crate::backend::{Backend, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, DenseFfn, Ffn, Gqa, Layer, Loader, MoeFfn, QkNorm, Scoring};
+use crate::model::blocks::{Attention, DenseFfn, Ffn, Gqa, Layer, Loader, MoeFfn, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -19,25 +19,13 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
     let attn = GqaDecl {
         qkv_bias: Want::Opt,
         out_bias: Want::Opt,
-        qk_norm: Want::No,
-        qk_norm_over: QkNorm::Head,
-        sinks: false,
-        out_gate: None,
+        ..GqaDecl::PLAIN
     };
     let ffn = if hp.n_expert > 0 {
         Ffn::Moe(MoeFfn::load(
             l,
             il,
-            MoeDecl {
-                routing: hp.routing(Scoring::Softmax, true),
-                glu: Glu::SwiGlu,
-                router_bias: Want::No,
-                select_bias: Want::No,
-                expert_bias: Want::No,
-                shared: Want::No,
-                n_ff_shared: 0,
-                shared_gate: Want::No,
-            },
+            MoeDecl::routed(hp.routing(Scoring::Softmax, true)),
         )?)
     } else {
         Ffn::Dense(DenseFfn::load(l, il, "", hp.n_ff)?)

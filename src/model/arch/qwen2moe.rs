@@ -2,10 +2,10 @@
 //! shared expert behind a sigmoid gate.
 
 use super::{ArchSpec, Family, SwaPattern};
-use crate::backend::{Backend, Glu, RopeMode};
+use crate::backend::{Backend, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, QkNorm, Scoring};
+use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -18,21 +18,13 @@ pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, M
     let hp = l.hp;
     let attn = GqaDecl {
         qkv_bias: Want::Req,
-        out_bias: Want::No,
-        qk_norm: Want::No,
-        qk_norm_over: QkNorm::Head,
-        sinks: false,
-        out_gate: None,
+        ..GqaDecl::PLAIN
     };
     let moe = MoeDecl {
-        routing: hp.routing(Scoring::Softmax, false),
-        glu: Glu::SwiGlu,
-        router_bias: Want::No,
-        select_bias: Want::No,
-        expert_bias: Want::No,
         shared: Want::Opt,
         n_ff_shared: hp.n_ff_shexp,
         shared_gate: Want::Opt,
+        ..MoeDecl::routed(hp.routing(Scoring::Softmax, false))
     };
     Ok(Layer {
         attn_norm: l.layer_norm(il, "attn_norm")?,

@@ -1,10 +1,10 @@
 //! Qwen3-MoE: QK-norm per head; softmax routing, renormalised.
 
 use super::{ArchSpec, Family, SwaPattern};
-use crate::backend::{Backend, Glu, RopeMode};
+use crate::backend::{Backend, RopeMode};
 use crate::model::blocks::attention::{GqaDecl, Want};
 use crate::model::blocks::ffn::MoeDecl;
-use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, QkNorm, Scoring};
+use crate::model::blocks::{Attention, Ffn, Gqa, Layer, Loader, MoeFfn, Scoring};
 use crate::model::ModelError;
 
 pub const SPEC: ArchSpec = ArchSpec {
@@ -16,23 +16,10 @@ pub const SPEC: ArchSpec = ArchSpec {
 pub fn layer<B: Backend>(l: &Loader<B>, il: usize) -> Result<Layer<B::Weight>, ModelError> {
     let hp = l.hp;
     let attn = GqaDecl {
-        qkv_bias: Want::No,
-        out_bias: Want::No,
         qk_norm: Want::Req,
-        qk_norm_over: QkNorm::Head,
-        sinks: false,
-        out_gate: None,
+        ..GqaDecl::PLAIN
     };
-    let moe = MoeDecl {
-        routing: hp.routing(Scoring::Softmax, true),
-        glu: Glu::SwiGlu,
-        router_bias: Want::No,
-        select_bias: Want::No,
-        expert_bias: Want::No,
-        shared: Want::No,
-        n_ff_shared: 0,
-        shared_gate: Want::No,
-    };
+    let moe = MoeDecl::routed(hp.routing(Scoring::Softmax, true));
     Ok(Layer {
         attn_norm: l.layer_norm(il, "attn_norm")?,
         attn: Attention::Gqa(Gqa::load(l, il, attn, hp.rope(RopeMode::Neox))?),

@@ -58,6 +58,18 @@ pub struct GqaDecl {
     pub out_gate: Option<Act>,
 }
 
+impl GqaDecl {
+    /// Plain attention: no biases, no QK-norm, no sinks, no gate.
+    pub const PLAIN: GqaDecl = GqaDecl {
+        qkv_bias: Want::No,
+        out_bias: Want::No,
+        qk_norm: Want::No,
+        qk_norm_over: QkNorm::Head,
+        sinks: false,
+        out_gate: None,
+    };
+}
+
 /// Grouped-query attention weights and the layer's attention settings.
 pub struct Gqa<W> {
     pub wq: W,

@@ -87,6 +87,23 @@ pub struct MoeDecl {
     pub shared_gate: Want,
 }
 
+impl MoeDecl {
+    /// Routed SwiGLU experts under `routing`, with no biases and no shared
+    /// experts.
+    pub fn routed(routing: Routing) -> Self {
+        MoeDecl {
+            routing,
+            glu: Glu::SwiGlu,
+            router_bias: Want::No,
+            select_bias: Want::No,
+            expert_bias: Want::No,
+            shared: Want::No,
+            n_ff_shared: 0,
+            shared_gate: Want::No,
+        }
+    }
+}
+
 impl<W> DenseFfn<W> {
     /// `blk.{il}.ffn_{gate,up,down}{suffix}.weight` of width `ff`.
     pub fn load<B: Backend<Weight = W>>(
