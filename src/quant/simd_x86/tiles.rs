@@ -497,7 +497,7 @@ tile_wrapper!(
     tile_q5_0,
     BlockQ5_0,
     BlockQ8_0,
-    shapes!(avx2_tiles::q5_0, (4 x 2), gen 4)
+    shapes!(avx2_tiles::q5_0, (2 x 4), gen 4)
 );
 tile_wrapper!(
     tile_q4_k,
