@@ -549,7 +549,6 @@ unsafe fn q8_0_pairs<const P: usize, const T: usize>(
 /// The Q8_0 activations of a paired signed-weight kernel (Q8_0, Q5_0):
 /// per block the group's scales, and the quants offset to unsigned bytes
 /// (`y + 128`, in the order of `a`).
-#[allow(clippy::type_complexity)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn offset_acts(nb: usize, a: &[BlockQ8_0]) -> (Vec<[f32; GROUP]>, Vec<__m256i>) {
     let nt = a.len() / nb;
@@ -652,6 +651,10 @@ unsafe fn q5_0_pairs<const P: usize, const T: usize>(
     }
 }
 
+/// Up to two row pairs per call (22-byte blocks, as Q4_1's 20): one pair
+/// measured slower at 4 and 8 activations both from L2 and streamed from
+/// memory (`quant_dot tile`, LONGHAUL_BENCH_ROWS=98304; from L2, 70
+/// against 78 and 89 against 100 Gitem/s, on a loaded machine).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile_q5_0_512(nb: usize, w: &[BlockQ5_0], a: &[BlockQ8_0], out: &mut [f32]) {
     let (nr, nt) = (w.len() / nb, a.len() / nb);
