@@ -99,7 +99,7 @@ fn best(b: Bencher, ty: GgmlType) {
 /// `T` activation rows against every 64-row tile of the weights (`T = 1`
 /// is the row kernel); multiply-adds per second.
 #[divan::bench(
-    args = [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K],
+    args = [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K],
     consts = [1, 2, 4, 8, 16],
 )]
 fn tile<const T: usize>(b: Bencher, ty: GgmlType) {

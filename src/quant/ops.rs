@@ -163,13 +163,17 @@ macro_rules! x86_tiles {
     };
 }
 
-x86_tiles!(BlockQ4_1 => tile_q4_1, BlockQ8_0 => tile_q8_0, BlockQ4K => tile_q4_k);
+x86_tiles!(
+    BlockQ4_1 => tile_q4_1,
+    BlockQ5_0 => tile_q5_0,
+    BlockQ8_0 => tile_q8_0,
+    BlockQ4K => tile_q4_k,
+);
 
 impl TileKernels for f32 {}
 impl TileKernels for f16 {}
 impl TileKernels for bf16 {}
 impl TileKernels for BlockQ4_0 {}
-impl TileKernels for BlockQ5_0 {}
 impl TileKernels for BlockQ5_1 {}
 impl TileKernels for BlockQ2K {}
 impl TileKernels for BlockQ3K {}
@@ -805,6 +809,23 @@ mod tests {
         check::<BlockQ8K>(&x);
         check::<f16>(&x);
         check::<bf16>(&x);
+    }
+
+    /// The types with tile kernels have them wherever AVX2 is (so the
+    /// bit-identity test above runs them, not the row-kernel fallback).
+    #[test]
+    fn tile_kernels_are_selected_with_avx2() {
+        let avx2 = CpuCaps {
+            avx512: false,
+            ..CpuCaps::detect()
+        };
+        for caps in [CpuCaps::NONE, avx2, CpuCaps::detect()] {
+            let want = cfg!(target_arch = "x86_64") && caps.has_avx2();
+            assert_eq!(BlockQ4_1::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockQ5_0::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockQ8_0::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockQ4K::tile_kernel(caps).is_some(), want);
+        }
     }
 
     #[test]

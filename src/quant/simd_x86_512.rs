@@ -27,8 +27,8 @@ use super::simd_x86::{
     Shapes, PREFETCH_ROWS,
 };
 use super::{
-    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    BlockQ8_1,
+    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K,
+    BlockQ8_0, BlockQ8_1,
 };
 use std::arch::x86_64::*;
 
@@ -546,9 +546,12 @@ unsafe fn q8_0_pairs<const P: usize, const T: usize>(
     }
 }
 
+/// The Q8_0 activations of a paired signed-weight kernel (Q8_0, Q5_0):
+/// per block the group's scales, and the quants offset to unsigned bytes
+/// (`y + 128`, in the order of `a`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_q8_0_512(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [f32]) {
-    let (nr, nt) = (w.len() / nb, a.len() / nb);
+unsafe fn offset_acts(nb: usize, a: &[BlockQ8_0]) -> (Vec<[f32; GROUP]>, Vec<__m256i>) {
+    let nt = a.len() / nb;
     let mut sc = vec![[0f32; GROUP]; nt.div_ceil(GROUP) * nb];
     let mut ys = vec![_mm256_setzero_si256(); a.len()];
     for (i, y) in a.iter().enumerate() {
@@ -557,6 +560,13 @@ unsafe fn tile_q8_0_512(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [
         let yq = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
         ys[i] = _mm256_xor_si256(yq, _mm256_set1_epi8(-128));
     }
+    (sc, ys)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_q8_0_512(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [f32]) {
+    let (nr, nt) = (w.len() / nb, a.len() / nb);
+    let (sc, ys) = offset_acts(nb, a);
     let (w, a, o) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
     run_pairs!(
         q8_0_pairs,
@@ -574,6 +584,98 @@ unsafe fn tile_q8_0_512(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [
     );
 }
 
+/// Q5_0 x Q8_0, `P` row pairs x `T` activations: [`q8_0_pairs`] with the
+/// weights decoded to signed `q - 16` (as `dot_q5_0_avx2` has them): the
+/// nibbles, less 16 where the block's fifth bit (`qh`, one bit per byte
+/// lane, a mask register) is clear. The lanes are `dot_q5_0_avx2`'s, and
+/// the scales and the FMA chain of each half its `d = dx * dy` chain.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_0_pairs<const P: usize, const T: usize>(
+    nb: usize,
+    w: *const BlockQ5_0,
+    ys: *const __m256i,
+    sc: *const [f32; GROUP],
+    out: *mut f32,
+    ld: usize,
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    let ones = _mm512_set1_epi8(1);
+    let zero = _mm512_setzero_si512();
+    let idx_d = [halves_idx(0, 1), halves_idx(2, 3)];
+    let mut acc = [[_mm512_setzero_ps(); T]; P];
+    for b in 0..nb {
+        let mut hd = [0u16; 8];
+        for (r, h) in hd.iter_mut().enumerate().take(2 * P) {
+            *h = (*w.add(r * nb + b)).d.to_bits();
+        }
+        let dv = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(
+            hd.as_ptr() as *const __m128i
+        )));
+        let mut q = [zero; P];
+        let mut corr = [zero; P];
+        let mut dw = [_mm512_setzero_ps(); P];
+        for p in 0..P {
+            let xa = &*w.add(2 * p * nb + b);
+            let xb = &*w.add((2 * p + 1) * nb + b);
+            let ta = _mm256_broadcastsi128_si256(_mm_loadu_si128(xa.qs.as_ptr() as *const __m128i));
+            let tb = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.qs.as_ptr() as *const __m128i));
+            // [a, a >> 4, b, b >> 4] per 128-bit lane, then the low nibbles:
+            // elements 0..32 of row a, then of row b.
+            let v = _mm512_inserti64x4(_mm512_castsi256_si512(ta), tb, 1);
+            let v = _mm512_mask_srli_epi16::<4>(v, 0xFF00_FF00, v);
+            let nib = _mm512_and_si512(v, m4);
+            let high = u32::from_le_bytes(xa.qh) as u64 | (u32::from_le_bytes(xb.qh) as u64) << 32;
+            q[p] = _mm512_mask_sub_epi8(nib, !high, nib, sixteen);
+            let sum = _mm512_dpbusd_epi32(zero, ones, q[p]);
+            corr[p] = _mm512_sub_epi32(zero, _mm512_slli_epi32(sum, 7));
+            dw[p] = _mm512_permutexvar_ps(idx_d[p], dv);
+        }
+        let s = &*sc.add(b);
+        for t in 0..T {
+            let yq = _mm512_broadcast_i64x4(_mm256_loadu_si256(ys.add(t * nb + b)));
+            let dy = _mm512_set1_ps(s[t]);
+            for p in 0..P {
+                let dp = _mm512_dpbusd_epi32(corr[p], yq, q[p]);
+                let d = _mm512_mul_ps(dw[p], dy);
+                acc[p][t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dp), acc[p][t]);
+            }
+        }
+    }
+    for (p, acc) in acc.iter().enumerate() {
+        for (t, acc) in acc.iter().enumerate() {
+            let (x0, x1) = hsum_halves(*acc);
+            *out.add(t * ld + 2 * p) = x0;
+            *out.add(t * ld + 2 * p + 1) = x1;
+        }
+    }
+}
+
+/// Up to two row pairs per call (22-byte blocks, as Q4_1's 20): one pair
+/// measured slower at 4 and 8 activations both from L2 and streamed from
+/// memory (`quant_dot tile`, LONGHAUL_BENCH_ROWS=98304; from L2, 70
+/// against 78 and 89 against 100 Gitem/s, on a loaded machine).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_q5_0_512(nb: usize, w: &[BlockQ5_0], a: &[BlockQ8_0], out: &mut [f32]) {
+    let (nr, nt) = (w.len() / nb, a.len() / nb);
+    let (sc, ys) = offset_acts(nb, a);
+    let (w, a, o) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+    run_pairs!(
+        q5_0_pairs,
+        2,
+        nb,
+        nr,
+        nt,
+        w,
+        ys.as_ptr(),
+        sc.as_ptr(),
+        o,
+        |r, t| {
+            vnni_tiles::q5_0::<1, 1>(nb, w.add(r * nb), a.add(t * nb), o.add(t * nr + r), nr)
+        }
+    );
+}
+
 pub(crate) fn tile_q4_1(nb: usize, w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {
     if tile_shape(nb, w.len(), a.len(), out.len()) {
         // SAFETY: only selected when CpuCaps::has_avx512() (see module docs).
@@ -585,5 +687,12 @@ pub(crate) fn tile_q8_0(nb: usize, w: &[BlockQ8_0], a: &[BlockQ8_0], out: &mut [
     if tile_shape(nb, w.len(), a.len(), out.len()) {
         // SAFETY: only selected when CpuCaps::has_avx512() (see module docs).
         unsafe { tile_q8_0_512(nb, w, a, out) }
+    }
+}
+
+pub(crate) fn tile_q5_0(nb: usize, w: &[BlockQ5_0], a: &[BlockQ8_0], out: &mut [f32]) {
+    if tile_shape(nb, w.len(), a.len(), out.len()) {
+        // SAFETY: only selected when CpuCaps::has_avx512() (see module docs).
+        unsafe { tile_q5_0_512(nb, w, a, out) }
     }
 }

@@ -431,7 +431,7 @@ unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
 /// The 32 bits of `qh` as 32 bytes: 0xFF where the bit is set, else 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bits_32(qh: [u8; 4]) -> __m256i {
+pub(super) unsafe fn bits_32(qh: [u8; 4]) -> __m256i {
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
         0x0202_0202_0202_0202,
@@ -614,6 +614,6 @@ unsafe fn dot_iq4_xs_avx2(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
 
 mod tiles;
 pub(super) use tiles::{
-    drive, prefetch_rows, shapes, tile_kernels, tile_q4_1, tile_q4_k, tile_q8_0, tile_shape,
-    tile_wrapper, Shapes, PREFETCH_ROWS,
+    drive, prefetch_rows, shapes, tile_kernels, tile_q4_1, tile_q4_k, tile_q5_0, tile_q8_0,
+    tile_shape, tile_wrapper, Shapes, PREFETCH_ROWS,
 };

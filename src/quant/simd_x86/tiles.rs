@@ -148,8 +148,8 @@ macro_rules! tile_kernels {
         pub(in crate::quant) mod $m {
             #[allow(unused_imports)]
             use super::*;
-            use $crate::quant::simd_x86::{h2f, h2f_pair, hsum_ps, load32, nibbles_32};
-            use $crate::quant::{BlockQ4K, BlockQ4_1, BlockQ8K, BlockQ8_0, BlockQ8_1};
+            use $crate::quant::simd_x86::{bits_32, h2f, h2f_pair, hsum_ps, load32, nibbles_32};
+            use $crate::quant::{BlockQ4K, BlockQ4_1, BlockQ5_0, BlockQ8K, BlockQ8_0, BlockQ8_1};
 
             /// Lane `r` (< 4) of both 128-bit halves, broadcast.
             #[inline]
@@ -252,6 +252,56 @@ macro_rules! tile_kernels {
                         let ya = $q8a(&y.qs);
                         for r in 0..R {
                             let p = $q8p(&q[r], &ya);
+                            acc[r][t] =
+                                _mm256_fmadd_ps(lane(dv, r), _mm256_cvtepi32_ps(p), acc[r][t]);
+                        }
+                    }
+                }
+                for t in 0..T {
+                    for r in 0..R {
+                        *out.add(t * ld + r) = hsum_ps(acc[r][t]);
+                    }
+                }
+            }
+
+            /// `dot_q5_0_avx2` for `R <= 4` rows x `T` activations. The
+            /// weights are decoded as unsigned `q + 16` (0..32, where the
+            /// one-row kernel takes the signed `q`), so each lane is
+            /// `sum((q + 16) * y) - 16 * sum(y)` over its four bytes: the
+            /// same integer, with the correction paid once per activation
+            /// block for all `R` rows. The scales and the FMA chain are the
+            /// one-row kernel's (`d = dx * dy` as `block_scales` has it).
+            #[target_feature(enable = $feat)]
+            pub(in super::super) unsafe fn q5_0<const R: usize, const T: usize>(
+                nb: usize,
+                w: *const BlockQ5_0,
+                a: *const BlockQ8_0,
+                out: *mut f32,
+                ld: usize,
+            ) {
+                let ones = _mm256_set1_epi8(1);
+                let m5 = _mm256_set1_epi8(0x10);
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                for b in 0..nb {
+                    let mut hd = [0u16; 4];
+                    let mut q = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        let x = &*w.add(r * nb + b);
+                        hd[r] = x.d.to_bits();
+                        q[r] =
+                            _mm256_or_si256(nibbles_32(&x.qs), _mm256_and_si256(bits_32(x.qh), m5));
+                    }
+                    let xd = halves4(hd);
+                    let xd8 = _mm256_set_m128(xd, xd);
+                    for t in 0..T {
+                        let y = &*a.add(t * nb + b);
+                        let dv = _mm256_mul_ps(xd8, _mm256_set1_ps(h2f(y.d)));
+                        let yq = load32(&y.qs);
+                        let sum = $dp(_mm256_setzero_si256(), ones, yq);
+                        let corr =
+                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 4));
+                        for r in 0..R {
+                            let p = $dp(corr, q[r], yq);
                             acc[r][t] =
                                 _mm256_fmadd_ps(lane(dv, r), _mm256_cvtepi32_ps(p), acc[r][t]);
                         }
@@ -442,6 +492,12 @@ tile_wrapper!(
     BlockQ8_0,
     BlockQ8_0,
     shapes!(avx2_tiles::q8_0, (4 x 2), gen 4)
+);
+tile_wrapper!(
+    tile_q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    shapes!(avx2_tiles::q5_0, (2 x 4), gen 4)
 );
 tile_wrapper!(
     tile_q4_k,
