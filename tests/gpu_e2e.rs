@@ -22,7 +22,6 @@ use longhaul::tensor::GgmlType;
 
 const ARCHS: [&str; 4] = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"];
 
-
 fn open(name: &str) -> Arc<gguf::Model> {
     Arc::new(gguf::Model::open(fixture(name)).expect("open fixture"))
 }
