@@ -174,6 +174,126 @@ pub fn mul_act(
     Ok(cols / g_cols)
 }
 
+/// The contract of [`super::Backend::mul_vec`]: a weight of one value per
+/// column.
+pub fn mul_vec(cols: usize, w_len: usize) -> Result<(), BackendError> {
+    if w_len != cols {
+        return Err(shape(
+            "mul_vec",
+            format!("a vector of {w_len} for rows of {cols}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::l2_norm`]: `group > 0` divides `cols`.
+pub fn l2_norm(cols: usize, group: usize) -> Result<(), BackendError> {
+    if group == 0 || !cols.is_multiple_of(group) {
+        return Err(shape(
+            "l2_norm",
+            format!("groups of {group} over rows of {cols}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Sequences' rows: the sum of `seqs[i].n_tokens` must be `rows`, and
+/// there must be one state per sequence.
+fn seq_rows(
+    op: &'static str,
+    rows: usize,
+    n_states: usize,
+    seqs: &[super::BatchPos],
+) -> Result<(), BackendError> {
+    let n: usize = seqs.iter().map(|s| s.n_tokens).sum();
+    if n != rows || n_states != seqs.len() {
+        return Err(shape(
+            op,
+            format!(
+                "{rows} rows and {n_states} states for {} sequences of {n} tokens",
+                seqs.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The contract of [`super::Backend::ssm_conv`]: `x [n, C]`, a weight of
+/// ggml dims `[d_conv, C]` with `d_conv >= 2`, one state `[d_conv - 1, C]`
+/// per sequence, the sequences' tokens summing to `n`. Returns `d_conv`.
+pub fn ssm_conv(
+    (rows, cols): (usize, usize),
+    w_dims: &[u64],
+    states: &[(usize, usize)],
+    seqs: &[super::BatchPos],
+) -> Result<usize, BackendError> {
+    const OP: &str = "ssm_conv";
+    let d_conv =
+        match w_dims {
+            [k, c] if *c == cols as u64 && *k >= 2 => *k as usize,
+            _ => return Err(shape(
+                OP,
+                format!(
+                    "a kernel of dims {w_dims:?} for {cols} channels (want [d_conv >= 2, {cols}])"
+                ),
+            )),
+        };
+    if let Some(s) = states.iter().find(|s| **s != (d_conv - 1, cols)) {
+        return Err(shape(
+            OP,
+            format!(
+                "a state [{}, {}] for a kernel of {d_conv} over {cols} channels",
+                s.0, s.1
+            ),
+        ));
+    }
+    seq_rows(OP, rows, states.len(), seqs).map(|_| d_conv)
+}
+
+/// The contract of [`super::Backend::gated_delta_net`]: non-zero head
+/// counts with `n_v_heads` a multiple of `n_k_heads` and a non-zero head
+/// size `S`; `q`, `k` `[n, n_k_heads * S]`, `v` `[n, n_v_heads * S]`, `g`,
+/// `beta` `[n, n_v_heads]`, one state `[n_v_heads, S * S]` per sequence,
+/// the sequences' tokens summing to `n`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_net(
+    p: &super::DeltaNetParams,
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+    g: (usize, usize),
+    beta: (usize, usize),
+    states: &[(usize, usize)],
+    seqs: &[super::BatchPos],
+) -> Result<(), BackendError> {
+    const OP: &str = "gated_delta_net";
+    let (hk, hv, s) = (p.n_k_heads, p.n_v_heads, p.head_dim);
+    if hk == 0 || hv == 0 || s == 0 || !hv.is_multiple_of(hk) {
+        return Err(shape(
+            OP,
+            format!("{hk} key heads / {hv} value heads of {s}: want non-zero sizes, value heads a multiple of key heads"),
+        ));
+    }
+    let n = q.0;
+    let want = [(n, hk * s), (n, hk * s), (n, hv * s), (n, hv), (n, hv)];
+    if [q, k, v, g, beta] != want {
+        return Err(shape(
+            OP,
+            format!("q {q:?}, k {k:?}, v {v:?}, g {g:?}, beta {beta:?} for {hk} key / {hv} value heads of {s}"),
+        ));
+    }
+    if let Some(st) = states.iter().find(|st| **st != (hv, s * s)) {
+        return Err(shape(
+            OP,
+            format!(
+                "a state {st:?} for {hv} value heads of {s} (want [{hv}, {}])",
+                s * s
+            ),
+        ));
+    }
+    seq_rows(OP, n, states.len(), seqs)
+}
+
 /// The contract of [`super::Backend::gather_rows`]: every row index is
 /// below `x_rows`.
 pub fn gather_rows(x_rows: usize, rows: &[usize]) -> Result<(), BackendError> {

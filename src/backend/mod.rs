@@ -86,6 +86,11 @@ pub enum Act {
     Sigmoid,
     /// `x > 20 ? x : log(1 + exp(x))` (ggml's `op_softplus`).
     Softplus,
+    /// `x / (1 + exp(-x))`: ggml's `ggml_vec_silu_f32`, which on the CPU
+    /// computes whole blocks of 16 of a row with its vector `ggml_v_expf`
+    /// and the tail with libm, so a backend applies it row by row (see
+    /// [`Backend::act`]); [`Act::apply`] is the libm form.
+    Silu,
 }
 
 impl Act {
@@ -101,6 +106,7 @@ impl Act {
                     (1.0 + x.exp()).ln()
                 }
             }
+            Act::Silu => x / (1.0 + (-x).exp()),
         }
     }
 }
@@ -139,6 +145,28 @@ pub enum Glu {
     /// gpt-oss: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
     /// `g * sigmoid(alpha * g) * (u + 1)`.
     SwiGluOai { alpha: f32, limit: f32 },
+}
+
+/// Which key head each value head of a gated delta net reads when there
+/// are fewer key heads than value heads (`n_v_heads = r * n_k_heads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KHeadMap {
+    /// Value head `j` reads key head `j / r` (Qwen3-Next: llama.cpp repeats
+    /// each key head `r` times in place).
+    Interleave,
+    /// Value head `j` reads key head `j % n_k_heads` (Qwen3.5: ggml's
+    /// `gated_delta_net` broadcast, as the converter orders the heads).
+    Tile,
+}
+
+/// A gated delta net layer's shape (Qwen3-Next / Qwen3.5 linear attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetParams {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    /// Key and value head size `S` (llama.cpp requires them equal).
+    pub head_dim: usize,
+    pub k_map: KHeadMap,
 }
 
 /// Attention over the KV cache for one layer.
@@ -448,6 +476,85 @@ pub trait Backend: Send + Sync + Clone {
     ) -> Result<(), BackendError> {
         let _ = (x, g, act);
         Err(self.unsupported_op("mul_act"))
+    }
+
+    /// `x = act(x)` element-wise, in place, each row of `x` one ggml row
+    /// (what [`Act::Silu`]'s blocks of 16 are counted in; reshape first to
+    /// apply it per head). ggml's `ggml_sigmoid` / `ggml_softplus` /
+    /// `ggml_silu`.
+    fn act(&self, x: &mut Self::Tensor, act: Act) -> Result<(), BackendError> {
+        let _ = (x, act);
+        Err(self.unsupported_op("act"))
+    }
+    /// `x[r, c] *= w[c]`: a vector weight `w [cols]` broadcast over rows
+    /// (ggml_mul by a 1-D tensor). Contract: [`contract::mul_vec`].
+    fn mul_vec(&self, x: &mut Self::Tensor, w: &Self::Weight) -> Result<(), BackendError> {
+        let _ = (x, w);
+        Err(self.unsupported_op("mul_vec"))
+    }
+    /// L2 norm over groups of `group` columns as llama.cpp's
+    /// `build_gdn_l2_norm` computes it: `rms_norm(x, eps / group)` (sum of
+    /// squares in f64) then `* (1 / sqrt(group))`, i.e.
+    /// `x / sqrt(sum(x^2) + eps)`. Contract: [`contract::l2_norm`].
+    fn l2_norm(
+        &self,
+        x: &Self::Tensor,
+        group: usize,
+        eps: f32,
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = (x, group, eps);
+        Err(self.unsupported_op("l2_norm"))
+    }
+    /// A short causal convolution per channel with a carried state, ggml's
+    /// `ssm_conv` over `concat(state, x)`: for sequence `i` (rows
+    /// `seqs[i]` of `x [n, C]`, state `states[i]` `[d_conv - 1, C]` holding
+    /// the inputs before them, zeros at the start), output row `t` is
+    /// `sum_{j < d_conv} w[j, c] * in[t + j, c]` (summed in order, f32) with
+    /// `in` the state rows then the sequence's rows; afterwards the state
+    /// holds the last `d_conv - 1` rows of `in`. `w` is the file's
+    /// `ssm_conv1d` `[d_conv, C]` (ggml dims: `C` rows of `d_conv` taps).
+    /// No activation. Contract: [`contract::ssm_conv`].
+    fn ssm_conv(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        states: &mut [&mut Self::Tensor],
+        seqs: &[BatchPos],
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = (x, w, states, seqs);
+        Err(self.unsupported_op("ssm_conv"))
+    }
+    /// The gated delta rule, ggml's `gated_delta_net` (one token at a time,
+    /// the state carried between sequences' calls). Per sequence `i`, value
+    /// head `h` (key head `kh` by `p.k_map`) and token `t`, with the state
+    /// `S` of `states[i]` row `h` (`S_v x S_v`, zeros at the start):
+    ///
+    /// ```text
+    /// S     = exp(g[t, h]) * S
+    /// d[j]  = (v[t, h, j] - sum_i S[i][j] k[t, kh, i]) * beta[t, h]
+    /// S[i][j] += k[t, kh, i] * d[j]
+    /// o[t, h, j] = (sum_i S[i][j] q[t, kh, i]) / sqrt(S_v)
+    /// ```
+    ///
+    /// `q`, `k` are `[n, n_k_heads * S_v]`, `v` `[n, n_v_heads * S_v]`, `g`
+    /// (the log decay) and `beta` `[n, n_v_heads]`, each state
+    /// `[n_v_heads, S_v * S_v]` (row `h` stores `S` transposed, `S[i][j]` at
+    /// `j * S_v + i`, as ggml does). Result `[n, n_v_heads * S_v]`.
+    /// Contract: [`contract::gated_delta_net`].
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_net(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+        states: &mut [&mut Self::Tensor],
+        seqs: &[BatchPos],
+        p: &DeltaNetParams,
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = (q, k, v, g, beta, states, seqs, p);
+        Err(self.unsupported_op("gated_delta_net"))
     }
 
     /// `get_rows(w, ids)`: rows `ids` of matrix `w` dequantised, `[ids.len(), ne0]`.

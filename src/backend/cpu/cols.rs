@@ -51,7 +51,8 @@ pub(super) fn concat_cols(
 
 /// `x *= act(g)` with `g` broadcast over groups of `x.cols / g.cols`
 /// columns: ggml-cpu's unary op (one `act` per gate value, libm `expf` /
-/// `logf`) then `ggml_mul`, bit for bit.
+/// `logf`; SiLU over each row of `g` as `ggml_vec_silu_f32`) then
+/// `ggml_mul`, bit for bit.
 pub(super) fn mul_act(x: &mut CpuTensor, g: &CpuTensor, act: Act) -> Result<(), BackendError> {
     let per = contract::mul_act((x.rows, x.cols), (g.rows, g.cols))?;
     if x.data.is_empty() {
@@ -61,8 +62,18 @@ pub(super) fn mul_act(x: &mut CpuTensor, g: &CpuTensor, act: Act) -> Result<(), 
         .par_chunks_mut(x.cols)
         .zip(g.data.par_chunks(g.cols))
         .for_each(|(row, gates)| {
+            // ggml applies the activation to the gate tensor first, row by
+            // row (SiLU's vector blocks depend on the row).
+            let mut silu = Vec::new();
+            let gates = if act == Act::Silu {
+                silu.extend_from_slice(gates);
+                super::recurrent::silu_row(&mut silu);
+                &silu[..]
+            } else {
+                gates
+            };
             for (seg, &gv) in row.chunks_mut(per).zip(gates) {
-                let a = act.apply(gv);
+                let a = if act == Act::Silu { gv } else { act.apply(gv) };
                 seg.iter_mut().for_each(|v| *v *= a);
             }
         });
@@ -195,6 +206,7 @@ mod tests {
                     f32::ln(1.0f32 + f32::exp(x))
                 }
             }
+            Act::Silu => x / (1.0f32 + f32::exp(-x)),
         }
     }
 

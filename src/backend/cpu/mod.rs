@@ -9,6 +9,7 @@ mod matmul;
 #[cfg(test)]
 mod mla_tests;
 mod ops;
+mod recurrent;
 
 use std::sync::Arc;
 
@@ -16,8 +17,8 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use super::{
-    check_attention, contract, Act, AttnParams, Backend, BackendError, BatchPos, Glu, KvShape,
-    RopeParams, SlotStore, SlotTensor,
+    check_attention, contract, Act, AttnParams, Backend, BackendError, BatchPos, DeltaNetParams,
+    Glu, KvShape, RopeParams, SlotStore, SlotTensor,
 };
 use crate::gguf;
 use crate::tensor::GgmlType;
@@ -383,6 +384,43 @@ impl Backend for CpuBackend {
 
     fn mul_act(&self, x: &mut CpuTensor, g: &CpuTensor, act: Act) -> Result<(), BackendError> {
         cols::mul_act(x, g, act)
+    }
+
+    fn act(&self, x: &mut CpuTensor, act: Act) -> Result<(), BackendError> {
+        recurrent::act(x, act);
+        Ok(())
+    }
+
+    fn mul_vec(&self, x: &mut CpuTensor, w: &CpuWeight) -> Result<(), BackendError> {
+        recurrent::mul_vec(x, w)
+    }
+
+    fn l2_norm(&self, x: &CpuTensor, group: usize, eps: f32) -> Result<CpuTensor, BackendError> {
+        recurrent::l2_norm(x, group, eps)
+    }
+
+    fn ssm_conv(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        states: &mut [&mut CpuTensor],
+        seqs: &[BatchPos],
+    ) -> Result<CpuTensor, BackendError> {
+        recurrent::ssm_conv(x, w, states, seqs)
+    }
+
+    fn gated_delta_net(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        g: &CpuTensor,
+        beta: &CpuTensor,
+        states: &mut [&mut CpuTensor],
+        seqs: &[BatchPos],
+        p: &DeltaNetParams,
+    ) -> Result<CpuTensor, BackendError> {
+        recurrent::gated_delta_net(q, k, v, g, beta, states, seqs, p)
     }
 
     fn get_rows(&self, w: &CpuWeight, ids: &[u32]) -> Result<CpuTensor, BackendError> {

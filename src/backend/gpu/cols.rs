@@ -114,6 +114,9 @@ pub(super) fn mul_act(
     if n == 0 {
         return Ok(());
     }
+    if act == Act::Silu {
+        return Err(crate::backend::Backend::unsupported_op(b, "mul_act (silu)"));
+    }
     let softplus = (act == Act::Softplus) as u32;
     let pipe = simple(b, "mul_act", MUL_ACT, &[("SOFTPLUS", softplus)], softplus)?;
     b.ctx().dispatch(
