@@ -14,12 +14,12 @@ use divan::counter::ItemsCount;
 use divan::Bencher;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::engine::{Engine, EngineParams};
-use longhaul::kv::KvCache;
 use longhaul::sample::{Sampler, SamplerParams};
+use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
 use rayon::prelude::*;
 
-type Kv = KvCache<CpuBackend>;
+type Kv = SeqState<CpuBackend>;
 
 /// The greedy pick, as the server makes it (every sequence's in parallel).
 fn argmax(v: &[f32]) -> u32 {
@@ -123,7 +123,7 @@ fn decode(b: Bencher, npl: usize) {
                     let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
                     let refs: Vec<&[u32]> = toks.iter().map(|t| &t[..]).collect();
                     let mut kv_refs: Vec<&mut Kv> = kvs.iter_mut().collect();
-                    let out = KvCache::eval_multi(&e.model, &mut kv_refs, &refs).unwrap();
+                    let out = SeqState::eval_multi(&e.model, &mut kv_refs, &refs).unwrap();
                     next = (0..out.len())
                         .into_par_iter()
                         .map(|i| argmax(out.seq(i)))

@@ -22,9 +22,9 @@ use longhaul::backend::cpu::CpuBackend;
 use longhaul::backend::gpu::{GpuBackend, GpuOptions};
 use longhaul::backend::{AttnParams, Backend, BatchPos, Glu, RopeMode, RopeParams};
 use longhaul::gguf;
-use longhaul::kv::KvCache;
 use longhaul::model::{Logits, Model};
 use longhaul::quant::quantize_row;
+use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
 
 fn main() {
@@ -252,7 +252,7 @@ fn end_to_end<P: Placement>(b: Bencher, pp: usize, tg: usize) {
         let toks: Vec<u32> = (0..pp.max(1) as u32)
             .map(|i| (i * 37 + 11) % n_vocab)
             .collect();
-        let mut kv = KvCache::new(m, pp + tg + 2, GgmlType::F16).ok()?;
+        let mut kv = SeqState::new(m, pp + tg + 2, GgmlType::F16).ok()?;
         kv.eval(m, &toks, Logits::Last).ok()?;
         for i in 0..tg {
             kv.eval(m, &[(i as u32 * 7) % n_vocab], Logits::Last).ok()?;

@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf::{self, MetaType, MetaValue, Metadata, Writer};
-use longhaul::kv::KvCache;
 use longhaul::model::{Logits, Model};
+use longhaul::state::SeqState;
 use longhaul::synth::{self, SynthArch, SynthSpec};
 use longhaul::tensor::GgmlType;
 
@@ -210,7 +210,7 @@ fn every_kind() -> Result<Writer, Error> {
 fn check(path: &Path) -> Result<(), Error> {
     let file = Arc::new(gguf::Model::open(path)?);
     let m = Model::load(CpuBackend::new(), file)?;
-    let mut kv = KvCache::new(&m, 32, GgmlType::F16)?;
+    let mut kv = SeqState::new(&m, 32, GgmlType::F16)?;
     let logits = kv.eval(&m, &[1, 2], Logits::Last)?;
     if logits.len() != m.hp.n_vocab {
         return Err(format!("{} logits for {} tokens", logits.len(), m.hp.n_vocab).into());

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::constrain::{ConstrainError, Constrainer, Constraint, ConstraintSpec};
 use crate::gguf::{self, GgufError};
-use crate::kv::KvCache;
 use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
 use crate::model::{LoadOptions, Logits, Model, ModelError, Progress};
 use crate::sample::Sampler;
+use crate::state::SeqState;
 use crate::tensor::GgmlType;
 use crate::tokenizer::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -305,8 +305,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// A new, empty sequence.
-    pub fn new_kv(&self) -> Result<KvCache<B>, EngineError> {
-        Ok(KvCache::new(
+    pub fn new_kv(&self) -> Result<SeqState<B>, EngineError> {
+        Ok(SeqState::new(
             &self.model,
             self.params.n_ctx,
             self.params.kv_type,
@@ -353,7 +353,7 @@ impl<B: Backend> Engine<B> {
     /// logits of the last token (or of every token with `Logits::All`).
     pub fn eval(
         &self,
-        kv: &mut KvCache<B>,
+        kv: &mut SeqState<B>,
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, EngineError> {
@@ -379,7 +379,7 @@ impl<B: Backend> Engine<B> {
     /// end-of-generation tokens and at the end of the context.
     pub fn generate(
         &self,
-        kv: &mut KvCache<B>,
+        kv: &mut SeqState<B>,
         prompt: &[u32],
         n_predict: usize,
         sampler: &mut Sampler,
@@ -392,7 +392,7 @@ impl<B: Backend> Engine<B> {
     /// allows; generation also stops when its grammar is complete.
     pub fn generate_constrained(
         &self,
-        kv: &mut KvCache<B>,
+        kv: &mut SeqState<B>,
         prompt: &[u32],
         n_predict: usize,
         sampler: &mut Sampler,

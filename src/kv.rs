@@ -1,30 +1,31 @@
-//! The KV cache of one sequence: one backend cache per layer plus the number
-//! of positions already filled; and the one place a KV cache is sized
-//! ([`check_kv_size`]), above the backends, so that a context from a flag or
-//! a file is checked against memory before any backend allocates it.
+//! The one place a sequence's state is sized ([`check_kv_size`]), above the
+//! backends, so that a context from a flag or a file is checked against
+//! memory before any backend allocates it. The state itself is
+//! [`crate::state::SeqState`].
 
-use crate::backend::Backend;
 use crate::mem::human_bytes;
-use crate::model::{BatchLogits, Hparams, Logits, Model, ModelError};
+use crate::model::{Hparams, ModelError};
 use crate::tensor::GgmlType;
 
-/// Bytes the KV caches of `n_seq` sequences of `n_ctx` positions take: per
-/// layer and position, a key and a value row of `dtype` as wide as
-/// [`Hparams::kv_widths`] says (the latent alone for DeepSeek's MLA).
-/// Saturates at `u64::MAX`.
+/// Bytes the states of `n_seq` sequences of `n_ctx` positions take: per
+/// attention layer and position, a key and a value row of `dtype` as wide
+/// as [`Hparams::kv_widths`] says (the latent alone for DeepSeek's MLA),
+/// and per sequence the recurrent layers' state
+/// ([`Hparams::recurrent_bytes`], f32, whatever the context). Saturates at
+/// `u64::MAX`.
 pub fn kv_bytes(hp: &Hparams, n_ctx: usize, n_seq: usize, dtype: GgmlType) -> u64 {
     let (k, v) = hp.kv_widths();
     let bytes = |n: usize| dtype.row_bytes(n as u64).unwrap_or(u64::MAX) as u128;
     let row = bytes(k) + if v == 0 { 0 } else { bytes(v) };
-    let total = row * hp.n_layer as u128 * n_ctx as u128 * n_seq as u128;
-    u64::try_from(total).unwrap_or(u64::MAX)
+    let per_seq = row * hp.n_layer_kv() as u128 * n_ctx as u128 + hp.recurrent_bytes() as u128;
+    u64::try_from(per_seq * n_seq as u128).unwrap_or(u64::MAX)
 }
 
 /// Checks that `n_seq` KV caches of `n_ctx` positions fit in the memory this
 /// process can still get ([`crate::mem::available_for_allocation`]) and
 /// returns their size in bytes. `from_model`: `n_ctx` is the trained
 /// context that `-c 0` stands for (said in the message). Every KV cache,
-/// on any backend, is sized through here ([`Model::new_kv`]); the engine
+/// on any backend, is sized through here ([`crate::model::Model::new_state`]); the engine
 /// calls it once more for all its sequences before loading weights.
 pub fn check_kv_size(
     hp: &Hparams,
@@ -76,69 +77,4 @@ pub(crate) fn too_large_message(
         "{what} needs {} of KV cache{why}; {fix}",
         human_bytes(bytes)
     )
-}
-
-pub struct KvCache<B: Backend> {
-    layers: Vec<B::Kv>,
-    n_ctx: usize,
-    n_past: usize,
-}
-
-impl<B: Backend> KvCache<B> {
-    /// A cache of `n_ctx` positions in `dtype` (F16 by default, F32 on request).
-    pub fn new(model: &Model<B>, n_ctx: usize, dtype: GgmlType) -> Result<Self, ModelError> {
-        Ok(Self {
-            layers: model.new_kv(n_ctx, dtype)?,
-            n_ctx,
-            n_past: 0,
-        })
-    }
-
-    pub fn n_ctx(&self) -> usize {
-        self.n_ctx
-    }
-
-    /// Positions filled so far (the next token goes to this position).
-    pub fn n_past(&self) -> usize {
-        self.n_past
-    }
-
-    /// Forgets positions from `n` on (the data is overwritten by later writes).
-    pub fn truncate(&mut self, n: usize) {
-        self.n_past = self.n_past.min(n);
-    }
-
-    /// Runs each `tokens[i]` after what `caches[i]` holds, all in one batch,
-    /// and returns the last-token logits of each (empty for empty inputs).
-    pub fn eval_multi(
-        model: &Model<B>,
-        caches: &mut [&mut KvCache<B>],
-        tokens: &[&[u32]],
-    ) -> Result<BatchLogits, ModelError> {
-        let seqs: Vec<(&[u32], usize)> = caches
-            .iter()
-            .zip(tokens)
-            .map(|(c, t)| (*t, c.n_past))
-            .collect();
-        let mut kvs: Vec<&mut [B::Kv]> =
-            caches.iter_mut().map(|c| c.layers.as_mut_slice()).collect();
-        let out = model.forward_multi(&mut kvs, &seqs, Logits::Last)?;
-        for (c, t) in caches.iter_mut().zip(tokens) {
-            c.n_past += t.len();
-        }
-        Ok(out)
-    }
-
-    /// Runs `tokens` through `model` at the next positions of this cache
-    /// (one forward pass, no ubatch splitting) and returns their logits.
-    pub fn eval(
-        &mut self,
-        model: &Model<B>,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
-        let logits = model.forward(&mut self.layers, tokens, self.n_past, want)?;
-        self.n_past += tokens.len();
-        Ok(logits)
-    }
 }

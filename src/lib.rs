@@ -17,6 +17,7 @@ pub mod placement;
 pub mod quant;
 pub mod sample;
 pub mod scheduler;
+pub mod state;
 pub mod synth;
 pub mod tensor;
 pub mod threads;

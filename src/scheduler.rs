@@ -1,7 +1,7 @@
 //! Continuous batching: one engine thread owns the model and serves requests
 //! from a channel with `n_slots` sequences (slots). A new request takes a
 //! free slot (reusing the slot's KV prefix when asked); every step then
-//! evaluates, in one batch ([`KvCache::eval_multi`]), the pending token of
+//! evaluates, in one batch ([`SeqState::eval_multi`]), the pending token of
 //! every decoding slot and the next prompt chunk of every prefilling slot,
 //! so a new prompt joins the running generations instead of pausing them.
 //! Every token computes exactly as in a run of its sequence alone. Tokens
@@ -20,9 +20,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use crate::backend::Backend;
 use crate::constrain::Constraint;
 use crate::engine::Engine;
-use crate::kv::KvCache;
 use crate::longhaul::CacheStats;
 use crate::sample::{ProbsRequest, Sampler, SamplerParams, TokenProbs};
+use crate::state::SeqState;
 use crate::tokenizer::StreamDecoder;
 
 /// One generation request (the prompt already tokenised).
@@ -93,6 +93,14 @@ pub struct SchedulerMetrics {
     pub gen_tokens_total: u64,
     pub gen_seconds_total: f64,
     pub longhaul: Option<CacheStats>,
+    /// Recurrent-state checkpoints made (hybrid models, `--ctx-checkpoints`).
+    pub checkpoints_created: u64,
+    /// Requests whose prompt prefix came from a checkpoint.
+    pub checkpoints_restored: u64,
+    /// Requests of a hybrid model that shared a prefix with their slot but
+    /// found no checkpoint for it, and so evaluated more of the prompt
+    /// (from an earlier checkpoint or the start).
+    pub prefix_reprefills: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -285,6 +293,10 @@ struct Active {
     pending: u32,
     n_prompt: usize,
     n_cached: usize,
+    /// Where a recurrent state takes a checkpoint during this prompt
+    /// (llama.cpp's: 4 tokens before its end), so that a request sharing
+    /// the prompt can start there.
+    checkpoint_at: Option<usize>,
     n_gen: usize,
     dec: StreamDecoder,
     text: String,
@@ -296,7 +308,7 @@ struct Active {
 }
 
 struct Slot<B: Backend> {
-    kv: KvCache<B>,
+    kv: SeqState<B>,
     /// Tokens whose keys and values `kv` holds.
     cached: Vec<u32>,
     active: Option<Active>,
@@ -409,9 +421,32 @@ impl<B: Backend> Worker<B> {
             0
         };
         // At least one prompt token is evaluated, for its logits.
-        let reuse = reuse.min(prompt.len() - 1);
-        slot.kv.truncate(reuse);
+        let want = reuse.min(prompt.len() - 1);
+        // A recurrent state goes back only to a checkpoint (or the start).
+        let reuse = match slot.kv.rewind(&self.engine.model.backend, want) {
+            Ok(n) => n,
+            Err(_) => {
+                let _ = slot.kv.reset(&self.engine.model.backend);
+                0
+            }
+        };
         slot.cached.truncate(reuse);
+        if slot.kv.is_recurrent() && want > 0 {
+            let mut m = self
+                .shared
+                .metrics
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if reuse > 0 {
+                m.checkpoints_restored += 1;
+            }
+            if reuse < want {
+                m.prefix_reprefills += 1;
+            }
+        }
+        let checkpoint_at = (slot.kv.is_recurrent() && prompt.len() > 4)
+            .then(|| prompt.len() - 4)
+            .filter(|&p| p > reuse);
         let now = Instant::now();
         slot.active = Some(Active {
             sampler: Sampler::new(job.req.sampler.clone()),
@@ -421,6 +456,7 @@ impl<B: Backend> Worker<B> {
             pending: 0,
             n_prompt: prompt.len(),
             n_cached: reuse,
+            checkpoint_at,
             n_gen: 0,
             dec: StreamDecoder::new(job.req.special),
             text: String::new(),
@@ -461,7 +497,14 @@ impl<B: Backend> Worker<B> {
                 n_gen_toks += 1;
                 continue;
             }
-            let n = a.prefill.len().min(n_ubatch);
+            let mut n = a.prefill.len().min(n_ubatch);
+            // End the chunk at the checkpoint position, if it falls inside.
+            if let Some(cp) = a.checkpoint_at {
+                let at = s.kv.n_past();
+                if cp > at && cp < at + n {
+                    n = cp - at;
+                }
+            }
             if n_prompt_toks + n <= n_ubatch {
                 n_prompt_toks += n;
                 batch.push((i, a.prefill[..n].to_vec()));
@@ -471,7 +514,7 @@ impl<B: Backend> Worker<B> {
             return;
         }
         let tok_refs: Vec<&[u32]> = batch.iter().map(|(_, t)| &t[..]).collect();
-        let mut kvs: Vec<&mut KvCache<B>> = Vec::with_capacity(batch.len());
+        let mut kvs: Vec<&mut SeqState<B>> = Vec::with_capacity(batch.len());
         let mut next = batch.iter().map(|(i, _)| *i).peekable();
         for (i, s) in self.slots.iter_mut().enumerate() {
             if next.peek() == Some(&i) {
@@ -480,7 +523,7 @@ impl<B: Backend> Worker<B> {
             }
         }
         let t0 = Instant::now();
-        let res = KvCache::eval_multi(&engine.model, &mut kvs, &tok_refs);
+        let res = SeqState::eval_multi(&engine.model, &mut kvs, &tok_refs);
         drop(kvs);
         {
             // The step's time is shared by its prompt and generated tokens
@@ -512,6 +555,15 @@ impl<B: Backend> Worker<B> {
                     } else {
                         a.prefill.drain(..toks.len());
                         s.cached.extend_from_slice(&toks);
+                        if a.checkpoint_at == Some(s.kv.n_past())
+                            && s.kv.checkpoint(&engine.model.backend).unwrap_or(false)
+                        {
+                            self.shared
+                                .metrics
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .checkpoints_created += 1;
+                        }
                         if !a.prefill.is_empty() {
                             s.active = Some(a);
                             continue;
@@ -548,8 +600,9 @@ impl<B: Backend> Worker<B> {
                     if let Some(a) = s.active.take() {
                         let _ = a.job.events.send(GenEvent::Error(e.to_string()));
                     }
-                    // Some layers may have written these positions: start over.
-                    s.kv.truncate(0);
+                    // Some layers may have written these positions: start
+                    // over (a recurrent state may have gone back already).
+                    let _ = s.kv.reset(&engine.model.backend);
                     s.cached.clear();
                 }
             }

@@ -14,8 +14,8 @@ mod common;
 
 use common::*;
 use longhaul::backend::cpu::CpuBackend;
-use longhaul::kv::KvCache;
 use longhaul::model::{Logits, Model};
+use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
 
 const FAMILIES: [&str; 7] = NEW_FAMILIES;
@@ -52,12 +52,12 @@ const DEFAULT: Settings = Settings {
 };
 
 fn logits_with(m: &Model<CpuBackend>, tokens: &[u32], s: Settings) -> Vec<f32> {
-    let mut kv = KvCache::new(m, s.n_ctx.max(tokens.len() + 64), s.kv).expect("kv");
+    let mut kv = SeqState::new(m, s.n_ctx.max(tokens.len() + 64), s.kv).expect("kv");
     kv.eval(m, tokens, Logits::All).expect("forward")
 }
 
 fn greedy_with(m: &Model<CpuBackend>, prompt: &[u32], n: usize, s: Settings) -> Vec<u32> {
-    let mut kv = KvCache::new(m, s.n_ctx.max(prompt.len() + n + 1), s.kv).expect("kv");
+    let mut kv = SeqState::new(m, s.n_ctx.max(prompt.len() + n + 1), s.kv).expect("kv");
     let mut logits = kv.eval(m, prompt, Logits::Last).expect("forward");
     let mut out = Vec::new();
     for i in 0..n {

@@ -15,9 +15,9 @@ use common::{argmax, fixture, NEW_FAMILIES};
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::backend::Backend;
 use longhaul::gguf;
-use longhaul::kv::KvCache;
 use longhaul::longhaul::{LonghaulConfig, Policy};
 use longhaul::model::{Logits, Model, ModelError};
+use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
 
 const ARCHS: [&str; 4] = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"];
@@ -51,7 +51,7 @@ fn try_greedy_kv<B: Backend>(
     n: usize,
     kv_type: GgmlType,
 ) -> Result<Vec<u32>, ModelError> {
-    let mut kv = KvCache::new(m, 96, kv_type)?;
+    let mut kv = SeqState::new(m, 96, kv_type)?;
     let mut logits = Vec::new();
     for chunk in p.chunks(32) {
         logits = kv.eval(m, chunk, Logits::Last)?;
@@ -69,7 +69,7 @@ fn try_greedy_kv<B: Backend>(
 fn top1<B: Backend>(m: &Model<B>, kv_type: GgmlType) -> Vec<u32> {
     let n_vocab = m.hp.n_vocab;
     let p = prompt(n_vocab, 256);
-    let mut kv = KvCache::new(m, 256, kv_type).expect("kv");
+    let mut kv = SeqState::new(m, 256, kv_type).expect("kv");
     let mut out = Vec::new();
     for chunk in p.chunks(64) {
         let l = kv.eval(m, chunk, Logits::All).expect("eval");

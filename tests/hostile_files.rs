@@ -11,8 +11,9 @@ use std::sync::Arc;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::engine::{Engine, EngineError, EngineParams};
 use longhaul::gguf::{self, GgufError, MetaValue, Writer};
-use longhaul::kv::{self, KvCache};
+use longhaul::kv;
 use longhaul::model::{hparams::limits, Model, ModelError};
+use longhaul::state::SeqState;
 use longhaul::synth::{self, SynthSpec};
 use longhaul::tensor::GgmlType;
 
@@ -350,7 +351,7 @@ fn ctx_99999999_is_refused_before_allocating() {
     // The check also guards every KV cache made from a loaded model.
     let file = Arc::new(gguf::Model::open(&path).expect("open"));
     let m = Model::load(CpuBackend::new(), file).expect("load");
-    match KvCache::new(&m, n, GgmlType::F32) {
+    match SeqState::new(&m, n, GgmlType::F32) {
         Err(e) => assert_eq!(kv_too_large(e).0, n),
         Ok(_) => panic!("a 204.8 GB KV cache was made"),
     }

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use common::*;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf::{self, Writer};
-use longhaul::kv::KvCache;
 use longhaul::longhaul::{LonghaulConfig, Policy};
 use longhaul::model::{Logits, Model};
+use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
 
 const ARCHS: [&str; 4] = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"];
@@ -23,7 +23,7 @@ const ARCHS: [&str; 4] = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"];
 fn run(m: &Model<CpuBackend>) -> (Vec<f32>, Vec<u32>) {
     let n_vocab = m.hp.n_vocab as u32;
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % n_vocab).collect();
-    let mut kv = KvCache::new(m, 64, GgmlType::F16).expect("kv");
+    let mut kv = SeqState::new(m, 64, GgmlType::F16).expect("kv");
     let mut all = Vec::new();
     for chunk in prompt.chunks(32) {
         all.extend(kv.eval(m, chunk, Logits::All).expect("prompt"));

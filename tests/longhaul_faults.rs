@@ -20,9 +20,9 @@ use std::sync::Arc;
 use common::argmax;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf;
-use longhaul::kv::KvCache;
 use longhaul::longhaul::{LonghaulConfig, LonghaulError, Policy};
 use longhaul::model::{Logits, Model, ModelError};
+use longhaul::state::SeqState;
 use longhaul::synth::{self, SynthSpec};
 use longhaul::tensor::GgmlType;
 use proptest::prelude::*;
@@ -48,7 +48,7 @@ fn model_file_seeded(name: &str, seed: u64) -> PathBuf {
 
 /// Greedy tokens from a fresh KV cache, or the first error.
 fn generate(m: &Model<CpuBackend>, n: usize) -> Result<Vec<u32>, ModelError> {
-    let mut kv = KvCache::new(m, 64, GgmlType::F32)?;
+    let mut kv = SeqState::new(m, 64, GgmlType::F32)?;
     let mut logits = kv.eval(m, &[1, 2, 3, 4, 5, 6, 7, 8], Logits::Last)?;
     let mut out = Vec::new();
     for _ in 0..n {
@@ -170,7 +170,7 @@ fn logit_bits(
     prompt: &[u32],
     n: usize,
 ) -> Result<Vec<Vec<u32>>, ModelError> {
-    let mut kv = KvCache::new(m, 64, GgmlType::F32)?;
+    let mut kv = SeqState::new(m, 64, GgmlType::F32)?;
     let mut logits = kv.eval(m, prompt, Logits::Last)?;
     let mut out = Vec::new();
     for _ in 0..n {

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf;
-use longhaul::kv::KvCache;
 use longhaul::longhaul::{LonghaulConfig, Policy};
 use longhaul::model::{is_routed, Logits, Model};
+use longhaul::state::SeqState;
 use longhaul::synth::{self, SynthSpec};
 use longhaul::tensor::GgmlType;
 
@@ -119,7 +119,7 @@ fn memory_stays_within_budget_and_page_cache_does_not_fill() {
         }),
     )
     .expect("longhaul");
-    let mut kv = KvCache::new(&m, 256, GgmlType::F16).expect("kv");
+    let mut kv = SeqState::new(&m, 256, GgmlType::F16).expect("kv");
     let prompt: Vec<u32> = (0..48).map(|i| (i * 7 + 3) % m.hp.n_vocab as u32).collect();
     let mut logits = kv.eval(&m, &prompt, Logits::Last).expect("prompt");
     let mut peak = rss();

@@ -14,15 +14,15 @@ use std::time::Duration;
 use common::argmax;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf;
-use longhaul::kv::KvCache;
 use longhaul::longhaul::{LonghaulConfig, Policy};
 use longhaul::model::{Logits, Model};
+use longhaul::state::SeqState;
 use longhaul::synth::{self, SynthArch, SynthSpec};
 use longhaul::tensor::GgmlType;
 
 /// The prompt then `n` greedy tokens.
 fn generate(m: &Model<CpuBackend>, n: usize) -> Vec<u32> {
-    let mut kv = KvCache::new(m, 64, GgmlType::F16).expect("kv");
+    let mut kv = SeqState::new(m, 64, GgmlType::F16).expect("kv");
     let mut logits = kv.eval(m, &[1, 2, 3], Logits::Last).expect("prompt");
     let mut out = Vec::new();
     for _ in 0..n {

@@ -29,8 +29,8 @@ use anyhow::Context;
 use longhaul::backend::Backend;
 use longhaul::constrain::Constraint;
 use longhaul::engine::{Engine, EngineError, GenStats};
-use longhaul::kv::KvCache;
 use longhaul::sample::Sampler;
+use longhaul::state::SeqState;
 use longhaul::tokenizer::{ChatMessage, StreamDecoder};
 use rustyline::error::ReadlineError;
 
@@ -287,7 +287,7 @@ enum TurnError {
 struct Conversation<B: Backend> {
     system: Option<ChatMessage>,
     messages: Vec<ChatMessage>,
-    kv: KvCache<B>,
+    kv: SeqState<B>,
     /// The tokens `kv` holds, position by position.
     cached: Vec<u32>,
 }
@@ -336,7 +336,12 @@ impl<B: Backend> Conversation<B> {
             .take_while(|(a, b)| a == b)
             .count()
             .min(tokens.len().saturating_sub(1));
-        self.kv.truncate(common);
+        // A recurrent (hybrid) model goes back only to a checkpoint: the
+        // end of an earlier turn, or the start.
+        let common = match self.kv.rewind(&engine.model.backend, common) {
+            Ok(n) => n,
+            Err(e) => return Err(TurnError::Engine(e.into())),
+        };
         self.cached.truncate(common);
         if opts.verbose_prompt {
             eprintln!("prompt: '{text}'");
@@ -382,6 +387,9 @@ impl<B: Backend> Conversation<B> {
         self.cached.extend_from_slice(&tokens[common..]);
         self.cached
             .extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
+        // A hybrid model's next turn starts from here (no-op otherwise); a
+        // checkpoint that cannot be made only costs a longer next prompt.
+        let _ = self.kv.checkpoint(&engine.model.backend);
         self.messages.push(ChatMessage::new("assistant", shown));
         Ok((stats, stopped))
     }

@@ -21,8 +21,8 @@ use clap::{Parser, Subcommand};
 use longhaul::backend::Backend;
 use longhaul::constrain::Constraint;
 use longhaul::engine::{Engine, EngineParams, GenStats};
-use longhaul::kv::KvCache;
 use longhaul::sample::{Sampler, SamplerParams};
+use longhaul::state::SeqState;
 use longhaul::tokenizer::StreamDecoder;
 
 use args::{ModelArgs, SampleArgs};
@@ -183,7 +183,7 @@ fn stream<B: Backend>(
 /// [`stream`] continuing the sequence held by `kv`.
 fn stream_kv<B: Backend>(
     engine: &Engine<B>,
-    kv: &mut KvCache<B>,
+    kv: &mut SeqState<B>,
     prompt: &[u32],
     n_predict: usize,
     sampler: &mut Sampler,

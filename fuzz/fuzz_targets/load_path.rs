@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf;
-use longhaul::kv::KvCache;
+use longhaul::state::SeqState;
 use longhaul::longhaul::{LonghaulConfig, Policy};
 use longhaul::model::{Logits, Model};
 use longhaul::tensor::GgmlType;
@@ -135,7 +135,7 @@ fn generate(
     prompt: &[u32],
     kv_type: GgmlType,
 ) -> Option<(Vec<u32>, Vec<u32>)> {
-    let mut kv = stage(what, KvCache::new(m, N_CTX, kv_type))?;
+    let mut kv = stage(what, SeqState::new(m, N_CTX, kv_type))?;
     let mut logits = stage(what, kv.eval(m, prompt, Logits::Last))?;
     let mut bits: Vec<u32> = logits.iter().map(|x| x.to_bits()).collect();
     let mut tokens = Vec::new();

@@ -2,18 +2,38 @@
 //! block and a pre-norm FFN block, each added to the residual stream), norm,
 //! and project the rows asked for to logits.
 
-use super::blocks::{attention, ffn, Pass};
+use super::blocks::{attention, deltanet, ffn, Attention, Pass};
 use super::{BatchLogits, Logits, Model, ModelError};
 use crate::backend::{Backend, BatchPos};
+use crate::state::LayerState;
+
+/// Layer `il`'s part of each sequence's state, as `want` takes it out of a
+/// [`LayerState`] (`None` when the state was made for another model).
+fn layer_states<'a, B: Backend, T>(
+    states: &'a mut [&mut [LayerState<B>]],
+    il: usize,
+    want: impl Fn(&'a mut LayerState<B>) -> Option<T>,
+) -> Result<Vec<T>, ModelError> {
+    states
+        .iter_mut()
+        .map(|s| {
+            let s: &'a mut LayerState<B> = &mut s[il];
+            want(s).ok_or_else(|| ModelError::BadHparam {
+                key: "state".into(),
+                reason: format!("layer {il}'s state is of another kind than the layer"),
+            })
+        })
+        .collect()
+}
 
 /// The repeating layers over `x`, whose rows are the tokens of `seqs` in
 /// order (sequence `i` owns `seqs[i].n_tokens` consecutive rows and its own
-/// KV caches `kvs[i]`). Every op runs over all rows at once; rope and
-/// attention take each row's sequence into account, so each row is computed
-/// exactly as it would be alone.
+/// state `kvs[i]`). Every op runs over all rows at once; rope, attention
+/// and the recurrent ops take each row's sequence into account, so each
+/// row is computed exactly as it would be alone.
 fn layers<'s, B: Backend>(
     m: &'s Model<B>,
-    kvs: &mut [&mut [B::Kv]],
+    kvs: &mut [&mut [LayerState<B>]],
     mut x: B::Tensor,
     seqs: &[BatchPos],
     io: &crate::longhaul::IoScope<'s>,
@@ -21,9 +41,23 @@ fn layers<'s, B: Backend>(
     let p = Pass { m, seqs, io };
     let b = &m.backend;
     for (il, layer) in m.layers.iter().enumerate() {
-        let mut layer_kvs: Vec<&mut B::Kv> = kvs.iter_mut().map(|kv| &mut kv[il]).collect();
         let h = p.norm(&x, &layer.attn_norm)?;
-        let a = attention::forward(&p, &layer.attn, &mut layer_kvs, &h)?;
+        let a = match &layer.attn {
+            Attention::DeltaNet(d) => {
+                let mut st = layer_states(kvs, il, |s| match s {
+                    LayerState::Recurrent { conv, ssm } => Some((conv, ssm)),
+                    LayerState::Kv(_) => None,
+                })?;
+                deltanet::forward(&p, d, &mut st, &h)?
+            }
+            a => {
+                let mut layer_kvs = layer_states(kvs, il, |s| match s {
+                    LayerState::Kv(kv) => Some(kv),
+                    LayerState::Recurrent { .. } => None,
+                })?;
+                attention::forward(&p, a, &mut layer_kvs, &h)?
+            }
+        };
         b.add(&mut x, &a)?;
         let h = p.norm(&x, &layer.ffn_norm)?;
         let f = ffn::forward(&p, il, &layer.ffn, &h)?;
@@ -34,7 +68,7 @@ fn layers<'s, B: Backend>(
 
 pub(super) fn forward<B: Backend>(
     m: &Model<B>,
-    kv: &mut [B::Kv],
+    kv: &mut [LayerState<B>],
     tokens: &[u32],
     pos0: usize,
     want: Logits,
@@ -42,11 +76,11 @@ pub(super) fn forward<B: Backend>(
     Ok(forward_multi(m, &mut [kv], &[(tokens, pos0)], want)?.into_first())
 }
 
-/// Runs several sequences in one batch: `seqs[i] = (tokens, pos0)` with KV
-/// caches `kvs[i]`. Returns each sequence's logits (last row or all rows).
+/// Runs several sequences in one batch: `seqs[i] = (tokens, pos0)` with
+/// states `kvs[i]`. Returns each sequence's logits (last row or all rows).
 pub(super) fn forward_multi<B: Backend>(
     m: &Model<B>,
-    kvs: &mut [&mut [B::Kv]],
+    kvs: &mut [&mut [LayerState<B>]],
     seqs: &[(&[u32], usize)],
     want: Logits,
 ) -> Result<BatchLogits, ModelError> {
@@ -85,7 +119,7 @@ pub(super) fn forward_multi<B: Backend>(
         });
     }
     // Sequences without tokens take no part in the batch.
-    let mut active: Vec<&mut [B::Kv]> = kvs
+    let mut active: Vec<&mut [LayerState<B>]> = kvs
         .iter_mut()
         .zip(seqs)
         .filter(|(_, (t, _))| !t.is_empty())

@@ -69,6 +69,43 @@ pub struct Hparams {
     /// NextN/MTP layers after the repeating ones (`nextn_predict_layers`):
     /// counted in `block_count` by llama.cpp, never loaded here.
     pub n_nextn: usize,
+    /// The linear-attention (gated DeltaNet) shapes, when the file has
+    /// `ssm.*` keys (Qwen3-Next, Qwen3.5).
+    pub ssm: Option<Ssm>,
+    /// Which layers are recurrent (linear attention): the file's
+    /// `attention.recurrent_layers`, else every layer but each
+    /// `full_attention_interval`-th (default 4) when there is an `ssm`.
+    pub recurrent_layers: Vec<bool>,
+    /// `rope.dimension_sections` (multi-section rope), when present.
+    pub rope_sections: Option<[u32; 4]>,
+}
+
+/// A gated DeltaNet layer's sizes, llama.cpp's `ssm_*` hyperparameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ssm {
+    /// Causal convolution taps (`ssm.conv_kernel`).
+    pub d_conv: usize,
+    /// Value width, `n_v_heads * head_dim` (`ssm.inner_size`).
+    pub d_inner: usize,
+    /// Key (and value) head size (`ssm.state_size`).
+    pub head_dim: usize,
+    /// Value heads (`ssm.time_step_rank`).
+    pub n_v_heads: usize,
+    /// Key heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+}
+
+impl Ssm {
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_channels(&self) -> usize {
+        self.d_inner + 2 * self.n_k_heads * self.head_dim
+    }
+
+    /// Floats of one layer's recurrent state: the convolution's last
+    /// `d_conv - 1` inputs and one `S x S` matrix per value head.
+    pub fn state_floats(&self) -> usize {
+        (self.d_conv - 1) * self.conv_channels() + self.n_v_heads * self.head_dim * self.head_dim
+    }
 }
 
 /// An architecture's default sliding-window layer pattern (llama.cpp's
@@ -438,6 +475,84 @@ impl Hparams {
                 )
             })
             .transpose()?;
+        let ssm = match md.opt(&key(a, "ssm.conv_kernel"), Metadata::get_u64)? {
+            None => None,
+            Some(_) => {
+                let d_conv = size("ssm.conv_kernel", None, 64, "convolution taps")?;
+                let d_inner = size("ssm.inner_size", None, l::N_EMBD, "linear-attention width")?;
+                let head_dim = size("ssm.state_size", None, l::HEAD_DIM, "state head size")?;
+                let n_v_heads = size("ssm.time_step_rank", None, l::N_HEAD, "value heads")?;
+                let n_k_heads = size("ssm.group_count", None, l::N_HEAD, "key heads")?;
+                let ok = d_conv >= 2
+                    && head_dim > 0
+                    && n_k_heads > 0
+                    && n_v_heads % n_k_heads == 0
+                    && d_inner == n_v_heads * head_dim;
+                if !ok {
+                    return Err(ModelError::BadHparam {
+                        key: key(a, "ssm.*"),
+                        reason: format!(
+                            "conv kernel {d_conv}, inner size {d_inner}, state size {head_dim}, \
+                             {n_v_heads} value heads, {n_k_heads} key heads: want a kernel of 2 or \
+                             more and value heads of the state size, a multiple of the key heads"
+                        ),
+                    });
+                }
+                Some(Ssm {
+                    d_conv,
+                    d_inner,
+                    head_dim,
+                    n_v_heads,
+                    n_k_heads,
+                })
+            }
+        };
+        let rk = key(a, "attention.recurrent_layers");
+        let recurrent_layers: Vec<bool> = match (ssm, md.get(&rk)) {
+            (None, _) => vec![false; n_layer],
+            (Some(_), Some(crate::gguf::MetaValue::Array(_, v))) => {
+                if v.len() < n_layer {
+                    return Err(ModelError::BadHparam {
+                        key: rk,
+                        reason: format!("{} entries for {n_layer} layers", v.len()),
+                    });
+                }
+                v.iter()
+                    .take(n_layer)
+                    .map(|x| match x {
+                        crate::gguf::MetaValue::Bool(b) => *b,
+                        x => x.as_i128().is_some_and(|n| n != 0),
+                    })
+                    .collect()
+            }
+            (Some(_), _) => {
+                let every = size(
+                    "full_attention_interval",
+                    Some(4),
+                    l::N_LAYER,
+                    "full-attention interval",
+                )?;
+                let every = positive("full_attention_interval", every)?;
+                (0..n_layer).map(|il| (il + 1) % every != 0).collect()
+            }
+        };
+        let sk = key(a, "rope.dimension_sections");
+        let rope_sections = match md.get(&sk) {
+            Some(crate::gguf::MetaValue::Array(_, v)) => {
+                let mut s = [0u32; 4];
+                for (d, x) in s.iter_mut().zip(v) {
+                    *d = x
+                        .as_i128()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| ModelError::BadHparam {
+                            key: sk.clone(),
+                            reason: format!("{x:?} is not a section size"),
+                        })?;
+                }
+                Some(s)
+            }
+            _ => None,
+        };
         let n_layer_dense_lead = size(
             "leading_dense_block_count",
             Some(0),
@@ -474,6 +589,9 @@ impl Hparams {
                 "MLA value head size",
             )?,
             n_nextn,
+            ssm,
+            recurrent_layers,
+            rope_sections,
             n_vocab,
             n_ctx_train,
             n_embd,
@@ -572,6 +690,23 @@ impl Hparams {
             n_group: self.n_expert_groups,
             n_group_used: self.n_group_used,
         }
+    }
+
+    /// Whether layer `il` is recurrent (gated DeltaNet, no KV cache).
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        self.recurrent_layers.get(il).copied().unwrap_or(false)
+    }
+
+    /// Layers with a KV cache (all but the recurrent ones).
+    pub fn n_layer_kv(&self) -> usize {
+        self.n_layer - self.recurrent_layers.iter().filter(|&&r| r).count()
+    }
+
+    /// Bytes of one sequence's recurrent state (f32), over every recurrent
+    /// layer; 0 for attention-only models.
+    pub fn recurrent_bytes(&self) -> u64 {
+        let n = (self.n_layer - self.n_layer_kv()) as u64;
+        self.ssm.map_or(0, |s| n * s.state_floats() as u64 * 4)
     }
 
     /// `(K, V)` values per position in each layer's KV cache: per-head keys

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, BackendError};
 use crate::gguf::{self, GgufError};
 use crate::longhaul::{CacheStats, LonghaulConfig, LonghaulError};
+use crate::state::LayerState;
 pub use arch::ArchSpec;
 pub use blocks::ffn::is_routed;
 pub use blocks::{Attention, DenseFfn, Experts, Ffn, Layer, MoeFfn, Scoring};
@@ -314,8 +315,16 @@ impl<B: Backend> Model<B> {
         (self.layers.len() - moe, moe)
     }
 
-    /// What attention the layers run: `"MLA"` (a latent cache) or `"GQA"`.
+    /// What attention the layers run: `"MLA"` (a latent cache), `"GQA"`,
+    /// or `"DeltaNet+GQA"` for a hybrid of recurrent and attention layers.
     pub fn attention_kind(&self) -> &'static str {
+        if self
+            .layers
+            .iter()
+            .any(|l| matches!(l.attn, Attention::DeltaNet(_)))
+        {
+            return "DeltaNet+GQA";
+        }
         match self.layers.first().map(|l| &l.attn) {
             Some(Attention::Mla(_)) => "MLA",
             _ => "GQA",
@@ -356,31 +365,42 @@ impl<B: Backend> Model<B> {
         self.runtime.slot_bytes()
     }
 
-    /// A fresh KV cache for `n_ctx` positions, one entry per layer. Its size
-    /// is checked against memory first ([`crate::kv::check_kv_size`]), and
-    /// a backend that cannot allocate it gives [`ModelError::KvTooLarge`].
-    pub fn new_kv(
+    /// A fresh sequence state for `n_ctx` positions, one entry per layer: a
+    /// KV cache for each attention layer, zeros for each recurrent one. Its
+    /// size is checked against memory first ([`crate::kv::check_kv_size`]),
+    /// and a backend that cannot allocate it gives [`ModelError::KvTooLarge`].
+    pub fn new_state(
         &self,
         n_ctx: usize,
         dtype: crate::tensor::GgmlType,
-    ) -> Result<Vec<B::Kv>, ModelError> {
+    ) -> Result<Vec<LayerState<B>>, ModelError> {
         let bytes = crate::kv::check_kv_size(&self.hp, n_ctx, 1, dtype, false)?;
+        let oom = |e| match e {
+            BackendError::OutOfMemory { .. } => ModelError::KvTooLarge {
+                n_ctx,
+                n_seq: 1,
+                from_model: false,
+                bytes,
+                available: None,
+            },
+            e => e.into(),
+        };
         self.layers
             .iter()
-            .map(|l| {
-                let (k, v) = l.attn.kv_widths();
-                self.backend
-                    .new_kv(n_ctx, k, v, dtype)
-                    .map_err(|e| match e {
-                        BackendError::OutOfMemory { .. } => ModelError::KvTooLarge {
-                            n_ctx,
-                            n_seq: 1,
-                            from_model: false,
-                            bytes,
-                            available: None,
-                        },
-                        e => e.into(),
+            .map(|l| match &l.attn {
+                Attention::DeltaNet(d) => {
+                    let (conv, ssm) = d.state_shapes();
+                    Ok(LayerState::Recurrent {
+                        conv: self.backend.zeros(conv.0, conv.1).map_err(oom)?,
+                        ssm: self.backend.zeros(ssm.0, ssm.1).map_err(oom)?,
                     })
+                }
+                a => {
+                    let (k, v) = a.kv_widths();
+                    Ok(LayerState::Kv(
+                        self.backend.new_kv(n_ctx, k, v, dtype).map_err(oom)?,
+                    ))
+                }
             })
             .collect()
     }
@@ -389,7 +409,7 @@ impl<B: Backend> Model<B> {
     /// and returns logits `[rows, n_vocab]` (the last row or all rows).
     pub fn forward(
         &self,
-        kv: &mut [B::Kv],
+        kv: &mut [LayerState<B>],
         tokens: &[u32],
         pos0: usize,
         want: Logits,
@@ -399,10 +419,10 @@ impl<B: Backend> Model<B> {
     }
 
     /// Runs several sequences in one batch (`seqs[i] = (tokens, pos0)` with
-    /// KV caches `kvs[i]`); each sequence's logits equal a run of it alone.
+    /// states `kvs[i]`); each sequence's logits equal a run of it alone.
     pub fn forward_multi(
         &self,
-        kvs: &mut [&mut [B::Kv]],
+        kvs: &mut [&mut [LayerState<B>]],
         seqs: &[(&[u32], usize)],
         want: Logits,
     ) -> Result<BatchLogits, ModelError> {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf;
-use longhaul::kv::KvCache;
 use longhaul::model::{Logits, Model};
+use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
 
 pub fn root() -> PathBuf {
@@ -99,7 +99,7 @@ pub fn nmse(a: &[f32], reference: &[f32]) -> f64 {
 
 /// Logits of every prompt position, F32 KV cache (the reference settings).
 pub fn prompt_logits(m: &Model<CpuBackend>, tokens: &[u32]) -> Vec<f32> {
-    let mut kv = KvCache::new(m, tokens.len() + 64, GgmlType::F32).expect("kv");
+    let mut kv = SeqState::new(m, tokens.len() + 64, GgmlType::F32).expect("kv");
     kv.eval(m, tokens, Logits::All).expect("forward")
 }
 
@@ -116,7 +116,7 @@ pub fn argmax(v: &[f32]) -> u32 {
 /// Greedy decoding as the reference tool does it: the prompt in one batch,
 /// then one token at a time, argmax of raw logits (lowest id on ties), no stop.
 pub fn greedy(m: &Model<CpuBackend>, prompt: &[u32], n: usize, kv_type: GgmlType) -> Vec<u32> {
-    let mut kv = KvCache::new(m, prompt.len() + n + 1, kv_type).expect("kv");
+    let mut kv = SeqState::new(m, prompt.len() + n + 1, kv_type).expect("kv");
     let mut logits = kv.eval(m, prompt, Logits::Last).expect("forward");
     let mut out = Vec::new();
     for i in 0..n {

@@ -10,6 +10,7 @@ mod llama;
 mod olmoe;
 mod qwen2moe;
 mod qwen3moe;
+mod qwen3next;
 
 use super::blocks::{Layer, Loader};
 use super::hparams::SwaPattern;
@@ -27,6 +28,8 @@ pub enum Family {
     Glm4Moe,
     Deepseek2,
     Laguna,
+    Qwen3Next,
+    Qwen35Moe,
 }
 
 /// An architecture: its GGUF name and what is read before any tensor.
@@ -47,10 +50,12 @@ pub const OLMOE: ArchSpec = olmoe::SPEC;
 pub const GLM4MOE: ArchSpec = glm4moe::SPEC;
 pub const DEEPSEEK2: ArchSpec = deepseek2::SPEC;
 pub const LAGUNA: ArchSpec = laguna::SPEC;
+pub const QWEN3NEXT: ArchSpec = qwen3next::QWEN3NEXT;
+pub const QWEN35MOE: ArchSpec = qwen3next::QWEN35MOE;
 
 /// Every supported architecture.
-pub const SUPPORTED: [ArchSpec; 8] = [
-    LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS, OLMOE, GLM4MOE, DEEPSEEK2, LAGUNA,
+pub const SUPPORTED: [ArchSpec; 10] = [
+    LLAMA, QWEN2MOE, QWEN3MOE, GPT_OSS, OLMOE, GLM4MOE, DEEPSEEK2, LAGUNA, QWEN3NEXT, QWEN35MOE,
 ];
 
 /// The spec for `name`, if supported.
@@ -82,5 +87,7 @@ pub(super) fn load_layer<B: Backend>(
         Family::Glm4Moe => glm4moe::layer(l, il),
         Family::Deepseek2 => deepseek2::layer(l, il),
         Family::Laguna => laguna::layer(l, il),
+        Family::Qwen3Next => qwen3next::layer(l, il, false),
+        Family::Qwen35Moe => qwen3next::layer(l, il, true),
     }
 }

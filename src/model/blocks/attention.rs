@@ -56,6 +56,9 @@ pub struct GqaDecl {
     /// `attn_output`, one value per head or per element as the tensor's
     /// width says (Laguna's softplus gate).
     pub out_gate: Option<Act>,
+    /// The q projection carries a sigmoid output gate: per head, `head_dim`
+    /// query values then `head_dim` gate values (Qwen3-Next, Qwen3.5).
+    pub q_gate: bool,
 }
 
 impl GqaDecl {
@@ -67,6 +70,7 @@ impl GqaDecl {
         qk_norm_over: QkNorm::Head,
         sinks: false,
         out_gate: None,
+        q_gate: false,
     };
 }
 
@@ -84,6 +88,8 @@ pub struct Gqa<W> {
     pub qk_norm: Option<(W, W, QkNorm)>,
     pub sinks: Option<W>,
     pub out_gate: Option<(W, Act)>,
+    /// See [`GqaDecl::q_gate`].
+    pub q_gate: bool,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -92,19 +98,24 @@ pub struct Gqa<W> {
     pub window: Option<u32>,
 }
 
-/// A layer's attention block.
+/// A layer's attention block (its token mixer).
 pub enum Attention<W> {
     Gqa(Gqa<W>),
     /// Multi-head latent attention (DeepSeek).
     Mla(super::mla::Mla<W>),
+    /// Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a recurrent
+    /// state per sequence instead of a KV cache.
+    DeltaNet(super::deltanet::DeltaNet<W>),
 }
 
 impl<W> Attention<W> {
-    /// `(K, V)` values per position this layer's KV cache holds.
+    /// `(K, V)` values per position this layer's KV cache holds (none for
+    /// a recurrent layer).
     pub fn kv_widths(&self) -> (usize, usize) {
         match self {
             Attention::Gqa(a) => (a.n_head_kv * a.head_dim, a.n_head_kv * a.head_dim),
             Attention::Mla(a) => a.kv_widths(),
+            Attention::DeltaNet(_) => (0, 0),
         }
     }
 }
@@ -139,7 +150,7 @@ impl<W> Gqa<W> {
             }
         };
         Ok(Gqa {
-            wq: l.req(&n("attn_q.weight"), &[e, nh * hd])?,
+            wq: l.req(&n("attn_q.weight"), &[e, nh * hd * (1 + d.q_gate as u64)])?,
             wk: l.req(&n("attn_k.weight"), &[e, nkv * hd])?,
             wv: l.req(&n("attn_v.weight"), &[e, nkv * hd])?,
             wo: l.req(&n("attn_output.weight"), &[nh * hd, e])?,
@@ -164,6 +175,7 @@ impl<W> Gqa<W> {
                     Some((l.req(&name, &[e, w])?, act))
                 }
             },
+            q_gate: d.q_gate,
             n_head,
             n_head_kv: hp.n_head_kv,
             head_dim: hp.head_dim,
@@ -189,6 +201,10 @@ pub fn forward<B: Backend>(
     match a {
         Attention::Gqa(a) => gqa(p, a, kvs, h),
         Attention::Mla(a) => super::mla::forward(p, a, kvs, h),
+        Attention::DeltaNet(_) => Err(ModelError::BadHparam {
+            key: "state".into(),
+            reason: "a recurrent layer was given KV caches".into(),
+        }),
     }
 }
 
@@ -201,6 +217,15 @@ fn gqa<B: Backend>(
     let b = p.b();
     let eps = p.hp().eps;
     let [mut q, mut k, mut v] = matmuls(b, [&a.wq, &a.wk, &a.wv], h)?;
+    // Qwen3-Next's q projection: per head, the query then its gate.
+    let q_gate = if a.q_gate {
+        let hd = a.head_dim;
+        let gate = b.split_cols(&q, 2 * hd, hd, hd)?;
+        q = b.split_cols(&q, 2 * hd, 0, hd)?;
+        Some(gate)
+    } else {
+        None
+    };
     for (t, bias) in [(&mut q, &a.bq), (&mut k, &a.bk), (&mut v, &a.bv)] {
         if let Some(bias) = bias {
             b.add_bias(t, bias)?;
@@ -228,6 +253,9 @@ fn gqa<B: Backend>(
     let mut attn = b.attention_multi(kvs, &q, &k, &v, a.sinks.as_ref(), p.seqs, &params)?;
     if let Some((g, act)) = &a.out_gate {
         b.mul_act(&mut attn, &b.matmul(g, h)?, *act)?;
+    }
+    if let Some(gate) = &q_gate {
+        b.mul_act(&mut attn, gate, Act::Sigmoid)?;
     }
     let mut o = b.matmul(&a.wo, &attn)?;
     if let Some(bo) = &a.bo {

@@ -4,6 +4,7 @@
 //! one forward pass through a layer.
 
 pub mod attention;
+pub mod deltanet;
 pub mod ffn;
 pub mod mla;
 pub mod router;

@@ -1,0 +1,268 @@
+//! The state of one sequence: one entry per layer (an attention layer's KV
+//! cache, or a recurrent layer's convolution inputs and DeltaNet matrices),
+//! the number of positions it holds, and the checkpoints of its recurrent
+//! part that let it go back.
+//!
+//! An attention-only state rewinds to any earlier position (the cache rows
+//! past it are overwritten later). A recurrent state cannot: it is a
+//! summary of every token so far. It goes back only to a checkpoint, a copy
+//! of the recurrent layers taken at a position (llama.cpp's context
+//! checkpoints, `--ctx-checkpoints`), or to the start; [`SeqState::rewind`]
+//! says where it landed and the caller evaluates the tokens from there, so
+//! that a rewind never leaves a state that disagrees with its position.
+
+use crate::backend::Backend;
+use crate::model::{BatchLogits, Logits, Model, ModelError};
+use crate::tensor::GgmlType;
+
+/// One layer's part of a sequence's state.
+pub enum LayerState<B: Backend> {
+    /// An attention layer's KV cache.
+    Kv(B::Kv),
+    /// A gated DeltaNet layer: the convolution's last `d_conv - 1` inputs
+    /// `[d_conv - 1, channels]` and one `S x S` matrix per value head
+    /// `[n_v_heads, S * S]` (see [`Backend::gated_delta_net`]).
+    Recurrent { conv: B::Tensor, ssm: B::Tensor },
+}
+
+/// The recurrent layers' state at `pos`, copied to the host.
+struct Checkpoint {
+    pos: usize,
+    /// `(conv, ssm)` of each recurrent layer, in layer order.
+    layers: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+/// llama.cpp's default `--ctx-checkpoints` (`n_ctx_checkpoints`).
+pub const DEFAULT_CHECKPOINTS: usize = 32;
+
+/// One sequence's state over every layer of a model.
+pub struct SeqState<B: Backend> {
+    layers: Vec<LayerState<B>>,
+    n_ctx: usize,
+    n_past: usize,
+    checkpoints: Vec<Checkpoint>,
+    max_checkpoints: usize,
+    /// A reset did not complete: the recurrent layers hold garbage, and
+    /// nothing is evaluated until a reset succeeds.
+    poisoned: bool,
+}
+
+impl<B: Backend> SeqState<B> {
+    /// A fresh state of `n_ctx` positions, KV caches in `dtype` (F16 by
+    /// default, F32 on request), keeping up to [`DEFAULT_CHECKPOINTS`].
+    pub fn new(model: &Model<B>, n_ctx: usize, dtype: GgmlType) -> Result<Self, ModelError> {
+        Ok(Self {
+            layers: model.new_state(n_ctx, dtype)?,
+            n_ctx,
+            n_past: 0,
+            checkpoints: Vec::new(),
+            max_checkpoints: DEFAULT_CHECKPOINTS,
+            poisoned: false,
+        })
+    }
+
+    /// Keeps at most `n` checkpoints (0: none, so a recurrent state only
+    /// rewinds to the start).
+    pub fn set_max_checkpoints(&mut self, n: usize) {
+        self.max_checkpoints = n;
+        let drop = self.checkpoints.len().saturating_sub(n);
+        self.checkpoints.drain(..drop);
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Positions filled so far (the next token goes to this position).
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Whether any layer is recurrent (rewinds need checkpoints).
+    pub fn is_recurrent(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerState::Recurrent { .. }))
+    }
+
+    /// Positions of the checkpoints held, oldest first.
+    pub fn checkpoint_positions(&self) -> Vec<usize> {
+        self.checkpoints.iter().map(|c| c.pos).collect()
+    }
+
+    /// Goes back to at most `n` positions and returns the positions now
+    /// held: `min(n, n_past)` for an attention-only state; for a recurrent
+    /// one the latest checkpoint at or before that, else 0 (a fresh
+    /// state). The caller evaluates its tokens from the returned position.
+    pub fn rewind(&mut self, backend: &B, n: usize) -> Result<usize, ModelError> {
+        let n = n.min(self.n_past);
+        if n == self.n_past {
+            return Ok(n);
+        }
+        if !self.is_recurrent() {
+            self.n_past = n;
+            return Ok(n);
+        }
+        self.checkpoints.retain(|c| c.pos <= n);
+        match self.checkpoints.last() {
+            Some(c) => {
+                let pos = c.pos;
+                self.restore(backend, self.checkpoints.len() - 1)?;
+                self.n_past = pos;
+            }
+            None => self.reset(backend)?,
+        }
+        Ok(self.n_past)
+    }
+
+    /// Forgets every position and checkpoint (recurrent layers start from
+    /// zeros again).
+    pub fn reset(&mut self, backend: &B) -> Result<(), ModelError> {
+        self.checkpoints.clear();
+        self.n_past = 0;
+        self.poisoned = true;
+        for l in &mut self.layers {
+            if let LayerState::Recurrent { conv, ssm } = l {
+                let zero = |t: &B::Tensor| {
+                    let (r, c) = backend.shape(t);
+                    backend.zeros(r, c)
+                };
+                *conv = zero(conv)?;
+                *ssm = zero(ssm)?;
+            }
+        }
+        self.poisoned = false;
+        Ok(())
+    }
+
+    /// A poisoned state is reset before it is used again.
+    fn usable(&mut self, backend: &B) -> Result<(), ModelError> {
+        if self.poisoned {
+            self.reset(backend)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the recurrent layers at the current position into a
+    /// checkpoint (replacing one at the same position, dropping the oldest
+    /// beyond the limit). Nothing to do for an attention-only state.
+    /// Returns whether a checkpoint was made.
+    pub fn checkpoint(&mut self, backend: &B) -> Result<bool, ModelError> {
+        if !self.is_recurrent() || self.max_checkpoints == 0 {
+            return Ok(false);
+        }
+        let mut layers = Vec::new();
+        for l in &self.layers {
+            if let LayerState::Recurrent { conv, ssm } = l {
+                layers.push((backend.to_host(conv)?, backend.to_host(ssm)?));
+            }
+        }
+        let pos = self.n_past;
+        self.checkpoints.retain(|c| c.pos != pos);
+        if self.checkpoints.len() >= self.max_checkpoints {
+            self.checkpoints.remove(0);
+        }
+        self.checkpoints.push(Checkpoint { pos, layers });
+        self.checkpoints.sort_by_key(|c| c.pos);
+        Ok(true)
+    }
+
+    fn restore(&mut self, backend: &B, i: usize) -> Result<(), ModelError> {
+        let c = &self.checkpoints[i];
+        let mut saved = c.layers.iter();
+        for l in &mut self.layers {
+            if let LayerState::Recurrent { conv, ssm } = l {
+                let Some((cv, sv)) = saved.next() else { break };
+                let (cr, cc) = backend.shape(conv);
+                let (sr, sc) = backend.shape(ssm);
+                *conv = backend.from_host(cv.clone(), cr, cc)?;
+                *ssm = backend.from_host(sv.clone(), sr, sc)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed evaluation the recurrent layers may hold part of the
+    /// batch: go back to the last checkpoint at or before `n_past` (or the
+    /// start), so that the state again matches its position. An
+    /// attention-only state is untouched (rows past `n_past` are unused).
+    fn recover(&mut self, backend: &B) {
+        if self.is_recurrent() {
+            let n = self.n_past;
+            self.checkpoints.retain(|c| c.pos <= n);
+            let ok = match self.checkpoints.len() {
+                0 => self.reset(backend).is_ok(),
+                k => {
+                    let pos = self.checkpoints[k - 1].pos;
+                    let ok = self.restore(backend, k - 1).is_ok();
+                    self.n_past = pos;
+                    ok
+                }
+            };
+            if !ok {
+                // Not even zeros could be made: nothing is read from this
+                // state until a reset succeeds.
+                self.checkpoints.clear();
+                self.n_past = 0;
+                self.poisoned = true;
+            }
+        }
+    }
+
+    /// Runs each `tokens[i]` after what `states[i]` holds, all in one
+    /// batch, and returns the last-token logits of each (empty for empty
+    /// inputs). On an error each state is left valid (see
+    /// [`SeqState::n_past`]; a recurrent one may have gone back).
+    pub fn eval_multi(
+        model: &Model<B>,
+        states: &mut [&mut SeqState<B>],
+        tokens: &[&[u32]],
+    ) -> Result<BatchLogits, ModelError> {
+        for st in states.iter_mut() {
+            st.usable(&model.backend)?;
+        }
+        let seqs: Vec<(&[u32], usize)> = states
+            .iter()
+            .zip(tokens)
+            .map(|(c, t)| (*t, c.n_past))
+            .collect();
+        let mut layers: Vec<&mut [LayerState<B>]> =
+            states.iter_mut().map(|c| c.layers.as_mut_slice()).collect();
+        let out = model.forward_multi(&mut layers, &seqs, Logits::Last);
+        match out {
+            Ok(out) => {
+                for (c, t) in states.iter_mut().zip(tokens) {
+                    c.n_past += t.len();
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                for c in states.iter_mut() {
+                    c.recover(&model.backend);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `tokens` through `model` at the next positions of this state
+    /// (one forward pass, no ubatch splitting) and returns their logits.
+    pub fn eval(
+        &mut self,
+        model: &Model<B>,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.usable(&model.backend)?;
+        match model.forward(&mut self.layers, tokens, self.n_past, want) {
+            Ok(logits) => {
+                self.n_past += tokens.len();
+                Ok(logits)
+            }
+            Err(e) => {
+                self.recover(&model.backend);
+                Err(e)
+            }
+        }
+    }
+}
