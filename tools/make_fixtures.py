@@ -37,11 +37,20 @@ ARCHS = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"]
 SEED = {"llama-moe": 1001, "qwen2moe": 1002, "qwen3moe": 1003, "gpt-oss": 1004}
 # Newer stems (narrower: hidden 64-128, so that each f32 file stays small; see
 # tools/README.md for shapes). make_config_new / randomize_new / NEW_TOKENIZER.
-NEW_ARCHS = ["olmoe", "glm4moe", "deepseek3", "deepseek3-lite", "deepseek2", "laguna-head", "laguna-elem"]
+NEW_ARCHS = ["olmoe", "glm4moe", "deepseek3", "deepseek3-lite", "deepseek2", "laguna-head", "laguna-elem",
+             "qwen3next", "qwen35moe"]
 ARCHS += NEW_ARCHS
 SEED.update({"olmoe": 1005, "glm4moe": 1006, "deepseek3": 1007, "deepseek3-lite": 1008,
-             "deepseek2": 1009, "laguna-head": 1010, "laguna-elem": 1011})
+             "deepseek2": 1009, "laguna-head": 1010, "laguna-elem": 1011,
+             "qwen3next": 1012, "qwen35moe": 1013})
 PROMPT_LENS = [8, 13, 20]
+# hybrid (gated DeltaNet) stems: one more prompt, longer than the conv kernel (4) and than
+# one 64-token chunk of the chunked delta rule
+PROMPT_LENS_ARCH = {"qwen3next": [8, 13, 20, 88], "qwen35moe": [8, 13, 20, 88]}
+# their converters: no MTP block in these models (the converter asserts on a Qwen3-Next
+# / Qwen3.5 checkpoint without mtp.* tensors unless told --no-mtp)
+CONVERT_EXTRA_ARGS = {"qwen3next": ["--no-mtp"], "qwen35moe": ["--no-mtp"]}
+HYBRID_ARCHS = ("qwen3next", "qwen35moe")
 N_GREEDY = 32
 
 # Small training text for the tokenizers: English, code, numbers, a little
@@ -261,6 +270,39 @@ def new_tokenizer(d: Path, arch: str):
 def make_config_new(arch: str, vocab: int, special_ids: dict):
     from transformers import OlmoeConfig, Glm4MoeConfig, DeepseekV3Config, DeepseekV2Config, LagunaConfig
     ids = dict(bos_token_id=special_ids["bos"], eos_token_id=special_ids["eos"])
+    if arch in HYBRID_ARCHS:
+        # Qwen3-Next / Qwen3.5-MoE: gated DeltaNet layers (linear attention) x3 + 1 gated full
+        # attention layer; K heads (2) != V heads (4) in the linear layers; every FFN a MoE
+        # with a sigmoid-gated shared expert
+        from transformers import Qwen3NextConfig, Qwen3_5MoeTextConfig
+        common = dict(
+            vocab_size=vocab, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32,
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+            linear_value_head_dim=32, linear_conv_kernel_dim=4,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            # init 0.1: at 0.2 the DeltaNet projections amplify f16 rounding (llama.cpp f16 NMSE
+            # vs transformers 8e-4 / 3e-3, a per-position floor of 1e-5..2e-4; at 0.1: 1e-5)
+            shared_expert_intermediate_size=32, initializer_range=0.1, rms_norm_eps=1e-6,
+            max_position_embeddings=4096, tie_word_embeddings=False, attention_bias=False,
+            pad_token_id=None, **ids,
+        )
+        if arch == "qwen3next":
+            return Qwen3NextConfig(
+                **common, intermediate_size=128, norm_topk_prob=True, decoder_sparse_step=1,
+                mlp_only_layers=[],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                 "partial_rotary_factor": 0.25},
+            )
+        # Qwen3.5: interleaved MRoPE; text-only positions are the same in all sections, and
+        # [2, 1, 1] covers the 4 rotary pairs (32 x 0.25 = 8 dims)
+        return Qwen3_5MoeTextConfig(
+            **common,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                             "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                             "mrope_interleaved": True},
+        )
     if arch == "olmoe":
         # llama.cpp's olmoe wants q_norm and k_norm of n_embd: no GQA (like OLMoE-1B-7B)
         return OlmoeConfig(
@@ -345,6 +387,17 @@ def randomize_new(model, arch: str, seed: int):
         for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn(b.shape, generator=g) * 0.05)
+        if arch in HYBRID_ARCHS:
+            for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+                leaf = name.rsplit(".", 1)[-1]
+                if leaf == "A_log":
+                    # decay per step exp(-exp(A_log) * softplus(a + dt_bias)): A in [0.1, 1]
+                    p.copy_(torch.empty(p.shape).uniform_(math.log(0.1), 0.0, generator=g))
+                elif leaf == "dt_bias":
+                    p.copy_(torch.empty(p.shape).uniform_(-3.0, -1.0, generator=g))
+                elif "norm" in name and not name.endswith("linear_attn.norm.weight"):
+                    # zero-centred RMSNorm (x * (1 + w)): effective gains U(0.5, 1.5) as elsewhere
+                    p.copy_(torch.empty(p.shape).uniform_(-0.5, 0.5, generator=g))
 
 
 def post_save(d: Path, arch: str, cfg, seed: int):
@@ -465,7 +518,7 @@ def choose_prompts(model, arch: str, n_normal: int, first: int):
     import numpy as np
     rng = np.random.RandomState(SEED[arch])
     out = []
-    for n in PROMPT_LENS:
+    for n in PROMPT_LENS_ARCH.get(arch, PROMPT_LENS):
         best = None
         tries_max = MAX_TRIES_NEW if arch in NEW_ARCHS else MAX_TRIES
         for attempt in range(tries_max):
@@ -620,7 +673,7 @@ def convert_inproc(arch: str, src: str, out: str, outtype: str, llama_src: Path)
         for cls in (base.TextModel,):
             cls.get_vocab_base_pre = lambda self, tokenizer, _n=name: _n
     sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", outtype,
-                "--model-name", f"longhaul-tiny-{arch}"]
+                "--model-name", f"longhaul-tiny-{arch}"] + CONVERT_EXTRA_ARGS.get(arch, [])
     conv.main()
 
 
