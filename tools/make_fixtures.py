@@ -577,6 +577,14 @@ def write_golden(path: Path, header: dict, prompts: list[dict]):
 
 
 def stage_hf(args):
+    if any(a in HYBRID_ARCHS for a in args.archs):
+        # Qwen3-Next / Qwen3.5: transformers would take flash-linear-attention's and
+        # causal-conv1d's kernels (or hub kernels) when present; force its torch paths
+        # (torch_chunk_gated_delta_rule, F.conv1d), which run on the CPU
+        for m in ("fla", "causal_conv1d"):
+            if m not in sys.modules:
+                sys.modules[m] = None   # import -> ImportError -> the torch fallback
+        os.environ["USE_HUB_KERNELS"] = "NO"
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
