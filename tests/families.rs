@@ -18,7 +18,18 @@ use longhaul::model::{Logits, Model};
 use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
 
-const FAMILIES: [&str; 7] = NEW_FAMILIES;
+/// Issue 12's families and issue 13's hybrids.
+const FAMILIES: [&str; 9] = {
+    let mut f = [""; 9];
+    let mut i = 0;
+    while i < 7 {
+        f[i] = NEW_FAMILIES[i];
+        i += 1;
+    }
+    f[7] = HYBRID_FAMILIES[0];
+    f[8] = HYBRID_FAMILIES[1];
+    f
+};
 
 /// deepseek3-lite (27 random layers, needed because llama.cpp takes a
 /// deepseek2 file without q LoRA only at 26 or 27 layers) amplifies any

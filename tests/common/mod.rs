@@ -16,6 +16,9 @@ pub fn root() -> PathBuf {
 
 /// The fixture stems of the families added in issue 12 (olmoe, glm4moe,
 /// deepseek2 in three variants, laguna with both gates).
+/// The hybrid families of issue 13 (gated DeltaNet + gated attention).
+pub const HYBRID_FAMILIES: [&str; 2] = ["qwen3next", "qwen35moe"];
+
 pub const NEW_FAMILIES: [&str; 7] = [
     "olmoe",
     "glm4moe",
