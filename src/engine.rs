@@ -46,6 +46,9 @@ pub struct EngineParams {
     pub n_ctx: usize,
     /// Physical batch size for prompt processing (`-ub`).
     pub n_ubatch: usize,
+    /// Checkpoints of a recurrent state kept per sequence
+    /// (`--ctx-checkpoints`, llama.cpp's default 32).
+    pub n_ctx_checkpoints: usize,
     /// KV cache type (`-ctk`/`-ctv`): F16 (default) or F32.
     pub kv_type: GgmlType,
     /// Stream routed experts (`--longhaul`) with this budget and policy.
@@ -133,6 +136,7 @@ impl Default for EngineParams {
         Self {
             n_ctx: 4096,
             n_ubatch: 512,
+            n_ctx_checkpoints: crate::state::DEFAULT_CHECKPOINTS,
             kv_type: GgmlType::F16,
             longhaul: None,
             no_mmap: false,
@@ -306,11 +310,9 @@ impl<B: Backend> Engine<B> {
 
     /// A new, empty sequence.
     pub fn new_kv(&self) -> Result<SeqState<B>, EngineError> {
-        Ok(SeqState::new(
-            &self.model,
-            self.params.n_ctx,
-            self.params.kv_type,
-        )?)
+        let mut s = SeqState::new(&self.model, self.params.n_ctx, self.params.kv_type)?;
+        s.set_max_checkpoints(self.params.n_ctx_checkpoints);
+        Ok(s)
     }
 
     /// Tokenises a raw prompt as llama.cpp does (BOS per the model's metadata,

@@ -148,6 +148,18 @@ fn longhaul_is_bit_identical_to_resident_for_the_new_families() {
     }
 }
 
+/// The hybrids of issue 13: recurrent (DeltaNet) layers with their state
+/// per sequence resident, routed experts streamed as for any MoE layer.
+#[test]
+fn longhaul_is_bit_identical_to_resident_for_the_hybrid_families() {
+    for a in HYBRID_FAMILIES {
+        for q in ["f32", "q4_k_m"] {
+            let stem = format!("{a}-{q}");
+            check(&fixture(&format!("{stem}.gguf")), &stem);
+        }
+    }
+}
+
 #[test]
 fn longhaul_reads_split_files_from_our_writer() {
     let src = gguf::Model::open(fixture("qwen3moe-q4_k_m.gguf")).expect("open");

@@ -152,7 +152,8 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
         let shapes = Model::load_shapes(CpuBackend::new(), std::sync::Arc::new(m))?;
         let (dense, moe) = shapes.layer_counts();
         let (k, v) = shapes.hp.kv_widths();
-        let per_pos = longhaul::kv::kv_bytes(&shapes.hp, 1, 1, GgmlType::F16);
+        let rec = shapes.hp.recurrent_bytes();
+        let per_pos = longhaul::kv::kv_bytes(&shapes.hp, 1, 1, GgmlType::F16) - rec;
         println!(
             "layers:        {} ({dense} dense FFN, {moe} MoE{}), {} attention",
             shapes.hp.n_layer,
@@ -162,12 +163,21 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
             },
             shapes.attention_kind()
         );
+        let n_kv = shapes.hp.n_layer_kv();
         println!(
-            "KV cache:      {} values per position per layer ({k} K + {v} V): {per_pos} bytes per position at f16, {} at the trained context of {}",
+            "KV cache:      {} values per position per layer ({k} K + {v} V) over {n_kv} attention layers: {per_pos} bytes per position at f16, {} at the trained context of {}",
             k + v,
             gib(per_pos.saturating_mul(shapes.hp.n_ctx_train as u64)),
             shapes.hp.n_ctx_train
         );
+        if rec > 0 {
+            println!(
+                "recurrent:     {} DeltaNet layers, state {} per sequence (f32, any context); each checkpoint (--ctx-checkpoints, default {}) holds another copy",
+                shapes.hp.n_layer - n_kv,
+                gib(rec),
+                longhaul::state::DEFAULT_CHECKPOINTS
+            );
+        }
     }
     Ok(())
 }

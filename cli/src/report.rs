@@ -57,15 +57,30 @@ pub fn model_start<B: Backend>(e: &Engine<B>) {
     };
     let (k, v) = m.hp.kv_widths();
     let n_ctx = e.params.n_ctx;
-    let total = longhaul::kv::kv_bytes(&m.hp, n_ctx, 1, e.params.kv_type);
+    let rec = m.hp.recurrent_bytes();
+    let total = longhaul::kv::kv_bytes(&m.hp, n_ctx, 1, e.params.kv_type) - rec;
+    let n_kv = m.hp.n_layer_kv();
+    let layers = if n_kv == m.hp.n_layer {
+        "per layer".to_string()
+    } else {
+        format!("per attention layer ({n_kv})")
+    };
     eprintln!(
-        "model: {} layers ({dense} dense, {moe} MoE{nextn}), {} attention; KV cache {} values per position per layer ({k} K + {v} V), {} {} at -c {n_ctx}",
+        "model: {} layers ({dense} dense, {moe} MoE{nextn}), {} attention; KV cache {} values per position {layers} ({k} K + {v} V), {} {} at -c {n_ctx}",
         m.hp.n_layer,
         m.attention_kind(),
         k + v,
         mib(total),
         e.params.kv_type.name(),
     );
+    if rec > 0 {
+        eprintln!(
+            "model: recurrent state of {} DeltaNet layers {} per sequence (f32); up to {} checkpoints of it per sequence (--ctx-checkpoints)",
+            m.hp.n_layer - n_kv,
+            mib(rec),
+            e.params.n_ctx_checkpoints
+        );
+    }
 }
 
 /// The start-up log: slots per layer, the budget, and memory outside it.

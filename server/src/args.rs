@@ -141,6 +141,11 @@ pub struct ModelArgs {
     /// Physical batch size for prompt processing (-ub).
     #[arg(long = "ubatch-size", default_value_t = 512)]
     pub ubatch_size: usize,
+    /// Most checkpoints of a hybrid model's recurrent state kept per
+    /// sequence (-ctxcp), which a later prompt sharing the prefix resumes
+    /// from; 0: none (such a prompt is evaluated again from the start).
+    #[arg(long = "ctx-checkpoints", default_value_t = longhaul::state::DEFAULT_CHECKPOINTS)]
+    pub ctx_checkpoints: usize,
     /// KV cache type for K (-ctk): f16 or f32.
     #[arg(long = "cache-type-k", default_value = "f16")]
     pub cache_type_k: String,
@@ -338,6 +343,7 @@ impl ModelArgs {
         Ok(EngineParams {
             n_ctx: self.ctx_size,
             n_ubatch: self.ubatch_size.max(1),
+            n_ctx_checkpoints: self.ctx_checkpoints,
             kv_type: k,
             longhaul: self.longhaul.params()?,
             no_mmap: self.no_mmap || matches!(self.load_mode.as_deref(), Some("none" | "mlock")),

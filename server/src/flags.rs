@@ -330,8 +330,9 @@ pub const SPELLINGS: &[Spelling] = &[
     refused("--backend-sampling", SAMPLER),
     // Context handling.
     refused("--swa-full", NOT_YET),
-    refused("-ctxcp", NOT_YET),
-    refused("--ctx-checkpoints", NOT_YET),
+    alias("-ctxcp", "--ctx-checkpoints"),
+    alias("--swa-checkpoints", "--ctx-checkpoints"),
+    same("--ctx-checkpoints").env("LLAMA_ARG_CTX_CHECKPOINTS"),
     refused("-cram", NOT_YET),
     refused("--cache-ram", NOT_YET),
     refused("-kvu", NOT_YET),
