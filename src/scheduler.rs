@@ -95,11 +95,12 @@ pub struct SchedulerMetrics {
     pub longhaul: Option<CacheStats>,
     /// Recurrent-state checkpoints made (hybrid models, `--ctx-checkpoints`).
     pub checkpoints_created: u64,
-    /// Requests whose prompt prefix came from a checkpoint.
+    /// Requests that went back to a checkpoint for their prompt's prefix
+    /// (a request that extends what its slot holds needs none).
     pub checkpoints_restored: u64,
     /// Requests of a hybrid model that shared a prefix with their slot but
-    /// found no checkpoint for it, and so evaluated more of the prompt
-    /// (from an earlier checkpoint or the start).
+    /// found no checkpoint at or before it, and so evaluated the whole
+    /// prompt again.
     pub prefix_reprefills: u64,
 }
 
@@ -422,6 +423,7 @@ impl<B: Backend> Worker<B> {
         };
         // At least one prompt token is evaluated, for its logits.
         let want = reuse.min(prompt.len() - 1);
+        let held = slot.kv.n_past();
         // A recurrent state goes back only to a checkpoint (or the start).
         let reuse = match slot.kv.rewind(&self.engine.model.backend, want) {
             Ok(n) => n,
@@ -431,7 +433,7 @@ impl<B: Backend> Worker<B> {
             }
         };
         slot.cached.truncate(reuse);
-        if slot.kv.is_recurrent() && want > 0 {
+        if slot.kv.is_recurrent() && want > 0 && want < held {
             let mut m = self
                 .shared
                 .metrics
@@ -439,8 +441,7 @@ impl<B: Backend> Worker<B> {
                 .unwrap_or_else(|p| p.into_inner());
             if reuse > 0 {
                 m.checkpoints_restored += 1;
-            }
-            if reuse < want {
+            } else {
                 m.prefix_reprefills += 1;
             }
         }

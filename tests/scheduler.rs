@@ -167,3 +167,116 @@ fn prompts_longer_than_the_context_are_refused_with_the_limit() {
         .to_string();
     assert!(err.contains("300 tokens") && err.contains("256"), "{err}");
 }
+
+/// A hybrid (Qwen3-Next) engine: recurrent DeltaNet layers and one
+/// attention layer, `n_ubatch` tokens of prompt per step.
+fn hybrid_engine(n_ubatch: usize, checkpoints: usize) -> Arc<Engine<CpuBackend>> {
+    let p = common::fixture("qwen3next-f32.gguf");
+    Arc::new(
+        Engine::load(
+            Path::new(&p),
+            CpuBackend::new(),
+            EngineParams {
+                n_ctx: 256,
+                n_ubatch,
+                n_ctx_checkpoints: checkpoints,
+                ..EngineParams::default()
+            },
+        )
+        .expect("load"),
+    )
+}
+
+/// Four slots of a hybrid model: each slot's recurrent state is its own,
+/// prompts in chunks of 4 join running generations at other positions, and
+/// a request dropped mid-generation leaves the others' tokens unchanged.
+#[test]
+fn hybrid_requests_batched_and_cancelled_equal_each_alone() {
+    let e = hybrid_engine(4, 8);
+    let n_vocab = e.model.hp.n_vocab as u32;
+    let prompts: Vec<Vec<u32>> = (0..5u32)
+        .map(|i| {
+            (0..(6 + 5 * i))
+                .map(|j| (j * 29 + i * 11 + 3) % n_vocab)
+                .collect()
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&e, p, 10)).collect();
+    let sched = Scheduler::spawn(e.clone(), 4);
+    let mut streams: Vec<_> = prompts
+        .iter()
+        .map(|p| sched.submit(req(p.clone(), 10)).expect("submit"))
+        .collect();
+    // A sixth request, cancelled after its first token.
+    let mut victim = sched.submit(req(vec![5, 6, 7, 8, 9], 50)).expect("submit");
+    if let Some(GenEvent::Token { .. }) = victim.next_blocking() {
+        drop(victim);
+    }
+    for (i, (s, w)) in streams.iter_mut().zip(&want).enumerate() {
+        let (ids, _, fin) = collect(s);
+        assert_eq!(ids.len(), 10);
+        assert_eq!(&ids[..w.len()], &w[..], "request {i}: batched vs alone");
+        assert_eq!(fin, Some(FinishReason::Length));
+    }
+    sched.shutdown();
+}
+
+/// A request that shares only its slot's earlier prompt (not the reply
+/// generated after it) goes back to the checkpoint taken 4 tokens before
+/// that prompt's end (counted in the metrics) and generates what a fresh
+/// run does; with no checkpoints it evaluates its whole prompt again, with
+/// the same tokens. One that extends what the slot holds (prompt and reply)
+/// goes on from there with neither.
+#[test]
+fn hybrid_follow_up_resumes_from_a_checkpoint_or_reprefills() {
+    for checkpoints in [8, 0] {
+        let e = hybrid_engine(512, checkpoints);
+        let first: Vec<u32> = (0..20u32).map(|j| (j * 17 + 5) % 300).collect();
+        let sched = Scheduler::spawn(e.clone(), 1);
+        collect(&mut sched.submit(req(first.clone(), 8)).expect("submit"));
+        // Diverges right after the first prompt: the slot holds 27 tokens.
+        let mut other = first.clone();
+        other.extend_from_slice(&[11, 12, 13]);
+        let want = alone(&e, &other, 8);
+        let (ids, _, _) = collect(&mut sched.submit(req(other.clone(), 8)).expect("submit"));
+        assert_eq!(&ids[..want.len()], &want[..], "{checkpoints} checkpoints");
+        let m = sched.metrics();
+        let counts = |m: &longhaul::scheduler::SchedulerMetrics| {
+            (m.checkpoints_created, m.checkpoints_restored, m.prefix_reprefills)
+        };
+        if checkpoints > 0 {
+            assert_eq!(counts(&m), (2, 1, 0), "{m:?}");
+            assert_eq!(m.prompt_tokens_total, 20 + (23 - 16), "{m:?}");
+        } else {
+            assert_eq!(counts(&m), (0, 0, 1), "{m:?}");
+            assert_eq!(m.prompt_tokens_total, 20 + 23, "{m:?}");
+        }
+        // Extends the slot's 23 + 7 tokens: nothing to go back to.
+        let mut next = other.clone();
+        next.extend_from_slice(&ids[..7]);
+        next.push(21);
+        let want = alone(&e, &next, 4);
+        let (ids, _, _) = collect(&mut sched.submit(req(next, 4)).expect("submit"));
+        assert_eq!(&ids[..want.len()], &want[..], "{checkpoints} checkpoints");
+        let m2 = sched.metrics();
+        assert_eq!(m2.prompt_tokens_total - m.prompt_tokens_total, 1, "{m2:?}");
+        assert_eq!(counts(&m2).1 + counts(&m2).2, counts(&m).1 + counts(&m).2);
+        sched.shutdown();
+    }
+}
+
+/// An attention-only model rewinds anywhere: no checkpoints, no re-prefill.
+#[test]
+fn attention_models_take_no_checkpoints() {
+    let e = engine();
+    let sched = Scheduler::spawn(e, 1);
+    let p: Vec<u32> = (1..15).collect();
+    collect(&mut sched.submit(req(p.clone(), 4)).expect("submit"));
+    collect(&mut sched.submit(req(p, 4)).expect("submit"));
+    let m = sched.metrics();
+    assert_eq!(
+        (m.checkpoints_created, m.checkpoints_restored, m.prefix_reprefills),
+        (0, 0, 0)
+    );
+    sched.shutdown();
+}

@@ -71,6 +71,24 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, Api
     );
     put("n_slots", "gauge", "Parallel slots.", r.n_slots.to_string());
     put(
+        "checkpoints_created_total",
+        "counter",
+        "Recurrent-state checkpoints made while processing prompts (hybrid models).",
+        m.checkpoints_created.to_string(),
+    );
+    put(
+        "checkpoints_restored_total",
+        "counter",
+        "Requests that resumed a shared prompt prefix from a checkpoint.",
+        m.checkpoints_restored.to_string(),
+    );
+    put(
+        "prompt_reprefills_total",
+        "counter",
+        "Requests of a hybrid model whose shared prefix had no checkpoint, evaluated again from the start.",
+        m.prefix_reprefills.to_string(),
+    );
+    put(
         "model_file_changed",
         "gauge",
         "1 when a model file changed since it was loaded (requests fail until it is put back or the server restarts).",
