@@ -273,3 +273,37 @@ fn nextn_layers_are_skipped_and_impossible_groups_refused() {
     }));
     assert!(e.contains("re-convert"), "{e}");
 }
+
+#[test]
+fn impossible_linear_attention_shapes_are_refused_by_key() {
+    use longhaul::gguf::MetaValue;
+    // 4 value heads cannot share 3 key heads.
+    let e = err_text(load_edited("qwen3next", "qwen3next-groups", |md, _| {
+        md.set("qwen3next.ssm.group_count", MetaValue::U32(3));
+    }));
+    assert!(e.contains("ssm"), "{e}");
+    // A convolution of one tap carries no state.
+    let e = err_text(load_edited("qwen35moe", "qwen35moe-conv", |md, _| {
+        md.set("qwen35moe.ssm.conv_kernel", MetaValue::U32(1));
+    }));
+    assert!(e.contains("ssm"), "{e}");
+    // A fourth rope section would leave text dims unrotated: not NEOX.
+    let e = err_text(load_edited("qwen35moe", "qwen35moe-mrope", |md, _| {
+        md.set(
+            "qwen35moe.rope.dimension_sections",
+            MetaValue::Array(
+                longhaul::gguf::MetaType::I32,
+                [2, 1, 0, 1].iter().map(|&v| MetaValue::I32(v)).collect(),
+            ),
+        );
+    }));
+    assert!(e.contains("dimension_sections"), "{e}");
+    // Every layer recurrent: the attention layer lacks DeltaNet's tensors.
+    let e = err_text(load_edited("qwen3next", "qwen3next-all-recurrent", |md, _| {
+        md.set(
+            "qwen3next.attention.recurrent_layers",
+            MetaValue::Array(longhaul::gguf::MetaType::Bool, vec![MetaValue::Bool(true); 4]),
+        );
+    }));
+    assert!(e.contains("blk.3.ssm_"), "{e}");
+}
