@@ -299,11 +299,18 @@ fn impossible_linear_attention_shapes_are_refused_by_key() {
     }));
     assert!(e.contains("dimension_sections"), "{e}");
     // Every layer recurrent: the attention layer lacks DeltaNet's tensors.
-    let e = err_text(load_edited("qwen3next", "qwen3next-all-recurrent", |md, _| {
-        md.set(
-            "qwen3next.attention.recurrent_layers",
-            MetaValue::Array(longhaul::gguf::MetaType::Bool, vec![MetaValue::Bool(true); 4]),
-        );
-    }));
+    let e = err_text(load_edited(
+        "qwen3next",
+        "qwen3next-all-recurrent",
+        |md, _| {
+            md.set(
+                "qwen3next.attention.recurrent_layers",
+                MetaValue::Array(
+                    longhaul::gguf::MetaType::Bool,
+                    vec![MetaValue::Bool(true); 4],
+                ),
+            );
+        },
+    ));
     assert!(e.contains("blk.3.ssm_"), "{e}");
 }

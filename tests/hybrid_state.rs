@@ -70,7 +70,11 @@ fn prompts_in_ubatches_of_1_7_and_32_give_the_logits_of_one_pass() {
                 // rest of the model computes each row alone.
                 assert!(e <= 1e-10, "{stem}-{ty} ubatch {ub}: nmse {e:.3e}");
                 let rows = |l: &[f32]| -> Vec<u32> { l.chunks(m.hp.n_vocab).map(argmax).collect() };
-                assert_eq!(rows(&part), rows(&whole), "{stem}-{ty} ubatch {ub}: argmax per row");
+                assert_eq!(
+                    rows(&part),
+                    rows(&whole),
+                    "{stem}-{ty} ubatch {ub}: argmax per row"
+                );
             }
         }
     }
@@ -165,7 +169,8 @@ fn a_failed_read_mid_batch_leaves_the_recurrent_state_usable() {
     };
     let want = {
         let mut s = SeqState::new(&resident, 64, GgmlType::F32).expect("state");
-        s.eval(&resident, &tokens[..10], Logits::Last).expect("eval");
+        s.eval(&resident, &tokens[..10], Logits::Last)
+            .expect("eval");
         run(&resident, &mut s)
     };
     let (layers, bytes) = resident.expert_slot_cost().expect("cost");
@@ -193,7 +198,11 @@ fn a_failed_read_mid_batch_leaves_the_recurrent_state_usable() {
             }
             failures += 1;
             let back = if checkpoint { 10 } else { 0 };
-            assert_eq!(s.n_past(), back, "read {at} failed, checkpoint {checkpoint}");
+            assert_eq!(
+                s.n_past(),
+                back,
+                "read {at} failed, checkpoint {checkpoint}"
+            );
             if back == 0 {
                 s.eval(&m, &tokens[..10], Logits::Last).expect("eval");
             }

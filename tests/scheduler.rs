@@ -242,7 +242,11 @@ fn hybrid_follow_up_resumes_from_a_checkpoint_or_reprefills() {
         assert_eq!(&ids[..want.len()], &want[..], "{checkpoints} checkpoints");
         let m = sched.metrics();
         let counts = |m: &longhaul::scheduler::SchedulerMetrics| {
-            (m.checkpoints_created, m.checkpoints_restored, m.prefix_reprefills)
+            (
+                m.checkpoints_created,
+                m.checkpoints_restored,
+                m.prefix_reprefills,
+            )
         };
         if checkpoints > 0 {
             assert_eq!(counts(&m), (2, 1, 0), "{m:?}");
@@ -275,7 +279,11 @@ fn attention_models_take_no_checkpoints() {
     collect(&mut sched.submit(req(p, 4)).expect("submit"));
     let m = sched.metrics();
     assert_eq!(
-        (m.checkpoints_created, m.checkpoints_restored, m.prefix_reprefills),
+        (
+            m.checkpoints_created,
+            m.checkpoints_restored,
+            m.prefix_reprefills
+        ),
         (0, 0, 0)
     );
     sched.shutdown();

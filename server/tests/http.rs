@@ -539,3 +539,61 @@ async fn metrics_count_tokens_and_longhaul() {
     value("longhaul_io_seconds_total");
     assert!(text.contains("# TYPE longhaul:prompt_tokens_total counter"));
 }
+
+/// A hybrid model (Qwen3-Next: recurrent DeltaNet layers) on four slots:
+/// four concurrent greedy requests each answer what it answers alone, and a
+/// request that shares an earlier prompt but not its reply resumes from
+/// that prompt's checkpoint, counted in `/metrics`, with a fresh run's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_slots_batch_and_resume_from_checkpoints() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/qwen3next-f32.gguf");
+    let s = start(
+        &path,
+        Opts {
+            n_slots: 4,
+            ..Opts::default()
+        },
+    );
+    let c = client();
+    let url = format!("{}/completion", s.url);
+    let body = |p: &str, cache: bool| json!({"prompt": p, "n_predict": 8, "temperature": 0, "ignore_eos": true, "cache_prompt": cache});
+    let prompts = [
+        "The quick brown fox",
+        "A mixture of experts routes every token",
+        "def fibonacci(n):",
+        "The capital of France is Paris. The capital of Italy is",
+    ];
+    let mut alone = Vec::new();
+    for p in prompts {
+        let (st, v) = post(&c, &url, &body(p, false)).await;
+        assert_eq!(st, 200, "{v}");
+        alone.push(v["content"].as_str().unwrap().to_string());
+    }
+    let bodies: Vec<Value> = prompts.iter().map(|p| body(p, false)).collect();
+    let together = futures_util::future::join_all(bodies.iter().map(|b| post(&c, &url, b))).await;
+    for ((st, v), want) in together.iter().zip(&alone) {
+        assert_eq!(*st, 200, "{v}");
+        assert_eq!(v["content"].as_str().unwrap(), want, "batched vs alone");
+    }
+    // One slot's cache now holds a long prompt and its reply; a request
+    // sharing the prompt only goes back to its checkpoint.
+    let long = "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000 2024 3.14159";
+    let follow = format!("{long} and 2.71828");
+    let (_, fresh) = post(&c, &url, &body(&follow, false)).await;
+    let (st, _) = post(&c, &url, &body(long, true)).await;
+    assert_eq!(st, 200);
+    let (st, v) = post(&c, &url, &body(&follow, true)).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["content"], fresh["content"], "resumed vs fresh");
+    let (_, text) = get(&c, &format!("{}/metrics", s.url)).await;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("longhaul:{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(value("checkpoints_created_total") >= 1.0, "{text}");
+    assert!(value("checkpoints_restored_total") >= 1.0, "{text}");
+}
