@@ -228,16 +228,17 @@ pub fn ssm_conv(
     seqs: &[super::BatchPos],
 ) -> Result<usize, BackendError> {
     const OP: &str = "ssm_conv";
-    let d_conv =
-        match w_dims {
-            [k, c] if *c == cols as u64 && *k >= 2 => *k as usize,
-            _ => return Err(shape(
+    let d_conv = match w_dims {
+        [k, c] if *c == cols as u64 && *k >= 2 => *k as usize,
+        _ => {
+            return Err(shape(
                 OP,
                 format!(
                     "a kernel of dims {w_dims:?} for {cols} channels (want [d_conv >= 2, {cols}])"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     if let Some(s) = states.iter().find(|s| **s != (d_conv - 1, cols)) {
         return Err(shape(
             OP,
