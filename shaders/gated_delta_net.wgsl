@@ -1,9 +1,11 @@
-// The gated delta rule (ggml's gated_delta_net) for one sequence, token by
-// token. One workgroup per value head h, reading key head kh (h / r, or
-// h % n_k_heads with TILE), and S invocations: invocation j owns column j of
-// the head's S x S state, S[i][j] for every i, stored at j * S + i (ggml's
-// transposed layout), and keeps it in registers across the tokens. Per
-// token, with k, q the key head's rows (shared through workgroup memory):
+// The gated delta rule (ggml's gated_delta_net) over `n` tokens of one
+// sequence (rows r0.., the whole sequence or a chunk of it), token by token.
+// One workgroup per value head h, reading key head kh (h / r, or
+// h % n_k_heads when `tile`), and S invocations: invocation j owns column j
+// of the head's S x S state, S[i][j] for every i, stored at j * S + i
+// (ggml's transposed layout), and keeps it in registers across the tokens.
+// Per token, with k, q the key head's rows (shared through workgroup
+// memory):
 //
 //   S[i][j] *= exp(g[t, h])
 //   d        = (v[t, h, j] - sum_i S[i][j] k[i]) * beta[t, h]

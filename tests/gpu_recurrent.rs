@@ -347,16 +347,17 @@ fn gated_delta_net_matches_cpu() {
     let seed = base_seed();
     let lens = [1, 7, 20];
     for (name, g) in variants() {
-        for s in [32, 64, 128] {
+        // (head size, key heads, value heads): two value heads a key head,
+        // so the maps differ, at every size; three and one at 32.
+        for (s, hk, hv) in [(32, 2, 4), (32, 2, 6), (32, 3, 3), (64, 2, 4), (128, 2, 4)] {
             for k_map in [KHeadMap::Interleave, KHeadMap::Tile] {
-                // Two key heads for four value heads, so the maps differ.
                 let p = DeltaNetParams {
-                    n_k_heads: 2,
-                    n_v_heads: 4,
+                    n_k_heads: hk,
+                    n_v_heads: hv,
                     head_dim: s,
                     k_map,
                 };
-                if (4 * s * s * 4) as u64 > g.caps().max_binding {
+                if (hv * s * s * 4) as u64 > g.caps().max_binding {
                     // A state of 4 heads of 128 x 128 does not fit the
                     // 64 KiB variant's bindings (nor would it be split).
                     continue;
@@ -367,13 +368,46 @@ fn gated_delta_net_matches_cpu() {
                 let mut cs = delta_states(&c, &d);
                 let go = delta_call(&g, &p, &inputs, &mut gs, &lens);
                 let co = delta_call(&c, &p, &inputs, &mut cs, &lens);
-                let what = format!("{name} gated_delta_net S {s} {k_map:?} (seed {seed})");
+                let what =
+                    format!("{name} gated_delta_net S {s} {hk}/{hv} heads {k_map:?} (seed {seed})");
                 check(&format!("{what} output"), &g, &go, &co, DELTA_BOUND);
                 for (i, (a, b)) in gs.iter().zip(&cs).enumerate() {
                     check(&format!("{what} state {i}"), &g, a, b, DELTA_BOUND);
                 }
             }
         }
+    }
+}
+
+/// A prompt of 300 tokens (several dispatches of the delta rule) at the
+/// real models' head size: the recurrence carries the two backends'
+/// rounding differences along, and the bounds still hold at the end.
+#[test]
+fn recurrent_ops_over_a_long_prompt_match_cpu() {
+    let (c, g) = (cpu(), gpu_util::gpu());
+    let seed = base_seed();
+    let lens = [300, 2];
+    let what = format!("300 tokens (seed {seed})");
+    conv_matches(
+        &format!("ssm_conv over {what}"),
+        &g,
+        &Conv::new(&lens, 256, 4, seed),
+        &lens,
+    );
+    let p = DeltaNetParams {
+        n_k_heads: 2,
+        n_v_heads: 4,
+        head_dim: 128,
+        k_map: KHeadMap::Tile,
+    };
+    let d = Delta::new(p, &lens, seed);
+    let (mut gs, mut cs) = (delta_states(&g, &d), delta_states(&c, &d));
+    let go = delta_call(&g, &p, &d.inputs(), &mut gs, &lens);
+    let co = delta_call(&c, &p, &d.inputs(), &mut cs, &lens);
+    let what = format!("gated_delta_net over {what}");
+    check(&format!("{what} output"), &g, &go, &co, DELTA_BOUND);
+    for (i, (a, b)) in gs.iter().zip(&cs).enumerate() {
+        check(&format!("{what} state {i}"), &g, a, b, DELTA_BOUND);
     }
 }
 

@@ -6,8 +6,9 @@
 //! state (`shaders/ssm_conv.wgsl`) and the gated delta rule
 //! (`shaders/gated_delta_net.wgsl`). States stay on the device: the kernels
 //! read and rewrite them in place. Each sequence's state is its own buffer,
-//! so the two stateful ops dispatch once per sequence, every sequence's rows
-//! found by their offset in the shared activations. Shapes are checked by
+//! so the two stateful ops dispatch once per sequence (the delta rule once
+//! per chunk of its tokens), every sequence's rows found by their offset in
+//! the shared activations. Shapes are checked by
 //! [`crate::backend::contract`].
 
 use super::ops::{groups, norm_groups, simple, simple_parts};
@@ -24,6 +25,14 @@ const GATED_DELTA_NET: &str = include_str!("../../../shaders/gated_delta_net.wgs
 /// Largest head size of the gated delta net kernel: one invocation per
 /// column of the state, and WebGPU guarantees workgroups of 256.
 const MAX_DELTA_HEAD: usize = 256;
+
+/// Tokens of one gated delta net dispatch; a longer sequence takes several,
+/// its state written back between them (bit for bit what one dispatch
+/// would carry). This bounds how long one dispatch runs: a whole prompt in
+/// one would risk the OS's GPU watchdog, and Mesa 22.3's lavapipe was seen
+/// to stop writing outputs after about 250 tokens of one dispatch at
+/// S = 128 (500 at S = 64; cause unknown).
+const DELTA_CHUNK: usize = 64;
 
 fn shape(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
@@ -204,30 +213,30 @@ pub(super) fn gated_delta_net(
     let tile = (p.k_map == KHeadMap::Tile) as u32;
     let scale = 1.0f32 / (s as f32).sqrt();
     for (state, (r0, n)) in states.iter_mut().zip(seq_rows(seqs)) {
-        if n == 0 {
-            continue;
+        for c0 in (0..n).step_by(DELTA_CHUNK) {
+            let (r0, n) = (r0 + c0, DELTA_CHUNK.min(n - c0));
+            b.ctx().dispatch(
+                &pipe,
+                &[
+                    Arg::Buf(&q.buf),
+                    Arg::Buf(&k.buf),
+                    Arg::Buf(&v.buf),
+                    Arg::Buf(&g.buf),
+                    Arg::Buf(&beta.buf),
+                    Arg::Buf(&state.buf),
+                    Arg::Buf(&out.buf),
+                ],
+                &[
+                    r0 as u32,
+                    n as u32,
+                    p.n_k_heads as u32,
+                    p.n_v_heads as u32,
+                    tile,
+                    scale.to_bits(),
+                ],
+                b.ctx().grid(p.n_v_heads as u32),
+            );
         }
-        b.ctx().dispatch(
-            &pipe,
-            &[
-                Arg::Buf(&q.buf),
-                Arg::Buf(&k.buf),
-                Arg::Buf(&v.buf),
-                Arg::Buf(&g.buf),
-                Arg::Buf(&beta.buf),
-                Arg::Buf(&state.buf),
-                Arg::Buf(&out.buf),
-            ],
-            &[
-                r0 as u32,
-                n as u32,
-                p.n_k_heads as u32,
-                p.n_v_heads as u32,
-                tile,
-                scale.to_bits(),
-            ],
-            b.ctx().grid(p.n_v_heads as u32),
-        );
     }
     Ok(out)
 }
