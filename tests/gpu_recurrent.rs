@@ -3,13 +3,13 @@
 //! message), outputs NaN-poisoned before the kernels run, on every device
 //! variant of `gpu_util::variants`.
 //!
-//! Bounds, all normalised MSE against the CPU (ggml's test-backend-ops
-//! metric), and why:
+//! Bounds: normalised MSE against the CPU (ggml's test-backend-ops metric)
+//! of at most 1e-7, ggml's default for an op, unless exact; and why:
 //! - `act`, `mul_act` (SiLU): [`ACT_BOUND`]. One `exp` and one division a
 //!   value; WGSL's `exp` is not libm's `expf` (nor ggml's vector
 //!   `ggml_v_expf`, which the CPU's SiLU uses on blocks of 16), so values
 //!   differ by a few ulp: relative errors of ~1e-6 at most, an NMSE near
-//!   1e-13. The bound is ggml's default for an op (1e-7).
+//!   1e-13. Edge values (see [`EDGES`]) are also checked one by one.
 //! - `mul_vec`: exact. One correctly rounded f32 product a value on both.
 //! - `l2_norm`: [`NORM_BOUND`]. The CPU sums squares in f64, the GPU in
 //!   f32 (a tree of partial sums): a relative error of the scale near
