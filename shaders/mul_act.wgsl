@@ -1,6 +1,5 @@
-// x[i] *= act(g[i / per]): a gate per element (per = 1) or per group of
-// `per` columns (one per head), with ggml's formulas: sigmoid
-// 1 / (1 + exp(-v)), or (SOFTPLUS) softplus v > 20 ? v : log(1 + exp(v)).
+// x[i] *= activation(g[i / per]) (activation.wgsl): a gate per element
+// (per = 1) or per group of `per` columns (one per head).
 
 struct Params {
     n: u32,
@@ -19,11 +18,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
     if (i >= p.n) {
         return;
     }
-    let v = g[i / p.per];
-#if SOFTPLUS
-    let a = select(log(1.0 + exp(v)), v, v > 20.0);
-#else
-    let a = 1.0 / (1.0 + exp(-v));
-#endif
-    x[i] = x[i] * a;
+    x[i] = x[i] * activation(g[i / p.per]);
 }

@@ -1,7 +1,8 @@
 //! Column-layout ops on device activations: reshape (a new shape over the
 //! same buffer), column ranges of every group and per-group concatenation
 //! (`shaders/copy_cols.wgsl`), and gates per element or per group
-//! (`shaders/mul_act.wgsl`). Shapes are checked by
+//! (`shaders/mul_act.wgsl`, with the activations of
+//! `shaders/activation.wgsl`). Shapes are checked by
 //! [`crate::backend::contract`].
 
 use super::ops::{groups, simple};
@@ -114,11 +115,7 @@ pub(super) fn mul_act(
     if n == 0 {
         return Ok(());
     }
-    if act == Act::Silu {
-        return Err(crate::backend::Backend::unsupported_op(b, "mul_act (silu)"));
-    }
-    let softplus = (act == Act::Softplus) as u32;
-    let pipe = simple(b, "mul_act", MUL_ACT, &[("SOFTPLUS", softplus)], softplus)?;
+    let pipe = super::recurrent::act_pipeline(b, "mul_act", MUL_ACT, act)?;
     b.ctx().dispatch(
         &pipe,
         &[Arg::Buf(&x.buf), Arg::Buf(&g.buf)],

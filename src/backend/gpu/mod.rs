@@ -10,6 +10,7 @@ mod context;
 mod device;
 mod matmul;
 mod ops;
+mod recurrent;
 mod slots;
 
 use std::sync::Arc;
@@ -19,7 +20,9 @@ pub use context::{Arg, Caps, Ctx, KernelKey};
 pub use device::{default_adapter, list_adapters, named_adapter, AdapterSummary, DeviceChoice};
 pub use slots::GpuSlots;
 
-use super::{Act, AttnParams, Backend, BackendError, BatchPos, Glu, RopeParams, SlotTensor};
+use super::{
+    Act, AttnParams, Backend, BackendError, BatchPos, DeltaNetParams, Glu, RopeParams, SlotTensor,
+};
 use crate::gguf;
 use crate::tensor::GgmlType;
 
@@ -400,6 +403,42 @@ impl Backend for GpuBackend {
 
     fn mul_act(&self, x: &mut GpuTensor, g: &GpuTensor, act: Act) -> Result<(), BackendError> {
         cols::mul_act(self, x, g, act)
+    }
+
+    fn act(&self, x: &mut GpuTensor, act: Act) -> Result<(), BackendError> {
+        recurrent::act(self, x, act)
+    }
+
+    fn mul_vec(&self, x: &mut GpuTensor, w: &GpuWeight) -> Result<(), BackendError> {
+        recurrent::mul_vec(self, x, w)
+    }
+
+    fn l2_norm(&self, x: &GpuTensor, group: usize, eps: f32) -> Result<GpuTensor, BackendError> {
+        recurrent::l2_norm(self, x, group, eps)
+    }
+
+    fn ssm_conv(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        states: &mut [&mut GpuTensor],
+        seqs: &[BatchPos],
+    ) -> Result<GpuTensor, BackendError> {
+        recurrent::ssm_conv(self, x, w, states, seqs)
+    }
+
+    fn gated_delta_net(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        g: &GpuTensor,
+        beta: &GpuTensor,
+        states: &mut [&mut GpuTensor],
+        seqs: &[BatchPos],
+        p: &DeltaNetParams,
+    ) -> Result<GpuTensor, BackendError> {
+        recurrent::gated_delta_net(self, q, k, v, g, beta, states, seqs, p)
     }
 
     fn get_rows(&self, w: &GpuWeight, ids: &[u32]) -> Result<GpuTensor, BackendError> {

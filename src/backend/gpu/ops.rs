@@ -28,9 +28,21 @@ pub(super) fn simple(
     consts: &[(&str, u32)],
     variant: u32,
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>, BackendError> {
+    simple_parts(b, name, &[src], consts, variant)
+}
+
+/// [`simple`] over a kernel made of several sources (shared functions
+/// first, the kernel last).
+pub(super) fn simple_parts(
+    b: &GpuBackend,
+    name: &'static str,
+    parts: &[&'static str],
+    consts: &[(&str, u32)],
+    variant: u32,
+) -> Result<std::sync::Arc<wgpu::ComputePipeline>, BackendError> {
     let ctx = b.ctx();
     Ok(ctx.pipeline(&KernelKey::new(name).variant(variant), || {
-        ctx.source(&[src], consts)
+        ctx.source(parts, consts)
     })?)
 }
 
@@ -193,19 +205,35 @@ pub(super) fn rms_norm(
             ),
         ));
     }
+    norm_groups(b, x, Some(&w.parts[0].buf), group, eps, 0.0)
+}
+
+/// `shaders/rms_norm.wgsl` over groups of `group` columns of `x`: times the
+/// weight `w [group]`, or without one (its L2 variant) times `post`.
+pub(super) fn norm_groups(
+    b: &GpuBackend,
+    x: &GpuTensor,
+    w: Option<&wgpu::Buffer>,
+    group: usize,
+    eps: f32,
+    post: f32,
+) -> Result<GpuTensor, BackendError> {
     let ctx = b.ctx();
     const WG: u32 = 64;
-    let pipe = simple(b, "rms_norm", RMS_NORM, &[("WG", WG)], WG)?;
+    let (name, l2) = match w {
+        Some(_) => ("rms_norm", 0),
+        None => ("l2_norm", 1),
+    };
+    let pipe = simple(b, name, RMS_NORM, &[("WG", WG), ("L2", l2)], WG)?;
     let out = b.tensor(x.rows, x.cols)?;
     let n_groups = x.rows * x.cols / group;
+    let mut args = vec![Arg::Buf(&x.buf)];
+    args.extend(w.map(Arg::Buf));
+    args.push(Arg::Buf(&out.buf));
     ctx.dispatch(
         &pipe,
-        &[
-            Arg::Buf(&x.buf),
-            Arg::Buf(&w.parts[0].buf),
-            Arg::Buf(&out.buf),
-        ],
-        &[group as u32, n_groups as u32, eps.to_bits()],
+        &args,
+        &[group as u32, n_groups as u32, eps.to_bits(), post.to_bits()],
         ctx.grid(n_groups as u32),
     );
     Ok(out)

@@ -1,0 +1,21 @@
+// x[r, c] *= w[c]: a vector weight broadcast over rows (ggml_mul by a 1-D
+// tensor), one thread per value.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.x + wg.y * nwg.x) * 256u + lid;
+    if (i < p.rows * p.cols) {
+        x[i] = x[i] * w[i % p.cols];
+    }
+}
