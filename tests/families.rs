@@ -314,3 +314,60 @@ fn impossible_linear_attention_shapes_are_refused_by_key() {
     ));
     assert!(e.contains("blk.3.ssm_"), "{e}");
 }
+
+/// A Qwen3-Next file with its MTP block (as converted without `--no-mtp`:
+/// `nextn_predict_layers` 1, a fifth full-attention block with `nextn.*`
+/// tensors) loads without it: the same logits, and none of its bytes
+/// resident.
+#[test]
+fn qwen3next_mtp_block_is_not_loaded() {
+    use longhaul::gguf::{MetaType, MetaValue};
+    let plain = load(&fixture("qwen3next-f32.gguf"));
+    let m = load_edited("qwen3next", "qwen3next-mtp", |md, ts| {
+        md.set("qwen3next.block_count", MetaValue::U32(5));
+        md.set("qwen3next.nextn_predict_layers", MetaValue::U32(1));
+        let kinds = [true, true, true, false, false];
+        md.set(
+            "qwen3next.attention.recurrent_layers",
+            MetaValue::Array(MetaType::Bool, kinds.map(MetaValue::Bool).to_vec()),
+        );
+        let mtp: Vec<_> = ts
+            .iter()
+            .filter(|t| t.0.starts_with("blk.3."))
+            .map(|t| (t.0.replacen("blk.3.", "blk.4.", 1), t.1.clone(), t.2, t.3.clone()))
+            .collect();
+        ts.extend(mtp);
+        ts.push(("blk.4.nextn.eh_proj.weight".into(), vec![256, 128], GgmlType::F32, vec![0; 256 * 128 * 4]));
+        for n in ["enorm", "hnorm", "shared_head_norm"] {
+            ts.push((format!("blk.4.nextn.{n}.weight"), vec![128], GgmlType::F32, vec![0; 512]));
+        }
+    })
+    .expect("loads with its MTP block");
+    assert_eq!((m.hp.n_layer, m.hp.n_nextn), (4, 1));
+    assert_eq!(m.resident_bytes(), plain.resident_bytes());
+    let tokens: Vec<u32> = (0..12u32).map(|i| (i * 19 + 2) % 300).collect();
+    assert_eq!(
+        logits_with(&m, &tokens, EXACT),
+        logits_with(&plain, &tokens, EXACT)
+    );
+}
+
+/// The state of a hybrid sequence as the memory checks count it: KV rows
+/// for its one attention layer only, plus per sequence the recurrent
+/// layers' convolution inputs and S x S matrices (f32), whatever the context.
+#[test]
+fn hybrid_state_bytes_count_attention_layers_and_recurrent_state() {
+    let m = load(&fixture("qwen3next-f32.gguf"));
+    let hp = &m.hp;
+    assert_eq!((hp.n_layer, hp.n_layer_kv()), (4, 1));
+    // 2 kv heads of 32, K and V, f16: 256 bytes a position.
+    let kv_row = 2 * 2 * 32 * 2;
+    // Per DeltaNet layer: 3 conv rows of 2*64 + 128 channels, 4 heads of
+    // 32 x 32; three such layers.
+    let rec = 3 * ((4 - 1) * 256 + 4 * 32 * 32) * 4;
+    assert_eq!(hp.recurrent_bytes(), rec as u64);
+    assert_eq!(
+        longhaul::kv::kv_bytes(hp, 100, 4, GgmlType::F16),
+        4 * (100 * kv_row + rec) as u64
+    );
+}
