@@ -334,12 +334,29 @@ fn qwen3next_mtp_block_is_not_loaded() {
         let mtp: Vec<_> = ts
             .iter()
             .filter(|t| t.0.starts_with("blk.3."))
-            .map(|t| (t.0.replacen("blk.3.", "blk.4.", 1), t.1.clone(), t.2, t.3.clone()))
+            .map(|t| {
+                (
+                    t.0.replacen("blk.3.", "blk.4.", 1),
+                    t.1.clone(),
+                    t.2,
+                    t.3.clone(),
+                )
+            })
             .collect();
         ts.extend(mtp);
-        ts.push(("blk.4.nextn.eh_proj.weight".into(), vec![256, 128], GgmlType::F32, vec![0; 256 * 128 * 4]));
+        ts.push((
+            "blk.4.nextn.eh_proj.weight".into(),
+            vec![256, 128],
+            GgmlType::F32,
+            vec![0; 256 * 128 * 4],
+        ));
         for n in ["enorm", "hnorm", "shared_head_norm"] {
-            ts.push((format!("blk.4.nextn.{n}.weight"), vec![128], GgmlType::F32, vec![0; 512]));
+            ts.push((
+                format!("blk.4.nextn.{n}.weight"),
+                vec![128],
+                GgmlType::F32,
+                vec![0; 512],
+            ));
         }
     })
     .expect("loads with its MTP block");

@@ -13,7 +13,7 @@
 //! 4. RMS norm of each head's output (`ssm_norm`) times `silu(z)`, then
 //!    `ssm_out`.
 
-use super::{Loader, Pass};
+use super::{matmuls, Loader, Pass};
 use crate::backend::{Act, Backend, BatchPos, DeltaNetParams, KHeadMap};
 use crate::model::ModelError;
 
@@ -122,17 +122,18 @@ pub fn forward<B: Backend>(
     let eps = p.hp().eps;
     let (hk, hv, s) = (d.p.n_k_heads, d.p.n_v_heads, d.p.head_dim);
     let n: usize = p.seqs.iter().map(|q: &BatchPos| q.n_tokens).sum();
-    let qkv = b.matmul(&d.wqkv, h)?;
-    let z = b.matmul(&d.wgate, h)?;
-    let (mut beta, mut g) = match &d.ba {
-        BetaAlpha::Split { beta, alpha } => (b.matmul(beta, h)?, b.matmul(alpha, h)?),
+    // The input projections share one preparation of `h`.
+    let (qkv, z, mut beta, mut g) = match &d.ba {
+        BetaAlpha::Split { beta, alpha } => {
+            let [qkv, z, beta, alpha] = matmuls(b, [&d.wqkv, &d.wgate, beta, alpha], h)?;
+            (qkv, z, beta, alpha)
+        }
         BetaAlpha::Fused(w) => {
-            let ba = b.matmul(w, h)?;
+            let [qkv, z, ba] = matmuls(b, [&d.wqkv, &d.wgate, w], h)?;
             let r = hv / hk;
-            (
-                b.split_cols(&ba, 2 * r, 0, r)?,
-                b.split_cols(&ba, 2 * r, r, r)?,
-            )
+            let beta = b.split_cols(&ba, 2 * r, 0, r)?;
+            let alpha = b.split_cols(&ba, 2 * r, r, r)?;
+            (qkv, z, beta, alpha)
         }
     };
     b.act(&mut beta, Act::Sigmoid)?;
