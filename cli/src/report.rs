@@ -95,8 +95,13 @@ pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
         mib(i.slot_bytes),
         i.budget_note
     );
+    let state = if e.model.hp.recurrent_bytes() > 0 {
+        "KV cache and recurrent state"
+    } else {
+        "KV cache"
+    };
     eprintln!(
-        "longhaul: outside the budget: resident weights {} (read into memory), KV cache {}",
+        "longhaul: outside the budget: resident weights {} (read into memory), {state} {}",
         mib(i.resident_bytes),
         mib(i.kv_bytes)
     );
