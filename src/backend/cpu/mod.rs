@@ -4,6 +4,7 @@
 
 mod attention;
 mod cols;
+mod delta_chunked;
 mod flash_attn;
 mod matmul;
 #[cfg(test)]

@@ -1,8 +1,23 @@
 //! The ops of recurrent (linear-attention) layers on host activations:
 //! element-wise activations, a broadcast vector multiply, the L2 norm of
 //! gated DeltaNet, the short causal convolution with its carried state
-//! (ggml's `ssm_conv`) and the gated delta rule (ggml's `gated_delta_net`,
-//! token by token). Shapes are checked by [`crate::backend::contract`].
+//! (ggml's `ssm_conv`) and the gated delta rule (ggml's `gated_delta_net`).
+//! Shapes are checked by [`crate::backend::contract`].
+//!
+//! The delta rule has two forms. Decode and short sequences (fewer than
+//! [`CHUNKED_MIN_TOKENS`] tokens) run it token by token ([`head_recurrence`]),
+//! in the arithmetic of ggml-cpu's `gated_delta_net`, so their outputs and
+//! states are llama.cpp's. Prompts of at least [`CHUNKED_MIN_TOKENS`] tokens
+//! run the chunked (WY / UT-transform) form of [`super::delta_chunked`]:
+//! the same function of the inputs computed with matrix products over chunks
+//! of 64 tokens in another f32 order. The two agree to f32 rounding, not bit
+//! for bit: on model-shaped inputs (L2-normalised q and k, decays from
+//! `A_log` in `[ln 0.1, ln 16]`) the largest difference of an output or a
+//! state element is a few 1e-6 of that tensor's RMS, and the tests there hold
+//! it within 1e-4 of the RMS (and the chunked form within a small factor of
+//! the recurrent one's distance to an f64 evaluation). Logits of a long
+//! prompt are therefore close to, not equal to, llama.cpp's (which runs the
+//! token-by-token op for prompts too).
 
 use rayon::prelude::*;
 
@@ -119,16 +134,17 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// One head's slice of every row of a `[rows, cols]` tensor: `s` values
 /// from column `off`, rows counted from `r0`.
 #[derive(Clone, Copy)]
-struct Head<'a> {
+pub(super) struct Head<'a> {
     data: &'a [f32],
     cols: usize,
     off: usize,
     r0: usize,
-    s: usize,
+    /// The head size.
+    pub(super) s: usize,
 }
 
 impl<'a> Head<'a> {
-    fn of(t: &'a CpuTensor, off: usize, r0: usize, s: usize) -> Self {
+    pub(super) fn of(t: &'a CpuTensor, off: usize, r0: usize, s: usize) -> Self {
         Head {
             data: &t.data,
             cols: t.cols,
@@ -138,7 +154,7 @@ impl<'a> Head<'a> {
         }
     }
 
-    fn row(&self, t: usize) -> &'a [f32] {
+    pub(super) fn row(&self, t: usize) -> &'a [f32] {
         let at = (self.r0 + t) * self.cols + self.off;
         &self.data[at..at + self.s]
     }
@@ -178,6 +194,43 @@ fn head_recurrence(
     }
 }
 
+/// Sequences of at least this many tokens run the chunked form
+/// ([`super::delta_chunked`]), shorter ones (decode) the recurrent one.
+///
+/// Speed alone would put it near one chunk: at `S = 128`, 32 value heads and
+/// two threads (Zen 4, AVX-512) the chunked form is about as fast as the
+/// recurrent one at 16 tokens, twice as fast at 64 (2.3 against 4.5 ms a
+/// layer) and 2.8 times at 512 (13.3 against 37.9 ms). But the recurrent
+/// form is llama.cpp's arithmetic bit for bit and the chunked one is not, and
+/// quantised models amplify the difference: on the qwen3next / qwen35moe
+/// Q8_0 fixtures a change of 2^-22 relative to a third of the delta rule's
+/// outputs already flips a Q8_0 rounding of a later activation and moves the
+/// logits of the 88-token prompt by NMSE 2e-4 (the chunked form: 3e-3),
+/// above the 1e-4 that tests/families.rs holds against llama.cpp. 128 keeps
+/// prompts below two chunks on llama.cpp's arithmetic (the fixtures' prompts
+/// included) and gives longer ones the chunked form's speed.
+pub(super) const CHUNKED_MIN_TOKENS: usize = 128;
+
+/// Which form of the delta rule a sequence runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DeltaForm {
+    /// Token by token, ggml-cpu's arithmetic ([`head_recurrence`]).
+    Recurrent,
+    /// Chunks of 64 tokens ([`super::delta_chunked::head_chunked`]).
+    Chunked,
+}
+
+impl DeltaForm {
+    /// The form a sequence of `n_tokens` runs.
+    pub(super) fn for_tokens(n_tokens: usize) -> Self {
+        if n_tokens >= CHUNKED_MIN_TOKENS {
+            DeltaForm::Chunked
+        } else {
+            DeltaForm::Recurrent
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gated_delta_net(
     q: &CpuTensor,
@@ -188,6 +241,23 @@ pub(super) fn gated_delta_net(
     states: &mut [&mut CpuTensor],
     seqs: &[BatchPos],
     p: &DeltaNetParams,
+) -> Result<CpuTensor, BackendError> {
+    gated_delta_net_as(q, k, v, g, beta, states, seqs, p, DeltaForm::for_tokens)
+}
+
+/// [`gated_delta_net`] with the form of each sequence chosen by `form` from
+/// its token count; parallel over (sequence, value head).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gated_delta_net_as(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    g: &CpuTensor,
+    beta: &CpuTensor,
+    states: &mut [&mut CpuTensor],
+    seqs: &[BatchPos],
+    p: &DeltaNetParams,
+    form: impl Fn(usize) -> DeltaForm + Sync,
 ) -> Result<CpuTensor, BackendError> {
     let shapes: Vec<(usize, usize)> = states.iter().map(|s| (s.rows, s.cols)).collect();
     let dims = |t: &CpuTensor| (t.rows, t.cols);
@@ -207,35 +277,38 @@ pub(super) fn gated_delta_net(
         KHeadMap::Interleave => h / r,
         KHeadMap::Tile => h % hk,
     };
-    let mut out = CpuTensor::zeros(q.rows, hv * s);
+    // One job per (sequence, value head): its first row, tokens, head and
+    // state.
+    let mut jobs = Vec::with_capacity(seqs.len() * hv);
     let mut r0 = 0;
     for (state, sq) in states.iter_mut().zip(seqs) {
-        let n = sq.n_tokens;
-        let view = |t, head| Head::of(t, head * s, r0, s);
-        let heads: Vec<Vec<f32>> = state
-            .data
-            .par_chunks_mut(s * s)
-            .enumerate()
-            .map(|(h, m)| {
-                let mut o = vec![0.0f32; n * s];
-                let at = |t: usize| (r0 + t) * hv + h;
-                head_recurrence(
-                    m,
-                    n,
-                    (view(q, kh(h)), view(k, kh(h)), view(v, h)),
-                    |t| (g.data[at(t)], beta.data[at(t)]),
-                    &mut o,
-                );
-                o
-            })
-            .collect();
-        for (h, o) in heads.iter().enumerate() {
-            for t in 0..n {
-                let d = (r0 + t) * hv * s + h * s;
-                out.data[d..d + s].copy_from_slice(&o[t * s..(t + 1) * s]);
-            }
+        for (h, m) in state.data.chunks_mut(s * s).enumerate() {
+            jobs.push((r0, sq.n_tokens, h, m));
         }
-        r0 += n;
+        r0 += sq.n_tokens;
+    }
+    let heads: Vec<Vec<f32>> = jobs
+        .par_iter_mut()
+        .map(|(r0, n, h, m)| {
+            let (r0, n, h) = (*r0, *n, *h);
+            let mut o = vec![0.0f32; n * s];
+            let view = |t, head| Head::of(t, head * s, r0, s);
+            let qkv = (view(q, kh(h)), view(k, kh(h)), view(v, h));
+            let at = |t: usize| (r0 + t) * hv + h;
+            let gb = |t: usize| (g.data[at(t)], beta.data[at(t)]);
+            match form(n) {
+                DeltaForm::Recurrent => head_recurrence(m, n, qkv, gb, &mut o),
+                DeltaForm::Chunked => super::delta_chunked::head_chunked(m, n, qkv, gb, &mut o),
+            }
+            o
+        })
+        .collect();
+    let mut out = CpuTensor::zeros(q.rows, hv * s);
+    for ((r0, n, h, _), o) in jobs.iter().zip(&heads) {
+        for t in 0..*n {
+            let d = (r0 + t) * hv * s + h * s;
+            out.data[d..d + s].copy_from_slice(&o[t * s..(t + 1) * s]);
+        }
     }
     Ok(out)
 }
