@@ -17,7 +17,17 @@ fn engine() -> Arc<Engine<CpuBackend>> {
 }
 
 fn engine_ubatch(n_ubatch: usize) -> Arc<Engine<CpuBackend>> {
-    let p = common::fixture("qwen3moe-f32.gguf");
+    engine_at(
+        "qwen3moe-f32.gguf",
+        n_ubatch,
+        EngineParams::default().n_ctx_checkpoints,
+    )
+}
+
+/// An engine on fixture `name` with a context of 256 and `n_ubatch` tokens
+/// of prompt per step.
+fn engine_at(name: &str, n_ubatch: usize, checkpoints: usize) -> Arc<Engine<CpuBackend>> {
+    let p = common::fixture(name);
     Arc::new(
         Engine::load(
             Path::new(&p),
@@ -25,6 +35,7 @@ fn engine_ubatch(n_ubatch: usize) -> Arc<Engine<CpuBackend>> {
             EngineParams {
                 n_ctx: 256,
                 n_ubatch,
+                n_ctx_checkpoints: checkpoints,
                 ..EngineParams::default()
             },
         )
@@ -86,7 +97,7 @@ fn collect(
 
 #[test]
 fn batched_requests_equal_each_request_alone() {
-    batched_equal_alone(engine());
+    batched_equal_alone(engine(), false);
 }
 
 /// Prompts longer than a ubatch are evaluated a chunk per step (at most one
@@ -94,10 +105,13 @@ fn batched_requests_equal_each_request_alone() {
 /// still the tokens of each request alone.
 #[test]
 fn chunked_prompts_join_running_generations_unchanged() {
-    batched_equal_alone(engine_ubatch(4));
+    batched_equal_alone(engine_ubatch(4), false);
 }
 
-fn batched_equal_alone(e: Arc<Engine<CpuBackend>>) {
+/// Six requests on four slots (two wait, all run interleaved) each give
+/// their tokens alone; with `cancel`, a seventh request dropped after its
+/// first token changes none of them.
+fn batched_equal_alone(e: Arc<Engine<CpuBackend>>, cancel: bool) {
     let n_vocab = e.model.hp.n_vocab as u32;
     let prompts: Vec<Vec<u32>> = (0..6u32)
         .map(|i| {
@@ -108,11 +122,16 @@ fn batched_equal_alone(e: Arc<Engine<CpuBackend>>) {
         .collect();
     let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&e, p, 12)).collect();
     let sched = Scheduler::spawn(e.clone(), 4);
-    // Six requests on four slots: two wait, all run interleaved.
     let mut streams: Vec<_> = prompts
         .iter()
         .map(|p| sched.submit(req(p.clone(), 12)).expect("submit"))
         .collect();
+    if cancel {
+        let mut victim = sched.submit(req(vec![5, 6, 7, 8, 9], 50)).expect("submit");
+        if let Some(GenEvent::Token { .. }) = victim.next_blocking() {
+            drop(victim);
+        }
+    }
     for (s, w) in streams.iter_mut().zip(&want) {
         let (ids, _, fin) = collect(s);
         // `alone` stops at an end-of-generation token; up to there they agree.
@@ -171,54 +190,15 @@ fn prompts_longer_than_the_context_are_refused_with_the_limit() {
 /// A hybrid (Qwen3-Next) engine: recurrent DeltaNet layers and one
 /// attention layer, `n_ubatch` tokens of prompt per step.
 fn hybrid_engine(n_ubatch: usize, checkpoints: usize) -> Arc<Engine<CpuBackend>> {
-    let p = common::fixture("qwen3next-f32.gguf");
-    Arc::new(
-        Engine::load(
-            Path::new(&p),
-            CpuBackend::new(),
-            EngineParams {
-                n_ctx: 256,
-                n_ubatch,
-                n_ctx_checkpoints: checkpoints,
-                ..EngineParams::default()
-            },
-        )
-        .expect("load"),
-    )
+    engine_at("qwen3next-f32.gguf", n_ubatch, checkpoints)
 }
 
-/// Four slots of a hybrid model: each slot's recurrent state is its own,
-/// prompts in chunks of 4 join running generations at other positions, and
-/// a request dropped mid-generation leaves the others' tokens unchanged.
+/// A hybrid model's slots: each slot's recurrent state is its own, prompts
+/// in chunks of 4 join running generations at other positions, and a
+/// request dropped mid-generation leaves the others' tokens unchanged.
 #[test]
 fn hybrid_requests_batched_and_cancelled_equal_each_alone() {
-    let e = hybrid_engine(4, 8);
-    let n_vocab = e.model.hp.n_vocab as u32;
-    let prompts: Vec<Vec<u32>> = (0..5u32)
-        .map(|i| {
-            (0..(6 + 5 * i))
-                .map(|j| (j * 29 + i * 11 + 3) % n_vocab)
-                .collect()
-        })
-        .collect();
-    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&e, p, 10)).collect();
-    let sched = Scheduler::spawn(e.clone(), 4);
-    let mut streams: Vec<_> = prompts
-        .iter()
-        .map(|p| sched.submit(req(p.clone(), 10)).expect("submit"))
-        .collect();
-    // A sixth request, cancelled after its first token.
-    let mut victim = sched.submit(req(vec![5, 6, 7, 8, 9], 50)).expect("submit");
-    if let Some(GenEvent::Token { .. }) = victim.next_blocking() {
-        drop(victim);
-    }
-    for (i, (s, w)) in streams.iter_mut().zip(&want).enumerate() {
-        let (ids, _, fin) = collect(s);
-        assert_eq!(ids.len(), 10);
-        assert_eq!(&ids[..w.len()], &w[..], "request {i}: batched vs alone");
-        assert_eq!(fin, Some(FinishReason::Length));
-    }
-    sched.shutdown();
+    batched_equal_alone(hybrid_engine(4, 8), true);
 }
 
 /// A request that shares only its slot's earlier prompt (not the reply

@@ -519,13 +519,7 @@ async fn metrics_count_tokens_and_longhaul() {
         .unwrap()
         .starts_with("text/plain"));
     let text = r.text().await.unwrap();
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("longhaul:{name} ")))
-            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-            .parse()
-            .unwrap()
-    };
+    let value = |name: &str| metric(&text, name);
     assert!(value("prompt_tokens_total") > 0.0);
     // The scheduler counts evaluated tokens: the last sampled one is not.
     assert!(value("tokens_predicted_total") >= 5.0, "{text}");
@@ -587,13 +581,7 @@ async fn hybrid_slots_batch_and_resume_from_checkpoints() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["content"], fresh["content"], "resumed vs fresh");
     let (_, text) = get(&c, &format!("{}/metrics", s.url)).await;
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("longhaul:{name} ")))
-            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-            .parse()
-            .unwrap()
-    };
+    let value = |name: &str| metric(&text, name);
     assert!(value("checkpoints_created_total") >= 1.0, "{text}");
     assert!(value("checkpoints_restored_total") >= 1.0, "{text}");
 }

@@ -277,3 +277,12 @@ pub fn python() -> std::path::PathBuf {
         "python3".into()
     }
 }
+
+/// The value of `longhaul:NAME` in a `/metrics` text.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("longhaul:{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
