@@ -17,19 +17,22 @@
 #
 #   tools/bench-moe.sh -m MODEL [-t 2] [-r 3] [--limit 6G] [--cache 3]
 #                      [--n-gen 32] [--skip-resident] [--skip-limited]
-#                      [--limited-model MODEL2]
+#                      [--limited-model MODEL2] [--nice N]
 #
 # --limit defaults to 60% of the file size, --cache (GiB of expert slots) to
 # half the limit. --limited-model runs the memory-limited half on another
 # file (e.g. the --router-skew 1 twin of the resident one; the limit is then
-# relative to that file). LLAMA_BENCH (default
+# relative to that file). --nice N runs both engines under `nice -n N`
+# (root may give a negative N): on a machine shared with other work, so that
+# neither engine loses its cores to it (llama.cpp's OpenMP threads suffer
+# most). LLAMA_BENCH (default
 # ~/.cache/longhaul/llama.cpp/build/bin/llama-bench, built with
 # `cmake --build ~/.cache/longhaul/llama.cpp/build --target llama-bench -j2`
 # when missing) and LONGHAUL (default target/release/longhaul) pick the
 # binaries. The memory-limited half needs root (cgroup v1).
 set -euo pipefail
 
-model="" limited_model="" threads=2 reps=3 limit="" cache="" n_gen=32 resident=1 limited=1
+model="" limited_model="" nice_n="" threads=2 reps=3 limit="" cache="" n_gen=32 resident=1 limited=1
 while [ $# -gt 0 ]; do
   case "$1" in
     -m|--model) model="$2"; shift 2 ;;
@@ -41,7 +44,8 @@ while [ $# -gt 0 ]; do
     --skip-resident) resident=0; shift ;;
     --skip-limited) limited=0; shift ;;
     --limited-model) limited_model="$2"; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    --nice) nice_n="$2"; shift 2 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "bench-moe: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +56,8 @@ for f in "$model" "$limited_model"; do
 done
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
+run=()
+[ -z "$nice_n" ] || run=(nice -n "$nice_n")
 llama_dir="$HOME/.cache/longhaul/llama.cpp"
 llama_bench="${LLAMA_BENCH:-$llama_dir/build/bin/llama-bench}"
 longhaul="${LONGHAUL:-$root/target/release/longhaul}"
@@ -89,28 +95,33 @@ PY
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-echo "model: $(basename "$model"), $(gib "$size") GiB, threads $threads" >&2
+# Other processes on the machine skew every number: the load average before
+# each half is printed with its table.
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+echo "model: $(basename "$model"), $(gib "$size") GiB, threads $threads${nice_n:+, nice $nice_n}" >&2
 
 if [ "$resident" = 1 ]; then
+  loadavg >"$work/load-resident"
   echo "resident: llama-bench pp128 tg32 ($reps repetitions)" >&2
-  "$llama_bench" -m "$model" -t "$threads" -p 128 -n "$n_gen" -r "$reps" -ngl 0 -o json \
+  "${run[@]}" "$llama_bench" -m "$model" -t "$threads" -p 128 -n "$n_gen" -r "$reps" -ngl 0 -o json \
     >"$work/llama.json" 2>"$work/llama.err" || { cat "$work/llama.err" >&2; exit 1; }
   echo "resident: longhaul bench pp128 tg32 ($reps repetitions)" >&2
-  "$longhaul" bench -m "$model" -t "$threads" -p 128 -n "$n_gen" -r "$reps" -o json \
+  "${run[@]}" "$longhaul" bench -m "$model" -t "$threads" -p 128 -n "$n_gen" -r "$reps" -o json \
     >"$work/longhaul.json" 2>"$work/longhaul.err" || { cat "$work/longhaul.err" >&2; echo "(longhaul failed; the table shows llama.cpp alone)" >&2; echo '[]' >"$work/longhaul.json"; }
 fi
 
 if [ "$limited" = 1 ]; then
+  loadavg >"$work/load-limited"
   echo "limited: $(basename "$limited_model"), $(gib "$limited_size") GiB; limit $(gib "$limit_bytes") GiB, longhaul cache $cache GiB" >&2
   drop_file_cache
   echo "limited: longhaul bench --longhaul tg$n_gen (cold, 1 repetition)" >&2
-  "$root/tools/cgroup-run.sh" "$limit_bytes" "$longhaul" bench -m "$limited_model" -t "$threads" -p 0 -n "$n_gen" \
+  "$root/tools/cgroup-run.sh" "$limit_bytes" "${run[@]}" "$longhaul" bench -m "$limited_model" -t "$threads" -p 0 -n "$n_gen" \
     -r 1 --no-warmup --longhaul --longhaul-cache "$cache" -o json \
     >"$work/lh-limited.json" 2>"$work/lh-limited.err" || { cat "$work/lh-limited.err" >&2; echo "(longhaul failed under the limit)" >&2; echo '[]' >"$work/lh-limited.json"; }
   grep "cgroup peak" "$work/lh-limited.err" >&2 || true
   drop_file_cache
   echo "limited: llama-bench mmap tg$n_gen (cold, 1 repetition, --repack 0)" >&2
-  "$root/tools/cgroup-run.sh" "$limit_bytes" "$llama_bench" -m "$limited_model" -t "$threads" -p 0 -n "$n_gen" \
+  "$root/tools/cgroup-run.sh" "$limit_bytes" "${run[@]}" "$llama_bench" -m "$limited_model" -t "$threads" -p 0 -n "$n_gen" \
     -r 1 --no-warmup -ngl 0 -lm mmap --repack 0 -o json \
     >"$work/llama-limited.json" 2>"$work/llama-limited.err" || { cat "$work/llama-limited.err" >&2; echo "(llama-bench failed under the limit)" >&2; echo '[]' >"$work/llama-limited.json"; }
   grep "cgroup peak" "$work/llama-limited.err" >&2 || true
@@ -134,9 +145,21 @@ def test(r):
 def ts(r):
     return f"{r['avg_ts']:.2f} ± {r.get('stddev_ts', 0):.2f}"
 
+def loadavg(half):
+    p = os.path.join(work, f"load-{half}")
+    return open(p).read().strip() if os.path.exists(p) else "?"
+
+def samples(r):
+    v = sorted(r.get("samples_ts", []))
+    if not v:
+        return "-"
+    med = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+    each = ", ".join(f"{x:.2f}" for x in r.get("samples_ts", []))
+    return f"median {med:.2f}, best {v[-1]:.2f} ({each})"
+
 ll, lh = load("llama.json"), load("longhaul.json")
 if ll is not None:
-    print("resident (each engine's defaults)\n")
+    print(f"resident (each engine's defaults; load average before: {loadavg('resident')})\n")
     print("| test | llama.cpp t/s | longhaul t/s | longhaul / llama.cpp |")
     print("| ---- | ------------: | -----------: | -------------------: |")
     a = {test(r): r for r in ll}
@@ -145,11 +168,18 @@ if ll is not None:
         x = b.get(t)
         ratio = f"{x['avg_ts'] / a[t]['avg_ts']:.2f}" if x else "-"
         print(f"| {t} | {ts(a[t])} | {ts(x) if x else '-'} | {ratio} |")
+    # Other work on the machine only ever slows a repetition down: the
+    # best one is the least disturbed.
+    print("\nper repetition (t/s):\n")
+    for t in sorted(a, key=lambda s: (not s.startswith("pp"), s)):
+        x = b.get(t)
+        print(f"- {t} llama.cpp: {samples(a[t])}")
+        print(f"- {t} longhaul: {samples(x) if x else '-'}")
     print()
 
 lhl, lll = load("lh-limited.json"), load("llama-limited.json")
 if lhl is not None:
-    print(f"memory limit {limit} GiB, cold decode tg{n_gen}\n")
+    print(f"memory limit {limit} GiB, cold decode tg{n_gen} (load average before: {loadavg('limited')})\n")
     print("| engine | t/s | hit rate | expert GB read / token |")
     print("| ------ | --: | -------: | ---------------------: |")
     for r in lhl:
