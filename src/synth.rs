@@ -1,9 +1,10 @@
 //! Deterministic synthetic models: random weights in a real architecture's
-//! layout (qwen3moe, gpt-oss, deepseek2 or glm4moe), written with the
-//! project's own GGUF writer. The deepseek2 and glm4moe layouts follow what
-//! llama.cpp's converter writes and its loader requires
-//! (`convert_hf_to_gguf.py`'s `DeepseekV2Model` / `Glm4MoeModel`,
-//! `src/models/deepseek2.cpp` / `glm4-moe.cpp`).
+//! layout (qwen3moe, gpt-oss, deepseek2, glm4moe or qwen3next), written
+//! with the project's own GGUF writer. The deepseek2, glm4moe and qwen3next
+//! layouts follow what llama.cpp's converter writes and its loader requires
+//! (`convert_hf_to_gguf.py`'s `DeepseekV2Model` / `Glm4MoeModel` /
+//! `Qwen3NextModel`, `src/models/deepseek2.cpp` / `glm4-moe.cpp` /
+//! `qwen3next.cpp`).
 //! Used by `longhaul demo`, `longhaul gen-model`, tests and benchmarks. Same
 //! spec and seed, same bytes. An optional router skew makes some experts
 //! popular, per layer, as in trained models; it knows nothing of how models
@@ -18,6 +19,9 @@ use crate::gguf::{GgufError, MetaType, MetaValue, Writer};
 use crate::model::arch::{GPT_OSS, QWEN3MOE};
 use crate::quant::{self, QuantError};
 use crate::tensor::GgmlType;
+
+mod qwen3next;
+pub use qwen3next::LinearAttn;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
@@ -45,6 +49,11 @@ pub enum SynthArch {
     /// layers, a shared expert, sigmoid gating with a selection bias
     /// (`exp_probs_b`), normalised top-k weights.
     Glm4Moe,
+    /// `qwen3next`: hybrid layers ([`LinearAttn`]: gated DeltaNet linear
+    /// attention, every few layers gated full attention with QK-norm and
+    /// partial rotary), softmax gating with renormalised top-k weights, a
+    /// sigmoid-gated shared expert in every layer.
+    Qwen3Next,
 }
 
 impl SynthArch {
@@ -55,12 +64,19 @@ impl SynthArch {
             Self::GptOss => GPT_OSS.name,
             Self::Deepseek2 => "deepseek2",
             Self::Glm4Moe => "glm4moe",
+            Self::Qwen3Next => "qwen3next",
         }
     }
 
     /// Whether the layout has leading dense layers and shared experts.
     fn has_dense_lead(self) -> bool {
         matches!(self, Self::Deepseek2 | Self::Glm4Moe)
+    }
+
+    /// Whether the layout writes every row as llama-quantize would
+    /// ([`fit_type`]), has shared experts and may rotate part of each head.
+    fn is_converted_layout(self) -> bool {
+        matches!(self, Self::Deepseek2 | Self::Glm4Moe | Self::Qwen3Next)
     }
 }
 
@@ -80,7 +96,7 @@ pub struct Mla {
 }
 
 /// Names of the presets [`SynthSpec::preset`] knows, for help and errors.
-pub const PRESETS: [&str; 9] = [
+pub const PRESETS: [&str; 11] = [
     "demo",
     "tiny",
     "micro",
@@ -90,6 +106,8 @@ pub const PRESETS: [&str; 9] = [
     "deepseek2-tiny",
     "glm45-air-scaled",
     "glm4moe-tiny",
+    "qwen3next-80b-scaled",
+    "qwen3next-tiny",
 ];
 
 /// The types a synthetic model's tensors can have: those with a quantiser,
@@ -157,6 +175,8 @@ pub struct SynthSpec {
     pub n_expert_shared: usize,
     /// Latent attention; `Some` for deepseek2 only.
     pub mla: Option<Mla>,
+    /// Linear attention of the hybrid layers; `Some` for qwen3next only.
+    pub linear: Option<LinearAttn>,
     /// Type of the routed expert tensors.
     pub expert_type: GgmlType,
     /// Type of the attention and output matrices.
@@ -187,6 +207,7 @@ impl SynthSpec {
             n_layer_dense_lead: 0,
             n_expert_shared: 0,
             mla: None,
+            linear: None,
             expert_type: GgmlType::Q4_K,
             dense_type: GgmlType::Q8_0,
             seed: 0x1006a,
@@ -351,6 +372,74 @@ impl SynthSpec {
         }
     }
 
+    /// Qwen3-Next-80B-A3B's layer shapes in 16 layers instead of 48 (no
+    /// MTP layer): n_embd 2048; three of every four layers gated DeltaNet
+    /// (16 key and 32 value heads of 128, a convolution of 4 taps), the
+    /// fourth gated full attention (16 query and 2 KV heads of 256, a
+    /// quarter of each head rotated, theta 1e7); every layer 512 routed
+    /// experts (top-10, softmax, renormalised) of n_ff_exp 512 plus one
+    /// shared expert of 512 behind a sigmoid gate. Q4_K experts and
+    /// attention: about 14.9 GB (13.9 GiB). The vocabulary is the synthetic
+    /// byte-level one.
+    pub fn qwen3next_80b_scaled() -> Self {
+        Self {
+            arch: SynthArch::Qwen3Next,
+            n_embd: 2048,
+            n_layer: 16,
+            n_head: 16,
+            n_head_kv: 2,
+            head_dim: 256,
+            n_expert: 512,
+            n_expert_used: 10,
+            n_ff_exp: 512,
+            n_ctx_train: 262144,
+            rope_dim: Some(64),
+            n_ff: 5120,
+            n_expert_shared: 1,
+            linear: Some(LinearAttn {
+                n_k_heads: 16,
+                n_v_heads: 32,
+                head_dim: 128,
+                d_conv: 4,
+                full_attn_interval: 4,
+            }),
+            expert_type: GgmlType::Q4_K,
+            dense_type: GgmlType::Q4_K,
+            seed: 80,
+            ..Self::demo()
+        }
+    }
+
+    /// qwen3next-80b-scaled's layout at the tiny preset's size (a few MB):
+    /// 4 layers (3 linear, 1 full), n_embd 256, linear attention of 2 key
+    /// and 4 value heads of 64, full attention of 4 query and 2 KV heads of
+    /// 64 (16 rotated), 8 experts (top-2) of 256 plus one shared.
+    pub fn qwen3next_tiny() -> Self {
+        Self {
+            n_embd: 256,
+            n_layer: 4,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 256,
+            n_ctx_train: 4096,
+            rope_dim: Some(16),
+            n_ff: 512,
+            linear: Some(LinearAttn {
+                n_k_heads: 2,
+                n_v_heads: 4,
+                head_dim: 64,
+                d_conv: 4,
+                full_attn_interval: 4,
+            }),
+            dense_type: GgmlType::Q8_0,
+            seed: 13,
+            ..Self::qwen3next_80b_scaled()
+        }
+    }
+
     /// A preset by name: one of [`PRESETS`].
     pub fn preset(name: &str) -> Option<Self> {
         match name {
@@ -363,6 +452,8 @@ impl SynthSpec {
             "deepseek2-tiny" => Some(Self::deepseek2_tiny()),
             "glm45-air-scaled" => Some(Self::glm45_air_scaled()),
             "glm4moe-tiny" => Some(Self::glm4moe_tiny()),
+            "qwen3next-80b-scaled" => Some(Self::qwen3next_80b_scaled()),
+            "qwen3next-tiny" => Some(Self::qwen3next_tiny()),
             _ => None,
         }
     }
@@ -478,6 +569,26 @@ impl SynthSpec {
                 ));
             }
         }
+        if (self.arch == SynthArch::Qwen3Next) != self.linear.is_some() {
+            return bad(format!(
+                "{} {} linear attention",
+                self.arch.name(),
+                if self.linear.is_some() {
+                    "has no"
+                } else {
+                    "needs"
+                }
+            ));
+        }
+        if let Some(la) = &self.linear {
+            la.check().or_else(bad)?;
+            if self.n_expert_shared == 0 || self.n_layer_dense_lead > 0 {
+                return bad(format!(
+                    "{} has a shared expert in every layer and no dense layers",
+                    self.arch.name()
+                ));
+            }
+        }
         if self.arch.has_dense_lead() {
             if self.n_layer_dense_lead >= self.n_layer {
                 return bad(format!(
@@ -488,18 +599,20 @@ impl SynthSpec {
             if self.n_layer_dense_lead > 0 && self.n_ff == 0 {
                 return bad("leading dense layers need n_ff > 0".into());
             }
-        } else if self.n_layer_dense_lead > 0
-            || self.n_expert_shared > 0
-            || self.rope_dim.is_some_and(|r| r != self.head_dim)
+        } else if !self.arch.is_converted_layout()
+            && (self.n_layer_dense_lead > 0
+                || self.n_expert_shared > 0
+                || self.rope_dim.is_some_and(|r| r != self.head_dim))
         {
             return bad(format!(
                 "{} has no dense layers, shared experts or partial rotary",
                 self.arch.name()
             ));
         }
-        // deepseek2 and glm4moe write every row as llama-quantize would
-        // (`fit_type`), so only rows of n_embd must suit the types.
-        let rows = if self.arch.has_dense_lead() {
+        // deepseek2, glm4moe and qwen3next write every row as
+        // llama-quantize would (`fit_type`), so only rows of n_embd must
+        // suit the types.
+        let rows = if self.arch.is_converted_layout() {
             [
                 ("expert", self.expert_type, [self.n_embd, self.n_embd]),
                 ("dense", self.dense_type, [self.n_embd, self.n_embd]),
@@ -635,31 +748,35 @@ fn random_q4k(seed: u64, name: &str, n_blocks: usize, amp: f32) -> Vec<u8> {
     out
 }
 
-/// How a random tensor is filled: `offset + amp * U(-1, 1)`, each row of
-/// `dims[0]` values then multiplied by `row_scale[row]` when given.
+/// How a random tensor is filled: `offset + amp * U(-1, 1)`, passed
+/// through `map` when given, each row of `dims[0]` values then multiplied
+/// by `row_scale[row]` when given.
 #[derive(Clone)]
 struct Fill {
     amp: f32,
     offset: f32,
+    map: Option<fn(f32) -> f32>,
     row_scale: Option<Arc<[f32]>>,
 }
 
 impl Fill {
     fn uniform(amp: f32) -> Self {
+        Self::around(0.0, amp)
+    }
+
+    /// `offset + amp * U(-1, 1)`.
+    fn around(offset: f32, amp: f32) -> Self {
         Self {
             amp,
-            offset: 0.0,
+            offset,
+            map: None,
             row_scale: None,
         }
     }
 
     /// A norm weight: 1 +- 0.2.
     fn norm() -> Self {
-        Self {
-            amp: 0.2,
-            offset: 1.0,
-            row_scale: None,
-        }
+        Self::around(1.0, 0.2)
     }
 }
 
@@ -680,9 +797,10 @@ fn add(
         let Fill {
             amp,
             offset,
+            map,
             row_scale,
         } = &fill;
-        if ty == GgmlType::Q4_K && *offset == 0.0 && row_scale.is_none() {
+        if ty == GgmlType::Q4_K && *offset == 0.0 && map.is_none() && row_scale.is_none() {
             return Ok(random_q4k(seed, &name_s, n as usize / 256, *amp));
         }
         // Made and quantised a slab of rows at a time: a stacked expert
@@ -695,6 +813,9 @@ fn add(
         for first in (0..n_rows).step_by(slab_rows) {
             let k = slab_rows.min(n_rows - first);
             let mut data = random_at(seed, &name_s, first * row, k * row, *amp, *offset);
+            if let Some(f) = map {
+                data.iter_mut().for_each(|v| *v = f(*v));
+            }
             if let Some(scale) = row_scale {
                 let scale = scale.get(first..).unwrap_or(&[]);
                 data.par_chunks_mut(row)
@@ -757,7 +878,7 @@ fn set_tokenizer(w: &mut Writer, arch: SynthArch) -> usize {
     // (specials, pre-tokenizer, [bos, padding, eos], template); the ids
     // count from the first special.
     let (specials, pre, [bos, pad, eos], template): (&[&str], _, [u32; 3], _) = match arch {
-        SynthArch::Qwen3Moe => (
+        SynthArch::Qwen3Moe | SynthArch::Qwen3Next => (
             &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
             "qwen2",
             [0, 0, 2],
@@ -848,6 +969,9 @@ fn set_hparams(w: &mut Writer, s: &SynthSpec) {
     if s.arch.has_dense_lead() {
         return set_hparams_dense_lead(w, s);
     }
+    if let Some(la) = &s.linear {
+        return qwen3next::set_hparams(w, s, la);
+    }
     let a = s.arch.name();
     let u32_ = |v: usize| MetaValue::U32(v as u32);
     let mut keys = vec![
@@ -873,11 +997,13 @@ fn set_hparams(w: &mut Writer, s: &SynthSpec) {
     }
     let f32_ = |k: &str, v: f32| (format!("{a}.{k}"), MetaValue::F32(v));
     let floats = match s.arch {
-        // qwen3moe (deepseek2 and glm4moe returned above).
-        SynthArch::Qwen3Moe | SynthArch::Deepseek2 | SynthArch::Glm4Moe => vec![
-            f32_("rope.freq_base", 1_000_000.0),
-            f32_("attention.layer_norm_rms_epsilon", 1e-6),
-        ],
+        // qwen3moe (deepseek2, glm4moe and qwen3next returned above).
+        SynthArch::Qwen3Moe | SynthArch::Deepseek2 | SynthArch::Glm4Moe | SynthArch::Qwen3Next => {
+            vec![
+                f32_("rope.freq_base", 1_000_000.0),
+                f32_("attention.layer_norm_rms_epsilon", 1e-6),
+            ]
+        }
         // gpt-oss-20b's YaRN settings.
         SynthArch::GptOss => vec![
             f32_("rope.freq_base", 150_000.0),
@@ -1142,6 +1268,12 @@ pub fn build(spec: &SynthSpec) -> Result<Writer, SynthError> {
     if s.arch.has_dense_lead() {
         for il in 0..s.n_layer {
             add_layer_dense_lead(&mut w, s, il)?;
+        }
+        return Ok(w);
+    }
+    if let Some(la) = &s.linear {
+        for il in 0..s.n_layer {
+            qwen3next::add_layer(&mut w, s, la, il)?;
         }
         return Ok(w);
     }

@@ -190,3 +190,19 @@ fn longhaul_reads_split_files_from_our_writer() {
     assert_eq!(opened.shards().len(), paths.len());
     check(&paths[0], "qwen3moe split");
 }
+
+/// The synthetic qwen3next layout (`gen-model --preset qwen3next-tiny`,
+/// skewed router): hybrid layers with recurrent state, a shared expert in
+/// every layer.
+#[test]
+fn longhaul_is_bit_identical_to_resident_on_synthetic_qwen3next() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhaul-synth-qwen3next");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("qwen3next-tiny.gguf");
+    let spec = longhaul::synth::SynthSpec {
+        router_skew: 1.0,
+        ..longhaul::synth::SynthSpec::qwen3next_tiny()
+    };
+    longhaul::synth::write(&spec, &path).expect("write");
+    check(&path, "synthetic qwen3next-tiny");
+}

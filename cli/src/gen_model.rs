@@ -12,7 +12,8 @@ use longhaul::tensor::GgmlType;
 #[derive(Args, Debug)]
 pub struct GenModelArgs {
     /// Shape: demo, tiny, micro, qwen3-30b-a3b, gpt-oss-20b, deepseek2-lite,
-    /// deepseek2-tiny, glm45-air-scaled or glm4moe-tiny.
+    /// deepseek2-tiny, glm45-air-scaled, glm4moe-tiny, qwen3next-80b-scaled
+    /// or qwen3next-tiny.
     #[arg(long, default_value = "demo")]
     pub preset: String,
     /// Output file.
@@ -121,9 +122,16 @@ fn expert_type(name: &str) -> anyhow::Result<GgmlType> {
 /// One line about what is written: the preset and what makes it differ.
 fn describe(preset: &str, s: &SynthSpec) -> String {
     format!(
-        "{preset} ({}, {} layers, n_embd {}, {} experts ({} used{}) of {}, dense {}, seed {}{})",
+        "{preset} ({}, {} layers{}, n_embd {}, {} experts ({} used{}) of {}, dense {}, seed {}{})",
         s.arch.name(),
         s.n_layer,
+        match &s.linear {
+            Some(la) => format!(
+                " ({} linear attention)",
+                (0..s.n_layer).filter(|&il| la.is_recurrent(il)).count()
+            ),
+            None => String::new(),
+        },
         s.n_embd,
         s.n_expert,
         s.n_expert_used,

@@ -1,6 +1,7 @@
-//! The deepseek2 and glm4moe presets of `longhaul gen-model` against what
-//! llama.cpp's loader requires of a file (`src/models/deepseek2.cpp` and
-//! `src/models/glm4-moe.cpp`, `load_arch_hparams` / `load_arch_tensors`, at
+//! The deepseek2, glm4moe and qwen3next presets of `longhaul gen-model`
+//! against what llama.cpp's loader requires of a file
+//! (`src/models/deepseek2.cpp`, `src/models/glm4-moe.cpp` and
+//! `src/models/qwen3next.cpp`, `load_arch_hparams` / `load_arch_tensors`, at
 //! the commit in tools/README.md): the keys it reads, and the exact set of
 //! tensors and shapes it creates from them (llama.cpp also refuses a file
 //! with tensors it did not create). The expected tensors are derived from
@@ -18,7 +19,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::sync::Arc;
+
+use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf::{self, Metadata};
+use longhaul::model::{Logits, Model};
+use longhaul::state::SeqState;
 use longhaul::synth::{self, SynthSpec};
 use longhaul::tensor::GgmlType;
 
@@ -308,6 +314,124 @@ fn glm4moe_wants(m: &Metadata) -> BTreeMap<String, Want> {
     want
 }
 
+/// qwen3next.cpp's `load_arch_hparams` and `load_arch_tensors` (no MTP
+/// layer; the split `attn_qkv` / `attn_gate` form, not the legacy `ssm_in`).
+fn qwen3next_wants(m: &Metadata) -> BTreeMap<String, Want> {
+    assert_eq!(m.architecture().expect("arch"), "qwen3next");
+    let n_layer = u(m, "block_count");
+    f(m, "attention.layer_norm_rms_epsilon");
+    let (d_conv, d_inner, d_state) = (
+        u(m, "ssm.conv_kernel"),
+        u(m, "ssm.inner_size"),
+        u(m, "ssm.state_size"),
+    );
+    let (n_v, n_k) = (u(m, "ssm.time_step_rank"), u(m, "ssm.group_count"));
+    assert_eq!(d_inner, n_v * d_state, "inner size = value heads x state");
+    assert_eq!(n_v % n_k, 0);
+    assert_eq!(opt_u(m, "nextn_predict_layers").unwrap_or(0), 0);
+    // The per-layer kinds: the array, which llama.cpp prefers to the interval.
+    let recurrent: Vec<bool> = match m.get("qwen3next.attention.recurrent_layers") {
+        Some(gguf::MetaValue::Array(_, v)) => v
+            .iter()
+            .map(|b| matches!(b, gguf::MetaValue::Bool(true)))
+            .collect(),
+        other => panic!("attention.recurrent_layers: {other:?}"),
+    };
+    assert_eq!(recurrent.len() as u64, n_layer);
+    let every = u(m, "full_attention_interval");
+    for (il, &r) in recurrent.iter().enumerate() {
+        assert_eq!(r, (il as u64 + 1) % every != 0, "layer {il} kind");
+    }
+    let n_embd = u(m, "embedding_length");
+    let n_head = u(m, "attention.head_count");
+    let n_head_kv = u(m, "attention.head_count_kv");
+    let head = u(m, "attention.key_length");
+    assert_eq!(u(m, "attention.value_length"), head);
+    assert!(u(m, "rope.dimension_count") <= head);
+    let (n_expert, n_ff_exp) = (u(m, "expert_count"), u(m, "expert_feed_forward_length"));
+    assert!(n_expert > 0 && u(m, "expert_used_count") > 0);
+    let n_ff_sh = u(m, "expert_shared_feed_forward_length");
+    let (key_dim, value_dim) = (d_state * n_k, d_state * n_v);
+
+    let mut want = BTreeMap::new();
+    global_tensors(m, &mut want);
+    for (il, &recurrent) in recurrent.iter().enumerate() {
+        let mut put = |n: &str, dims: Vec<u64>| {
+            want.insert(
+                format!("blk.{il}.{n}"),
+                Want {
+                    dims,
+                    required: true,
+                },
+            );
+        };
+        put("attn_norm.weight", vec![n_embd]);
+        put("post_attention_norm.weight", vec![n_embd]);
+        if recurrent {
+            put("attn_qkv.weight", vec![n_embd, 2 * key_dim + value_dim]);
+            put("attn_gate.weight", vec![n_embd, value_dim]);
+            put("ssm_conv1d.weight", vec![d_conv, 2 * key_dim + value_dim]);
+            put("ssm_dt.bias", vec![n_v]);
+            put("ssm_a", vec![n_v]);
+            put("ssm_ba.weight", vec![n_embd, 2 * n_v]);
+            put("ssm_norm.weight", vec![d_state]);
+            put("ssm_out.weight", vec![value_dim, n_embd]);
+        } else {
+            put("attn_q.weight", vec![n_embd, 2 * head * n_head]);
+            put("attn_k.weight", vec![n_embd, head * n_head_kv]);
+            put("attn_v.weight", vec![n_embd, head * n_head_kv]);
+            put("attn_output.weight", vec![head * n_head, n_embd]);
+            put("attn_q_norm.weight", vec![head]);
+            put("attn_k_norm.weight", vec![head]);
+        }
+        put("ffn_gate_inp.weight", vec![n_embd, n_expert]);
+        put("ffn_gate_exps.weight", vec![n_embd, n_ff_exp, n_expert]);
+        put("ffn_up_exps.weight", vec![n_embd, n_ff_exp, n_expert]);
+        put("ffn_down_exps.weight", vec![n_ff_exp, n_embd, n_expert]);
+        // llama.cpp asks for `{n_embd}`; the converter writes `[n_embd, 1]`,
+        // which ggml's shape check accepts (trailing ones).
+        put("ffn_gate_inp_shexp.weight", vec![n_embd, 1]);
+        put("ffn_gate_shexp.weight", vec![n_embd, n_ff_sh]);
+        put("ffn_up_shexp.weight", vec![n_embd, n_ff_sh]);
+        put("ffn_down_shexp.weight", vec![n_ff_sh, n_embd]);
+    }
+    want
+}
+
+/// Qwen3-Next-80B-A3B's config.json (48 layers there, `n_layer` here, no
+/// MTP), as the converter turns it into keys.
+fn assert_qwen3next_80b_shape(m: &Metadata, n_layer: u64) {
+    for (k, v) in [
+        ("block_count", n_layer),
+        ("embedding_length", 2048),
+        ("attention.head_count", 16),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 256),
+        ("attention.value_length", 256),
+        ("rope.dimension_count", 64),
+        ("expert_count", 512),
+        ("expert_used_count", 10),
+        ("expert_feed_forward_length", 512),
+        ("expert_shared_feed_forward_length", 512),
+        ("feed_forward_length", 5120),
+        ("context_length", 262144),
+        ("ssm.conv_kernel", 4),
+        ("ssm.state_size", 128),
+        ("ssm.group_count", 16),
+        ("ssm.time_step_rank", 32),
+        ("ssm.inner_size", 4096),
+        ("full_attention_interval", 4),
+    ] {
+        assert_eq!(u(m, k), v, "qwen3next.{k}");
+    }
+    assert_eq!(f(m, "rope.freq_base"), 10_000_000.0);
+    assert_eq!(f(m, "attention.layer_norm_rms_epsilon"), 1e-6);
+    // The converter writes no gating keys: llama.cpp's graph always
+    // renormalises the softmax top-k.
+    assert!(!m.contains("qwen3next.expert_weights_norm"));
+    assert!(!m.contains("qwen3next.expert_gating_func"));
+}
+
 /// DeepSeek-V2-Lite's config.json, as the converter turns it into keys.
 fn assert_deepseek2_lite_shape(m: &Metadata) {
     for (k, v) in [
@@ -400,6 +524,99 @@ fn glm45_air_scaled_matches_llama_cpp_loader() {
 }
 
 #[test]
+fn qwen3next_80b_scaled_matches_llama_cpp_loader() {
+    let spec = SynthSpec::qwen3next_80b_scaled();
+    let (m, t) = from_writer(&spec);
+    assert_qwen3next_80b_shape(&m, 16);
+    check_tensors("qwen3next-80b-scaled", &qwen3next_wants(&m), &t);
+    let ty = |n: &str| t[n].1;
+    for n in [
+        "blk.0.ffn_gate_exps.weight",
+        "blk.0.ffn_down_exps.weight",
+        "blk.0.attn_qkv.weight",
+        "blk.0.ssm_out.weight",
+        "blk.3.attn_q.weight",
+        "blk.3.attn_output.weight",
+        "blk.3.ffn_down_shexp.weight",
+    ] {
+        assert_eq!(ty(n), GgmlType::Q4_K, "{n}");
+    }
+    for n in [
+        "blk.0.ssm_conv1d.weight",
+        "blk.0.ssm_a",
+        "blk.0.ffn_gate_inp.weight",
+        "blk.0.ffn_gate_inp_shexp.weight",
+    ] {
+        assert_eq!(ty(n), GgmlType::F32, "{n}");
+    }
+    // 16 layers of Q4_K: 12-16 GB, the bench's target.
+    let bytes: u64 = t
+        .values()
+        .map(|(d, ty)| ty.row_bytes(d[0]).expect("whole rows") * d[1..].iter().product::<u64>())
+        .sum();
+    assert!((14e9..16e9).contains(&(bytes as f64)), "{bytes} bytes");
+}
+
+/// `qwen3next-tiny` from the CLI: the same seed writes the same bytes,
+/// llama.cpp's loader would take it, and longhaul loads it and gives finite
+/// logits of a sane spread after its four hybrid layers (prompt and decode).
+#[test]
+fn qwen3next_tiny_is_deterministic_loads_and_runs() {
+    let dir = tmp("qwen3next");
+    let (a, m, t) = from_cli("qwen3next-tiny", &dir, &["--router-skew", "1"]);
+    check_tensors("qwen3next-tiny", &qwen3next_wants(&m), &t);
+    let first = std::fs::read(&a).expect("read");
+    let (same, other) = (dir.join("same"), dir.join("other"));
+    for d in [&same, &other] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let (b, _, _) = from_cli("qwen3next-tiny", &same, &["--router-skew", "1"]);
+    assert!(
+        first == std::fs::read(&b).expect("read"),
+        "the same seed wrote different files"
+    );
+    let (c, _, _) = from_cli(
+        "qwen3next-tiny",
+        &other,
+        &["--router-skew", "1", "--seed", "14"],
+    );
+    assert!(
+        first != std::fs::read(&c).expect("read"),
+        "another seed wrote the same file"
+    );
+
+    let file = Arc::new(gguf::Model::open(&a).expect("open"));
+    let model = Model::load(CpuBackend::new(), file).expect("load qwen3next-tiny");
+    assert_eq!(model.hp.n_layer, 4);
+    assert_eq!(
+        (0..4)
+            .map(|il| model.hp.is_recurrent(il))
+            .collect::<Vec<_>>(),
+        [true, true, true, false]
+    );
+    let n_vocab = model.hp.n_vocab;
+    let prompt: Vec<u32> = (0..24u32).map(|i| (i * 37 + 11) % n_vocab as u32).collect();
+    let mut seq = SeqState::new(&model, 64, GgmlType::F16).expect("state");
+    let mut rows = seq.eval(&model, &prompt, Logits::All).expect("prompt");
+    assert_eq!(rows.len(), prompt.len() * n_vocab);
+    for t in [3u32, 100, 200] {
+        rows.extend(seq.eval(&model, &[t], Logits::Last).expect("decode"));
+    }
+    for (i, row) in rows.chunks(n_vocab).enumerate() {
+        assert!(
+            row.iter().all(|v| v.is_finite()),
+            "row {i}: non-finite logit"
+        );
+        let mean = row.iter().sum::<f32>() / n_vocab as f32;
+        let sd = (row.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / n_vocab as f32).sqrt();
+        // Unit-scale weights after the final norm: logits of about unit
+        // spread, neither collapsed nor blown up.
+        assert!((0.1..10.0).contains(&sd), "row {i}: logit spread {sd}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn tiny_variants_written_by_the_cli_match_llama_cpp_loader() {
     let dir = tmp("tiny");
     let (_, m, t) = from_cli("deepseek2-tiny", &dir, &[]);
@@ -425,7 +642,7 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 #[test]
 fn router_skew_scales_the_new_layouts_routers() {
     let dir = tmp("skew");
-    for preset in ["deepseek2-tiny", "glm4moe-tiny"] {
+    for preset in ["deepseek2-tiny", "glm4moe-tiny", "qwen3next-tiny"] {
         let plain_dir = dir.join("plain");
         std::fs::create_dir_all(&plain_dir).expect("dir");
         let (p_path, _, _) = from_cli(preset, &plain_dir, &[]);
@@ -481,7 +698,7 @@ fn llama_cpp_generates_from_tiny_variants() {
                 .join(".cache/longhaul/llama.cpp/build/bin/llama-completion")
         });
     let dir = tmp("llama");
-    for preset in ["deepseek2-tiny", "glm4moe-tiny"] {
+    for preset in ["deepseek2-tiny", "glm4moe-tiny", "qwen3next-tiny"] {
         let (path, _, _) = from_cli(preset, &dir, &["--router-skew", "1"]);
         // llama-completion prints through an asynchronous logger, and on
         // this machine what it printed is sometimes lost at exit (stdout
