@@ -7,18 +7,25 @@ use crate::mem::human_bytes;
 use crate::model::{Hparams, ModelError};
 use crate::tensor::GgmlType;
 
-/// Bytes the states of `n_seq` sequences of `n_ctx` positions take: per
+/// Bytes the KV caches of `n_seq` sequences of `n_ctx` positions take: per
 /// attention layer and position, a key and a value row of `dtype` as wide
-/// as [`Hparams::kv_widths`] says (the latent alone for DeepSeek's MLA),
-/// and per sequence the recurrent layers' state
-/// ([`Hparams::recurrent_bytes`], f32, whatever the context). Saturates at
-/// `u64::MAX`.
-pub fn kv_bytes(hp: &Hparams, n_ctx: usize, n_seq: usize, dtype: GgmlType) -> u64 {
+/// as [`Hparams::kv_widths`] says (the latent alone for DeepSeek's MLA).
+/// Saturates at `u64::MAX`.
+pub fn kv_cache_bytes(hp: &Hparams, n_ctx: usize, n_seq: usize, dtype: GgmlType) -> u64 {
     let (k, v) = hp.kv_widths();
     let bytes = |n: usize| dtype.row_bytes(n as u64).unwrap_or(u64::MAX) as u128;
     let row = bytes(k) + if v == 0 { 0 } else { bytes(v) };
-    let per_seq = row * hp.n_layer_kv() as u128 * n_ctx as u128 + hp.recurrent_bytes() as u128;
-    u64::try_from(per_seq * n_seq as u128).unwrap_or(u64::MAX)
+    let total = row * hp.n_layer_kv() as u128 * n_ctx as u128 * n_seq as u128;
+    u64::try_from(total).unwrap_or(u64::MAX)
+}
+
+/// Bytes the states of `n_seq` sequences of `n_ctx` positions take: their
+/// KV caches ([`kv_cache_bytes`]) and per sequence the recurrent layers'
+/// state ([`Hparams::recurrent_bytes`], f32, whatever the context).
+/// Saturates at `u64::MAX`.
+pub fn kv_bytes(hp: &Hparams, n_ctx: usize, n_seq: usize, dtype: GgmlType) -> u64 {
+    let rec = hp.recurrent_bytes().saturating_mul(n_seq as u64);
+    kv_cache_bytes(hp, n_ctx, n_seq, dtype).saturating_add(rec)
 }
 
 /// Checks that `n_seq` KV caches of `n_ctx` positions fit in the memory this

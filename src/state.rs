@@ -103,15 +103,7 @@ impl<B: Backend> SeqState<B> {
             self.n_past = n;
             return Ok(n);
         }
-        self.checkpoints.retain(|c| c.pos <= n);
-        match self.checkpoints.last() {
-            Some(c) => {
-                let pos = c.pos;
-                self.restore(backend, self.checkpoints.len() - 1)?;
-                self.n_past = pos;
-            }
-            None => self.reset(backend)?,
-        }
+        self.back_to(backend, n)?;
         Ok(self.n_past)
     }
 
@@ -167,45 +159,51 @@ impl<B: Backend> SeqState<B> {
         Ok(true)
     }
 
-    fn restore(&mut self, backend: &B, i: usize) -> Result<(), ModelError> {
-        let c = &self.checkpoints[i];
+    /// A recurrent state goes to the latest checkpoint at or before `n`
+    /// (dropping the later ones), or to the start. A restore or reset that
+    /// fails leaves the state empty (position 0, no checkpoints) and
+    /// poisoned: nothing reads it until a reset succeeds.
+    fn back_to(&mut self, backend: &B, n: usize) -> Result<(), ModelError> {
+        self.checkpoints.retain(|c| c.pos <= n);
+        let Some(c) = self.checkpoints.last() else {
+            return self.reset(backend);
+        };
+        let pos = c.pos;
         let mut saved = c.layers.iter();
-        for l in &mut self.layers {
-            if let LayerState::Recurrent { conv, ssm } = l {
-                let Some((cv, sv)) = saved.next() else { break };
-                let (cr, cc) = backend.shape(conv);
-                let (sr, sc) = backend.shape(ssm);
-                *conv = backend.from_host(cv.clone(), cr, cc)?;
-                *ssm = backend.from_host(sv.clone(), sr, sc)?;
+        let mut restore = || -> Result<(), ModelError> {
+            for l in &mut self.layers {
+                if let LayerState::Recurrent { conv, ssm } = l {
+                    let Some((cv, sv)) = saved.next() else { break };
+                    let (cr, cc) = backend.shape(conv);
+                    let (sr, sc) = backend.shape(ssm);
+                    *conv = backend.from_host(cv.clone(), cr, cc)?;
+                    *ssm = backend.from_host(sv.clone(), sr, sc)?;
+                }
+            }
+            Ok(())
+        };
+        match restore() {
+            Ok(()) => {
+                self.n_past = pos;
+                Ok(())
+            }
+            Err(e) => {
+                self.checkpoints.clear();
+                self.n_past = 0;
+                self.poisoned = true;
+                Err(e)
             }
         }
-        Ok(())
     }
 
     /// After a failed evaluation the recurrent layers may hold part of the
     /// batch: go back to the last checkpoint at or before `n_past` (or the
     /// start), so that the state again matches its position. An
     /// attention-only state is untouched (rows past `n_past` are unused).
+    /// If even that fails, the state is poisoned ([`Self::back_to`]).
     fn recover(&mut self, backend: &B) {
         if self.is_recurrent() {
-            let n = self.n_past;
-            self.checkpoints.retain(|c| c.pos <= n);
-            let ok = match self.checkpoints.len() {
-                0 => self.reset(backend).is_ok(),
-                k => {
-                    let pos = self.checkpoints[k - 1].pos;
-                    let ok = self.restore(backend, k - 1).is_ok();
-                    self.n_past = pos;
-                    ok
-                }
-            };
-            if !ok {
-                // Not even zeros could be made: nothing is read from this
-                // state until a reset succeeds.
-                self.checkpoints.clear();
-                self.n_past = 0;
-                self.poisoned = true;
-            }
+            let _ = self.back_to(backend, self.n_past);
         }
     }
 

@@ -153,7 +153,7 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
         let (dense, moe) = shapes.layer_counts();
         let (k, v) = shapes.hp.kv_widths();
         let rec = shapes.hp.recurrent_bytes();
-        let per_pos = longhaul::kv::kv_bytes(&shapes.hp, 1, 1, GgmlType::F16) - rec;
+        let per_pos = longhaul::kv::kv_cache_bytes(&shapes.hp, 1, 1, GgmlType::F16);
         println!(
             "layers:        {} ({dense} dense FFN, {moe} MoE{}), {} attention",
             shapes.hp.n_layer,

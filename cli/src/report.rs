@@ -58,7 +58,7 @@ pub fn model_start<B: Backend>(e: &Engine<B>) {
     let (k, v) = m.hp.kv_widths();
     let n_ctx = e.params.n_ctx;
     let rec = m.hp.recurrent_bytes();
-    let total = longhaul::kv::kv_bytes(&m.hp, n_ctx, 1, e.params.kv_type) - rec;
+    let total = longhaul::kv::kv_cache_bytes(&m.hp, n_ctx, 1, e.params.kv_type);
     let n_kv = m.hp.n_layer_kv();
     let layers = if n_kv == m.hp.n_layer {
         "per layer".to_string()

@@ -340,7 +340,7 @@ fn qwen3next_wants(m: &Metadata) -> BTreeMap<String, Want> {
     assert_eq!(recurrent.len() as u64, n_layer);
     let every = u(m, "full_attention_interval");
     for (il, &r) in recurrent.iter().enumerate() {
-        assert_eq!(r, (il as u64 + 1) % every != 0, "layer {il} kind");
+        assert_eq!(r, !(il as u64 + 1).is_multiple_of(every), "layer {il} kind");
     }
     let n_embd = u(m, "embedding_length");
     let n_head = u(m, "attention.head_count");

@@ -370,6 +370,8 @@ fn tile_rows<const F: bool, const R: usize>(
     while j + NR <= n {
         let mut acc = [[0.0f32; NR]; R];
         for p in 0..k {
+            // A range of exactly NR values: the conversion cannot fail (it
+            // is there so that the loop below indexes without checks).
             let bv: &[f32; NR] = b[p * ldb + j..p * ldb + j + NR].try_into().unwrap();
             for i in 0..R {
                 let x = arow[i][p];
