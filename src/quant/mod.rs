@@ -61,6 +61,8 @@ macro_rules! x86_kernels {
 mod common;
 mod float;
 mod iq4;
+#[allow(dead_code)] // until the i-quant formats use every table
+mod iq_tables;
 mod k_quants;
 mod mxfp4;
 mod ops;
