@@ -264,3 +264,178 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
     return f16at(b + 208u) * sc * q;
 }
 #endif
+
+// ---- i-quants and NVFP4 ----
+//
+// A type with a grid reads it as `GRID` (bind group 1, set by the host from
+// the tables of iq_tables.wgsl: one u64 entry of 8 values is two words, low
+// first; a u32 entry holds 4 values). Each `deq4` reads one grid word, the
+// 4 values `i..i+4`.
+//
+// Why a storage buffer and not the `const` arrays themselves: naga lowers a
+// dynamically indexed module-scope `const` array by copying the whole array
+// into a function-local variable on every call, and lavapipe (llvmpipe)
+// compiles and runs that literally. Measured on lavapipe, get_rows of 1000
+// IQ2_XS rows (1024-word grid): 23 s to compile and 57 ms to run (IQ4_XS:
+// 45 ms and 1.1 ms); as `var<private>` still 12 s and 3.5 ms; the 4096-word
+// IQ1_S grid is worse. A storage binding compiles like any other kernel and
+// costs one cached load per 4 weights.
+
+#if HAS_GRID
+@group(1) @binding(0) var<storage, read> GRID: array<u32>;
+#endif
+
+#if IQ_SIGNS
+// ggml's ksigns_iq2xs[k] (k: 7 bits): k with bit 7 set to make the byte's
+// parity even, so the table is computed, not read.
+fn ksigns(k: u32) -> u32 {
+    return k | ((countOneBits(k) & 1u) << 7u);
+}
+
+// +-1 for bits `h * 4 .. h * 4 + 4` of the sign byte `s` (a set bit negates).
+fn signs4(s: u32, h: u32) -> vec4<f32> {
+    let bit = (vec4<u32>(s >> (4u * h)) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u);
+    return select(vec4<f32>(1.0), vec4<f32>(-1.0), bit != vec4<u32>(0u));
+}
+#endif
+
+#if T_IQ2_XXS
+// d: f16, qs: [u16; 32] at 2. Sub-block ib of 32 weights: 8 bytes at
+// 2 + 8 ib, four grid indices (bytes 0..4) then a word of four 7-bit sign
+// indices and a 4-bit scale (top). x = d * (0.5 + s) / 4 * grid * sign.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let ib = i >> 5u;
+    let l = (i >> 3u) & 3u;
+    let h = (i >> 2u) & 1u;
+    let q = b + 2u + 8u * ib;
+    let aux = ld32(q + 4u);
+    let db = f16at(b) * (0.5 + f32(aux >> 28u)) * 0.25;
+    let g = vec4<f32>(bytes4(GRID[2u * ld8(q + l) + h]));
+    return db * g * signs4(ksigns((aux >> (7u * l)) & 127u), h);
+}
+#endif
+
+#if T_IQ2_XS
+// d: f16, qs: [u16; 32] at 2 (9-bit grid index, 7-bit sign index), scales:
+// [u8; 8] at 66 (two 4-bit scales per sub-block of 32, one per 16 weights).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let ib = i >> 5u;
+    let l = (i >> 3u) & 3u;
+    let h = (i >> 2u) & 1u;
+    let q = ld16(b + 2u + 8u * ib + 2u * l);
+    let s = (ld8(b + 66u + ib) >> (4u * (l >> 1u))) & 0xfu;
+    let db = f16at(b) * (0.5 + f32(s)) * 0.25;
+    let g = vec4<f32>(bytes4(GRID[2u * (q & 511u) + h]));
+    return db * g * signs4(ksigns(q >> 9u), h);
+}
+#endif
+
+#if T_IQ2_S
+// d: f16, qs: [u8; 32] at 2 (grid index low bits), signs: [u8; 32] at 34,
+// qh: [u8; 8] at 66 (two high index bits per 8 weights), scales: [u8; 8]
+// at 74 (as IQ2_XS).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let ib = i >> 5u;
+    let l = (i >> 3u) & 3u;
+    let h = (i >> 2u) & 1u;
+    let idx = ld8(b + 2u + 4u * ib + l) | (((ld8(b + 66u + ib) >> (2u * l)) & 3u) << 8u);
+    let s = (ld8(b + 74u + ib) >> (4u * (l >> 1u))) & 0xfu;
+    let db = f16at(b) * (0.5 + f32(s)) * 0.25;
+    let g = vec4<f32>(bytes4(GRID[2u * idx + h]));
+    return db * g * signs4(ld8(b + 34u + 4u * ib + l), h);
+}
+#endif
+
+#if T_IQ3_XXS
+// d: f16, qs: [u8; 64] at 2 (one u32-grid index per 4 weights), then per
+// sub-block of 32 a word at 66 + 4 ib: four 7-bit sign indices and a 4-bit
+// scale (top). x = d * (0.5 + s) / 2 * grid * sign.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let ib = i >> 5u;
+    let l = (i >> 3u) & 3u;
+    let h = (i >> 2u) & 1u;
+    let aux = ld32(b + 66u + 4u * ib);
+    let db = f16at(b) * (0.5 + f32(aux >> 28u)) * 0.5;
+    let g = vec4<f32>(bytes4(GRID[ld8(b + 2u + (i >> 2u))]));
+    return db * g * signs4(ksigns((aux >> (7u * l)) & 127u), h);
+}
+#endif
+
+#if T_IQ3_S
+// d: f16, qs: [u8; 64] at 2 (grid index low bits, one per 4 weights), qh:
+// [u8; 8] at 66 (ninth index bit per 4 weights), signs: [u8; 32] at 74,
+// scales: [u8; 4] at 106 (4 bits per sub-block of 32). x = d * (1 + 2 s) *
+// grid * sign.
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let ib = i >> 5u;
+    let l = (i >> 3u) & 3u;
+    let h = (i >> 2u) & 1u;
+    let idx = ld8(b + 2u + (i >> 2u)) | (((ld8(b + 66u + ib) >> ((i >> 2u) & 7u)) & 1u) << 8u);
+    let s = (ld8(b + 106u + (ib >> 1u)) >> (4u * (ib & 1u))) & 0xfu;
+    let db = f16at(b) * f32(1u + 2u * s);
+    let g = vec4<f32>(bytes4(GRID[idx]));
+    return db * g * signs4(ld8(b + 74u + 4u * ib + l), h);
+}
+#endif
+
+#if T_IQ1_S
+// d: f16, qs: [u8; 32] at 2 (grid index low bits), qh: [u16; 8] at 34 (per
+// sub-block of 32: four 3-bit high index bits, a 3-bit scale, the sign of
+// the delta). Grid values are -1, 0, 1. x = d * (2 s + 1) * (grid +- 1/8).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let ib = i >> 5u;
+    let l = (i >> 3u) & 3u;
+    let h = (i >> 2u) & 1u;
+    let qh = ld16(b + 34u + 2u * ib);
+    let dl = f16at(b) * f32(2u * ((qh >> 12u) & 7u) + 1u);
+    let delta = select(0.125, -0.125, (qh & 0x8000u) != 0u);
+    let idx = ld8(b + 2u + 4u * ib + l) | (((qh >> (3u * l)) & 7u) << 8u);
+    return dl * (sbytes4(GRID[2u * idx + h]) + delta);
+}
+#endif
+
+#if T_IQ1_M
+// qs: [u8; 32] at 0 (grid index low bits), qh: [u8; 16] at 32 (per 8
+// weights a nibble: 3 high index bits, the sign of the delta), scales:
+// [u16; 4] at 48 (3-bit scales per 16 weights; their top nibbles hold the
+// block's f16 scale). x = d * (2 s + 1) * (grid +- 1/8).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let ib = i >> 5u;
+    let l = (i >> 3u) & 3u;
+    let h = (i >> 2u) & 1u;
+    let s0 = ld32(b + 48u);
+    let s1 = ld32(b + 52u);
+    let d = half_to_f32(((s0 >> 12u) & 0xfu) | ((s0 >> 24u) & 0xf0u) | ((s1 >> 4u) & 0xf00u) | ((s1 >> 16u) & 0xf000u));
+    let sc = ld16(b + 48u + 2u * (ib >> 1u));
+    let dl = d * f32(2u * ((sc >> (6u * (ib & 1u) + 3u * (l >> 1u))) & 7u) + 1u);
+    let qh = ld8(b + 32u + 2u * ib + (l >> 1u)) >> (4u * (l & 1u));
+    let delta = select(0.125, -0.125, (qh & 8u) != 0u);
+    let idx = ld8(b + 4u * ib + l) | ((qh & 7u) << 8u);
+    return dl * (sbytes4(GRID[2u * idx + h]) + delta);
+}
+#endif
+
+#if T_NVFP4
+// d: [u8; 4] (UE4M3, one per 16 weights), qs: [u8; 32] at 4; sub-block s
+// packs weights j and j + 8 into the low and high nibbles of byte 8 s + j.
+// x = kv[q] * ue4m3(d) (doubled grid, halved scale).
+fn deq4(b: u32, i: u32) -> vec4<f32> {
+    let s = i >> 4u;
+    let j = i & 15u;
+    let e = ld8(b + s);
+    // ggml_ue4m3_to_fp32: bit 7 ignored; 0 and 0x7f (NaN) read as zero;
+    // exponent field 0 is subnormal (m * 2^-9), else (1 + m/8) * 2^(e-7);
+    // then halved. Every value is exact in f32.
+    let ex = (e >> 3u) & 0xfu;
+    let m = e & 7u;
+    var d = bitcast<f32>(((ex + 119u) << 23u) | (m << 20u));
+    if (ex == 0u) {
+        d = f32(m) * (1.0 / 1024.0);
+    }
+    if (e == 0x7fu) {
+        d = 0.0;
+    }
+    let q = nibs4(ld32(b + 4u + 8u * s + (j & 7u)), 4u * (j >> 3u));
+    return d * kv_mxfp4(q);
+}
+#endif

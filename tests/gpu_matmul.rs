@@ -407,3 +407,107 @@ fn large_dispatches_use_a_2d_grid() {
         .collect();
     check_get_rows(&g, &w, &ids, &what);
 }
+
+/// The formats whose GPU dequantisation is checked against gguf-py's numpy
+/// dequantisation (tests/goldens/quant, tools/quant_goldens.py) as well.
+const GOLDEN_TYPES: [GgmlType; 7] = [
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+];
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Every golden block of `ty` (bytes, its values), random and quantised cases.
+fn golden_blocks(ty: GgmlType) -> Vec<(Vec<u8>, Vec<f32>)> {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/goldens/quant")
+        .join(format!("{}.json", ty.name().to_lowercase()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    for case in doc["cases"].as_array().unwrap() {
+        let bytes = unhex(case["bytes"].as_str().unwrap());
+        let vals: Vec<f32> = unhex(case["dequant"].as_str().unwrap())
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let blocks = bytes.chunks_exact(ty.type_size());
+        assert_eq!(blocks.len() * ty.block_size(), vals.len(), "{ty:?} golden");
+        for (b, v) in blocks.zip(vals.chunks_exact(ty.block_size())) {
+            out.push((b.to_vec(), v.to_vec()));
+        }
+    }
+    out
+}
+
+/// get_rows (in-place dequantisation) of golden blocks equals gguf-py's
+/// values bit for bit, on rows of 3 blocks (blocks at odd byte offsets), on
+/// every device variant; on the 64 KiB one the matrix spans several parts.
+#[test]
+fn get_rows_matches_ggml_goldens() {
+    for (name, g) in variants() {
+        for &ty in &GOLDEN_TYPES {
+            let blocks = golden_blocks(ty);
+            let (bs, per_row) = (ty.block_size(), 3);
+            // Enough rows for three 64 KiB parts.
+            let n_rows = (3 * 65536 / (per_row * ty.type_size())).max(blocks.len());
+            let mut bytes = Vec::new();
+            let mut want = Vec::new();
+            for r in 0..n_rows * per_row {
+                // Rows cycle through the golden blocks with a stride prime to their count.
+                let (b, v) = &blocks[(r * 7) % blocks.len()];
+                bytes.extend_from_slice(b);
+                want.extend_from_slice(v);
+            }
+            let k = (per_row * bs) as u64;
+            let w = g
+                .upload_weight("golden", ty, &[k, n_rows as u64], &bytes)
+                .unwrap_or_else(|e| panic!("{ty:?} on {name}: {e}"));
+            let ids: Vec<u32> = if name == "64KiB-bindings" {
+                assert!(w.parts.len() > 2, "{ty:?}: matrix not split");
+                // The first and last rows of every part (the output must fit 64 KiB).
+                let ends = w
+                    .parts
+                    .iter()
+                    .flat_map(|p| [p.first + p.count - 1, p.first]);
+                ends.map(|r| r as u32).collect()
+            } else {
+                (0..n_rows as u32).rev().collect()
+            };
+            let t0 = std::time::Instant::now();
+            let gy = g
+                .get_rows(&w, &ids)
+                .unwrap_or_else(|e| panic!("{ty:?} on {name}: {e}"));
+            let got = g.to_host(&gy).unwrap();
+            let dt = t0.elapsed();
+            let k = k as usize;
+            let mut bad = 0;
+            for (o, &id) in ids.iter().enumerate() {
+                let (gr, wr) = (&got[o * k..][..k], &want[id as usize * k..][..k]);
+                for (j, (a, b)) in gr.iter().zip(wr).enumerate() {
+                    if a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()) {
+                        if bad < 8 {
+                            eprintln!("{ty:?} on {name}: row {id} value {j}: {a} != {b}");
+                        }
+                        bad += 1;
+                    }
+                }
+            }
+            assert_eq!(bad, 0, "{ty:?} on {name}: {bad} values differ");
+            eprintln!(
+                "{name}: {ty:?} get_rows of {} rows exact ({dt:.2?})",
+                ids.len()
+            );
+        }
+    }
+}

@@ -70,11 +70,31 @@ pub struct Ctx {
     pub queue: wgpu::Queue,
     pub caps: Caps,
     pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
+    /// Read-only tables uploaded once per device (the i-quant grids).
+    tables: Mutex<HashMap<&'static str, Arc<wgpu::Buffer>>>,
     pending: Mutex<Pending>,
     /// The first device error not caught by an error scope (out of memory,
     /// validation): wgpu's default handler would panic; we report it as a
     /// [`GpuError`] at the next allocation or read-back.
     failed: Arc<Mutex<Option<String>>>,
+}
+
+/// The bind group entries of `args`: binding `i` is `args[i]`.
+fn bind_entries<'a>(args: &[Arg<'a>]) -> Vec<wgpu::BindGroupEntry<'a>> {
+    args.iter()
+        .enumerate()
+        .map(|(i, a)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: match *a {
+                Arg::Buf(b) => b.as_entire_binding(),
+                Arg::Range(b, off, size) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b,
+                    offset: off,
+                    size: wgpu::BufferSize::new(size),
+                }),
+            },
+        })
+        .collect()
 }
 
 /// Binding `i` of a dispatch: a whole buffer or a byte range of one.
@@ -99,6 +119,7 @@ impl Ctx {
             queue,
             caps,
             pipelines: Mutex::new(HashMap::new()),
+            tables: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending {
                 encoder: None,
                 dispatches: 0,
@@ -197,6 +218,18 @@ impl Ctx {
         params: &[u32],
         groups: [u32; 3],
     ) {
+        self.dispatch_with(pipe, args, params, groups, &[]);
+    }
+
+    /// [`Ctx::dispatch`] with `group1` bound as bind group 1 (bindings 0..).
+    pub fn dispatch_with(
+        &self,
+        pipe: &wgpu::ComputePipeline,
+        args: &[Arg<'_>],
+        params: &[u32],
+        groups: [u32; 3],
+        group1: &[Arg<'_>],
+    ) {
         if groups.contains(&0) {
             return;
         }
@@ -210,23 +243,7 @@ impl Ctx {
                     usage: wgpu::BufferUsages::UNIFORM,
                 })
         });
-        let mut entries: Vec<wgpu::BindGroupEntry> = args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: match *a {
-                    Arg::Buf(b) => b.as_entire_binding(),
-                    Arg::Range(b, off, size) => {
-                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: b,
-                            offset: off,
-                            size: wgpu::BufferSize::new(size),
-                        })
-                    }
-                },
-            })
-            .collect();
+        let mut entries = bind_entries(args);
         if let Some(u) = &uniform {
             entries.push(wgpu::BindGroupEntry {
                 binding: args.len() as u32,
@@ -238,10 +255,20 @@ impl Ctx {
             layout: &pipe.get_bind_group_layout(0),
             entries: &entries,
         });
+        let bg1 = (!group1.is_empty()).then(|| {
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipe.get_bind_group_layout(1),
+                entries: &bind_entries(group1),
+            })
+        });
         self.record(|enc| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             pass.set_pipeline(pipe);
             pass.set_bind_group(0, &bg, &[]);
+            if let Some(bg1) = &bg1 {
+                pass.set_bind_group(1, bg1, &[]);
+            }
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         });
     }
@@ -292,6 +319,21 @@ impl Ctx {
             let y = n.div_ceil(lim);
             [n.div_ceil(y), y, 1]
         }
+    }
+
+    /// The read-only table `name`, uploaded from `data()` on first use.
+    pub fn table(
+        &self,
+        name: &'static str,
+        data: impl FnOnce() -> Vec<u8>,
+    ) -> Result<Arc<wgpu::Buffer>, GpuError> {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = t.get(name) {
+            return Ok(b.clone());
+        }
+        let buf = Arc::new(self.upload(&data(), name)?);
+        t.insert(name, buf.clone());
+        Ok(buf)
     }
 
     /// A storage buffer of at least `bytes` (rounded up to 16, within one

@@ -36,6 +36,7 @@ const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
 const MUL_MAT_ID: &str = include_str!("../../../shaders/mul_mat_id.wgsl");
 const GET_ROWS: &str = include_str!("../../../shaders/get_rows.wgsl");
 const ACT_ROUND: &str = include_str!("../../../shaders/act_round.wgsl");
+const IQ_TABLES: &str = include_str!("../../../shaders/iq_tables.wgsl");
 
 /// Tokens (or pairs of one expert) up to which the mat-vec kernel runs;
 /// more go through the tiled kernel.
@@ -110,6 +111,13 @@ fn type_flag(ty: GgmlType) -> Option<&'static str> {
         IQ4_NL => "T_IQ4_NL",
         IQ4_XS => "T_IQ4_XS",
         MXFP4 => "T_MXFP4",
+        IQ1_S => "T_IQ1_S",
+        IQ1_M => "T_IQ1_M",
+        IQ2_XXS => "T_IQ2_XXS",
+        IQ2_XS => "T_IQ2_XS",
+        IQ2_S => "T_IQ2_S",
+        IQ3_XXS => "T_IQ3_XXS",
+        IQ3_S => "T_IQ3_S",
         _ => return None,
     })
 }
@@ -119,14 +127,69 @@ pub fn supported(ty: GgmlType) -> bool {
     type_flag(ty).is_some()
 }
 
+/// The iq_tables.wgsl grid the type's `deq4` reads as `GRID` (see
+/// quant.wgsl for why it is a storage buffer).
+fn type_grid(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        IQ1_S | IQ1_M => "IQ1S_GRID",
+        IQ2_XXS => "IQ2XXS_GRID",
+        IQ2_XS => "IQ2XS_GRID",
+        IQ2_S => "IQ2S_GRID",
+        IQ3_XXS => "IQ3XXS_GRID",
+        IQ3_S => "IQ3S_GRID",
+        _ => return None,
+    })
+}
+
+/// The words of the table `name` of iq_tables.wgsl (`const NAME:
+/// array<u32, N> = array<u32, N>(0x..u, ...);`), or `None` when the file
+/// has no such table of N well-formed words.
+fn iq_table(name: &str) -> Option<Vec<u32>> {
+    let decl = &IQ_TABLES[IQ_TABLES.find(&format!("const {name}: array<u32, "))?..];
+    let n: usize = decl[decl.find(", ")? + 2..decl.find('>')?].parse().ok()?;
+    let body = &decl[decl.find(">(")? + 2..decl.find(");")?];
+    let words: Vec<u32> = body
+        .split(',')
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+        .map(|w| u32::from_str_radix(w.strip_prefix("0x")?.strip_suffix('u')?, 16).ok())
+        .collect::<Option<_>>()?;
+    (words.len() == n).then_some(words)
+}
+
+/// Bind group 1 of a kernel reading `ty` weights: the type's grid, uploaded
+/// once per device, or nothing.
+fn grid_buffer(b: &GpuBackend, ty: GgmlType) -> Result<Option<Arc<wgpu::Buffer>>, BackendError> {
+    let Some(name) = type_grid(ty) else {
+        return Ok(None);
+    };
+    let words = iq_table(name).ok_or_else(|| BackendError::Unsupported {
+        op: "i-quant grid (shaders/iq_tables.wgsl)",
+        backend: "gpu",
+        dtype: ty,
+    })?;
+    let buf = b
+        .ctx()
+        .table(name, || bytemuck::cast_slice(&words).to_vec())?;
+    Ok(Some(buf))
+}
+
 /// quant.wgsl's per-type constants.
 fn type_consts(ty: GgmlType) -> Vec<(&'static str, u32)> {
+    use GgmlType::*;
     let mut c = vec![
         ("BLK", ty.block_size() as u32),
         ("BLK_BYTES", ty.type_size() as u32),
     ];
     if let Some(f) = type_flag(ty) {
         c.push((f, 1));
+    }
+    if type_grid(ty).is_some() {
+        c.push(("HAS_GRID", 1));
+    }
+    if matches!(ty, IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S) {
+        c.push(("IQ_SIGNS", 1));
     }
     c
 }
@@ -306,6 +369,9 @@ pub(super) fn get_rows(
     let pipe = ctx.pipeline(&KernelKey::new("get_rows").ty(w.ty), || {
         ctx.source(&[QUANT, GET_ROWS], &type_consts(w.ty))
     })?;
+    let grid = grid_buffer(b, w.ty)?;
+    let g1 = grid.as_deref().map(Arg::Buf);
+    let g1 = g1.as_slice();
     let nu = (k / 4) as u64;
     let row_bytes = word(OP, "row bytes", w.row_bytes as u64)?;
     let mut pair0 = 0usize;
@@ -315,7 +381,7 @@ pub(super) fn get_rows(
             let groups = word(OP, "workgroups", threads.div_ceil(GET_ROWS_WG))?;
             word(OP, "threads", threads)?;
             let params = [nu as u32, row_bytes, pair0 as u32, list.len() as u32];
-            ctx.dispatch(
+            ctx.dispatch_with(
                 &pipe,
                 &[
                     Arg::Buf(&part.buf),
@@ -324,6 +390,7 @@ pub(super) fn get_rows(
                 ],
                 &params,
                 ctx.grid(groups),
+                g1,
             );
         }
         pair0 += list.len();
@@ -398,6 +465,9 @@ pub(super) fn matmul(
     let rounded = act_rounded(b, w.ty, x)?;
     let x = rounded.as_ref().unwrap_or(x);
     let ctx = b.ctx();
+    let grid = grid_buffer(b, w.ty)?;
+    let g1 = grid.as_deref().map(Arg::Buf);
+    let g1 = g1.as_slice();
     let base = Params {
         k: word(OP, "row length", k as u64)?,
         n: word(OP, "rows", n as u64)?,
@@ -415,11 +485,12 @@ pub(super) fn matmul(
                 blocks,
                 ..base
             };
-            ctx.dispatch(
+            ctx.dispatch_with(
                 &pipe,
                 &[Arg::Buf(&part.buf), Arg::Buf(&x.buf), Arg::Buf(&out.buf)],
                 &p.words(),
                 ctx.grid(blocks),
+                g1,
             );
         }
     } else {
@@ -436,11 +507,12 @@ pub(super) fn matmul(
                 ..base
             };
             let groups = word(OP, "workgroups", blocks as u64 * tok_tiles as u64)?;
-            ctx.dispatch(
+            ctx.dispatch_with(
                 &pipe,
                 &[Arg::Buf(&part.buf), Arg::Buf(&x.buf), Arg::Buf(&out.buf)],
                 &p.words(),
                 ctx.grid(groups),
+                g1,
             );
         }
     }
@@ -479,6 +551,9 @@ pub(super) fn mul_mat_id(
     let ctx = b.ctx();
     let toks_buf = ctx.upload(bytemuck::cast_slice(&toks), "mul_mat_id pairs")?;
     let items_buf = ctx.upload(bytemuck::cast_slice(&items), "mul_mat_id items")?;
+    let grid = grid_buffer(b, w.ty)?;
+    let g1 = grid.as_deref().map(Arg::Buf);
+    let g1 = g1.as_slice();
     let base = Params {
         k: word(OP, "row length", k as u64)?,
         n: word(OP, "rows", n as u64)?,
@@ -510,7 +585,7 @@ pub(super) fn mul_mat_id(
                 ..base
             };
             let groups = word(OP, "workgroups", pp.mv.len() as u64 * blocks as u64)?;
-            ctx.dispatch(pipe, &args, &p.words(), ctx.grid(groups));
+            ctx.dispatch_with(pipe, &args, &p.words(), ctx.grid(groups), g1);
         }
         if let (Some(pipe), false) = (&mm_pipe, pp.mm.is_empty()) {
             let blocks = (n as u32).div_ceil(tile.bm);
@@ -521,7 +596,7 @@ pub(super) fn mul_mat_id(
                 ..base
             };
             let groups = word(OP, "workgroups", pp.mm.len() as u64 * blocks as u64)?;
-            ctx.dispatch(pipe, &args, &p.words(), ctx.grid(groups));
+            ctx.dispatch_with(pipe, &args, &p.words(), ctx.grid(groups), g1);
         }
     }
     Ok(out)
@@ -631,6 +706,41 @@ mod tests {
             assert_eq!((t.bm / t.tm) * (t.bn / t.tn), 256, "{t:?}: threads");
             // f32 tiles of BK = 32 within WebGPU's 16 KiB of workgroup memory.
             assert!((t.bm + t.bn) * 32 * 4 <= 16384, "{t:?}: workgroup memory");
+        }
+    }
+
+    #[test]
+    fn every_grid_parses_from_iq_tables() {
+        use GgmlType::*;
+        for (ty, words) in [
+            (IQ1_S, 4096),
+            (IQ1_M, 4096),
+            (IQ2_XXS, 512),
+            (IQ2_XS, 1024),
+            (IQ2_S, 2048),
+            (IQ3_XXS, 256),
+            (IQ3_S, 512),
+        ] {
+            assert!(supported(ty), "{ty:?}");
+            let t = iq_table(type_grid(ty).unwrap()).unwrap();
+            assert_eq!(t.len(), words, "{ty:?}");
+        }
+        // iq2xxs_grid[0] and [1]: 0x0808080808080808, 0x080808080808082b.
+        assert_eq!(
+            iq_table("IQ2XXS_GRID").unwrap()[..4],
+            [0x08080808, 0x08080808, 0x0808082b, 0x08080808]
+        );
+        assert_eq!(iq_table("NO_SUCH_GRID"), None);
+    }
+
+    /// quant.wgsl computes ggml's ksigns_iq2xs instead of reading it: the
+    /// 7 index bits plus an even-parity bit 7.
+    #[test]
+    fn ksigns_is_the_parity_completion() {
+        let t = iq_table("KSIGNS_IQ2XS").unwrap();
+        for k in 0..128u32 {
+            let byte = (t[k as usize / 4] >> (8 * (k % 4))) & 0xff;
+            assert_eq!(byte, k | ((k.count_ones() & 1) << 7), "ksigns[{k}]");
         }
     }
 
