@@ -2,6 +2,7 @@
 //! the kernel table chosen once per process from [`CpuCaps`], and the
 //! row-level helpers the backends call.
 
+use super::{BlockIQ1M, BlockIQ1S, BlockIQ3S, BlockIQ3XXS};
 use super::{
     cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K,
     BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
@@ -12,7 +13,7 @@ use half::{bf16, f16};
 use std::sync::{Mutex, OnceLock};
 
 /// Weight types with dequantisation and dot products here.
-pub const SUPPORTED_TYPES: [GgmlType; 16] = [
+pub const SUPPORTED_TYPES: [GgmlType; 20] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -29,6 +30,10 @@ pub const SUPPORTED_TYPES: [GgmlType; 16] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
 /// CPU features the kernels may use. [`CpuCaps::detect`] reads the running
@@ -182,6 +187,10 @@ impl TileKernels for BlockQ6K {}
 impl TileKernels for BlockIQ4NL {}
 impl TileKernels for BlockIQ4XS {}
 impl TileKernels for BlockMXFP4 {}
+impl TileKernels for BlockIQ3XXS {}
+impl TileKernels for BlockIQ3S {}
+impl TileKernels for BlockIQ1S {}
+impl TileKernels for BlockIQ1M {}
 
 /// [`QuantOps`] for block type `B` with a fixed dot kernel.
 struct BlockOps<B: GgmlBlock> {
@@ -428,6 +437,10 @@ struct Table {
     iq4_nl: BlockOps<BlockIQ4NL>,
     iq4_xs: BlockOps<BlockIQ4XS>,
     mxfp4: BlockOps<BlockMXFP4>,
+    iq3_xxs: BlockOps<BlockIQ3XXS>,
+    iq3_s: BlockOps<BlockIQ3S>,
+    iq1_s: BlockOps<BlockIQ1S>,
+    iq1_m: BlockOps<BlockIQ1M>,
     /// The caps the kernels were chosen with.
     caps: CpuCaps,
 }
@@ -452,6 +465,10 @@ impl Table {
             iq4_nl: BlockOps::new(caps),
             iq4_xs: BlockOps::new(caps),
             mxfp4: BlockOps::new(caps),
+            iq3_xxs: BlockOps::new(caps),
+            iq3_s: BlockOps::new(caps),
+            iq1_s: BlockOps::new(caps),
+            iq1_m: BlockOps::new(caps),
         }
     }
 
@@ -474,6 +491,10 @@ impl Table {
             T::IQ4_NL => &self.iq4_nl,
             T::IQ4_XS => &self.iq4_xs,
             T::MXFP4 => &self.mxfp4,
+            T::IQ3_XXS => &self.iq3_xxs,
+            T::IQ3_S => &self.iq3_s,
+            T::IQ1_S => &self.iq1_s,
+            T::IQ1_M => &self.iq1_m,
             _ => {
                 return Err(QuantError::Unsupported {
                     ty,
@@ -638,6 +659,10 @@ mod tests {
             (T::IQ4_NL, T::Q8_0),
             (T::IQ4_XS, T::Q8_K),
             (T::MXFP4, T::Q8_0),
+            (T::IQ3_XXS, T::Q8_K),
+            (T::IQ3_S, T::Q8_K),
+            (T::IQ1_S, T::Q8_K),
+            (T::IQ1_M, T::Q8_K),
         ];
         for (w, a) in expect {
             let o = ops(w).unwrap();

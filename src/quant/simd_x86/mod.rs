@@ -612,6 +612,11 @@ unsafe fn dot_iq4_xs_avx2(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
     hsum_ps(acc)
 }
 
+mod iq1;
+mod iq3;
+pub(crate) use iq1::{dot_iq1_m, dot_iq1_s};
+pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
+
 mod tiles;
 pub(super) use tiles::{
     drive, prefetch_rows, shapes, tile_kernels, tile_q4_1, tile_q4_k, tile_q5_0, tile_q8_0,
