@@ -188,6 +188,11 @@ fn quantizers_match_gguf_py_byte_for_byte() {
             let Some(input) = case.get("input") else {
                 continue;
             };
+            // Blocks of ggml's own quantiser for a type without one here
+            // (the i-quants) are checked by dequantisation only.
+            if !QUANTIZABLE.contains(&ty) {
+                continue;
+            }
             let x = f32s(&unhex(input.as_str().unwrap()));
             let want = unhex(case["bytes"].as_str().unwrap());
             assert_eq!(quantize_row(ty, &x).unwrap(), want, "{ty}");
