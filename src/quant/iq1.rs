@@ -132,7 +132,10 @@ impl BlockIQ1M {
 /// `sum(grid[j] * q8[j])` over one group of 8.
 #[inline(always)]
 fn dot8(grid: [i8; 8], q8: &[i8]) -> i32 {
-    grid.iter().zip(q8).map(|(&g, &q)| g as i32 * q as i32).sum()
+    grid.iter()
+        .zip(q8)
+        .map(|(&g, &q)| g as i32 * q as i32)
+        .sum()
 }
 
 impl GgmlBlock for BlockIQ1S {
