@@ -3,7 +3,7 @@
 //! row-level helpers the backends call.
 
 use super::{
-    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K,
+    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K, BlockQ4K,
     BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
     DotFn, GgmlBlock, QuantError,
 };
@@ -13,7 +13,7 @@ use half::{bf16, f16};
 use std::sync::{Mutex, OnceLock};
 
 /// Weight types with dequantisation and dot products here.
-pub const SUPPORTED_TYPES: [GgmlType; 20] = [
+pub const SUPPORTED_TYPES: [GgmlType; 21] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -30,6 +30,7 @@ pub const SUPPORTED_TYPES: [GgmlType; 20] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::NVFP4,
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
     GgmlType::IQ1_S,
@@ -187,6 +188,7 @@ impl TileKernels for BlockQ6K {}
 impl TileKernels for BlockIQ4NL {}
 impl TileKernels for BlockIQ4XS {}
 impl TileKernels for BlockMXFP4 {}
+impl TileKernels for BlockNVFP4 {}
 impl TileKernels for BlockIQ3XXS {}
 impl TileKernels for BlockIQ3S {}
 impl TileKernels for BlockIQ1S {}
@@ -410,7 +412,8 @@ impl<B: TileKernels> QuantOps for BlockOps<B> {
             tile(nb, &w, &a, out);
             return Ok(());
         }
-        for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nb)) {
+        let nab = n / <B::Act as ActBlock>::BLOCK;
+        for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nab)) {
             for (o, row) in o.iter_mut().zip(w.chunks_exact(nb)) {
                 *o = (self.dot)(n, row, act);
             }
@@ -437,6 +440,7 @@ struct Table {
     iq4_nl: BlockOps<BlockIQ4NL>,
     iq4_xs: BlockOps<BlockIQ4XS>,
     mxfp4: BlockOps<BlockMXFP4>,
+    nvfp4: BlockOps<BlockNVFP4>,
     iq3_xxs: BlockOps<BlockIQ3XXS>,
     iq3_s: BlockOps<BlockIQ3S>,
     iq1_s: BlockOps<BlockIQ1S>,
@@ -465,6 +469,7 @@ impl Table {
             iq4_nl: BlockOps::new(caps),
             iq4_xs: BlockOps::new(caps),
             mxfp4: BlockOps::new(caps),
+            nvfp4: BlockOps::new(caps),
             iq3_xxs: BlockOps::new(caps),
             iq3_s: BlockOps::new(caps),
             iq1_s: BlockOps::new(caps),
@@ -491,6 +496,7 @@ impl Table {
             T::IQ4_NL => &self.iq4_nl,
             T::IQ4_XS => &self.iq4_xs,
             T::MXFP4 => &self.mxfp4,
+            T::NVFP4 => &self.nvfp4,
             T::IQ3_XXS => &self.iq3_xxs,
             T::IQ3_S => &self.iq3_s,
             T::IQ1_S => &self.iq1_s,
@@ -659,6 +665,7 @@ mod tests {
             (T::IQ4_NL, T::Q8_0),
             (T::IQ4_XS, T::Q8_K),
             (T::MXFP4, T::Q8_0),
+            (T::NVFP4, T::Q8_0),
             (T::IQ3_XXS, T::Q8_K),
             (T::IQ3_S, T::Q8_K),
             (T::IQ1_S, T::Q8_K),
@@ -733,7 +740,7 @@ mod tests {
         for ty in SUPPORTED_TYPES {
             for caps in levels {
                 let o = ops_with_caps(ty, caps).unwrap();
-                let n = if ty.block_size() == 256 { 512 } else { 96 };
+                let n = if ty.block_size() >= 64 { 512 } else { 96 };
                 for (n_rows, n_acts) in [
                     (1, 1),
                     (3, 1),
@@ -870,10 +877,10 @@ mod tests {
 
     #[test]
     fn unsupported_names_the_supported_types() {
-        let err = ops(GgmlType::IQ2_XXS).err().unwrap();
+        let err = ops(GgmlType::TQ1_0).err().unwrap();
         let msg = err.to_string();
         assert!(
-            msg.contains("iq2_xxs") && msg.contains("q4_K") && msg.contains("mxfp4"),
+            msg.contains("tq1_0") && msg.contains("q4_K") && msg.contains("mxfp4"),
             "{msg}"
         );
         let e = quantize_row(GgmlType::Q3_K, &[0.0; 256]).unwrap_err();
