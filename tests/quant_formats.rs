@@ -81,6 +81,7 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     use GgmlType as T;
     match ty {
         T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::IQ4_XS => &[0],
+        T::IQ2_XXS | T::IQ2_XS | T::IQ2_S => &[0],
         T::Q4_1 | T::Q5_1 | T::Q4_K | T::Q5_K => &[0, 2],
         T::Q2_K => &[80, 82],
         T::Q3_K => &[108],
@@ -148,6 +149,9 @@ fn block_sizes_match_ggml() {
         (GgmlType::IQ4_NL, size_of::<BlockIQ4NL>()),
         (GgmlType::IQ4_XS, size_of::<BlockIQ4XS>()),
         (GgmlType::MXFP4, size_of::<BlockMXFP4>()),
+        (GgmlType::IQ2_XXS, size_of::<BlockIQ2XXS>()),
+        (GgmlType::IQ2_XS, size_of::<BlockIQ2XS>()),
+        (GgmlType::IQ2_S, size_of::<BlockIQ2S>()),
     ];
     for (ty, size) in sizes {
         assert_eq!(size, ty.type_size(), "{ty}");
@@ -487,7 +491,7 @@ fn bad_lengths_are_errors_not_panics() {
     assert!(quantize_activations(GgmlType::Q8_K, &[0.0; 100], &mut out).is_err());
     assert!(quantize_activations(GgmlType::Q4_K, &[0.0; 256], &mut out).is_err());
     assert!(matches!(
-        ops(GgmlType::IQ2_XXS),
+        ops(GgmlType::TQ1_0),
         Err(QuantError::Unsupported { .. })
     ));
     assert!(matches!(

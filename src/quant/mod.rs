@@ -60,6 +60,7 @@ macro_rules! x86_kernels {
 
 mod common;
 mod float;
+mod iq2;
 mod iq4;
 #[allow(dead_code)] // until the i-quant formats use every table
 mod iq_tables;
@@ -79,6 +80,7 @@ use crate::tensor::GgmlType;
 use bytemuck::Pod;
 use std::borrow::Cow;
 
+pub use iq2::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS};
 pub use iq4::{BlockIQ4NL, BlockIQ4XS};
 pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
 pub use mxfp4::BlockMXFP4;

@@ -3,7 +3,7 @@
 //! row-level helpers the backends call.
 
 use super::{
-    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K,
+    cast_or_copy, ActBlock, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K,
     BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
     DotFn, GgmlBlock, QuantError,
 };
@@ -12,7 +12,7 @@ use half::{bf16, f16};
 use std::sync::{Mutex, OnceLock};
 
 /// Weight types with dequantisation and dot products here.
-pub const SUPPORTED_TYPES: [GgmlType; 16] = [
+pub const SUPPORTED_TYPES: [GgmlType; 19] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -29,6 +29,9 @@ pub const SUPPORTED_TYPES: [GgmlType; 16] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
 ];
 
 /// CPU features the kernels may use. [`CpuCaps::detect`] reads the running
@@ -182,6 +185,9 @@ impl TileKernels for BlockQ6K {}
 impl TileKernels for BlockIQ4NL {}
 impl TileKernels for BlockIQ4XS {}
 impl TileKernels for BlockMXFP4 {}
+impl TileKernels for BlockIQ2XXS {}
+impl TileKernels for BlockIQ2XS {}
+impl TileKernels for BlockIQ2S {}
 
 /// [`QuantOps`] for block type `B` with a fixed dot kernel.
 struct BlockOps<B: GgmlBlock> {
@@ -428,6 +434,9 @@ struct Table {
     iq4_nl: BlockOps<BlockIQ4NL>,
     iq4_xs: BlockOps<BlockIQ4XS>,
     mxfp4: BlockOps<BlockMXFP4>,
+    iq2_xxs: BlockOps<BlockIQ2XXS>,
+    iq2_xs: BlockOps<BlockIQ2XS>,
+    iq2_s: BlockOps<BlockIQ2S>,
     /// The caps the kernels were chosen with.
     caps: CpuCaps,
 }
@@ -452,6 +461,9 @@ impl Table {
             iq4_nl: BlockOps::new(caps),
             iq4_xs: BlockOps::new(caps),
             mxfp4: BlockOps::new(caps),
+            iq2_xxs: BlockOps::new(caps),
+            iq2_xs: BlockOps::new(caps),
+            iq2_s: BlockOps::new(caps),
         }
     }
 
@@ -474,6 +486,9 @@ impl Table {
             T::IQ4_NL => &self.iq4_nl,
             T::IQ4_XS => &self.iq4_xs,
             T::MXFP4 => &self.mxfp4,
+            T::IQ2_XXS => &self.iq2_xxs,
+            T::IQ2_XS => &self.iq2_xs,
+            T::IQ2_S => &self.iq2_s,
             _ => {
                 return Err(QuantError::Unsupported {
                     ty,
@@ -638,6 +653,9 @@ mod tests {
             (T::IQ4_NL, T::Q8_0),
             (T::IQ4_XS, T::Q8_K),
             (T::MXFP4, T::Q8_0),
+            (T::IQ2_XXS, T::Q8_K),
+            (T::IQ2_XS, T::Q8_K),
+            (T::IQ2_S, T::Q8_K),
         ];
         for (w, a) in expect {
             let o = ops(w).unwrap();
@@ -682,7 +700,7 @@ mod tests {
             ..avx2
         };
         assert_eq!(kernel_for(GgmlType::Q4_K, no_f16c).unwrap(), "scalar");
-        assert!(kernel_for(GgmlType::IQ2_XXS, avx2).is_err());
+        assert!(kernel_for(GgmlType::TQ1_0, avx2).is_err());
     }
 
     /// Deterministic pseudo-random bytes (xorshift).

@@ -612,6 +612,9 @@ unsafe fn dot_iq4_xs_avx2(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
     hsum_ps(acc)
 }
 
+mod iq2;
+pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs};
+
 mod tiles;
 pub(super) use tiles::{
     drive, prefetch_rows, shapes, tile_kernels, tile_q4_1, tile_q4_k, tile_q5_0, tile_q8_0,
