@@ -36,7 +36,10 @@ fn magnitude(ty: GgmlType, w: &[u8], act: &[u8], n: usize) -> f64 {
         let d = f32::from_le_bytes(b[..4].try_into().unwrap());
         b[4..260].iter().map(move |&q| q as i8 as f32 * d)
     });
-    wf.iter().zip(af).map(|(w, a)| (*w as f64 * a as f64).abs()).sum()
+    wf.iter()
+        .zip(af)
+        .map(|(w, a)| (*w as f64 * a as f64).abs())
+        .sum()
 }
 
 const TYPES: [GgmlType; 3] = [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S];
@@ -60,7 +63,11 @@ fn iq2_dots_match_ggml() {
                     let fast = ops_with_caps(ty, caps).unwrap();
                     assert_eq!(fast.kernel_name(), "avx2", "{ty}");
                     let got = fast.vec_dot(n, &w, &act).unwrap();
-                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} n={n}: {got} vs ggml {want}");
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{ty} n={n}: {got} vs ggml {want}"
+                    );
                 }
             }
             let s = slow.vec_dot(n, &w, &act).unwrap();

@@ -863,10 +863,10 @@ mod tests {
 
     #[test]
     fn unsupported_names_the_supported_types() {
-        let err = ops(GgmlType::IQ2_XXS).err().unwrap();
+        let err = ops(GgmlType::TQ1_0).err().unwrap();
         let msg = err.to_string();
         assert!(
-            msg.contains("iq2_xxs") && msg.contains("q4_K") && msg.contains("mxfp4"),
+            msg.contains("tq1_0") && msg.contains("q4_K") && msg.contains("mxfp4"),
             "{msg}"
         );
         let e = quantize_row(GgmlType::Q3_K, &[0.0; 256]).unwrap_err();

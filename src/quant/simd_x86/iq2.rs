@@ -74,8 +74,10 @@ unsafe fn dot_iq2_xxs_avx2(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
             let q8_2 = load32(&y.qs[32 * ib + 32..]);
             let (a0, a1) = x.aux(ib);
             let (a2, a3) = x.aux(ib + 1);
-            let grid = |a: u32| grid4([0, 1, 2, 3].map(|l| IQ2XXS_GRID[(a >> (8 * l)) as usize & 255]));
-            let signs = |a: u32| grid4([0, 1, 2, 3].map(|l| KEVEN_SIGNS[(a >> (7 * l)) as usize & 127]));
+            let grid =
+                |a: u32| grid4([0, 1, 2, 3].map(|l| IQ2XXS_GRID[(a >> (8 * l)) as usize & 255]));
+            let signs =
+                |a: u32| grid4([0, 1, 2, 3].map(|l| KEVEN_SIGNS[(a >> (7 * l)) as usize & 127]));
             let dot1 = _mm256_maddubs_epi16(grid(a0), _mm256_sign_epi8(q8_1, signs(a1)));
             let dot2 = _mm256_maddubs_epi16(grid(a2), _mm256_sign_epi8(q8_2, signs(a3)));
             let ls1 = (a1 >> 28) as i16;
@@ -98,7 +100,10 @@ unsafe fn dot_iq2_xxs_avx2(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
 unsafe fn scales_16(scales: &[u8; 8]) -> __m128i {
     let m4 = _mm_set1_epi8(0xF);
     let s = _mm_set1_epi64x(i64::from_le_bytes(*scales));
-    let s = _mm_unpacklo_epi8(_mm_and_si128(s, m4), _mm_and_si128(_mm_srli_epi16(s, 4), m4));
+    let s = _mm_unpacklo_epi8(
+        _mm_and_si128(s, m4),
+        _mm_and_si128(_mm_srli_epi16(s, 4), m4),
+    );
     _mm_add_epi8(_mm_slli_epi16(s, 1), _mm_set1_epi8(1))
 }
 
@@ -108,7 +113,10 @@ unsafe fn scales_16(scales: &[u8; 8]) -> __m128i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn sign_masks(signs: __m256i, spread: __m256i) -> __m256i {
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(signs, spread), bit), bit)
+    _mm256_cmpeq_epi8(
+        _mm256_and_si256(_mm256_shuffle_epi8(signs, spread), bit),
+        bit,
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -203,10 +211,13 @@ unsafe fn dot_iq2_s_avx2(w: &[BlockIQ2S], a: &[BlockQ8K]) -> f32 {
             for (k, p) in p.iter_mut().enumerate() {
                 let sb = ib + k;
                 let qh = x.qh[sb] as usize;
-                let g = grid4([0, 1, 2, 3].map(|l| {
-                    IQ2S_GRID[x.qs[4 * sb + l] as usize | ((qh << (8 - 2 * l)) & 0x300)]
-                }));
-                let s4 = u32::from_le_bytes(x.qs[32 + 4 * sb..36 + 4 * sb].try_into().unwrap_unchecked());
+                let g =
+                    grid4([0, 1, 2, 3].map(|l| {
+                        IQ2S_GRID[x.qs[4 * sb + l] as usize | ((qh << (8 - 2 * l)) & 0x300)]
+                    }));
+                let s4 = u32::from_le_bytes(
+                    x.qs[32 + 4 * sb..36 + 4 * sb].try_into().unwrap_unchecked(),
+                );
                 let s = sign_masks(_mm256_set1_epi32(s4 as i32), spread);
                 let q8 = load32(&y.qs[32 * sb..]);
                 let q8s = _mm256_sub_epi8(_mm256_xor_si256(s, q8), s);
