@@ -55,10 +55,10 @@ const fn parity_80() -> [u8; 16] {
     t
 }
 
-/// Four grid points (8 bytes each) as one vector, `g[0]` lowest.
+/// Four u64 (grid points, sign vectors) as one vector, `g[0]` lowest.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn grid4(g: [u64; 4]) -> __m256i {
+unsafe fn u64x4(g: [u64; 4]) -> __m256i {
     _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64)
 }
 
@@ -75,9 +75,9 @@ unsafe fn dot_iq2_xxs_avx2(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
             let (a0, a1) = x.aux(ib);
             let (a2, a3) = x.aux(ib + 1);
             let grid =
-                |a: u32| grid4([0, 1, 2, 3].map(|l| IQ2XXS_GRID[(a >> (8 * l)) as usize & 255]));
+                |a: u32| u64x4([0, 1, 2, 3].map(|l| IQ2XXS_GRID[(a >> (8 * l)) as usize & 255]));
             let signs =
-                |a: u32| grid4([0, 1, 2, 3].map(|l| KEVEN_SIGNS[(a >> (7 * l)) as usize & 127]));
+                |a: u32| u64x4([0, 1, 2, 3].map(|l| KEVEN_SIGNS[(a >> (7 * l)) as usize & 127]));
             let dot1 = _mm256_maddubs_epi16(grid(a0), _mm256_sign_epi8(q8_1, signs(a1)));
             let dot2 = _mm256_maddubs_epi16(grid(a2), _mm256_sign_epi8(q8_2, signs(a3)));
             let ls1 = (a1 >> 28) as i16;
@@ -107,8 +107,9 @@ unsafe fn scales_16(scales: &[u8; 8]) -> __m128i {
     _mm_add_epi8(_mm_slli_epi16(s, 1), _mm_set1_epi8(1))
 }
 
-/// Sign bytes of four groups (`signs.to_le_bytes()`, group 0 lowest) spread
-/// over 32 bytes: 0xFF where the group's bit `j % 8` is set, else 0.
+/// Per-weight sign masks of 32 weights: output byte `j` is 0xFF where bit
+/// `j % 8` of the sign byte `spread[j]` picks from `signs` (within its
+/// 128-bit lane) is set, else 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn sign_masks(signs: __m256i, spread: __m256i) -> __m256i {
@@ -162,7 +163,7 @@ unsafe fn dot_iq2_xs_avx2(w: &[BlockIQ2XS], a: &[BlockQ8K]) -> f32 {
             .map(|(f, s)| _mm256_or_si256(sign_masks(f, s), mone));
             let mut dot = [_mm256_setzero_si256(); 4];
             for k in 0..4 {
-                let g = grid4([0, 1, 2, 3].map(|l| IQ2XS_GRID[gindex[4 * k + l] as usize & 511]));
+                let g = u64x4([0, 1, 2, 3].map(|l| IQ2XS_GRID[gindex[4 * k + l] as usize & 511]));
                 let q8 = _mm256_sign_epi8(load32(&y.qs[32 * (ib + k)..]), q8s[k]);
                 let sc = _mm_shuffle_epi8(scales, scale_pair(ib + k));
                 dot[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(g, q8), _mm256_cvtepi8_epi16(sc));
@@ -212,7 +213,7 @@ unsafe fn dot_iq2_s_avx2(w: &[BlockIQ2S], a: &[BlockQ8K]) -> f32 {
                 let sb = ib + k;
                 let qh = x.qh[sb] as usize;
                 let g =
-                    grid4([0, 1, 2, 3].map(|l| {
+                    u64x4([0, 1, 2, 3].map(|l| {
                         IQ2S_GRID[x.qs[4 * sb + l] as usize | ((qh << (8 - 2 * l)) & 0x300)]
                     }));
                 let s4 = u32::from_le_bytes(
