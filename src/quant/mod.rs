@@ -66,6 +66,7 @@ mod iq4;
 mod iq_tables;
 mod k_quants;
 mod mxfp4;
+mod nvfp4;
 mod ops;
 mod q4_0;
 mod q4_1;
@@ -84,6 +85,7 @@ pub use iq2::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS};
 pub use iq4::{BlockIQ4NL, BlockIQ4XS};
 pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
 pub use mxfp4::BlockMXFP4;
+pub use nvfp4::BlockNVFP4;
 pub use ops::{
     dequantize_row, kernel_for, ops, ops_with_caps, quantize_activations, quantize_row, scalar_ops,
     CpuCaps, QuantOps, SUPPORTED_TYPES,
@@ -143,7 +145,8 @@ pub trait ActBlock: Pod + Send + Sync + 'static {
 }
 
 /// A kernel of one weight type: `dot(n, w, a)` over `n` elements, where
-/// `w.len() == a.len() == n / BLOCK`.
+/// `w.len() == n / BLOCK` and `a.len() == n / Act::BLOCK` (equal except for
+/// NVFP4, whose 64-element blocks span two Q8_0 blocks).
 pub type DotFn<B> = fn(usize, &[B], &[<B as GgmlBlock>::Act]) -> f32;
 
 /// A dot-product kernel and a name for logs and benches ("avx2", "scalar").

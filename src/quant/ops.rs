@@ -3,7 +3,7 @@
 //! row-level helpers the backends call.
 
 use super::{
-    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K,
+    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K, BlockQ4K,
     BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
     DotFn, GgmlBlock, QuantError,
 };
@@ -13,7 +13,7 @@ use half::{bf16, f16};
 use std::sync::{Mutex, OnceLock};
 
 /// Weight types with dequantisation and dot products here.
-pub const SUPPORTED_TYPES: [GgmlType; 19] = [
+pub const SUPPORTED_TYPES: [GgmlType; 20] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -33,6 +33,7 @@ pub const SUPPORTED_TYPES: [GgmlType; 19] = [
     GgmlType::IQ2_XXS,
     GgmlType::IQ2_XS,
     GgmlType::IQ2_S,
+    GgmlType::NVFP4,
 ];
 
 /// CPU features the kernels may use. [`CpuCaps::detect`] reads the running
@@ -189,6 +190,7 @@ impl TileKernels for BlockMXFP4 {}
 impl TileKernels for BlockIQ2XXS {}
 impl TileKernels for BlockIQ2XS {}
 impl TileKernels for BlockIQ2S {}
+impl TileKernels for BlockNVFP4 {}
 
 /// [`QuantOps`] for block type `B` with a fixed dot kernel.
 struct BlockOps<B: GgmlBlock> {
@@ -408,7 +410,8 @@ impl<B: TileKernels> QuantOps for BlockOps<B> {
             tile(nb, &w, &a, out);
             return Ok(());
         }
-        for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nb)) {
+        let nab = n / <B::Act as ActBlock>::BLOCK;
+        for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nab)) {
             for (o, row) in o.iter_mut().zip(w.chunks_exact(nb)) {
                 *o = (self.dot)(n, row, act);
             }
@@ -438,6 +441,7 @@ struct Table {
     iq2_xxs: BlockOps<BlockIQ2XXS>,
     iq2_xs: BlockOps<BlockIQ2XS>,
     iq2_s: BlockOps<BlockIQ2S>,
+    nvfp4: BlockOps<BlockNVFP4>,
     /// The caps the kernels were chosen with.
     caps: CpuCaps,
 }
@@ -465,6 +469,7 @@ impl Table {
             iq2_xxs: BlockOps::new(caps),
             iq2_xs: BlockOps::new(caps),
             iq2_s: BlockOps::new(caps),
+            nvfp4: BlockOps::new(caps),
         }
     }
 
@@ -490,6 +495,7 @@ impl Table {
             T::IQ2_XXS => &self.iq2_xxs,
             T::IQ2_XS => &self.iq2_xs,
             T::IQ2_S => &self.iq2_s,
+            T::NVFP4 => &self.nvfp4,
             _ => {
                 return Err(QuantError::Unsupported {
                     ty,
@@ -657,6 +663,7 @@ mod tests {
             (T::IQ2_XXS, T::Q8_K),
             (T::IQ2_XS, T::Q8_K),
             (T::IQ2_S, T::Q8_K),
+            (T::NVFP4, T::Q8_0),
         ];
         for (w, a) in expect {
             let o = ops(w).unwrap();
@@ -727,7 +734,7 @@ mod tests {
         for ty in SUPPORTED_TYPES {
             for caps in levels {
                 let o = ops_with_caps(ty, caps).unwrap();
-                let n = if ty.block_size() == 256 { 512 } else { 96 };
+                let n = if ty.block_size() >= 64 { 512 } else { 96 };
                 for (n_rows, n_acts) in [
                     (1, 1),
                     (3, 1),
