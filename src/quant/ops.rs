@@ -697,6 +697,10 @@ mod tests {
             kernel_for(GgmlType::Q5_K, avx512).unwrap() == "avx2",
             expect_simd_x86()
         );
+        // ggml has only AVX2 paths for the IQ2 formats; AVX-512 CPUs run them.
+        for ty in [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S] {
+            assert_eq!(kernel_for(ty, avx512).unwrap() == "avx2", expect_simd_x86());
+        }
         let expect_simd = cfg!(target_arch = "x86_64");
         assert_eq!(
             kernel_for(GgmlType::Q4_K, avx2).unwrap() == "avx2",
