@@ -222,6 +222,9 @@ fn block_sizes_match_ggml() {
         (GgmlType::IQ4_NL, size_of::<BlockIQ4NL>()),
         (GgmlType::IQ4_XS, size_of::<BlockIQ4XS>()),
         (GgmlType::MXFP4, size_of::<BlockMXFP4>()),
+        (GgmlType::IQ2_XXS, size_of::<BlockIQ2XXS>()),
+        (GgmlType::IQ2_XS, size_of::<BlockIQ2XS>()),
+        (GgmlType::IQ2_S, size_of::<BlockIQ2S>()),
     ];
     for (ty, size) in sizes {
         assert_eq!(size, ty.type_size(), "{ty}");
@@ -563,7 +566,7 @@ fn bad_lengths_are_errors_not_panics() {
     assert!(quantize_activations(GgmlType::Q8_K, &[0.0; 100], &mut out).is_err());
     assert!(quantize_activations(GgmlType::Q4_K, &[0.0; 256], &mut out).is_err());
     assert!(matches!(
-        ops(GgmlType::IQ2_XXS),
+        ops(GgmlType::TQ1_0),
         Err(QuantError::Unsupported { .. })
     ));
     assert!(matches!(

@@ -316,10 +316,10 @@ fn gen_model_lists_the_valid_types() {
         "--preset",
         "tiny",
         "--type",
-        "iq2_xxs",
+        "tq1_0",
         "-o",
         s(&dir.join("m.gguf")),
     ]);
-    assert!(e.contains("unknown type `iq2_xxs`; use one of"), "{e}");
+    assert!(e.contains("unknown type `tq1_0`; use one of"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -62,6 +62,7 @@ mod common;
 mod float;
 mod iq1;
 mod iq3;
+mod iq2;
 mod iq4;
 #[allow(dead_code)] // until the i-quant formats use every table
 mod iq_tables;
@@ -84,6 +85,7 @@ use std::borrow::Cow;
 
 pub use iq1::{BlockIQ1M, BlockIQ1S};
 pub use iq3::{BlockIQ3S, BlockIQ3XXS};
+pub use iq2::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS};
 pub use iq4::{BlockIQ4NL, BlockIQ4XS};
 pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
 pub use mxfp4::BlockMXFP4;

@@ -8,12 +8,13 @@ use super::{
     DotFn, GgmlBlock, QuantError,
 };
 use super::{BlockIQ1M, BlockIQ1S, BlockIQ3S, BlockIQ3XXS};
+use super::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS};
 use crate::tensor::GgmlType;
 use half::{bf16, f16};
 use std::sync::{Mutex, OnceLock};
 
 /// Weight types with dequantisation and dot products here.
-pub const SUPPORTED_TYPES: [GgmlType; 21] = [
+pub const SUPPORTED_TYPES: [GgmlType; 24] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -30,6 +31,9 @@ pub const SUPPORTED_TYPES: [GgmlType; 21] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
     GgmlType::NVFP4,
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
@@ -188,6 +192,9 @@ impl TileKernels for BlockQ6K {}
 impl TileKernels for BlockIQ4NL {}
 impl TileKernels for BlockIQ4XS {}
 impl TileKernels for BlockMXFP4 {}
+impl TileKernels for BlockIQ2XXS {}
+impl TileKernels for BlockIQ2XS {}
+impl TileKernels for BlockIQ2S {}
 impl TileKernels for BlockNVFP4 {}
 impl TileKernels for BlockIQ3XXS {}
 impl TileKernels for BlockIQ3S {}
@@ -440,6 +447,9 @@ struct Table {
     iq4_nl: BlockOps<BlockIQ4NL>,
     iq4_xs: BlockOps<BlockIQ4XS>,
     mxfp4: BlockOps<BlockMXFP4>,
+    iq2_xxs: BlockOps<BlockIQ2XXS>,
+    iq2_xs: BlockOps<BlockIQ2XS>,
+    iq2_s: BlockOps<BlockIQ2S>,
     nvfp4: BlockOps<BlockNVFP4>,
     iq3_xxs: BlockOps<BlockIQ3XXS>,
     iq3_s: BlockOps<BlockIQ3S>,
@@ -469,6 +479,9 @@ impl Table {
             iq4_nl: BlockOps::new(caps),
             iq4_xs: BlockOps::new(caps),
             mxfp4: BlockOps::new(caps),
+            iq2_xxs: BlockOps::new(caps),
+            iq2_xs: BlockOps::new(caps),
+            iq2_s: BlockOps::new(caps),
             nvfp4: BlockOps::new(caps),
             iq3_xxs: BlockOps::new(caps),
             iq3_s: BlockOps::new(caps),
@@ -496,6 +509,9 @@ impl Table {
             T::IQ4_NL => &self.iq4_nl,
             T::IQ4_XS => &self.iq4_xs,
             T::MXFP4 => &self.mxfp4,
+            T::IQ2_XXS => &self.iq2_xxs,
+            T::IQ2_XS => &self.iq2_xs,
+            T::IQ2_S => &self.iq2_s,
             T::NVFP4 => &self.nvfp4,
             T::IQ3_XXS => &self.iq3_xxs,
             T::IQ3_S => &self.iq3_s,
@@ -665,6 +681,9 @@ mod tests {
             (T::IQ4_NL, T::Q8_0),
             (T::IQ4_XS, T::Q8_K),
             (T::MXFP4, T::Q8_0),
+            (T::IQ2_XXS, T::Q8_K),
+            (T::IQ2_XS, T::Q8_K),
+            (T::IQ2_S, T::Q8_K),
             (T::NVFP4, T::Q8_0),
             (T::IQ3_XXS, T::Q8_K),
             (T::IQ3_S, T::Q8_K),
@@ -703,6 +722,10 @@ mod tests {
             kernel_for(GgmlType::Q5_K, avx512).unwrap() == "avx2",
             expect_simd_x86()
         );
+        // ggml has only AVX2 paths for the IQ2 formats; AVX-512 CPUs run them.
+        for ty in [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S] {
+            assert_eq!(kernel_for(ty, avx512).unwrap() == "avx2", expect_simd_x86());
+        }
         let expect_simd = cfg!(target_arch = "x86_64");
         assert_eq!(
             kernel_for(GgmlType::Q4_K, avx2).unwrap() == "avx2",
@@ -714,7 +737,7 @@ mod tests {
             ..avx2
         };
         assert_eq!(kernel_for(GgmlType::Q4_K, no_f16c).unwrap(), "scalar");
-        assert!(kernel_for(GgmlType::IQ2_XXS, avx2).is_err());
+        assert!(kernel_for(GgmlType::TQ1_0, avx2).is_err());
     }
 
     /// Deterministic pseudo-random bytes (xorshift).

@@ -620,6 +620,8 @@ mod iq1;
 mod iq3;
 pub(crate) use iq1::{dot_iq1_m, dot_iq1_s};
 pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
+mod iq2;
+pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs};
 
 mod tiles;
 pub(super) use tiles::{
