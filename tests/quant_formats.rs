@@ -170,13 +170,18 @@ fn low_bit_dot_products_equal_ggml_bit_for_bit() {
             eprintln!("{ty}: not supported yet");
             continue;
         }
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("tests/goldens/quant/dot_{}.json", ty.name().to_lowercase()));
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+            "tests/goldens/quant/dot_{}.json",
+            ty.name().to_lowercase()
+        ));
         let doc: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let fast = ops(ty).unwrap();
         let slow = scalar_ops(ty).unwrap();
-        assert_eq!(doc["act_type"].as_str().unwrap(), fast.act_type().name().to_uppercase());
+        assert_eq!(
+            doc["act_type"].as_str().unwrap(),
+            fast.act_type().name().to_uppercase()
+        );
         for case in doc["cases"].as_array().unwrap() {
             let n = case["n"].as_u64().unwrap() as usize;
             let w = unhex(case["weights"].as_str().unwrap());

@@ -99,7 +99,10 @@ fn expert_bytes(layers: &[(usize, Vec<&TensorInfo>)]) -> Result<u64, ModelError>
     // (n_layers times it never falls short of the sum).
     let mut sum = 0u64;
     for (_, ts) in layers {
-        sum += longhaul::slot_tensors(ts)?.iter().map(|t| t.bytes).sum::<u64>();
+        sum += longhaul::slot_tensors(ts)?
+            .iter()
+            .map(|t| t.bytes)
+            .sum::<u64>();
     }
     Ok(sum.div_ceil(layers.len().max(1) as u64))
 }

@@ -3,9 +3,9 @@
 //! row-level helpers the backends call.
 
 use super::{
-    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K, BlockQ4K,
-    BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
-    DotFn, GgmlBlock, QuantError,
+    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
+    BlockQ8_1, DotFn, GgmlBlock, QuantError,
 };
 use super::{BlockIQ1M, BlockIQ1S, BlockIQ3S, BlockIQ3XXS};
 use super::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS};

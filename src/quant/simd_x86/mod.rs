@@ -12,8 +12,8 @@
 
 use super::common::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::{
-    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
+    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 use half::{bf16, f16};
 use std::arch::x86_64::*;
