@@ -41,11 +41,12 @@ pub enum GgmlType {
     TQ1_0 = 34,
     TQ2_0 = 35,
     MXFP4 = 39,
+    NVFP4 = 40,
 }
 
 impl GgmlType {
     /// Every type this crate knows the geometry of.
-    pub const ALL: [GgmlType; 32] = [
+    pub const ALL: [GgmlType; 33] = [
         Self::F32,
         Self::F16,
         Self::Q4_0,
@@ -78,6 +79,7 @@ impl GgmlType {
         Self::TQ1_0,
         Self::TQ2_0,
         Self::MXFP4,
+        Self::NVFP4,
     ];
 
     /// The type with ggml id `id`, or `None` for an unknown or removed id.
@@ -93,6 +95,7 @@ impl GgmlType {
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S
             | IQ3_S | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => 256,
+            NVFP4 => 64,
         }
     }
 
@@ -128,6 +131,7 @@ impl GgmlType {
             TQ1_0 => 54,
             TQ2_0 => 66,
             MXFP4 => 17,
+            NVFP4 => 36,
         }
     }
 
@@ -167,6 +171,7 @@ impl GgmlType {
             TQ1_0 => "tq1_0",
             TQ2_0 => "tq2_0",
             MXFP4 => "mxfp4",
+            NVFP4 => "nvfp4",
         }
     }
 

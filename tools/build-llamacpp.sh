@@ -4,6 +4,7 @@
 #   LLAMACPP_DIR (default: ~/.cache/longhaul/llama.cpp) receives source and build.
 #   LLAMA_CPP_PYTHON_VERSION (default: 0.3.36) pins the sdist, hence the llama.cpp
 #   revision the goldens in tests/goldens were made with.
+# Builds the tools below plus llama-imatrix and test-backend-ops (LLAMA_BUILD_TESTS=ON).
 # Needs python3 + pip, a C/C++ compiler; cmake is taken from PATH or installed
 # (as a PyPI wheel) into "$LLAMACPP_DIR/tools-venv".
 # Prints the bin directory on its last line.
@@ -29,9 +30,13 @@ if ! command -v cmake >/dev/null 2>&1; then
 fi
 src="$dir/src/vendor/llama.cpp"
 cmake -S "$src" -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
-  -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
+  -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
 cmake --build build -j "$(nproc)" --target llama-cli llama-completion llama-bench llama-server \
   llama-quantize llama-tokenize llama-perplexity llama-gguf-split 2>&1 | tail -n 3 || \
 cmake --build build -j "$(nproc)" --target llama-cli llama-bench llama-server \
   llama-quantize llama-tokenize llama-perplexity llama-gguf-split 2>&1 | tail -n 3
+# llama-imatrix (importance matrices for the i-quant fixtures, tools/make-iq-fixtures.sh) and
+# test-backend-ops (ggml's own per-op checks; needs LLAMA_BUILD_TESTS=ON above, which only
+# adds targets: building them relinks nothing that the tools above use)
+cmake --build build -j "$(nproc)" --target llama-imatrix test-backend-ops 2>&1 | tail -n 3
 echo "$dir/build/bin"

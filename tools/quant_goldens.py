@@ -45,7 +45,19 @@ RANDOM = {
     T.IQ4_NL: (128, [0], None),
     T.IQ4_XS: (512, [0], None),
     T.MXFP4: (128, [], 0),
+    T.IQ2_XXS: (512, [0], None),
+    T.IQ2_XS: (512, [0], None),
+    T.IQ2_S: (512, [0], None),
+    T.IQ3_XXS: (512, [0], None),
+    T.IQ3_S: (512, [0], None),
+    T.IQ1_S: (512, [0], None),
+    T.IQ1_M: (512, [], None),  # its f16 scale is spread over nibbles: see random_bytes
+    T.NVFP4: (256, [], None),  # UE4M3 scales: see random_bytes
 }
+# The low-bit formats of issue 14: goldens also hold blocks of ggml's own
+# quantiser (ggml_quantize_chunk, what llama-quantize calls, with an
+# importance matrix) and ggml's CPU dot products on them (dot_<type>.json).
+LOW_BIT = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.NVFP4]
 QUANTIZABLE = {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4}
 
 
@@ -70,6 +82,17 @@ def random_bytes(rng, ty, n, scale_offs, e_off):
         raw[:, off:off + 2] = d.view(np.uint8).reshape(nb, 2)
     if e_off is not None:
         raw[:, e_off] = rng.integers(115, 135, nb, dtype=np.uint8)
+    if ty == T.IQ1_M:
+        # scales: 4 little-endian u16 at 48; the top nibble of each holds 4 bits
+        # of the super-block's f16 scale (word 0 the lowest).
+        d = rng.uniform(0.001, 0.05, nb).astype("<f2").view("<u2")
+        for w in range(4):
+            nib = (d >> (4 * w)) & 0xF
+            raw[:, 48 + 2 * w + 1] = (raw[:, 48 + 2 * w + 1] & 0x0F) | (nib << 4).astype(np.uint8)
+    if ty == T.NVFP4:
+        # four UE4M3 sub-block scales per block, modest exponents (and a zero).
+        raw[:, 0:4] = rng.integers(0x18, 0x48, (nb, 4), dtype=np.uint8)
+        raw[0, 1] = 0
     return raw
 
 
@@ -102,14 +125,83 @@ def ggml_cases(libdir):
     return extra, acts
 
 
+class TypeTraitsCpu(ctypes.Structure):
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
+                ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
+
+
+VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t,
+                           ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                           ctypes.c_int)
+FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+def low_bit_cases(libdir):
+    """ggml_quantize_chunk blocks (with an importance matrix) for LOW_BIT types and
+    ggml's CPU vec_dot on quantised and random blocks against its own activation
+    quantiser. Returns ({type: dequant case}, {type: dot doc})."""
+    base = ctypes.CDLL(os.path.join(libdir, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(os.path.join(libdir, "libggml-cpu.so"))
+    cpu.ggml_cpu_init.restype = None
+    cpu.ggml_cpu_init()
+    cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TypeTraitsCpu)
+    cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+    base.ggml_quantize_chunk.restype = ctypes.c_size_t
+    base.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    deq, dots = {}, {}
+    for i, ty in enumerate(LOW_BIT):
+        rng = np.random.default_rng(4321 + i)
+        bs, ts = quants.GGML_QUANT_SIZES[ty]
+        n, rows = 512, 3
+        x = (rng.standard_normal((rows, n)) * rng.uniform(0.1, 3.0)).astype(np.float32)
+        x[1, 64:96] = 0.0  # an all-zero run
+        imat = rng.uniform(0.1, 4.0, n).astype(np.float32)
+        q = np.zeros(rows * n // bs * ts, dtype=np.uint8)
+        got = base.ggml_quantize_chunk(int(ty), x.ctypes.data, q.ctypes.data, 0, rows, n, imat.ctypes.data)
+        assert got == q.size, (ty, got, q.size)
+        deq[ty] = {"name": "quantized", "n": rows * n, "input": hexf32(x), "bytes": q.tobytes().hex(),
+                   "dequant": hexf32(quants.dequantize(q, ty)),
+                   "source": "libggml-base ggml_quantize_chunk with a random importance matrix"}
+        tr = cpu.ggml_get_type_traits_cpu(int(ty)).contents
+        at = tr.vec_dot_type
+        abs_, ats = quants.GGML_QUANT_SIZES[T(at)]
+        act_from = FROM_FLOAT(cpu.ggml_get_type_traits_cpu(at).contents.from_float)
+        dot = VEC_DOT(tr.vec_dot)
+        rand = random_bytes(rng, ty, rows * n, *RANDOM[ty][1:]).reshape(-1)
+        cases = []
+        for kind, wbytes in (("quantized", q), ("random", np.ascontiguousarray(rand))):
+            for r in range(rows):
+                w = np.ascontiguousarray(wbytes[r * (n // bs * ts):(r + 1) * (n // bs * ts)])
+                y = (rng.standard_normal(n) * rng.uniform(0.2, 2.0)).astype(np.float32)
+                a = np.zeros(n // abs_ * ats, dtype=np.uint8)
+                act_from(y.ctypes.data, a.ctypes.data, n)
+                out = ctypes.c_float(0.0)
+                dot(n, ctypes.byref(out), 0, w.ctypes.data, 0, a.ctypes.data, 0, 1)
+                cases.append({"name": f"{kind} row {r}", "n": n, "weights": w.tobytes().hex(),
+                              "act": a.tobytes().hex(),
+                              "dot": np.array([out.value], dtype="<f4").tobytes().hex()})
+        dots[ty] = {"type": ty.name, "act_type": T(at).name,
+                    "source": "libggml-cpu ggml_get_type_traits_cpu(type)->vec_dot and the activation "
+                              "type's from_float (ggml's x86 build, GGML_NATIVE)", "cases": cases}
+    return deq, dots
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     total = 0
     extra, acts = {}, {}
     if "--libggml" in sys.argv:
-        extra, acts = ggml_cases(sys.argv[sys.argv.index("--libggml") + 1])
+        libdir = sys.argv[sys.argv.index("--libggml") + 1]
+        extra, acts = ggml_cases(libdir)
+        low, dots = low_bit_cases(libdir)
+        for ty, case in low.items():
+            extra[ty] = case
+        for ty, doc in dots.items():
+            acts[f"dot_{ty.name}"] = doc
         for name, doc in acts.items():
-            path = os.path.join(OUT, f"act_{name.lower()}.json")
+            stem = name.lower() if name.startswith("dot_") else f"act_{name.lower()}"
+            path = os.path.join(OUT, f"{stem}.json")
             with open(path, "w") as f:
                 json.dump(doc, f, separators=(",", ":"))
                 f.write("\n")

@@ -106,16 +106,21 @@ pub fn gen_model(a: GenModelArgs) -> anyhow::Result<()> {
 /// `--type NAME`: a type synthetic experts can have.
 fn expert_type(name: &str) -> anyhow::Result<GgmlType> {
     let valid = synth::writable_types();
+    let list = || {
+        valid
+            .iter()
+            .map(|t| t.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     match GgmlType::from_name(name) {
         Some(t) if valid.contains(&t) => Ok(t),
-        _ => anyhow::bail!(
-            "unknown type `{name}`; use one of {}",
-            valid
-                .iter()
-                .map(|t| t.name())
-                .collect::<Vec<_>>()
-                .join(", ")
+        Some(t) if longhaul::quant::ops(t).is_ok() => anyhow::bail!(
+            "longhaul reads `{name}` but has no quantiser for it: quantise a model with \
+             llama-quantize (its i-quants below 4 bits need --imatrix), or use one of {}",
+            list()
         ),
+        _ => anyhow::bail!("unknown type `{name}`; use one of {}", list()),
     }
 }
 

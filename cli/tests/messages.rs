@@ -307,10 +307,21 @@ fn gen_model_lists_the_valid_types() {
     ]);
     assert!(e.contains("unknown type `q9`"), "{e}");
     // ggml's names of types longhaul can quantise.
-    for t in ["q4_0", "q8_0", "q4_K", "q6_K", "iq4_xs", "mxfp4", "f16"] {
+    for t in ["q4_0", "q8_0", "q4_K", "q6_K", "mxfp4", "f16"] {
         assert!(e.contains(t), "`{t}` not listed: {e}");
     }
     // A type ggml knows but longhaul cannot write is refused the same way.
+    let e = error_line(&[
+        "gen-model",
+        "--preset",
+        "tiny",
+        "--type",
+        "tq1_0",
+        "-o",
+        s(&dir.join("m.gguf")),
+    ]);
+    assert!(e.contains("unknown type `tq1_0`; use one of"), "{e}");
+    // A type longhaul reads but cannot quantise says so.
     let e = error_line(&[
         "gen-model",
         "--preset",
@@ -320,6 +331,9 @@ fn gen_model_lists_the_valid_types() {
         "-o",
         s(&dir.join("m.gguf")),
     ]);
-    assert!(e.contains("unknown type `iq2_xxs`; use one of"), "{e}");
+    assert!(
+        e.contains("reads `iq2_xxs` but has no quantiser") && e.contains("llama-quantize"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -344,6 +344,8 @@ impl<B: Backend> Model<B> {
 
     /// `(MoE layers, bytes of one expert across a layer's routed tensors)`:
     /// a longhaul budget of `n * layers * bytes` gives `n` slots per layer.
+    /// Where layers store their experts in different types, each layer's
+    /// slots take that layer's size and `bytes` is their mean, rounded up.
     pub fn expert_slot_cost(&self) -> Result<(usize, u64), ModelError> {
         stream::slot_cost(self)
     }

@@ -93,11 +93,18 @@ impl<S: SlotStore> Runtime<S> {
 
 /// The largest one-expert size over the layers' routed tensors.
 fn expert_bytes(layers: &[(usize, Vec<&TensorInfo>)]) -> Result<u64, ModelError> {
-    let mut max = 0u64;
+    // Layers may store their experts in different types (the "dynamic"
+    // low-bit mixes): each layer's slots take its own size, so one slot in
+    // every layer costs the sum; as a per-layer figure, its mean rounded up
+    // (n_layers times it never falls short of the sum).
+    let mut sum = 0u64;
     for (_, ts) in layers {
-        max = max.max(longhaul::slot_tensors(ts)?.iter().map(|t| t.bytes).sum());
+        sum += longhaul::slot_tensors(ts)?
+            .iter()
+            .map(|t| t.bytes)
+            .sum::<u64>();
     }
-    Ok(max)
+    Ok(sum.div_ceil(layers.len().max(1) as u64))
 }
 
 /// The routed tensors of every MoE layer.

@@ -3,16 +3,18 @@
 //! row-level helpers the backends call.
 
 use super::{
-    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K,
-    BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
-    DotFn, GgmlBlock, QuantError,
+    cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
+    BlockQ8_1, DotFn, GgmlBlock, QuantError,
 };
+use super::{BlockIQ1M, BlockIQ1S, BlockIQ3S, BlockIQ3XXS};
+use super::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS};
 use crate::tensor::GgmlType;
 use half::{bf16, f16};
 use std::sync::{Mutex, OnceLock};
 
 /// Weight types with dequantisation and dot products here.
-pub const SUPPORTED_TYPES: [GgmlType; 16] = [
+pub const SUPPORTED_TYPES: [GgmlType; 24] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -29,6 +31,14 @@ pub const SUPPORTED_TYPES: [GgmlType; 16] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::NVFP4,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
 /// CPU features the kernels may use. [`CpuCaps::detect`] reads the running
@@ -182,6 +192,14 @@ impl TileKernels for BlockQ6K {}
 impl TileKernels for BlockIQ4NL {}
 impl TileKernels for BlockIQ4XS {}
 impl TileKernels for BlockMXFP4 {}
+impl TileKernels for BlockIQ2XXS {}
+impl TileKernels for BlockIQ2XS {}
+impl TileKernels for BlockIQ2S {}
+impl TileKernels for BlockNVFP4 {}
+impl TileKernels for BlockIQ3XXS {}
+impl TileKernels for BlockIQ3S {}
+impl TileKernels for BlockIQ1S {}
+impl TileKernels for BlockIQ1M {}
 
 /// [`QuantOps`] for block type `B` with a fixed dot kernel.
 struct BlockOps<B: GgmlBlock> {
@@ -401,7 +419,8 @@ impl<B: TileKernels> QuantOps for BlockOps<B> {
             tile(nb, &w, &a, out);
             return Ok(());
         }
-        for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nb)) {
+        let nab = n / <B::Act as ActBlock>::BLOCK;
+        for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nab)) {
             for (o, row) in o.iter_mut().zip(w.chunks_exact(nb)) {
                 *o = (self.dot)(n, row, act);
             }
@@ -428,6 +447,14 @@ struct Table {
     iq4_nl: BlockOps<BlockIQ4NL>,
     iq4_xs: BlockOps<BlockIQ4XS>,
     mxfp4: BlockOps<BlockMXFP4>,
+    iq2_xxs: BlockOps<BlockIQ2XXS>,
+    iq2_xs: BlockOps<BlockIQ2XS>,
+    iq2_s: BlockOps<BlockIQ2S>,
+    nvfp4: BlockOps<BlockNVFP4>,
+    iq3_xxs: BlockOps<BlockIQ3XXS>,
+    iq3_s: BlockOps<BlockIQ3S>,
+    iq1_s: BlockOps<BlockIQ1S>,
+    iq1_m: BlockOps<BlockIQ1M>,
     /// The caps the kernels were chosen with.
     caps: CpuCaps,
 }
@@ -452,6 +479,14 @@ impl Table {
             iq4_nl: BlockOps::new(caps),
             iq4_xs: BlockOps::new(caps),
             mxfp4: BlockOps::new(caps),
+            iq2_xxs: BlockOps::new(caps),
+            iq2_xs: BlockOps::new(caps),
+            iq2_s: BlockOps::new(caps),
+            nvfp4: BlockOps::new(caps),
+            iq3_xxs: BlockOps::new(caps),
+            iq3_s: BlockOps::new(caps),
+            iq1_s: BlockOps::new(caps),
+            iq1_m: BlockOps::new(caps),
         }
     }
 
@@ -474,6 +509,14 @@ impl Table {
             T::IQ4_NL => &self.iq4_nl,
             T::IQ4_XS => &self.iq4_xs,
             T::MXFP4 => &self.mxfp4,
+            T::IQ2_XXS => &self.iq2_xxs,
+            T::IQ2_XS => &self.iq2_xs,
+            T::IQ2_S => &self.iq2_s,
+            T::NVFP4 => &self.nvfp4,
+            T::IQ3_XXS => &self.iq3_xxs,
+            T::IQ3_S => &self.iq3_s,
+            T::IQ1_S => &self.iq1_s,
+            T::IQ1_M => &self.iq1_m,
             _ => {
                 return Err(QuantError::Unsupported {
                     ty,
@@ -638,6 +681,14 @@ mod tests {
             (T::IQ4_NL, T::Q8_0),
             (T::IQ4_XS, T::Q8_K),
             (T::MXFP4, T::Q8_0),
+            (T::IQ2_XXS, T::Q8_K),
+            (T::IQ2_XS, T::Q8_K),
+            (T::IQ2_S, T::Q8_K),
+            (T::NVFP4, T::Q8_0),
+            (T::IQ3_XXS, T::Q8_K),
+            (T::IQ3_S, T::Q8_K),
+            (T::IQ1_S, T::Q8_K),
+            (T::IQ1_M, T::Q8_K),
         ];
         for (w, a) in expect {
             let o = ops(w).unwrap();
@@ -671,6 +722,10 @@ mod tests {
             kernel_for(GgmlType::Q5_K, avx512).unwrap() == "avx2",
             expect_simd_x86()
         );
+        // ggml has only AVX2 paths for the IQ2 formats; AVX-512 CPUs run them.
+        for ty in [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S] {
+            assert_eq!(kernel_for(ty, avx512).unwrap() == "avx2", expect_simd_x86());
+        }
         let expect_simd = cfg!(target_arch = "x86_64");
         assert_eq!(
             kernel_for(GgmlType::Q4_K, avx2).unwrap() == "avx2",
@@ -682,7 +737,7 @@ mod tests {
             ..avx2
         };
         assert_eq!(kernel_for(GgmlType::Q4_K, no_f16c).unwrap(), "scalar");
-        assert!(kernel_for(GgmlType::IQ2_XXS, avx2).is_err());
+        assert!(kernel_for(GgmlType::TQ1_0, avx2).is_err());
     }
 
     /// Deterministic pseudo-random bytes (xorshift).
@@ -708,7 +763,7 @@ mod tests {
         for ty in SUPPORTED_TYPES {
             for caps in levels {
                 let o = ops_with_caps(ty, caps).unwrap();
-                let n = if ty.block_size() == 256 { 512 } else { 96 };
+                let n = if ty.block_size() >= 64 { 512 } else { 96 };
                 for (n_rows, n_acts) in [
                     (1, 1),
                     (3, 1),
@@ -845,10 +900,10 @@ mod tests {
 
     #[test]
     fn unsupported_names_the_supported_types() {
-        let err = ops(GgmlType::IQ2_XXS).err().unwrap();
+        let err = ops(GgmlType::TQ1_0).err().unwrap();
         let msg = err.to_string();
         assert!(
-            msg.contains("iq2_xxs") && msg.contains("q4_K") && msg.contains("mxfp4"),
+            msg.contains("tq1_0") && msg.contains("q4_K") && msg.contains("mxfp4"),
             "{msg}"
         );
         let e = quantize_row(GgmlType::Q3_K, &[0.0; 256]).unwrap_err();

@@ -12,8 +12,8 @@
 
 use super::common::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::{
-    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
+    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -57,7 +57,7 @@ pub(super) unsafe fn load32(p: &[i8]) -> __m256i {
 /// hold -128 where `x` is negative (sign trick).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mul_sum_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
+pub(super) unsafe fn mul_sum_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
     let ax = _mm256_sign_epi8(x, x);
     let sy = _mm256_sign_epi8(y, x);
     _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
@@ -95,6 +95,10 @@ safe_wrapper!(dot_q2_k, dot_q2_k_avx2, BlockQ2K, BlockQ8K);
 safe_wrapper!(dot_q3_k, dot_q3_k_avx2, BlockQ3K, BlockQ8K);
 safe_wrapper!(dot_q5_k, dot_q5_k_avx2, BlockQ5K, BlockQ8K);
 safe_wrapper!(dot_iq4_xs, dot_iq4_xs_avx2, BlockIQ4XS, BlockQ8K);
+safe_wrapper!(dot_nvfp4, dot_nvfp4_avx2, BlockNVFP4, BlockQ8_0);
+
+mod nvfp4;
+use nvfp4::dot_nvfp4_avx2;
 
 /// Shared float loop: `load(i)` gives 8 f32 from element `i`.
 macro_rules! float_dot {
@@ -611,6 +615,13 @@ unsafe fn dot_iq4_xs_avx2(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
     }
     hsum_ps(acc)
 }
+
+mod iq1;
+mod iq3;
+pub(crate) use iq1::{dot_iq1_m, dot_iq1_s};
+pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
+mod iq2;
+pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs};
 
 mod tiles;
 pub(super) use tiles::{

@@ -1,0 +1,121 @@
+//! AVX2 kernels of IQ1_S and IQ1_M against Q8_K: ggml's
+//! `ggml_vec_dot_iq1_s_q8_K` / `ggml_vec_dot_iq1_m_q8_K` (x86 AVX2 path),
+//! with the same integer work and the same float accumulation, so the
+//! results are bit-identical to ggml's:
+//! - IQ1_S: one 8-lane FMA chain for the grid term and a scalar FMA chain
+//!   (`accum1 += d * sumi1`, contracted by GCC) for the delta term, added
+//!   as `hsum(accum) + IQ1S_DELTA * accum1`;
+//! - IQ1_M: two 8-lane FMA chains, `hsum(accum1) + IQ1M_DELTA * hsum(accum2)`.
+//!
+//! ggml has no AVX-512 variant of these; this is also what AVX-512 machines
+//! run.
+
+use super::{h2f, hsum_ps, load32};
+use crate::quant::iq1::IQ1_DELTA;
+use crate::quant::iq_tables::IQ1S_GRID;
+use crate::quant::{BlockIQ1M, BlockIQ1S, BlockQ8K};
+use std::arch::x86_64::*;
+
+safe_wrapper!(dot_iq1_s, dot_iq1_s_avx2, BlockIQ1S, BlockQ8K);
+safe_wrapper!(dot_iq1_m, dot_iq1_m_avx2, BlockIQ1M, BlockQ8K);
+
+/// Four 8-byte grid entries, entry `i` in 64-bit lane `i`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn grid_x4(idx: [usize; 4]) -> __m256i {
+    let g = |i: usize| IQ1S_GRID[idx[i]] as i64;
+    _mm256_set_epi64x(g(3), g(2), g(1), g(0))
+}
+
+/// ggml's `mul_add_epi8`: `maddubs(|x|, sign(y, x))`, 16 i16 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq1_s_avx2(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
+    let mut accum = _mm256_setzero_ps();
+    let mut accum1 = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let mut sumi = _mm256_setzero_si256();
+        let mut sumi1 = 0i32;
+        for ib in (0..8).step_by(2) {
+            let q1_1 = grid_x4(std::array::from_fn(|l| x.index(ib, l)));
+            let q1_2 = grid_x4(std::array::from_fn(|l| x.index(ib + 1, l)));
+            let dot1 = mul_add_epi8(q1_1, load32(&y.qs[32 * ib..]));
+            let dot2 = mul_add_epi8(q1_2, load32(&y.qs[32 * ib + 32..]));
+            let (ls1, ls2) = (x.scale(ib), x.scale(ib + 1));
+            let p1 = _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1 as i16));
+            let p2 = _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2 as i16));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
+            let bsum = |k: usize| y.bsums[k] as i32 + y.bsums[k + 1] as i32;
+            sumi1 += bsum(2 * ib) * x.delta_sign(ib) * ls1
+                + bsum(2 * ib + 2) * x.delta_sign(ib + 1) * ls2;
+        }
+        let d = y.d * h2f(x.d);
+        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accum);
+        accum1 = d.mul_add(sumi1 as f32, accum1);
+    }
+    hsum_ps(accum) + IQ1_DELTA * accum1
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq1_m_avx2(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
+    let mask = _mm256_set1_epi16(0x7);
+    let mone = _mm256_set1_epi16(1);
+    let mone8 = _mm256_set1_epi8(1);
+    let mtwo8 = _mm256_set1_epi8(2);
+    // The 3-bit scales of the halves: words 0..4 of the low 128 bits are
+    // the first halves of even sub-blocks, words 4..8 of odd ones; the high
+    // 128 bits hold the second halves (`vpshufb` does not cross lanes).
+    let scales_shift = _mm256_set_epi64x(9, 3, 6, 0);
+    let mut accum1 = _mm256_setzero_ps();
+    let mut accum2 = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let sc = u64::from_le_bytes(x.scales);
+        let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc as i64), scales_shift);
+        let scales = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(scales, mask), 1), mone);
+        // Byte indices repeating one scale word over 8 words.
+        let mut scales_idx1 = _mm256_set1_epi16(0x0100);
+        let mut scales_idx2 = _mm256_add_epi8(scales_idx1, _mm256_set1_epi8(8));
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib in (0..8).step_by(2) {
+            let q1_1 = grid_x4(std::array::from_fn(|l| x.index(ib, l)));
+            let q1_2 = grid_x4(std::array::from_fn(|l| x.index(ib + 1, l)));
+            // Each group of 8 bytes: 1, or -1 where its delta is negative.
+            let deltas = |ib: usize| {
+                let s = |l: usize| {
+                    if x.delta_sign(ib, l) < 0 {
+                        -1i64
+                    } else {
+                        0x0101_0101_0101_0101
+                    }
+                };
+                _mm256_set_epi64x(s(3), s(2), s(1), s(0))
+            };
+            let q8_1 = load32(&y.qs[32 * ib..]);
+            let q8_2 = load32(&y.qs[32 * ib + 32..]);
+            let dot1 = mul_add_epi8(q1_1, q8_1);
+            let dot2 = mul_add_epi8(q1_2, q8_2);
+            let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8_1, deltas(ib)));
+            let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8_2, deltas(ib + 1)));
+            let scale1 = _mm256_shuffle_epi8(scales, scales_idx1);
+            let scale2 = _mm256_shuffle_epi8(scales, scales_idx2);
+            scales_idx1 = _mm256_add_epi8(scales_idx1, mtwo8);
+            scales_idx2 = _mm256_add_epi8(scales_idx2, mtwo8);
+            let p1 = _mm256_madd_epi16(dot1, scale1);
+            let p2 = _mm256_madd_epi16(dot2, scale2);
+            let p3 = _mm256_madd_epi16(dot3, scale1);
+            let p4 = _mm256_madd_epi16(dot4, scale2);
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p1, p2));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p3, p4));
+        }
+        let d = _mm256_set1_ps(y.d * h2f(x.d()));
+        accum1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), accum1);
+        accum2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), accum2);
+    }
+    hsum_ps(accum1) + IQ1_DELTA * hsum_ps(accum2)
+}
