@@ -23,7 +23,7 @@ use longhaul::tensor::GgmlType;
 const BOUND: f64 = 5e-4;
 const GET_ROWS_BOUND: f64 = 1e-10;
 
-const TYPES: [GgmlType; 16] = [
+const TYPES: [GgmlType; 24] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -40,6 +40,29 @@ const TYPES: [GgmlType; 16] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::NVFP4,
+];
+
+/// The low-bit formats (i-quants reading a grid, NVFP4): each its own block
+/// size and layout, so all of them run on every device variant, and their
+/// dequantisation is checked against gguf-py's as well (tests/goldens/quant,
+/// tools/quant_goldens.py).
+const LOW_BIT: [GgmlType; 8] = [
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::NVFP4,
 ];
 
 /// One type per block family (float, 32-blocks with odd sizes, K-quants,
@@ -107,7 +130,17 @@ fn weight_bytes(ty: GgmlType, k: usize, n_rows: usize, seed: u64) -> Vec<u8> {
     let (d_at, dmin, scale) = scale_fields(ty);
     for blk in out.chunks_mut(ty.type_size()) {
         let d = scale * rng.uniform(0.5, 1.5);
-        blk[d_at..d_at + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        let h = half::f16::from_f32(d);
+        if ty == GgmlType::IQ1_M {
+            // Its f16 scale is the top nibbles of the four u16 scale words at 48.
+            let h = h.to_bits();
+            for k in 0..4 {
+                let at = 49 + 2 * k;
+                blk[at] = (blk[at] & 0x0f) | ((((h >> (4 * k)) & 0xf) as u8) << 4);
+            }
+            continue;
+        }
+        blk[d_at..d_at + 2].copy_from_slice(&h.to_le_bytes());
         if let Some((at, ratio)) = dmin {
             let m = half::f16::from_f32(d * ratio);
             blk[at..at + 2].copy_from_slice(&m.to_le_bytes());
@@ -322,7 +355,8 @@ fn mul_mat_id_every_type() {
     worst.print("default device");
 }
 
-/// One type per block family on every device variant; on the 64 KiB one
+/// One type per block family and every low-bit format on every device
+/// variant; on the 64 KiB one
 /// both the matrix and the stacked experts are split into several parts.
 #[test]
 fn device_variants_and_split_weights() {
@@ -331,12 +365,15 @@ fn device_variants_and_split_weights() {
     let mut worst = Worst::default();
     for (name, g) in variants() {
         let split = name == "64KiB-bindings";
-        for (i, &ty) in FAMILY.iter().enumerate() {
+        for (i, &ty) in FAMILY.iter().chain(&LOW_BIT).enumerate() {
             let s = seed.wrapping_add(3000 * i as u64);
             let what = format!("{ty:?} on {name} (seed {seed})");
             // Rows of 1024 keep activations within one 64 KiB binding for
-            // t <= 7 while the matrix spans several parts.
-            let w = weight(&g, ty, &[1024, 181, 1], s);
+            // t <= 7 while the matrix spans several parts (at least 181
+            // rows, more for the low-bit formats' short rows).
+            let row = ty.row_bytes(1024).unwrap() as u64;
+            let n = 181.max(2 * 65536 / row + 17);
+            let w = weight(&g, ty, &[1024, n, 1], s);
             if split {
                 assert!(w.0.parts.len() > 1, "{what}: matrix not split");
             }
@@ -349,7 +386,10 @@ fn device_variants_and_split_weights() {
             // Wide tiles with rows short enough for 37 tokens in 64 KiB.
             let w = weight(&g, ty, &[256, 75, 1], s + 1);
             worst.record(ty, "matmul t=37", check_matmul(&g, &w, 37, s + 2, &what));
-            let w = weight(&g, ty, &[256, 64, 12], s + 3);
+            // 12 experts of at least 64 rows, in 2 or more 64 KiB parts.
+            let row = ty.row_bytes(256).unwrap() as u64;
+            let n = 64.max(3 * 65536 / 2 / (12 * row));
+            let w = weight(&g, ty, &[256, n, 12], s + 3);
             if split {
                 assert!(w.0.parts.len() > 1, "{what}: experts not split");
             }
@@ -408,18 +448,6 @@ fn large_dispatches_use_a_2d_grid() {
     check_get_rows(&g, &w, &ids, &what);
 }
 
-/// The formats whose GPU dequantisation is checked against gguf-py's numpy
-/// dequantisation (tests/goldens/quant, tools/quant_goldens.py) as well.
-const GOLDEN_TYPES: [GgmlType; 7] = [
-    GgmlType::IQ1_S,
-    GgmlType::IQ1_M,
-    GgmlType::IQ2_XXS,
-    GgmlType::IQ2_XS,
-    GgmlType::IQ2_S,
-    GgmlType::IQ3_XXS,
-    GgmlType::IQ3_S,
-];
-
 fn unhex(s: &str) -> Vec<u8> {
     (0..s.len())
         .step_by(2)
@@ -456,7 +484,7 @@ fn golden_blocks(ty: GgmlType) -> Vec<(Vec<u8>, Vec<f32>)> {
 #[test]
 fn get_rows_matches_ggml_goldens() {
     for (name, g) in variants() {
-        for &ty in &GOLDEN_TYPES {
+        for &ty in &LOW_BIT {
             let blocks = golden_blocks(ty);
             let (bs, per_row) = (ty.block_size(), 3);
             // Enough rows for three 64 KiB parts.

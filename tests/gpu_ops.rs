@@ -345,14 +345,14 @@ fn gpu_unsupported_errors_point_to_the_cpu() {
     let g = gpu_util::gpu();
     // A weight type the GPU kernels do not read.
     let w = GpuWeight {
-        ty: GgmlType::IQ2_XXS,
+        ty: GgmlType::TQ1_0,
         ne: [256, 4, 1],
-        row_bytes: 66,
-        expert_stride: 264,
+        row_bytes: 54,
+        expert_stride: 216,
         parts: Vec::new(),
     };
     let x = g.from_host(vec![1.0; 256], 1, 256).unwrap();
-    let e = g.matmul(&w, &x).expect_err("iq2_xxs is unsupported");
+    let e = g.matmul(&w, &x).expect_err("tq1_0 is unsupported");
     assert!(matches!(e, BackendError::Unsupported { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(

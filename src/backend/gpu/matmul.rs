@@ -118,6 +118,7 @@ fn type_flag(ty: GgmlType) -> Option<&'static str> {
         IQ2_S => "T_IQ2_S",
         IQ3_XXS => "T_IQ3_XXS",
         IQ3_S => "T_IQ3_S",
+        NVFP4 => "T_NVFP4",
         _ => return None,
     })
 }
