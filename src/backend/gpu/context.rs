@@ -322,16 +322,16 @@ impl Ctx {
     }
 
     /// The read-only table `name`, uploaded from `data()` on first use.
-    pub fn table(
+    pub fn table<E: From<GpuError>>(
         &self,
         name: &'static str,
-        data: impl FnOnce() -> Vec<u8>,
-    ) -> Result<Arc<wgpu::Buffer>, GpuError> {
+        data: impl FnOnce() -> Result<Vec<u8>, E>,
+    ) -> Result<Arc<wgpu::Buffer>, E> {
         let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = t.get(name) {
             return Ok(b.clone());
         }
-        let buf = Arc::new(self.upload(&data(), name)?);
+        let buf = Arc::new(self.upload(&data()?, name)?);
         t.insert(name, buf.clone());
         Ok(buf)
     }

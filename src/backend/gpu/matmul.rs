@@ -165,14 +165,14 @@ fn grid_buffer(b: &GpuBackend, ty: GgmlType) -> Result<Option<Arc<wgpu::Buffer>>
     let Some(name) = type_grid(ty) else {
         return Ok(None);
     };
-    let words = iq_table(name).ok_or_else(|| BackendError::Unsupported {
-        op: "i-quant grid (shaders/iq_tables.wgsl)",
-        backend: "gpu",
-        dtype: ty,
+    let buf = b.ctx().table(name, || {
+        let words = iq_table(name).ok_or(BackendError::Unsupported {
+            op: "i-quant grid (shaders/iq_tables.wgsl)",
+            backend: "gpu",
+            dtype: ty,
+        })?;
+        Ok::<_, BackendError>(bytemuck::cast_slice(&words).to_vec())
     })?;
-    let buf = b
-        .ctx()
-        .table(name, || bytemuck::cast_slice(&words).to_vec())?;
     Ok(Some(buf))
 }
 
