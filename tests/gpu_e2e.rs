@@ -126,23 +126,39 @@ fn quantised_models_agree_on_top1() {
         .collect();
     names.push("gpt-oss-mxfp4.gguf".into());
     for name in names {
-        let cpu = Model::load(CpuBackend::new(), open(&name)).expect("cpu load");
-        let gpu = Model::load(g.clone(), open(&name)).expect("gpu load");
-        let want = top1(&cpu, GgmlType::F16);
-        let floor = agreement(&top1(&cpu, GgmlType::F32), &want);
-        let got = agreement(&top1(&gpu, GgmlType::F16), &want);
-        let got32 = agreement(&top1(&gpu, GgmlType::F32), &top1(&cpu, GgmlType::F32));
-        eprintln!(
-            "{name}: GPU vs CPU {got}/256 (f32 KV: {got32}/256); CPU f16 vs f32 KV {floor}/256"
-        );
-        assert!(
-            256 - got <= 2 * (256 - floor)
-                && got32 >= floor
-                && got * 100 >= 90 * 256
-                && got32 * 100 >= 95 * 256,
-            "{name}: GPU vs CPU top-1 {got}/256 (f32 KV {got32}/256), CPU's own floor {floor}/256"
-        );
+        check_top1(&g, &name);
     }
+}
+
+/// As [`quantised_models_agree_on_top1`], for the `iqmoe` fixtures (qwen3moe
+/// with routed experts in each low-bit format: the i-quants reading a grid,
+/// NVFP4).
+#[test]
+fn low_bit_models_agree_on_top1() {
+    let g = gpu_util::gpu();
+    for fmt in [
+        "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "nvfp4",
+    ] {
+        check_top1(&g, &format!("iqmoe-{fmt}.gguf"));
+    }
+}
+
+/// The top-1 agreement bound of [`quantised_models_agree_on_top1`] on fixture `name`.
+fn check_top1(g: &longhaul::backend::gpu::GpuBackend, name: &str) {
+    let cpu = Model::load(CpuBackend::new(), open(name)).expect("cpu load");
+    let gpu = Model::load(g.clone(), open(name)).expect("gpu load");
+    let want = top1(&cpu, GgmlType::F16);
+    let floor = agreement(&top1(&cpu, GgmlType::F32), &want);
+    let got = agreement(&top1(&gpu, GgmlType::F16), &want);
+    let got32 = agreement(&top1(&gpu, GgmlType::F32), &top1(&cpu, GgmlType::F32));
+    eprintln!("{name}: GPU vs CPU {got}/256 (f32 KV: {got32}/256); CPU f16 vs f32 KV {floor}/256");
+    assert!(
+        256 - got <= 2 * (256 - floor)
+            && got32 >= floor
+            && got * 100 >= 90 * 256
+            && got32 * 100 >= 95 * 256,
+        "{name}: GPU vs CPU top-1 {got}/256 (f32 KV {got32}/256), CPU's own floor {floor}/256"
+    );
 }
 
 /// As [`float_models_generate_the_cpu_tokens`], for the new families: the
