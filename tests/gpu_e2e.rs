@@ -199,8 +199,15 @@ fn new_families_generate_the_cpu_tokens() {
 #[test]
 fn gpu_longhaul_equals_gpu_resident() {
     let g = gpu_util::gpu();
-    for arch in ARCHS.into_iter().chain(NEW_FAMILIES).chain(HYBRID_FAMILIES) {
-        let name = format!("{arch}-q4_k_m.gguf");
+    // Experts in slots of 4-byte strides whatever their blocks: also those
+    // of 50-byte (IQ1_S) and 36-byte (NVFP4) blocks.
+    let names = ARCHS
+        .into_iter()
+        .chain(NEW_FAMILIES)
+        .chain(HYBRID_FAMILIES)
+        .map(|arch| format!("{arch}-q4_k_m.gguf"))
+        .chain(["iqmoe-iq1_s.gguf".into(), "iqmoe-nvfp4.gguf".into()]);
+    for name in names {
         let resident = Model::load(g.clone(), open(&name)).expect("gpu load");
         let want = greedy(&resident, 12);
         let (layers, per_slot) = resident.expert_slot_cost().expect("cost");
