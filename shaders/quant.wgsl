@@ -7,6 +7,8 @@
 //   const BLK: u32        elements per block (1 for F32/F16/BF16)
 //   const BLK_BYTES: u32  bytes per block
 //   const T_<TYPE>: u32   = 1, selecting one `deq4` below
+//   const HAS_GRID: u32   = 1 for the i-quants reading a grid (bind group 1)
+//   const IQ_SIGNS: u32   = 1 for those with ksigns-coded signs
 // and kernels call `deq4(blk, i)`: the 4 consecutive values `i..i+4` (i a
 // multiple of 4) of the block starting at byte `blk`. For the float types a
 // "block" is one element and `deq4` returns 4 consecutive elements.

@@ -18,6 +18,10 @@
 //!   with at most [`MV_TOK`] pairs gets one mat-vec work item (decode); an
 //!   expert with more gets one item per token tile of the grouped GEMM.
 //!
+//! The i-quants also read their grid (shaders/iq_tables.wgsl), uploaded
+//! once per device and bound as bind group 1 (quant.wgsl says why it is
+//! not a WGSL `const`).
+//!
 //! Weights larger than one storage binding come in parts (rows of a matrix,
 //! experts of a stacked tensor, see [`GpuWeight`]); every op dispatches per
 //! part. Activations are f32 rows. Nothing here knows about models.
