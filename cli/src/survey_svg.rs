@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use plotters::coord::ranged1d::IntoWithKeyPoints;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::prelude::*;
 
 use crate::survey_table::Group;
@@ -62,7 +62,6 @@ fn panel(
         (lo / 2.0, hi * 2.0)
     };
     let n = g.rows.len().max(1);
-    let centres: Vec<f64> = (0..n).map(|i| i as f64 + 0.5).collect();
     let names: Vec<&str> = g.rows.iter().map(|r| r.ty.name()).collect();
     let mut chart = ChartBuilder::on(area)
         .caption(
@@ -72,19 +71,11 @@ fn panel(
         .margin(8)
         .x_label_area_size(28)
         .y_label_area_size(64)
-        .build_cartesian_2d(
-            (0f64..n as f64).with_key_points(centres),
-            (lo..hi).log_scale(),
-        )?;
+        .build_cartesian_2d(0f64..n as f64, (lo..hi).log_scale())?;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| {
-            names
-                .get(x.floor().max(0.0) as usize)
-                .map_or(String::new(), |s| s.to_string())
-        })
+        .x_labels(0)
         .y_desc("ps / (bit · token)")
         .y_label_formatter(&|y| format!("{y:.3}"))
         .draw()?;
@@ -101,6 +92,18 @@ fn panel(
             .draw_series(bars)?
             .label(format!("t{t}"))
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
+    }
+    // The type names under their bar groups (plotters' axis labels sit on
+    // its own key points, not on categories).
+    let style = TextStyle::from(("sans-serif", 12)).pos(Pos::new(HPos::Center, VPos::Top));
+    let base = area.get_base_pixel();
+    for (i, name) in names.iter().enumerate() {
+        let (px, py) = chart.backend_coord(&(i as f64 + 0.5, lo));
+        area.draw(&Text::new(
+            name.to_string(),
+            (px - base.0, py - base.1 + 6),
+            style.clone(),
+        ))?;
     }
     chart
         .configure_series_labels()
