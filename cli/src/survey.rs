@@ -144,7 +144,8 @@ fn random_blocks(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut bytes: Vec<u8> = (0..n / ty.block_size() * ts)
         .map(|_| rng.next() as u8)
         .collect();
-    let f16_at: &[usize] = match ty.name() {
+    let name = ty.name().to_ascii_uppercase();
+    let f16_at: &[usize] = match name.as_str() {
         "Q4_0" | "Q5_0" | "Q8_0" | "IQ4_NL" | "IQ4_XS" | "IQ1_S" | "IQ2_XXS" | "IQ2_XS"
         | "IQ2_S" | "IQ3_XXS" | "IQ3_S" => &[0],
         "Q4_1" | "Q5_1" | "Q4_K" | "Q5_K" => &[0, 2],
@@ -158,7 +159,7 @@ fn random_blocks(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
         for &off in f16_at {
             block[off..off + 2].copy_from_slice(&d.to_le_bytes());
         }
-        match ty.name() {
+        match name.as_str() {
             // E8M0 exponent near 2^-6.
             "MXFP4" => block[0] = 115 + (rng.next() % 10) as u8,
             // Four UE4M3 sub-block scales in [2^-4, 2^-1).

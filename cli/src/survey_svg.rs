@@ -151,7 +151,7 @@ mod tests {
         assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
         let pos = |s: &str| svg.find(&format!(">{s}<")).unwrap_or_else(|| panic!("{s}"));
         // Rank order at t1: F32 (least per bit), Q8_0, Q4_K.
-        assert!(pos("F32") < pos("Q8_0") && pos("Q8_0") < pos("Q4_K"), "{svg}");
+        assert!(pos("f32") < pos("q8_0") && pos("q8_0") < pos("q4_K"), "{svg}");
         assert!(svg.contains(">t1<") && svg.contains(">t8<"));
         // The five bars are filled with the two token counts' colours.
         let fill = |c: RGBColor| format!("fill=\"#{:02X}{:02X}{:02X}\"", c.0, c.1, c.2);

@@ -459,11 +459,11 @@ mod tests {
         // Q8_0: 1 us over 2048*768*8.5 bits = 0.075 ps/bit; twice ggml's time.
         assert_eq!(
             cells(lines[2]),
-            ["1", "Q8_0", "8.50", "avx2", "1.00 ± 0.00", "0.075", "2.00"]
+            ["1", "q8_0", "8.50", "avx2", "1.00 ± 0.00", "0.075", "2.00"]
         );
         assert_eq!(
             cells(lines[3]),
-            ["2", "Q4_K", "4.50", "avx2", "5.00 ± 1.41", "0.706", "-"]
+            ["2", "q4_K", "4.50", "avx2", "5.00 ± 1.41", "0.706", "-"]
         );
         assert!(md.contains("## CPU, 2 threads: gate/up 2048 x 768"), "{md}");
         assert_eq!(lines.len(), 4);
