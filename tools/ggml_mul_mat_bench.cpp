@@ -8,7 +8,8 @@
 // For each type: a weight [k, m] (ggml: m rows of k values) quantised from
 // random values with ggml_quantize_chunk (types that need an importance
 // matrix get a flat one), activations [k, n] of f32, one MUL_MAT node
-// computed with the CPU backend in a plain CPU buffer (no repack: the
+// computed with the CPU backend (a persistent thread pool, as llama.cpp's
+// contexts use) in a plain CPU buffer (no repack: the
 // weights are read in GGUF layout, as longhaul reads them). One warm-up
 // product, then per repetition the product repeated for at least --min-ms
 // milliseconds; one line per (type, n):
@@ -117,6 +118,15 @@ int main(int argc, char **argv) {
         return 1;
     }
     ggml_backend_cpu_set_n_threads(backend, threads);
+    // A persistent thread pool, as llama.cpp's contexts hold one (without it
+    // every graph_compute starts and joins its threads).
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+    ggml_threadpool_t pool = ggml_threadpool_new(&tpp);
+    if (!pool) {
+        fprintf(stderr, "ggml_threadpool_new failed\n");
+        return 1;
+    }
+    ggml_backend_cpu_set_threadpool(backend, pool);
     printf("# ggml_mul_mat_bench: ggml CPU backend, %d threads, %d repetitions of at least %.1f ms\n",
            threads, reps, min_ms);
     std::mt19937 rng(1234);
@@ -194,5 +204,6 @@ int main(int argc, char **argv) {
     }
     ggml_quantize_free();
     ggml_backend_free(backend);
+    ggml_threadpool_free(pool);
     return 0;
 }
