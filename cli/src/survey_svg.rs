@@ -77,7 +77,11 @@ fn panel(
         .disable_x_mesh()
         .x_labels(0)
         .y_desc("ps / (bit · token)")
-        .y_label_formatter(&|y| format!("{y:.3}"))
+        .y_labels(8)
+        .y_label_formatter(&|y| {
+            let s = format!("{y:.3}");
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        })
         .draw()?;
     let bar = 0.8 / tokens.len().max(1) as f64;
     for (s, &t) in tokens.iter().enumerate() {
@@ -149,10 +153,11 @@ mod tests {
         let groups = rank(&ms, &shapes, &[1, 8], 1);
         let svg = render(&groups, &[1, 8]).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
-        let pos = |s: &str| svg.find(&format!(">{s}<")).unwrap_or_else(|| panic!("{s}"));
+        // plotters writes a text element's content on its own line.
+        let pos = |s: &str| svg.find(&format!("\n{s}\n</text>")).unwrap_or_else(|| panic!("{s}"));
         // Rank order at t1: F32 (least per bit), Q8_0, Q4_K.
         assert!(pos("f32") < pos("q8_0") && pos("q8_0") < pos("q4_K"), "{svg}");
-        assert!(svg.contains(">t1<") && svg.contains(">t8<"));
+        assert!(svg.contains("\nt1\n</text>") && svg.contains("\nt8\n</text>"));
         // The five bars are filled with the two token counts' colours.
         let fill = |c: RGBColor| format!("fill=\"#{:02X}{:02X}{:02X}\"", c.0, c.1, c.2);
         let bars = |c| svg.matches(&fill(c)).count();
