@@ -59,7 +59,7 @@ fn panel(
     let (lo, hi) = if values.is_empty() {
         (0.1, 1.0)
     } else {
-        (lo / 2.0, hi * 2.0)
+        (lo / 2.0, hi * 5.0)
     };
     let n = g.rows.len().max(1);
     let names: Vec<&str> = g.rows.iter().map(|r| r.ty.name()).collect();

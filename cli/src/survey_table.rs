@@ -143,6 +143,19 @@ pub(crate) fn rank(
             ps_per_bit: ps_per_bit(mean_ns, shape, m.ty, m.n_tok),
         });
     }
+    // Placements in the order they were measured, then shapes.
+    let mut places: Vec<(&str, Option<usize>)> = Vec::new();
+    for m in measured {
+        if !places.contains(&(m.placement.as_str(), m.threads)) {
+            places.push((m.placement.as_str(), m.threads));
+        }
+    }
+    let place_of = |g: &Group| {
+        places
+            .iter()
+            .position(|&(p, t)| p == g.placement && t == g.threads)
+    };
+    groups.sort_by_key(|g| (place_of(g), shapes.iter().position(|s| *s == g.shape)));
     let key_col = tokens.iter().position(|&t| t == rank_by);
     for g in &mut groups {
         let key = |r: &Ranked| {
@@ -399,9 +412,13 @@ mod tests {
             m("CPU", 0, T::Q8_0, 8, &[8.0 * 4e-3 * bits(T::Q8_0); 3]),
             m("CPU", 0, T::F16, 1, &[1e-3 * bits(T::F16); 3]),
             m("GPU", 1, T::Q4_K, 1, &[1.0, 2.0, 3.0]),
+            m("CPU", 1, T::Q4_K, 1, &[1.0]),
         ];
         let g = rank(&ms, &shapes(), &[1, 8], 1);
-        assert_eq!(g.len(), 2);
+        // CPU before GPU (measured first), then shapes in order.
+        assert_eq!(g.len(), 3);
+        assert_eq!(g[1].title(), "CPU, 2 threads: down 768 x 2048");
+        let g: Vec<Group> = g.into_iter().filter(|g| g.rows.len() > 1 || g.placement == "GPU").collect();
         let order: Vec<T> = g[0].rows.iter().map(|r| r.ty).collect();
         assert_eq!(order, [T::F16, T::Q8_0, T::Q4_K]);
         let c = g[0].rows[0].cells[0].as_ref().unwrap();
