@@ -163,7 +163,9 @@ fn random_blocks(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
             // E8M0 exponent near 2^-6.
             "MXFP4" => block[0] = 115 + (rng.next() % 10) as u8,
             // Four UE4M3 sub-block scales in [2^-4, 2^-1).
-            "NVFP4" => block[..4].iter_mut().for_each(|b| *b = 0x18 + (rng.next() % 24) as u8),
+            "NVFP4" => block[..4]
+                .iter_mut()
+                .for_each(|b| *b = 0x18 + (rng.next() % 24) as u8),
             // IQ1_M: the f16 super-scale is the top nibbles of scales[0..8].
             "IQ1_M" => {
                 let d = d.to_bits();
@@ -387,10 +389,7 @@ fn push<B: Backend>(
                 tokens
                     .iter()
                     .zip(&per_tok)
-                    .map(|(t, s)| format!(
-                        "t{t} {:.1} us",
-                        crate::bench_out::mean_sd(s).0 / 1e3
-                    ))
+                    .map(|(t, s)| format!("t{t} {:.1} us", crate::bench_out::mean_sd(s).0 / 1e3))
                     .collect::<Vec<_>>()
                     .join(", ")
             );
@@ -532,7 +531,11 @@ pub(crate) fn survey(a: &crate::bench::BenchArgs) -> anyhow::Result<()> {
 fn open_gpu(a: &crate::bench::BenchArgs) -> Option<longhaul::backend::gpu::GpuBackend> {
     use longhaul::backend::gpu::{DeviceChoice, GpuBackend, GpuOptions};
     let cpu_only = a.n_gpu_layers.iter().all(|v| v.trim() == "0");
-    if cpu_only || a.device.as_deref().is_some_and(|d| d.eq_ignore_ascii_case("none")) {
+    if cpu_only
+        || a.device
+            .as_deref()
+            .is_some_and(|d| d.eq_ignore_ascii_case("none"))
+    {
         eprintln!("survey: CPU only (-ngl 0 / --device none)");
         return None;
     }

@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::survey_table::Group;
 
@@ -25,7 +25,12 @@ const PANEL_HEIGHT: u32 = 340;
 
 /// The chart as an SVG document.
 pub(crate) fn render(groups: &[Group], tokens: &[usize]) -> Result<String, String> {
-    let n_types = groups.iter().map(|g| g.rows.len()).max().unwrap_or(0).max(1);
+    let n_types = groups
+        .iter()
+        .map(|g| g.rows.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let width = (120 + n_types * (14 * tokens.len() + 22)).max(720) as u32;
     let height = PANEL_HEIGHT * groups.len().max(1) as u32;
     let mut svg = String::new();
@@ -154,9 +159,15 @@ mod tests {
         let svg = render(&groups, &[1, 8]).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
         // plotters writes a text element's content on its own line.
-        let pos = |s: &str| svg.find(&format!("\n{s}\n</text>")).unwrap_or_else(|| panic!("{s}"));
+        let pos = |s: &str| {
+            svg.find(&format!("\n{s}\n</text>"))
+                .unwrap_or_else(|| panic!("{s}"))
+        };
         // Rank order at t1: F32 (least per bit), Q8_0, Q4_K.
-        assert!(pos("f32") < pos("q8_0") && pos("q8_0") < pos("q4_K"), "{svg}");
+        assert!(
+            pos("f32") < pos("q8_0") && pos("q8_0") < pos("q4_K"),
+            "{svg}"
+        );
         assert!(svg.contains("\nt1\n</text>") && svg.contains("\nt8\n</text>"));
         // The five bars are filled with the two token counts' colours.
         let fill = |c: RGBColor| format!("fill=\"#{:02X}{:02X}{:02X}\"", c.0, c.1, c.2);

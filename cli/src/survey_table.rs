@@ -83,7 +83,11 @@ pub(crate) struct Group {
 impl Group {
     pub(crate) fn title(&self) -> String {
         let place = match self.threads {
-            Some(t) => format!("{}, {t} thread{}", self.placement, if t == 1 { "" } else { "s" }),
+            Some(t) => format!(
+                "{}, {t} thread{}",
+                self.placement,
+                if t == 1 { "" } else { "s" }
+            ),
             None => self.placement.clone(),
         };
         format!(
@@ -110,9 +114,10 @@ pub(crate) fn rank(
         let Some(col) = tokens.iter().position(|&t| t == m.n_tok) else {
             continue;
         };
-        let gi = match groups.iter().position(|g| {
-            g.placement == m.placement && g.threads == m.threads && g.shape == *shape
-        }) {
+        let gi = match groups
+            .iter()
+            .position(|g| g.placement == m.placement && g.threads == m.threads && g.shape == *shape)
+        {
             Some(i) => i,
             None => {
                 groups.push(Group {
@@ -378,7 +383,10 @@ mod tests {
     }
 
     fn shapes() -> Vec<Shape> {
-        vec![Shape::new("gate/up", 2048, 768), Shape::new("down", 768, 2048)]
+        vec![
+            Shape::new("gate/up", 2048, 768),
+            Shape::new("down", 768, 2048),
+        ]
     }
 
     #[test]
@@ -418,7 +426,10 @@ mod tests {
         // CPU before GPU (measured first), then shapes in order.
         assert_eq!(g.len(), 3);
         assert_eq!(g[1].title(), "CPU, 2 threads: down 768 x 2048");
-        let g: Vec<Group> = g.into_iter().filter(|g| g.rows.len() > 1 || g.placement == "GPU").collect();
+        let g: Vec<Group> = g
+            .into_iter()
+            .filter(|g| g.rows.len() > 1 || g.placement == "GPU")
+            .collect();
         let order: Vec<T> = g[0].rows.iter().map(|r| r.ty).collect();
         assert_eq!(order, [T::F16, T::Q8_0, T::Q4_K]);
         let c = g[0].rows[0].cells[0].as_ref().unwrap();
@@ -455,8 +466,9 @@ mod tests {
             m("CPU", 0, T::Q8_0, 1, &[1000.0, 1000.0]),
         ];
         let g = rank(&ms, &shapes(), &[1], 1);
-        let ggml = parse_ggml("ggml_mul_mat type=q8_0 k=2048 m=768 n=1 threads=2 mean_ns=500 sd_ns=1")
-            .unwrap();
+        let ggml =
+            parse_ggml("ggml_mul_mat type=q8_0 k=2048 m=768 n=1 threads=2 mean_ns=500 sd_ns=1")
+                .unwrap();
         let h = Header {
             source: "preset qwen3-30b-a3b".into(),
             cpu: String::new(),
@@ -467,11 +479,22 @@ mod tests {
         let md = markdown(&h, &g, &[1], Some(&ggml));
         let lines: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         let cells = |l: &str| -> Vec<String> {
-            l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect()
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect()
         };
         assert_eq!(
             cells(lines[0]),
-            ["rank", "type", "bpw", "kernel", "t1 us", "t1 ps/bit", "t1 /ggml"]
+            [
+                "rank",
+                "type",
+                "bpw",
+                "kernel",
+                "t1 us",
+                "t1 ps/bit",
+                "t1 /ggml"
+            ]
         );
         // Q8_0: 1 us over 2048*768*8.5 bits = 0.075 ps/bit; twice ggml's time.
         assert_eq!(
