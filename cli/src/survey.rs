@@ -551,3 +551,43 @@ fn open_gpu(a: &crate::bench::BenchArgs) -> Option<longhaul::backend::gpu::GpuBa
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every surveyed type's weights (quantised, or random blocks with the
+    /// scale fields set) dequantise to finite values of a weight's size:
+    /// a type added without its scale layout here fails this test.
+    #[test]
+    fn survey_weights_dequantise_to_sane_values() {
+        let shape = Shape::new("gate/up", 768, 4);
+        for ty in survey_types(&[]).unwrap() {
+            let bytes = weight_bytes(ty, &shape, 2, 7).unwrap();
+            let rb = ty.row_bytes(768).unwrap() as usize;
+            assert_eq!(bytes.len(), rb * 4 * 2, "{ty}");
+            let mut v = vec![f32::NAN; 768 * 8];
+            quant::dequantize_row(ty, &bytes, &mut v).unwrap();
+            let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert!(
+                v.iter().all(|x| x.is_finite()) && max < 1e3,
+                "{ty}: max |w| {max}"
+            );
+            assert!(max > 0.0, "{ty}: all zero");
+        }
+    }
+
+    #[test]
+    fn presets_give_both_expert_shapes() {
+        let s = shapes_from_preset("qwen3-30b-a3b").unwrap();
+        assert_eq!(
+            s,
+            [
+                Shape::new("gate/up", 2048, 768),
+                Shape::new("down", 768, 2048)
+            ]
+        );
+        let e = shapes_from_preset("nope").unwrap_err().to_string();
+        assert!(e.contains("qwen3-30b-a3b"), "{e}");
+    }
+}
