@@ -63,11 +63,11 @@ pub struct SurveyArgs {
     #[arg(long = "survey-min-ms", value_name = "MS", default_value_t = 20.0)]
     pub min_ms: f64,
     /// Survey: write survey.md and survey.svg into this folder.
-    #[arg(long = "survey-out", value_name = "DIR")]
+    #[arg(long = "survey-out", value_name = "DIR", requires = "survey")]
     pub out: Option<PathBuf>,
     /// Survey: llama.cpp's times for the same shapes (the output of
     /// tools/survey-llamacpp.sh), shown as longhaul/ggml ratios.
-    #[arg(long = "llamacpp", value_name = "FILE")]
+    #[arg(long = "llamacpp", value_name = "FILE", requires = "survey")]
     pub llamacpp: Option<PathBuf>,
 }
 
@@ -546,7 +546,7 @@ fn open_gpu(a: &crate::bench::BenchArgs) -> Option<longhaul::backend::gpu::GpuBa
     match GpuBackend::open(&opts) {
         Ok(g) => Some(g),
         Err(e) => {
-            eprintln!("survey: no GPU rows ({e}); `longhaul devices` lists adapters, --device NAME picks one (e.g. llvmpipe)");
+            eprintln!("survey: CPU rows only: {e}");
             None
         }
     }
