@@ -3,7 +3,7 @@
 // beside longhaul's (`--llamacpp FILE`).
 //
 //   ggml_mul_mat_bench --types q4_K,q8_0 --k 2048 --m 768 --n 1,8,32,512
-//                      [--threads 2] [--reps 5] [--min-ms 20]
+//                      [--threads 2] [--reps 5] [--min-ms 20] [--poll 50]
 //
 // For each type: a weight [k, m] (ggml: m rows of k values) quantised from
 // random values with ggml_quantize_chunk (types that need an importance
@@ -61,7 +61,7 @@ static bool type_by_name(const std::string &name, ggml_type *out) {
 
 static void usage(const char *argv0) {
     fprintf(stderr,
-            "usage: %s --types T1,T2 --k K --m M --n N1,N2 [--threads T] [--reps R] [--min-ms MS]\n",
+            "usage: %s --types T1,T2 --k K --m M --n N1,N2 [--threads T] [--reps R] [--min-ms MS] [--poll 0..100]\n",
             argv0);
     exit(2);
 }
@@ -94,6 +94,7 @@ int main(int argc, char **argv) {
     int64_t k = 0, m = 0;
     int threads = 1, reps = 5;
     double min_ms = 20.0;
+    int poll = -1;  // ggml's default (llama.cpp's --poll 50)
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         if (i + 1 >= argc) usage(argv[0]);
@@ -105,6 +106,7 @@ int main(int argc, char **argv) {
         else if (a == "--threads") threads = atoi(v.c_str());
         else if (a == "--reps") reps = atoi(v.c_str());
         else if (a == "--min-ms") min_ms = atof(v.c_str());
+        else if (a == "--poll") poll = atoi(v.c_str());
         else usage(argv[0]);
     }
     if (types.empty() || k <= 0 || m <= 0 || ns.empty() || threads <= 0 || reps <= 0) usage(argv[0]);
@@ -121,14 +123,15 @@ int main(int argc, char **argv) {
     // A persistent thread pool, as llama.cpp's contexts hold one (without it
     // every graph_compute starts and joins its threads).
     ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+    if (poll >= 0) tpp.poll = (uint32_t)poll;
     ggml_threadpool_t pool = ggml_threadpool_new(&tpp);
     if (!pool) {
         fprintf(stderr, "ggml_threadpool_new failed\n");
         return 1;
     }
     ggml_backend_cpu_set_threadpool(backend, pool);
-    printf("# ggml_mul_mat_bench: ggml CPU backend, %d threads, %d repetitions of at least %.1f ms\n",
-           threads, reps, min_ms);
+    printf("# ggml_mul_mat_bench: ggml CPU backend, %d threads (poll %u), %d repetitions of at least %.1f ms\n",
+           threads, tpp.poll, reps, min_ms);
     std::mt19937 rng(1234);
 
     for (const auto &name : types) {
