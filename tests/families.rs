@@ -186,7 +186,13 @@ fn low_bit_experts_match_llamacpp_exact_and_default() {
     for q in LOW_BIT_STEMS {
         let stem = format!("iqmoe-{q}");
         fails.extend(check(&stem, &format!("{stem}.json"), 1e-4, true, EXACT));
-        fails.extend(check(&stem, &format!("{stem}.default.json"), 1e-4, false, DEFAULT));
+        fails.extend(check(
+            &stem,
+            &format!("{stem}.default.json"),
+            1e-4,
+            false,
+            DEFAULT,
+        ));
     }
     assert_none(fails);
 }
