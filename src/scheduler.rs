@@ -576,7 +576,8 @@ impl<B: Backend> Worker<B> {
                 }
                 // Each sampler reads a whole row of logits (greedy: an argmax
                 // over the vocabulary): the slots sample in parallel.
-                let toks: Vec<Result<(u32, Option<TokenProbs>, bool), String>> = ready
+                type Sampled = Result<(u32, Option<TokenProbs>, bool), String>;
+                let toks: Vec<Sampled> = ready
                     .par_iter_mut()
                     .map(|(_, k, a)| Self::sample(a, all.seq(*k)))
                     .collect();

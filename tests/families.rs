@@ -168,6 +168,35 @@ fn f32_and_f16_match_llamacpp_at_its_default_settings() {
     assert_none(fails);
 }
 
+/// Issue 14's low-bit formats: a qwen3moe fixture with rows of 256 whose
+/// routed experts are in each format (attention Q4_K/Q6_K, embeddings and
+/// output Q8_0, as the "dynamic" mixes ship them; llama-quantize with an
+/// importance matrix from llama-imatrix, tools/make_fixtures.py). Against
+/// llama.cpp at its exact path: NMSE <= 1e-4 (issue 14) and the same greedy
+/// 32 tokens (our kernels give ggml's bits: most prompts' logits are
+/// identical). At its defaults: NMSE <= 1e-4 only. There our flash attention
+/// over the f16 cache rounds differently from ggml's (NMSE ~1e-7 on the f32
+/// fixtures above), and activations quantised to Q8_K turn such a last-bit
+/// difference into a whole quantum where a value sits on a rounding
+/// boundary, so these random models (top-2 gaps down to 1.5e-3 in the
+/// goldens) part ways after 10-24 greedy tokens, once on the first.
+#[test]
+fn low_bit_experts_match_llamacpp_exact_and_default() {
+    let mut fails = Vec::new();
+    for q in LOW_BIT_STEMS {
+        let stem = format!("iqmoe-{q}");
+        fails.extend(check(&stem, &format!("{stem}.json"), 1e-4, true, EXACT));
+        fails.extend(check(
+            &stem,
+            &format!("{stem}.default.json"),
+            1e-4,
+            false,
+            DEFAULT,
+        ));
+    }
+    assert_none(fails);
+}
+
 /// `stem`'s F32 file rewritten through our writer, `edit` applied to its
 /// metadata and tensor list, then loaded.
 fn load_edited(

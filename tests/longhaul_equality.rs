@@ -206,3 +206,13 @@ fn longhaul_is_bit_identical_to_resident_on_synthetic_qwen3next() {
     longhaul::synth::write(&spec, &path).expect("write");
     check(&path, "synthetic qwen3next-tiny");
 }
+
+/// Issue 14's low-bit expert formats: the slot bytes are the GGUF bytes of
+/// each format, read and computed in place.
+#[test]
+fn longhaul_is_bit_identical_to_resident_for_the_low_bit_formats() {
+    for q in LOW_BIT_STEMS {
+        let stem = format!("iqmoe-{q}");
+        check(&fixture(&format!("{stem}.gguf")), &stem);
+    }
+}

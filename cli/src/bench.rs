@@ -24,8 +24,8 @@ pub(crate) const DEFAULT_UBATCH: usize = 512;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    #[arg(short = 'm', long = "model")]
-    pub model: std::path::PathBuf,
+    #[arg(short = 'm', long = "model", required_unless_present = "survey")]
+    pub model: Option<std::path::PathBuf>,
     /// Prompt sizes (comma-separated); 0 disables.
     #[arg(
         short = 'p',
@@ -108,6 +108,8 @@ pub struct BenchArgs {
     /// Output format: md, json, jsonl or csv.
     #[arg(short = 'o', long = "output", default_value = "md")]
     pub output: String,
+    #[command(flatten)]
+    pub survey: crate::survey::SurveyArgs,
 }
 
 /// How the model's weights are held for one group of rows.
@@ -420,6 +422,7 @@ struct Out {
 /// The shared settings of every row.
 struct Settings<'a> {
     a: &'a BenchArgs,
+    model: &'a std::path::Path,
     modes: &'a [LoadMode],
     tests: &'a [Test],
     threads: &'a [usize],
@@ -427,6 +430,12 @@ struct Settings<'a> {
 }
 
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    if a.survey.survey {
+        return crate::survey::survey(&a);
+    }
+    let Some(model) = a.model.clone() else {
+        anyhow::bail!("give a model (-m FILE), or --survey for the kernel survey");
+    };
     let format = a.output.as_str();
     if !matches!(format, "md" | "json" | "jsonl" | "csv") {
         anyhow::bail!("-o {format}: use md, json, jsonl or csv");
@@ -444,7 +453,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let modes = load_modes(&a)?;
     let tests = tests(&a)?;
     let ngl: Vec<&str> = a.n_gpu_layers.iter().map(String::as_str).collect();
-    let placements = placement::resolve_all(&a.model, &ngl, a.device.as_deref())?;
+    let placements = placement::resolve_all(&model, &ngl, a.device.as_deref())?;
     let threads = if a.threads.is_empty() {
         vec![longhaul::threads::available()]
     } else {
@@ -461,6 +470,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         .max(1);
     let settings = Settings {
         a: &a,
+        model: &model,
         modes: &modes,
         tests: &tests,
         threads: &threads,
@@ -543,14 +553,14 @@ fn bench_mode<B: Backend>(
             flash_attn,
             ..Default::default()
         };
-        let mut engine = Engine::load(&a.model, backend, params)
-            .with_context(|| format!("loading {}", a.model.display()))?;
+        let mut engine = Engine::load(p.model, backend, params)
+            .with_context(|| format!("loading {}", p.model.display()))?;
         if !out.traced {
             a.trace.attach(&mut engine)?;
             out.traced = true;
         }
         if out.desc.is_none() {
-            out.desc = Some(describe(&a.model, &engine));
+            out.desc = Some(describe(p.model, &engine));
         }
         let n_vocab = engine.model.hp.n_vocab as u32;
         let n_slots = engine.longhaul.as_ref().map(|i| i.n_slots);

@@ -21,7 +21,7 @@ pub(crate) fn mean_sd(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-fn cpu_info() -> String {
+pub(crate) fn cpu_info() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

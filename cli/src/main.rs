@@ -12,6 +12,9 @@ mod errors;
 mod gen_model;
 mod inspect;
 mod report;
+mod survey;
+mod survey_svg;
+mod survey_table;
 mod trace_args;
 
 use std::io::Write;

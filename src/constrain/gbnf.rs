@@ -272,8 +272,11 @@ impl<'a> Parser<'a> {
     }
 }
 
-/// Parses `gbnf` into `(name, alternatives)` rules in their order.
-fn parse(gbnf: &str) -> Result<Vec<(String, Vec<Vec<Item>>)>, GbnfError> {
+/// A rule: its name and its alternatives, each a sequence of items.
+type Rule = (String, Vec<Vec<Item>>);
+
+/// Parses `gbnf` into rules in their order.
+fn parse(gbnf: &str) -> Result<Vec<Rule>, GbnfError> {
     let mut p = Parser {
         src: gbnf.as_bytes(),
         text: gbnf,

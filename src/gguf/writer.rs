@@ -522,7 +522,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("m.gguf");
         std::fs::write(&p, b"previous").unwrap();
-        let seen: Arc<Mutex<Vec<(Vec<u8>, bool)>>> = Arc::default();
+        type Seen = Mutex<Vec<(Vec<u8>, bool)>>;
+        let seen: Arc<Seen> = Arc::default();
         let lazy = |fail: bool| -> TensorSource {
             let (p, seen) = (p.clone(), seen.clone());
             Arc::new(move || {

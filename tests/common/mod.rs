@@ -17,6 +17,11 @@ pub fn root() -> PathBuf {
 /// The fixture stems of the families added in issue 12 (olmoe, glm4moe,
 /// deepseek2 in three variants, laguna with both gates).
 /// The hybrid families of issue 13 (gated DeltaNet + gated attention).
+/// The expert formats of the iqmoe fixtures (issue 14): `iqmoe-<stem>.gguf`.
+pub const LOW_BIT_STEMS: [&str; 8] = [
+    "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "nvfp4",
+];
+
 pub const HYBRID_FAMILIES: [&str; 2] = ["qwen3next", "qwen35moe"];
 
 pub const NEW_FAMILIES: [&str; 7] = [
