@@ -371,7 +371,7 @@ fn device_variants_and_split_weights() {
             // Rows of 1024 keep activations within one 64 KiB binding for
             // t <= 7 while the matrix spans several parts (at least 181
             // rows, more for the low-bit formats' short rows).
-            let row = ty.row_bytes(1024).unwrap() as u64;
+            let row = ty.row_bytes(1024).unwrap();
             let n = 181.max(2 * 65536 / row + 17);
             let w = weight(&g, ty, &[1024, n, 1], s);
             if split {
@@ -387,7 +387,7 @@ fn device_variants_and_split_weights() {
             let w = weight(&g, ty, &[256, 75, 1], s + 1);
             worst.record(ty, "matmul t=37", check_matmul(&g, &w, 37, s + 2, &what));
             // 12 experts of at least 64 rows, in 2 or more 64 KiB parts.
-            let row = ty.row_bytes(256).unwrap() as u64;
+            let row = ty.row_bytes(256).unwrap();
             let n = 64.max(3 * 65536 / 2 / (12 * row));
             let w = weight(&g, ty, &[256, n, 12], s + 3);
             if split {
