@@ -1037,13 +1037,26 @@ SMOL_GOLDENS = [
 ]
 
 
-def llama_completion_text(args, model: Path, prompt: str, n: int = 64) -> str:
+def llama_completion_text(args, model: Path, prompt: str, n: int = 64, extra=()) -> str:
     """What `llama-completion` prints for `prompt` run as a user runs it:
-    greedy, `n` tokens, 2 threads, every other setting at its default."""
+    greedy, `n` tokens, 2 threads, every other setting at its default (or `extra`)."""
     exe = args.bin / "llama-completion"
-    cmd = [str(exe), "-m", str(model), "-p", prompt, "-no-cnv", "--temp", "0", "-n", str(n), "-t", "2"]
+    cmd = [str(exe), "-m", str(model), "-p", prompt, "-no-cnv", "--temp", "0", "-n", str(n), "-t", "2", *extra]
     r = subprocess.run(cmd, check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     return r.stdout
+
+
+def completion_agrees(out: str, p: dict) -> bool:
+    """Whether llama-completion's stdout (the prompt, then what it generated, cut at an
+    end-of-generation token, which it prints as " [end of text]") is a prefix of the golden's
+    greedy_text."""
+    gen = out[len(p["text"]):] if out.startswith(p["text"]) else None
+    if gen is None:
+        return False
+    gen = gen.rstrip()
+    if gen.endswith("[end of text]"):
+        gen = gen[: -len("[end of text]")].rstrip()
+    return len(gen.strip()) > 0 and p["greedy_text"].startswith(gen)
 
 
 def stage_smollm2(args):
@@ -1065,10 +1078,19 @@ def smollm2_golden(args, name, fa, kv, what, model_name="smollm2-135m-instruct-q
             out = llama_completion_text(args, model, p["text"])
             # llama-completion prints the prompt, then the tokens it generated
             # (it stops early at an end-of-generation token; the golden does not).
-            gen = out[len(p["text"]):] if out.startswith(p["text"]) else None
-            agrees = gen is not None and len(gen.strip()) > 0 and p["greedy_text"].startswith(gen.rstrip())
-            notes.append({"prompt": p["text"], "llama_completion_stdout": out, "equal_to_greedy_text": agrees})
+            agrees = completion_agrees(out, p)
+            note = {"prompt": p["text"], "llama_completion_stdout": out, "equal_to_greedy_text": agrees}
             print(f"[smollm2] llama-completion on {p['text']!r}: equal to the golden's text: {agrees}", flush=True)
+            if not agrees:
+                # llama_logits never repacks weights; llama-completion by default repacks some
+                # types (on x86: Q4_0, IQ4_NL, ... into interleaved layouts with their own kernels,
+                # whose rounding differs): the same run without the repack
+                out = llama_completion_text(args, model, p["text"], extra=("--no-repack",))
+                nr = completion_agrees(out, p)
+                note["no_repack_stdout"] = out
+                note["no_repack_equal_to_greedy_text"] = nr
+                print(f"[smollm2]   ... with --no-repack: equal to the golden's text: {nr}", flush=True)
+            notes.append(note)
     doc = {
         "model": model_name,
         "source": source,
@@ -1085,7 +1107,9 @@ def smollm2_golden(args, name, fa, kv, what, model_name="smollm2-135m-instruct-q
         doc.update(extra)
     if notes:
         doc["llama_completion_check"] = {
-            "command": "llama-completion -m MODEL -p PROMPT -no-cnv --temp 0 -n 64 -t 2 (every other setting default)",
+            "command": "llama-completion -m MODEL -p PROMPT -no-cnv --temp 0 -n 64 -t 2 (every other setting default)"
+                       + ("; where its text differs, again with --no-repack (the golden's weights are not repacked)"
+                          if any("no_repack_stdout" in n for n in notes) else ""),
             "runs": notes,
         }
     parts = []
