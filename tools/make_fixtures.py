@@ -889,7 +889,27 @@ def imatrix(args, model: Path, out: Path, ctx: int):
 
 
 def quantize_cmd(args, src: Path, dst: Path, ftype: str, imat: Path, extra: list[str]) -> list[str]:
+    """llama-quantize with an importance matrix. Run it with cwd=ROOT (run_quantize): the output
+    records the --imatrix argument (quantize.imatrix.file), so it is given relative to the
+    repository, and the bytes do not depend on where the checkout is."""
+    imat = Path(os.path.relpath(imat, ROOT))
     return [str(args.bin / "llama-quantize"), "--imatrix", str(imat)] + extra + [str(src), str(dst), ftype, "2"]
+
+
+def run_quantize(cmd):
+    return run(cmd, capture_output=True, text=True, cwd=ROOT)
+
+
+def fallbacks(r) -> list[str]:
+    """llama-quantize's shape fallbacks, one line per tensor name (layer numbers as N)."""
+    import re
+    out = []
+    for l in (r.stdout + r.stderr).splitlines():
+        if "falling back" in l:
+            l = re.sub(r"\s+", " ", re.sub(r"blk\.\d+\.", "blk.N.", l.replace("warning: ", ""))).strip()
+            if l not in out:
+                out.append(l)
+    return out
 
 
 def rel(p: Path) -> str:
@@ -935,7 +955,9 @@ def stage_iq(args):
             for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
                 extra += ["--tensor-type", f"{t}={qtype}"]
             qcmd = quantize_cmd(args, src, dst, IQ_BASE_FTYPE, imat, extra)
-            run(qcmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            r = run_quantize(qcmd)
+            if fallbacks(r):
+                raise SystemExit(f"{fx}: llama-quantize fell back: {fallbacks(r)}")
             types = gguf_tensor_types(args, dst)
             for name, ty in types.items():
                 if "_exps." in name and name.endswith(".weight") and "gate_inp" not in name:
@@ -999,8 +1021,8 @@ def stage_smollm2_iq(args):
         dst = args.models / f"smollm2-135m-instruct-{stem}.gguf"
         extra = ["--allow-requantize", "--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"]
         qcmd = quantize_cmd(args, src, dst, ftype, imat, extra)
-        r = run(qcmd, capture_output=True, text=True)
-        fallbacks = [l.strip() for l in (r.stdout + r.stderr).splitlines() if "falling back" in l]
+        r = run_quantize(qcmd)
+        fb = fallbacks(r)
         types = gguf_tensor_types(args, dst)
         census = type_census(types)
         counts = {}
@@ -1013,7 +1035,7 @@ def stage_smollm2_iq(args):
             "imatrix": show_cmd(icmd) + " (in $FIXTURES_WORK; iq-calib.txt = corpus_lines() of tools/make_fixtures.py)",
             "imatrix_sha256": sha256(imat), "model_sha256": sha256(dst), "model_bytes": dst.stat().st_size,
             "tensor_types": census, "tensor_type_counts": counts,
-            "quantize_fallbacks": len(fallbacks),
+            "quantize_fallbacks": fb,
         }
         for name, fa, kv, what in SMOL_GOLDENS[:2]:
             smollm2_golden(args, name.replace("smollm2-greedy", f"smollm2-{stem}-greedy"), fa, kv, what,
