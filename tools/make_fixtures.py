@@ -15,6 +15,11 @@ tools/llama_logits.cpp. Stages (all by default):
            stems (NEW_ARCHS) also <arch>-{f32,f16}.default.json (llama.cpp's
            default settings) and the NMSE numbers inside the goldens
   smollm2  tests/goldens/smollm2-greedy.json from the real SmolLM2 GGUF
+  iq       the low-bit fixtures (IQ_ARCHS): llama-imatrix, then llama-quantize with the
+           experts in each of IQ_FORMATS -> tests/fixtures/iqmoe-<fmt>.gguf, goldens
+           tests/goldens/iqmoe-<fmt>.json (exact) and .default.json
+  smollm2-iq  SmolLM2 re-quantised (SMOL_IQ) with an importance matrix into the models
+           dir, goldens tests/goldens/smollm2-<fmt>-greedy.json and -greedy-default.json
 
 Everything is seeded; running twice gives byte-identical files.
 """
@@ -1161,7 +1166,9 @@ def main():
     ap.add_argument("--arch", action="append", dest="archs", choices=ARCHS)
     ap.add_argument("--stem", action="append", dest="stems",
                     help="llama stage: only these file kinds (f32, f16, q8_0, q4_k_m, mxfp4); "
-                         "smollm2 stage: only these golden files (e.g. smollm2-greedy-default.json)")
+                         "smollm2 stage: only these golden files (e.g. smollm2-greedy-default.json); "
+                         "iq stage: only these formats (iq1_s ... nvfp4); smollm2-iq stage: only these "
+                         "re-quants (iq2_xxs, iq3_xxs, iq1_m)")
     ap.add_argument("stages", nargs="*")
     args = ap.parse_args()
     if args.stages and args.stages[0] == "_convert":
