@@ -15,6 +15,11 @@ tools/llama_logits.cpp. Stages (all by default):
            stems (NEW_ARCHS) also <arch>-{f32,f16}.default.json (llama.cpp's
            default settings) and the NMSE numbers inside the goldens
   smollm2  tests/goldens/smollm2-greedy.json from the real SmolLM2 GGUF
+  iq       the low-bit fixtures (IQ_ARCHS): llama-imatrix, then llama-quantize with the
+           experts in each of IQ_FORMATS -> tests/fixtures/iqmoe-<fmt>.gguf, goldens
+           tests/goldens/iqmoe-<fmt>.json (exact) and .default.json
+  smollm2-iq  SmolLM2 re-quantised (SMOL_IQ) with an importance matrix into the models
+           dir, goldens tests/goldens/smollm2-<fmt>-greedy.json and -greedy-default.json
 
 Everything is seeded; running twice gives byte-identical files.
 """
@@ -889,7 +894,27 @@ def imatrix(args, model: Path, out: Path, ctx: int):
 
 
 def quantize_cmd(args, src: Path, dst: Path, ftype: str, imat: Path, extra: list[str]) -> list[str]:
+    """llama-quantize with an importance matrix. Run it with cwd=ROOT (run_quantize): the output
+    records the --imatrix argument (quantize.imatrix.file), so it is given relative to the
+    repository, and the bytes do not depend on where the checkout is."""
+    imat = Path(os.path.relpath(imat, ROOT))
     return [str(args.bin / "llama-quantize"), "--imatrix", str(imat)] + extra + [str(src), str(dst), ftype, "2"]
+
+
+def run_quantize(cmd):
+    return run(cmd, capture_output=True, text=True, cwd=ROOT)
+
+
+def fallbacks(r) -> list[str]:
+    """llama-quantize's shape fallbacks, one line per tensor name (layer numbers as N)."""
+    import re
+    out = []
+    for l in (r.stdout + r.stderr).splitlines():
+        if "falling back" in l:
+            l = re.sub(r"\s+", " ", re.sub(r"blk\.\d+\.", "blk.N.", l.replace("warning: ", ""))).strip()
+            if l not in out:
+                out.append(l)
+    return out
 
 
 def rel(p: Path) -> str:
@@ -935,7 +960,9 @@ def stage_iq(args):
             for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
                 extra += ["--tensor-type", f"{t}={qtype}"]
             qcmd = quantize_cmd(args, src, dst, IQ_BASE_FTYPE, imat, extra)
-            run(qcmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            r = run_quantize(qcmd)
+            if fallbacks(r):
+                raise SystemExit(f"{fx}: llama-quantize fell back: {fallbacks(r)}")
             types = gguf_tensor_types(args, dst)
             for name, ty in types.items():
                 if "_exps." in name and name.endswith(".weight") and "gate_inp" not in name:
@@ -999,8 +1026,8 @@ def stage_smollm2_iq(args):
         dst = args.models / f"smollm2-135m-instruct-{stem}.gguf"
         extra = ["--allow-requantize", "--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"]
         qcmd = quantize_cmd(args, src, dst, ftype, imat, extra)
-        r = run(qcmd, capture_output=True, text=True)
-        fallbacks = [l.strip() for l in (r.stdout + r.stderr).splitlines() if "falling back" in l]
+        r = run_quantize(qcmd)
+        fb = fallbacks(r)
         types = gguf_tensor_types(args, dst)
         census = type_census(types)
         counts = {}
@@ -1013,7 +1040,7 @@ def stage_smollm2_iq(args):
             "imatrix": show_cmd(icmd) + " (in $FIXTURES_WORK; iq-calib.txt = corpus_lines() of tools/make_fixtures.py)",
             "imatrix_sha256": sha256(imat), "model_sha256": sha256(dst), "model_bytes": dst.stat().st_size,
             "tensor_types": census, "tensor_type_counts": counts,
-            "quantize_fallbacks": len(fallbacks),
+            "quantize_fallbacks": fb,
         }
         for name, fa, kv, what in SMOL_GOLDENS[:2]:
             smollm2_golden(args, name.replace("smollm2-greedy", f"smollm2-{stem}-greedy"), fa, kv, what,
@@ -1037,13 +1064,26 @@ SMOL_GOLDENS = [
 ]
 
 
-def llama_completion_text(args, model: Path, prompt: str, n: int = 64) -> str:
+def llama_completion_text(args, model: Path, prompt: str, n: int = 64, extra=()) -> str:
     """What `llama-completion` prints for `prompt` run as a user runs it:
-    greedy, `n` tokens, 2 threads, every other setting at its default."""
+    greedy, `n` tokens, 2 threads, every other setting at its default (or `extra`)."""
     exe = args.bin / "llama-completion"
-    cmd = [str(exe), "-m", str(model), "-p", prompt, "-no-cnv", "--temp", "0", "-n", str(n), "-t", "2"]
+    cmd = [str(exe), "-m", str(model), "-p", prompt, "-no-cnv", "--temp", "0", "-n", str(n), "-t", "2", *extra]
     r = subprocess.run(cmd, check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     return r.stdout
+
+
+def completion_agrees(out: str, p: dict) -> bool:
+    """Whether llama-completion's stdout (the prompt, then what it generated, cut at an
+    end-of-generation token, which it prints as " [end of text]") is a prefix of the golden's
+    greedy_text."""
+    gen = out[len(p["text"]):] if out.startswith(p["text"]) else None
+    if gen is None:
+        return False
+    gen = gen.rstrip()
+    if gen.endswith("[end of text]"):
+        gen = gen[: -len("[end of text]")].rstrip()
+    return len(gen.strip()) > 0 and p["greedy_text"].startswith(gen)
 
 
 def stage_smollm2(args):
@@ -1065,10 +1105,19 @@ def smollm2_golden(args, name, fa, kv, what, model_name="smollm2-135m-instruct-q
             out = llama_completion_text(args, model, p["text"])
             # llama-completion prints the prompt, then the tokens it generated
             # (it stops early at an end-of-generation token; the golden does not).
-            gen = out[len(p["text"]):] if out.startswith(p["text"]) else None
-            agrees = gen is not None and len(gen.strip()) > 0 and p["greedy_text"].startswith(gen.rstrip())
-            notes.append({"prompt": p["text"], "llama_completion_stdout": out, "equal_to_greedy_text": agrees})
+            agrees = completion_agrees(out, p)
+            note = {"prompt": p["text"], "llama_completion_stdout": out, "equal_to_greedy_text": agrees}
             print(f"[smollm2] llama-completion on {p['text']!r}: equal to the golden's text: {agrees}", flush=True)
+            if not agrees:
+                # llama_logits never repacks weights; llama-completion by default repacks some
+                # types (on x86: Q4_0, IQ4_NL, ... into interleaved layouts with their own kernels,
+                # whose rounding differs): the same run without the repack
+                out = llama_completion_text(args, model, p["text"], extra=("--no-repack",))
+                nr = completion_agrees(out, p)
+                note["no_repack_stdout"] = out
+                note["no_repack_equal_to_greedy_text"] = nr
+                print(f"[smollm2]   ... with --no-repack: equal to the golden's text: {nr}", flush=True)
+            notes.append(note)
     doc = {
         "model": model_name,
         "source": source,
@@ -1085,7 +1134,9 @@ def smollm2_golden(args, name, fa, kv, what, model_name="smollm2-135m-instruct-q
         doc.update(extra)
     if notes:
         doc["llama_completion_check"] = {
-            "command": "llama-completion -m MODEL -p PROMPT -no-cnv --temp 0 -n 64 -t 2 (every other setting default)",
+            "command": "llama-completion -m MODEL -p PROMPT -no-cnv --temp 0 -n 64 -t 2 (every other setting default)"
+                       + ("; where its text differs, again with --no-repack (the golden's weights are not repacked)"
+                          if any("no_repack_stdout" in n for n in notes) else ""),
             "runs": notes,
         }
     parts = []
@@ -1115,7 +1166,9 @@ def main():
     ap.add_argument("--arch", action="append", dest="archs", choices=ARCHS)
     ap.add_argument("--stem", action="append", dest="stems",
                     help="llama stage: only these file kinds (f32, f16, q8_0, q4_k_m, mxfp4); "
-                         "smollm2 stage: only these golden files (e.g. smollm2-greedy-default.json)")
+                         "smollm2 stage: only these golden files (e.g. smollm2-greedy-default.json); "
+                         "iq stage: only these formats (iq1_s ... nvfp4); smollm2-iq stage: only these "
+                         "re-quants (iq2_xxs, iq3_xxs, iq1_m)")
     ap.add_argument("stages", nargs="*")
     args = ap.parse_args()
     if args.stages and args.stages[0] == "_convert":
