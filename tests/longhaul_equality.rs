@@ -216,3 +216,47 @@ fn longhaul_is_bit_identical_to_resident_for_the_low_bit_formats() {
         check(&fixture(&format!("{stem}.gguf")), &stem);
     }
 }
+
+/// A file whose layers store their experts in different types: each layer's
+/// slots take that layer's expert size, so a budget buys as many slots as
+/// the sum of the layers' sizes allows (not the largest layer's size times
+/// the layer count).
+#[test]
+fn mixed_expert_types_size_each_layers_slots() {
+    let path = fixture("iqmoe-mix.gguf");
+    let file = gguf::Model::open(&path).expect("open");
+    let n_expert = 4u64;
+    let layer_bytes: Vec<u64> = (0..2)
+        .map(|il| {
+            ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+                .iter()
+                .map(|n| {
+                    file.tensor(&format!("blk.{il}.{n}.weight"))
+                        .expect("tensor")
+                        .len
+                        / n_expert
+                })
+                .sum()
+        })
+        .collect();
+    assert_ne!(
+        layer_bytes[0], layer_bytes[1],
+        "the fixture's layers must differ"
+    );
+    let resident = load(&path);
+    let cost = resident.expert_slot_cost().expect("cost");
+    assert_eq!(cost, (2, (layer_bytes[0] + layer_bytes[1]).div_ceil(2)));
+    for slots in [1usize, 2, 4] {
+        let budget = slots as u64 * (layer_bytes[0] + layer_bytes[1]);
+        let file = Arc::new(gguf::Model::open(&path).expect("open"));
+        let cfg = LonghaulConfig {
+            budget_bytes: budget,
+            policy: Policy::Lru,
+            prefetch: false,
+            verify: false,
+        };
+        let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("load");
+        assert_eq!(m.n_slots(), slots, "budget {budget}");
+        assert!(m.slot_bytes() <= budget, "{} > {budget}", m.slot_bytes());
+    }
+}

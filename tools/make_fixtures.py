@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,11 @@ SEED.update({"olmoe": 1005, "glm4moe": 1006, "deepseek3": 1007, "deepseek3-lite"
 IQ_ARCHS = ("iqmoe",)
 # (file stem, ggml type of ffn_{gate,up,down}_exps); everything else as the base mix below
 IQ_FORMATS = [("iq1_s", "iq1_s"), ("iq1_m", "iq1_m"), ("iq2_xxs", "iq2_xxs"), ("iq2_xs", "iq2_xs"),
-              ("iq2_s", "iq2_s"), ("iq3_xxs", "iq3_xxs"), ("iq3_s", "iq3_s"), ("nvfp4", "nvfp4")]
+              ("iq2_s", "iq2_s"), ("iq3_xxs", "iq3_xxs"), ("iq3_s", "iq3_s"), ("nvfp4", "nvfp4"),
+              # a "dynamic" mix: each layer's experts in their own types (so each layer's
+              # slots have their own size), as (tensor-name regex, type) rules
+              ("mix", [(r"blk\.0\.ffn_(gate|up)_exps", "iq2_xxs"), (r"blk\.0\.ffn_down_exps", "iq3_s"),
+                       (r"blk\.1\.ffn_(gate|up)_exps", "iq1_m"), (r"blk\.1\.ffn_down_exps", "nvfp4")])]
 # the non-expert tensors: llama-quantize's Q4_K_M mix (attn_q/k/output Q4_K, attn_v Q4_K/Q6_K
 # by layer), token embeddings and output Q8_0, as the popular "dynamic" low-bit MoE mixes
 IQ_BASE_FTYPE = "Q4_K_M"
@@ -957,8 +962,10 @@ def stage_iq(args):
             fx = f"{arch}-{stem}.gguf"
             dst = args.fixtures / fx
             extra = ["--token-embedding-type", IQ_EMBD_TYPE, "--output-tensor-type", IQ_EMBD_TYPE]
-            for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
-                extra += ["--tensor-type", f"{t}={qtype}"]
+            rules = qtype if isinstance(qtype, list) else \
+                [(t, qtype) for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
+            for pattern, ty in rules:
+                extra += ["--tensor-type", f"{pattern}={ty}"]
             qcmd = quantize_cmd(args, src, dst, IQ_BASE_FTYPE, imat, extra)
             r = run_quantize(qcmd)
             if fallbacks(r):
@@ -966,8 +973,9 @@ def stage_iq(args):
             types = gguf_tensor_types(args, dst)
             for name, ty in types.items():
                 if "_exps." in name and name.endswith(".weight") and "gate_inp" not in name:
-                    if ty.lower() != qtype:
-                        raise SystemExit(f"{fx}: {name} is {ty}, not {qtype}")
+                    want = next(t for pat, t in rules if re.search(pat, name))
+                    if ty.lower() != want:
+                        raise SystemExit(f"{fx}: {name} is {ty}, not {want}")
             census = type_census(types)
             print(f"[iq] {fx}: {dst.stat().st_size} bytes; {census}", flush=True)
             for fa, kv, suffix, what in (("off", "f32", "", "flash attention off, F32 KV cache"),
@@ -985,7 +993,8 @@ def stage_iq(args):
                                  f"logits for every position, {what}, 2 threads, "
                                  "no repack; greedy = argmax of raw logits (lowest id on ties), no EOG stop",
                     "n_vocab": res["n_vocab"], "settings": res["settings"],
-                    "expert_type": qtype.upper(),
+                    "expert_type": qtype.upper() if isinstance(qtype, str) else
+                                   {pat: t.upper() for pat, t in qtype},
                     "quantize": show_cmd(qcmd).replace(rel(src), f"$FIXTURES_WORK/iq-src/{src.name}"),
                     "imatrix": show_cmd(icmd).replace(rel(src), f"$FIXTURES_WORK/iq-src/{src.name}")
                                + f" (in $FIXTURES_WORK; iq-calib.txt = corpus_lines() of tools/make_fixtures.py)",

@@ -17,9 +17,11 @@ pub fn root() -> PathBuf {
 /// The fixture stems of the families added in issue 12 (olmoe, glm4moe,
 /// deepseek2 in three variants, laguna with both gates).
 /// The hybrid families of issue 13 (gated DeltaNet + gated attention).
-/// The expert formats of the iqmoe fixtures (issue 14): `iqmoe-<stem>.gguf`.
-pub const LOW_BIT_STEMS: [&str; 8] = [
-    "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "nvfp4",
+/// The expert formats of the iqmoe fixtures (issue 14): `iqmoe-<stem>.gguf`;
+/// "mix" has each layer's experts in other types (layer 0 gate/up IQ2_XXS,
+/// down IQ3_S; layer 1 gate/up IQ1_M, down NVFP4).
+pub const LOW_BIT_STEMS: [&str; 9] = [
+    "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "nvfp4", "mix",
 ];
 
 pub const HYBRID_FAMILIES: [&str; 2] = ["qwen3next", "qwen35moe"];
