@@ -11,7 +11,7 @@ mod gpu_util;
 
 use std::sync::Arc;
 
-use common::{argmax, fixture, HYBRID_FAMILIES, NEW_FAMILIES};
+use common::{argmax, fixture, HYBRID_FAMILIES, LOW_BIT_STEMS, NEW_FAMILIES};
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::backend::Backend;
 use longhaul::gguf;
@@ -136,9 +136,7 @@ fn quantised_models_agree_on_top1() {
 #[test]
 fn low_bit_models_agree_on_top1() {
     let g = gpu_util::gpu();
-    for fmt in [
-        "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "nvfp4",
-    ] {
+    for fmt in LOW_BIT_STEMS {
         check_top1(&g, &format!("iqmoe-{fmt}.gguf"));
     }
 }
@@ -200,13 +198,14 @@ fn new_families_generate_the_cpu_tokens() {
 fn gpu_longhaul_equals_gpu_resident() {
     let g = gpu_util::gpu();
     // Experts in slots of 4-byte strides whatever their blocks: also those
-    // of 50-byte (IQ1_S) and 36-byte (NVFP4) blocks.
+    // of 50-byte (IQ1_S) blocks, and of layers whose experts differ in
+    // type and size (iqmoe-mix: IQ2_XXS/IQ3_S, then IQ1_M/NVFP4's 36-byte blocks).
     let names = ARCHS
         .into_iter()
         .chain(NEW_FAMILIES)
         .chain(HYBRID_FAMILIES)
         .map(|arch| format!("{arch}-q4_k_m.gguf"))
-        .chain(["iqmoe-iq1_s.gguf".into(), "iqmoe-nvfp4.gguf".into()]);
+        .chain(["iqmoe-iq1_s.gguf".into(), "iqmoe-mix.gguf".into()]);
     for name in names {
         let resident = Model::load(g.clone(), open(&name)).expect("gpu load");
         let want = greedy(&resident, 12);
