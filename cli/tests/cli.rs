@@ -662,3 +662,40 @@ fn ctx_99999999_fails_with_exit_1_in_run_and_before_serve_is_ready() {
     assert!(err.contains("-c 99999999 with -np 2 needs"), "{err}");
     assert!(!err.contains("ready"), "{err}");
 }
+
+/// `inspect` on a file whose layers keep their experts in different low-bit
+/// types: bytes per type, and each layer's expert types and slot size.
+#[test]
+fn inspect_reports_mixed_low_bit_expert_types_per_layer() {
+    let out = bin()
+        .args(["inspect", fixture("iqmoe-mix.gguf").to_str().unwrap()])
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for ty in ["iq1_m", "iq2_xxs", "iq3_s", "nvfp4", "q4_K", "q8_0"] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with(ty) && l.contains("tensors")),
+            "no bytes line for {ty}:\n{text}"
+        );
+    }
+    let layer = |il: usize| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("blk.{il} ")))
+            .unwrap_or_else(|| panic!("no line for blk.{il}:\n{text}"))
+            .to_string()
+    };
+    assert!(
+        layer(0).contains("ffn_gate_exps.weight iq2_xxs")
+            && layer(0).contains("ffn_down_exps.weight iq3_s")
+    );
+    assert!(
+        layer(1).contains("ffn_up_exps.weight iq1_m")
+            && layer(1).contains("ffn_down_exps.weight nvfp4")
+    );
+}
