@@ -598,3 +598,45 @@ fn simd_kernels_are_selected_where_the_cpu_has_them() {
         }
     }
 }
+
+#[test]
+fn low_bit_fixture_experts_dequantise_as_gguf_py() {
+    // Real llama-quantize output (with an importance matrix): every routed
+    // expert tensor of the iqmoe fixtures, dequantised here and by gguf-py
+    // (tools/quant_goldens.py --fixtures), compared by a hash of the f32 bits.
+    fn fnv1a64(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3)
+        })
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("tests/goldens/quant/fixture_dequant.json")).unwrap(),
+    )
+    .unwrap();
+    let mut types = std::collections::BTreeSet::new();
+    for t in doc["tensors"].as_array().unwrap() {
+        let file = t["fixture"].as_str().unwrap();
+        let m = longhaul::gguf::Model::open(&root.join("tests/fixtures").join(file)).unwrap();
+        let info = m.tensor(t["tensor"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            info.ty.name().to_uppercase(),
+            t["type"].as_str().unwrap().to_uppercase()
+        );
+        let n = t["n"].as_u64().unwrap() as usize;
+        let got = dequant(info.ty, m.tensor_data(info).unwrap(), n);
+        let first = f32s(&unhex(t["first"].as_str().unwrap()));
+        assert_eq!(&got[..first.len()], &first[..], "{file} {}", t["tensor"]);
+        let hash = fnv1a64(bytemuck::cast_slice(&got));
+        assert_eq!(
+            format!("{hash:016x}"),
+            t["fnv1a64"].as_str().unwrap(),
+            "{file} {}",
+            t["tensor"]
+        );
+        types.insert(info.ty);
+    }
+    for ty in LOW_BIT {
+        assert!(types.contains(&ty), "no fixture tensor of {ty}");
+    }
+}

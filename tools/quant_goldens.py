@@ -14,7 +14,9 @@ it also writes "quantized" cases for Q4_K and Q6_K from ggml's own
 quantize_row_q4_K_ref / quantize_row_q6_K_ref, and activation goldens
 act_q8_1.json / act_q8_k.json from quantize_row_q8_1_ref / _q8_K_ref.
 
-Run: /work/ref/venv/bin/python tools/quant_goldens.py [--libggml DIR]
+With --fixtures it writes only fixture_dequant.json (see fixture_dequant_goldens).
+
+Run: /work/ref/venv/bin/python tools/quant_goldens.py [--libggml DIR | --fixtures]
 """
 import ctypes
 import json
@@ -237,5 +239,43 @@ def main():
     print(f"wrote {len(RANDOM)} files, {total} bytes")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--fixtures" not in sys.argv:
     main()
+
+
+def fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def fixture_dequant_goldens():
+    """tests/goldens/quant/fixture_dequant.json: gguf-py's dequantisation of the
+    routed-expert tensors of the iqmoe fixtures (real llama-quantize output, with
+    an importance matrix) as FNV-1a 64 hashes of the f32 bytes, plus the first
+    values, so the test needs no megabytes of floats."""
+    from gguf import GGUFReader
+    fx = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
+    out = []
+    for name in sorted(os.listdir(fx)):
+        if not (name.startswith("iqmoe-") and name.endswith(".gguf")):
+            continue
+        r = GGUFReader(os.path.join(fx, name))
+        for t in r.tensors:
+            if "_exps." not in t.name:
+                continue
+            f = quants.dequantize(t.data, t.tensor_type).astype("<f4").reshape(-1)
+            b = f.tobytes()
+            out.append({"fixture": name, "tensor": t.name, "type": t.tensor_type.name,
+                        "n": int(f.size), "fnv1a64": f"{fnv1a64(b):016x}", "first": hexf32(f[:16])})
+    path = os.path.join(OUT, "fixture_dequant.json")
+    with open(path, "w") as fh:
+        json.dump({"source": "gguf.quants.dequantize (gguf-py) of tests/fixtures/iqmoe-*.gguf",
+                   "hash": "FNV-1a 64 of the little-endian f32 bytes", "tensors": out}, fh, indent=0)
+        fh.write("\n")
+    print(f"wrote {path}: {len(out)} tensors")
+
+
+if __name__ == "__main__" and "--fixtures" in sys.argv:
+    fixture_dequant_goldens()
