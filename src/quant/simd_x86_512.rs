@@ -22,8 +22,8 @@
 
 use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
-    block_scales, dot_iq4_nl_avx2, dot_mxfp4_avx2, drive, h2f, h2f_pair, hsum_ps, load32,
-    nibbles_32, prefetch_rows, shapes, tile_kernels, tile_shape, tile_wrapper, BlockScales, Shapes,
+    block_scales, dot_mxfp4_avx2, drive, h2f, h2f_pair, hsum_ps, iq4_nl_tail, load32, nibbles_32,
+    prefetch_rows, shapes, tile_kernels, tile_shape, tile_wrapper, BlockScales, Shapes,
     PREFETCH_ROWS,
 };
 use super::{
@@ -94,7 +94,11 @@ unsafe fn dot_pairs<W: BlockScales<A>, A>(
         let v = dot_offset(u, s, off);
         acc = _mm512_fmadd_ps(join_ps(d0, d1), _mm512_cvtepi32_ps(v), acc);
     }
-    _mm512_reduce_add_ps(acc)
+    // ggml's `hsum_float_8(accum1 + accum2)`: even blocks in lanes 0..8,
+    // odd ones in 8..16.
+    let lo = _mm512_castps512_ps256(acc);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    hsum_ps(_mm256_add_ps(lo, hi))
 }
 
 /// A 4-bit lookup table offset to unsigned bytes, in all four 128-bit lanes.
@@ -132,7 +136,7 @@ unsafe fn dot_iq4_nl_512(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
         let s = join(load32(&y0.qs), load32(&y1.qs));
         (u, s, 127)
     });
-    s + dot_iq4_nl_avx2(&w[even..], &a[even..])
+    iq4_nl_tail(s, &w[even..], &a[even..])
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]

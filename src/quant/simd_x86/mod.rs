@@ -355,9 +355,62 @@ pub(super) unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
     dot_lut4(&KVALUES_MXFP4, w, a, |x| &x.qs)
 }
 
+/// `ggml_vec_dot_iq4_nl_q8_0`'s AVX2 path, to the bit: block pairs in two
+/// 8-lane FMA chains (even and odd blocks), `hsum(acc1 + acc2)`, then an odd
+/// last block by [`iq4_nl_tail`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    let lut =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let even = w.len().min(a.len()) & !1;
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (x, y) in w[..even].chunks_exact(2).zip(a[..even].chunks_exact(2)) {
+        for k in 0..2 {
+            let d = h2f_mul(y[k].d.to_bits(), x[k].d.to_bits());
+            let vals = _mm256_shuffle_epi8(lut, nibbles_32(&x[k].qs));
+            let p = mul_sum_i8_pairs(vals, load32(&y[k].qs));
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[k]);
+        }
+    }
+    let s = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+    iq4_nl_tail(s, &w[even..], &a[even..])
+}
+
+/// ggml's scalar loop after the block pairs of `ggml_vec_dot_iq4_nl_q8_0`:
+/// `sumf += d * sumi` per block (contracted to an FMA by GCC).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn iq4_nl_tail(mut sumf: f32, w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    for (x, y) in w.iter().zip(a) {
+        let d = h2f_mul(y.d.to_bits(), x.d.to_bits());
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += y.qs[j] as i32 * KVALUES_IQ4NL[(x.qs[j] & 0xF) as usize] as i32;
+            sumi += y.qs[j + 16] as i32 * KVALUES_IQ4NL[(x.qs[j] >> 4) as usize] as i32;
+        }
+        sumf = d.mul_add(sumi as f32, sumf);
+    }
+    sumf
+}
+
+/// IQ4_NL blocks in one 8-lane FMA chain: llamafile's tinyBLAS
+/// (`tinyBLAS_Q0_AVX`, what ggml's CPU backend runs for two or more
+/// activation rows), per output.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_iq4_nl_chain_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
     dot_lut4(&KVALUES_IQ4NL, w, a, |x| &x.qs)
+}
+
+/// The tinyBLAS tile of IQ4_NL: [`dot_iq4_nl_chain_avx2`] for every pair
+/// (see `TileFn`; rows of `nb` blocks).
+pub(crate) fn tile_iq4_nl(nb: usize, w: &[BlockIQ4NL], a: &[BlockQ8_0], out: &mut [f32]) {
+    let n_rows = w.len() / nb;
+    for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nb)) {
+        for (o, row) in o.iter_mut().zip(w.chunks_exact(nb)) {
+            // SAFETY: only selected when CpuCaps::has_avx2() (see module docs).
+            *o = unsafe { dot_iq4_nl_chain_avx2(row, act) };
+        }
+    }
 }
 
 /// The min term of one Q4_K / Q5_K block as ggml's AVX2 kernel keeps it:
