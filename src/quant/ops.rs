@@ -125,9 +125,13 @@ pub trait QuantOps: Send + Sync {
     ) -> Result<(), QuantError>;
     /// `out[t * n_rows + r] = vec_dot(n, row r of w_rows, row t of acts)`:
     /// every weight row against every activation row (whole rows of `n`
-    /// elements, `out.len() == n_rows * n_acts`). The same bits as
-    /// [`QuantOps::vec_dot`] per pair; faster where a tile kernel computes
-    /// several pairs side by side.
+    /// elements, `out.len() == n_rows * n_acts`). The bits of ggml's CPU
+    /// `mul_mat`: with one activation row, [`QuantOps::vec_dot`]'s per pair;
+    /// with two or more, llamafile's tinyBLAS's where ggml's x86 build runs
+    /// it (Q4_0, Q5_0, Q8_0, IQ4_NL weights: one 8-lane FMA chain per
+    /// output; of these only IQ4_NL's differs from its `vec_dot`), else
+    /// `vec_dot`'s. Faster where a tile kernel computes several pairs side
+    /// by side.
     fn vec_dot_tile(
         &self,
         n: usize,
@@ -140,11 +144,13 @@ pub trait QuantOps: Send + Sync {
 /// A tile kernel: `tile(nb, w, a, out)` sets `out[t * nr + r]` to the dot
 /// product of weight row `r` and activation row `t` (rows of `nb` blocks,
 /// `nr = w.len() / nb`), bit-identical to the type's dot kernel at the same
-/// [`CpuCaps`].
+/// [`CpuCaps`] or, for the tinyBLAS types, to tinyBLAS (see
+/// [`QuantOps::vec_dot_tile`]).
 pub(super) type TileFn<B> = fn(usize, &[B], &[<B as GgmlBlock>::Act], &mut [f32]);
 
 /// Block types with (or without) a tile kernel; selected with the same caps
-/// as [`GgmlBlock::simd_dot`], and only where it gives the same bits.
+/// as [`GgmlBlock::simd_dot`], and only where it gives the bits
+/// [`QuantOps::vec_dot_tile`] promises.
 trait TileKernels: GgmlBlock {
     fn tile_kernel(_caps: CpuCaps) -> Option<TileFn<Self>> {
         None
@@ -189,7 +195,20 @@ impl TileKernels for BlockQ2K {}
 impl TileKernels for BlockQ3K {}
 impl TileKernels for BlockQ5K {}
 impl TileKernels for BlockQ6K {}
-impl TileKernels for BlockIQ4NL {}
+/// ggml's CPU backend multiplies IQ4_NL by two or more activation rows with
+/// llamafile's tinyBLAS, whose per-output sums are one FMA chain, not the
+/// two chains of `ggml_vec_dot_iq4_nl_q8_0`: the tile kernel gives
+/// tinyBLAS's bits, not the row kernel's.
+impl TileKernels for BlockIQ4NL {
+    fn tile_kernel(caps: CpuCaps) -> Option<TileFn<Self>> {
+        #[cfg(target_arch = "x86_64")]
+        if caps.has_avx2() {
+            return Some(super::simd_x86::tile_iq4_nl);
+        }
+        let _ = caps;
+        None
+    }
+}
 impl TileKernels for BlockIQ4XS {}
 impl TileKernels for BlockMXFP4 {}
 impl TileKernels for BlockIQ2XXS {}
@@ -753,6 +772,66 @@ mod tests {
             .collect()
     }
 
+    /// The weight types ggml's x86 CPU backend hands to llamafile's
+    /// tinyBLAS (`tinyBLAS_Q0_AVX`) for two or more activation rows.
+    const TINYBLAS: [GgmlType; 4] = [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
+    ];
+
+    /// The integer quants of one 32-weight block of a [`TINYBLAS`] type
+    /// (or a Q8_0 activation block) and its f16 scale.
+    fn q0_block(ty: GgmlType, b: &[u8]) -> (f32, [i32; 32]) {
+        let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+        let mut q = [0i32; 32];
+        for j in 0..16 {
+            let (lo, hi) = match ty {
+                GgmlType::Q8_0 => (b[2 + j] as i8 as i32, b[18 + j] as i8 as i32),
+                GgmlType::Q5_0 => {
+                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                    let x = b[6 + j];
+                    let l = (x & 0xF) as u32 | ((qh >> j) & 1) << 4;
+                    let h = (x >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
+                    (l as i32 - 16, h as i32 - 16)
+                }
+                GgmlType::Q4_0 => ((b[2 + j] & 0xF) as i32 - 8, (b[2 + j] >> 4) as i32 - 8),
+                _ => {
+                    let k = &super::super::common::KVALUES_IQ4NL;
+                    (
+                        k[(b[2 + j] & 0xF) as usize] as i32,
+                        k[(b[2 + j] >> 4) as usize] as i32,
+                    )
+                }
+            };
+            q[j] = lo;
+            q[j + 16] = hi;
+        }
+        (d, q)
+    }
+
+    /// One output of `tinyBLAS_Q0_AVX` (sgemm.cpp, AVX2 + FMA): per block
+    /// `C = fma(dw * da, lanes, C)` with lane `l` the sum of products
+    /// `4l..4l + 4`, then `hsum` = `(l0+l4 + l2+l6) + (l1+l5 + l3+l7)`.
+    fn tinyblas_q0(ty: GgmlType, w: &[u8], a: &[u8]) -> f32 {
+        let mut acc = [0f32; 8];
+        for (bw, ba) in w.chunks_exact(ty.type_size()).zip(a.chunks_exact(34)) {
+            let (dw, qw) = q0_block(ty, bw);
+            let (da, qa) = q0_block(GgmlType::Q8_0, ba);
+            let d = dw * da;
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let p: i32 = (4 * l..4 * l + 4).map(|i| qw[i] * qa[i]).sum();
+                *acc = d.mul_add(p as f32, *acc);
+            }
+        }
+        let r: Vec<f32> = (0..4).map(|i| acc[i + 4] + acc[i]).collect();
+        (r[0] + r[2]) + (r[1] + r[3])
+    }
+
+    /// The tile kernels give the row kernel's bits, except where ggml's CPU
+    /// backend itself switches to tinyBLAS (two or more activation rows of
+    /// a [`TINYBLAS`] type): there they give tinyBLAS's bits.
     #[test]
     fn tile_kernels_give_the_bits_of_the_row_kernel() {
         let avx2 = CpuCaps {
@@ -822,12 +901,19 @@ mod tests {
                         let mut rows = vec![f32::NAN; n_rows];
                         o.vec_dot_rows(n, &w, act, &mut rows).unwrap();
                         for r in 0..n_rows {
-                            let one = o.vec_dot(n, &w[r * rb..(r + 1) * rb], act).unwrap();
+                            let wr = &w[r * rb..(r + 1) * rb];
+                            let one = o.vec_dot(n, wr, act).unwrap();
                             let what =
                                 format!("{ty} {} {n_rows}x{n_acts} r{r} t{t}", o.kernel_name());
+                            // ggml's CPU backend runs tinyBLAS there.
+                            let want = if TINYBLAS.contains(&ty) && n_acts > 1 && caps.has_avx2() {
+                                tinyblas_q0(ty, wr, act)
+                            } else {
+                                one
+                            };
                             assert_eq!(
                                 tile[t * n_rows + r].to_bits(),
-                                one.to_bits(),
+                                want.to_bits(),
                                 "tile {what}"
                             );
                             assert_eq!(rows[r].to_bits(), one.to_bits(), "rows {what}");

@@ -22,13 +22,13 @@
 
 use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
-    block_scales, dot_iq4_nl_avx2, dot_mxfp4_avx2, dot_q4_0_avx2, drive, h2f, h2f_pair, hsum_ps,
-    load32, nibbles_32, prefetch_rows, shapes, tile_kernels, tile_shape, tile_wrapper, BlockScales,
-    Shapes, PREFETCH_ROWS,
+    block_scales, dot_mxfp4_avx2, drive, h2f, h2f_pair, hsum_ps, iq4_nl_tail, load32, nibbles_32,
+    prefetch_rows, shapes, tile_kernels, tile_shape, tile_wrapper, BlockScales, Shapes,
+    PREFETCH_ROWS,
 };
 use super::{
-    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K,
-    BlockQ8_0, BlockQ8_1,
+    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0,
+    BlockQ8_1,
 };
 use std::arch::x86_64::*;
 
@@ -41,7 +41,6 @@ macro_rules! safe_wrapper {
     };
 }
 
-safe_wrapper!(dot_q4_0, dot_q4_0_512, BlockQ4_0, BlockQ8_0);
 safe_wrapper!(dot_mxfp4, dot_mxfp4_512, BlockMXFP4, BlockQ8_0);
 safe_wrapper!(dot_iq4_nl, dot_iq4_nl_512, BlockIQ4NL, BlockQ8_0);
 safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);
@@ -95,18 +94,11 @@ unsafe fn dot_pairs<W: BlockScales<A>, A>(
         let v = dot_offset(u, s, off);
         acc = _mm512_fmadd_ps(join_ps(d0, d1), _mm512_cvtepi32_ps(v), acc);
     }
-    _mm512_reduce_add_ps(acc)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_0_512(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
-    let even = w.len() & !1;
-    let s = dot_pairs(&w[..even], &a[..even], |x0, x1, y0, y1| {
-        let u = join(nibbles_32(&x0.qs), nibbles_32(&x1.qs));
-        let s = join(load32(&y0.qs), load32(&y1.qs));
-        (u, s, 8)
-    });
-    s + dot_q4_0_avx2(&w[even..], &a[even..])
+    // ggml's `hsum_float_8(accum1 + accum2)`: even blocks in lanes 0..8,
+    // odd ones in 8..16.
+    let lo = _mm512_castps512_ps256(acc);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    hsum_ps(_mm256_add_ps(lo, hi))
 }
 
 /// A 4-bit lookup table offset to unsigned bytes, in all four 128-bit lanes.
@@ -144,7 +136,7 @@ unsafe fn dot_iq4_nl_512(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
         let s = join(load32(&y0.qs), load32(&y1.qs));
         (u, s, 127)
     });
-    s + dot_iq4_nl_avx2(&w[even..], &a[even..])
+    iq4_nl_tail(s, &w[even..], &a[even..])
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -153,7 +145,7 @@ unsafe fn dot_q6_k_512(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     let m2 = _mm512_set1_epi8(0x03);
     let zero = _mm512_setzero_si512();
     let groups = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    let mut acc = _mm512_setzero_ps();
+    let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let scales = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
         // The -32 offset: 32 * sum_g scales[g] * bsums[g].
@@ -183,13 +175,19 @@ unsafe fn dot_q6_k_512(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
                 sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dp, s));
             }
         }
-        acc = _mm512_fmadd_ps(
-            _mm512_set1_ps(h2f(x.d) * y.d),
-            _mm512_cvtepi32_ps(sumi),
+        // Lanes j and j + 8 hold what ggml's AVX2 kernel sums in lane j
+        // (exact integers): fold them before rounding to f32.
+        let sumi = _mm256_add_epi32(
+            _mm512_castsi512_si256(sumi),
+            _mm512_extracti64x4_epi64(sumi, 1),
+        );
+        acc = _mm256_fmadd_ps(
+            _mm256_set1_ps(y.d * h2f(x.d)),
+            _mm256_cvtepi32_ps(sumi),
             acc,
         );
     }
-    _mm512_reduce_add_ps(acc)
+    hsum_ps(acc)
 }
 
 // Tile kernels with 256-bit VNNI (`vpdpbusd` / `vpdpwssd` on ymm, AVX-512 VL)

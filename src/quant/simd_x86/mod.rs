@@ -355,19 +355,95 @@ pub(super) unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
     dot_lut4(&KVALUES_MXFP4, w, a, |x| &x.qs)
 }
 
+/// `ggml_vec_dot_iq4_nl_q8_0`'s AVX2 path, to the bit: block pairs in two
+/// 8-lane FMA chains (even and odd blocks), `hsum(acc1 + acc2)`, then an odd
+/// last block by [`iq4_nl_tail`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    let lut =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    let even = w.len().min(a.len()) & !1;
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (x, y) in w[..even].chunks_exact(2).zip(a[..even].chunks_exact(2)) {
+        for k in 0..2 {
+            let d = h2f_mul(y[k].d.to_bits(), x[k].d.to_bits());
+            let vals = _mm256_shuffle_epi8(lut, nibbles_32(&x[k].qs));
+            let p = mul_sum_i8_pairs(vals, load32(&y[k].qs));
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[k]);
+        }
+    }
+    let s = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+    iq4_nl_tail(s, &w[even..], &a[even..])
+}
+
+/// ggml's scalar loop after the block pairs of `ggml_vec_dot_iq4_nl_q8_0`:
+/// `sumf += d * sumi` per block (contracted to an FMA by GCC).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn iq4_nl_tail(mut sumf: f32, w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    for (x, y) in w.iter().zip(a) {
+        let d = h2f_mul(y.d.to_bits(), x.d.to_bits());
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += y.qs[j] as i32 * KVALUES_IQ4NL[(x.qs[j] & 0xF) as usize] as i32;
+            sumi += y.qs[j + 16] as i32 * KVALUES_IQ4NL[(x.qs[j] >> 4) as usize] as i32;
+        }
+        sumf = d.mul_add(sumi as f32, sumf);
+    }
+    sumf
+}
+
+/// IQ4_NL blocks in one 8-lane FMA chain: llamafile's tinyBLAS
+/// (`tinyBLAS_Q0_AVX`, what ggml's CPU backend runs for two or more
+/// activation rows), per output.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_iq4_nl_chain_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
     dot_lut4(&KVALUES_IQ4NL, w, a, |x| &x.qs)
 }
 
+/// The tinyBLAS tile of IQ4_NL: [`dot_iq4_nl_chain_avx2`] for every pair
+/// (see `TileFn`; rows of `nb` blocks).
+pub(crate) fn tile_iq4_nl(nb: usize, w: &[BlockIQ4NL], a: &[BlockQ8_0], out: &mut [f32]) {
+    let n_rows = w.len() / nb;
+    for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nb)) {
+        for (o, row) in o.iter_mut().zip(w.chunks_exact(nb)) {
+            // SAFETY: only selected when CpuCaps::has_avx2() (see module docs).
+            *o = unsafe { dot_iq4_nl_chain_avx2(row, act) };
+        }
+    }
+}
+
+/// The min term of one Q4_K / Q5_K block as ggml's AVX2 kernel keeps it:
+/// `acc_m + dmin * (mins[k] * (bsums[2k] + bsums[2k+1]))` in four f32
+/// lanes (one FMA per block, `dmin = -(y.d * x.dmin)`), reduced by
+/// [`hsum_ps4`] at the end.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mins_fma(acc_m: __m128, bsums: &[i16; 16], m: &[u8; 8], dmin: f32) -> __m128 {
+    let bs = _mm256_loadu_si256(bsums.as_ptr() as *const __m256i);
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(m.as_ptr() as *const __m128i));
+    let prod = _mm_madd_epi16(mins, pairs);
+    _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m)
+}
+
+/// ggml's reduction of the four-lane min accumulator: `(l0 + l2) + (l1 + l3)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_ps4(v: __m128) -> f32 {
+    let r = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+/// `ggml_vec_dot_q4_K_q8_K`'s AVX2 path, to the bit.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k_avx2(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = 0.0f32;
+    let mut acc_m = _mm_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let (sc, m) = x.scale_mins();
-        acc_m += h2f(x.dmin) * y.d * mins_dot(&y.bsums, &m) as f32;
+        acc_m = mins_fma(acc_m, &y.bsums, &m, -(y.d * h2f(x.dmin)));
         let mut sumi = _mm256_setzero_si256();
         for c in 0..4 {
             let q4 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * c) as *const __m256i);
@@ -379,10 +455,10 @@ unsafe fn dot_q4_k_avx2(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
             let phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
         }
-        let d = _mm256_set1_ps(h2f(x.d) * y.d);
+        let d = _mm256_set1_ps(y.d * h2f(x.d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) - acc_m
+    hsum_ps(acc) + hsum_ps4(acc_m)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -391,10 +467,12 @@ unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     let m2 = _mm256_set1_epi8(0x03);
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
-        // The -32 offset, folded into the block sums of the activations.
-        let bias: i32 = (0..16)
-            .map(|g| x.scales[g] as i32 * y.bsums[g] as i32)
-            .sum();
+        // The -32 offset, folded into the block sums of the activations:
+        // 32 * (scales[2k] * bsums[2k] + scales[2k+1] * bsums[2k+1]) off
+        // lane k, as ggml does (the lanes are rounded to f32 one by one).
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr() as *const __m128i));
+        let bias = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
         let mut sumi = _mm256_set1_epi32(0);
         for h in 0..2 {
             let ql0 = _mm256_loadu_si256(x.ql.as_ptr().add(64 * h) as *const __m256i);
@@ -425,8 +503,8 @@ unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
-        sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * bias, 0, 0, 0, 0, 0, 0, 0));
-        let d = _mm256_set1_ps(h2f(x.d) * y.d);
+        sumi = _mm256_sub_epi32(sumi, bias);
+        let d = _mm256_set1_ps(y.d * h2f(x.d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
@@ -491,17 +569,15 @@ unsafe fn scaled_pairs(p16: __m256i, s0: i16, s1: i16) -> __m256i {
 unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
     let m3 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = 0.0f32;
     for (x, y) in w.iter().zip(a) {
-        // sum_j bsums[j] * (scales[j] >> 4), via i16 pairs.
+        // bsums[j] * (scales[j] >> 4) in i32 pairs, into the same FMA chain
+        // as the quants with `dmin = -(y.d * x.dmin)`, as ggml does.
         let sc = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
         let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let p = _mm256_madd_epi16(mins, bs);
-        let p = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-        let p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
-        let summs = _mm_cvtsi128_si32(_mm_add_epi32(p, _mm_shuffle_epi32(p, 1)));
-        acc_m += y.d * h2f(x.dmin) * summs as f32;
+        let dmin = -(y.d * h2f(x.dmin));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(p), acc);
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
             let q2 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * h) as *const __m256i);
@@ -524,7 +600,7 @@ unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
         let d = _mm256_set1_ps(y.d * h2f(x.d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) - acc_m
+    hsum_ps(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

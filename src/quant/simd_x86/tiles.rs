@@ -148,7 +148,9 @@ macro_rules! tile_kernels {
         pub(in crate::quant) mod $m {
             #[allow(unused_imports)]
             use super::*;
-            use $crate::quant::simd_x86::{bits_32, h2f, h2f_pair, hsum_ps, load32, nibbles_32};
+            use $crate::quant::simd_x86::{
+                bits_32, h2f, h2f_pair, hsum_ps, hsum_ps4, load32, nibbles_32,
+            };
             use $crate::quant::{BlockQ4K, BlockQ4_1, BlockQ5_0, BlockQ8K, BlockQ8_0, BlockQ8_1};
 
             /// Lane `r` (< 4) of both 128-bit halves, broadcast.
@@ -325,7 +327,7 @@ macro_rules! tile_kernels {
             ) {
                 let m4 = _mm256_set1_epi8(0x0F);
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
-                let mut acc_m = [_mm_setzero_ps(); T];
+                let mut acc_m = [[_mm_setzero_ps(); T]; R];
                 for b in 0..nb {
                     let mut hd = [0u16; 4];
                     let mut hm = [0u16; 4];
@@ -345,22 +347,18 @@ macro_rules! tile_kernels {
                     let mut dv = [_mm256_setzero_ps(); T];
                     for t in 0..T {
                         let y = &*a.add(t * nb + b);
-                        // `mins_dot` of each row (the same integers), then
-                        // `acc_m += dmin * y.d * mins` per row.
+                        // `mins_fma` of each row: four lanes per (row,
+                        // activation), `dmin = -(y.d * x.dmin)`.
                         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
                         let pairs = _mm_hadd_epi16(
                             _mm256_castsi256_si128(bs),
                             _mm256_extracti128_si256(bs, 1),
                         );
-                        let mut p = [_mm_setzero_si128(); 4];
-                        for (p, m) in p.iter_mut().zip(&mins).take(R) {
-                            *p = _mm_madd_epi16(*m, pairs);
+                        let dmin = lanes4(_mm_mul_ps(_mm_set1_ps(-y.d), xdmin));
+                        for r in 0..R {
+                            let p = _mm_cvtepi32_ps(_mm_madd_epi16(mins[r], pairs));
+                            acc_m[r][t] = _mm_fmadd_ps(_mm_set1_ps(dmin[r]), p, acc_m[r][t]);
                         }
-                        let md =
-                            _mm_hadd_epi32(_mm_hadd_epi32(p[0], p[1]), _mm_hadd_epi32(p[2], p[3]));
-                        let yd = _mm_set1_ps(y.d);
-                        let term = _mm_mul_ps(_mm_mul_ps(xdmin, yd), _mm_cvtepi32_ps(md));
-                        acc_m[t] = _mm_add_ps(acc_m[t], term);
                         dv[t] = _mm256_mul_ps(xd8, _mm256_set1_ps(y.d));
                     }
                     let mut sumi = [[_mm256_setzero_si256(); T]; R];
@@ -400,9 +398,8 @@ macro_rules! tile_kernels {
                     }
                 }
                 for t in 0..T {
-                    let m = lanes4(acc_m[t]);
                     for r in 0..R {
-                        *out.add(t * ld + r) = hsum_ps(acc[r][t]) - m[r];
+                        *out.add(t * ld + r) = hsum_ps(acc[r][t]) + hsum_ps4(acc_m[r][t]);
                     }
                 }
             }
