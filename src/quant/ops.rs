@@ -186,6 +186,31 @@ x86_tiles!(
     BlockQ4K => tile_q4_k,
 );
 
+/// `TileKernels` with an AVX2 tile kernel at both x86 levels: the types
+/// whose one-row kernel is the AVX2 one on AVX-512 CPUs too.
+macro_rules! avx2_tiles {
+    ($($b:ty => $k:ident),* $(,)?) => {
+        $(impl TileKernels for $b {
+            fn tile_kernel(caps: CpuCaps) -> Option<TileFn<Self>> {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if caps.has_avx2() {
+                        return Some(super::simd_x86::$k);
+                    }
+                }
+                let _ = caps;
+                None
+            }
+        })*
+    };
+}
+
+avx2_tiles!(
+    BlockIQ2XXS => tile_iq2_xxs,
+    BlockIQ2XS => tile_iq2_xs,
+    BlockIQ2S => tile_iq2_s,
+);
+
 impl TileKernels for f32 {}
 impl TileKernels for f16 {}
 impl TileKernels for bf16 {}
@@ -211,9 +236,6 @@ impl TileKernels for BlockIQ4NL {
 }
 impl TileKernels for BlockIQ4XS {}
 impl TileKernels for BlockMXFP4 {}
-impl TileKernels for BlockIQ2XXS {}
-impl TileKernels for BlockIQ2XS {}
-impl TileKernels for BlockIQ2S {}
 impl TileKernels for BlockNVFP4 {}
 impl TileKernels for BlockIQ3XXS {}
 impl TileKernels for BlockIQ3S {}

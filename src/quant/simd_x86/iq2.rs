@@ -22,7 +22,7 @@ safe_wrapper!(dot_iq2_s, dot_iq2_s_avx2, BlockIQ2S, BlockQ8K);
 
 /// ggml's `keven_signs_q2xs`: entry `k` is the 8 bytes +1 / -1 of the sign
 /// byte `KSIGNS_IQ2XS[k]` (bit `j` set: byte `j` is -1).
-static KEVEN_SIGNS: [u64; 128] = keven_signs();
+pub(super) static KEVEN_SIGNS: [u64; 128] = keven_signs();
 
 const fn keven_signs() -> [u64; 128] {
     let mut t = [0u64; 128];
@@ -43,7 +43,7 @@ const fn keven_signs() -> [u64; 128] {
 /// 0x80 where the 4-bit index has an odd number of set bits (ggml's
 /// `k_bit_helper`): the eighth sign bit of IQ2_XS, whose minus signs are
 /// even in number.
-static PARITY_80: [u8; 16] = parity_80();
+pub(super) static PARITY_80: [u8; 16] = parity_80();
 
 const fn parity_80() -> [u8; 16] {
     let mut t = [0u8; 16];
@@ -58,7 +58,7 @@ const fn parity_80() -> [u8; 16] {
 /// Four u64 (grid points, sign vectors) as one vector, `g[0]` lowest.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn u64x4(g: [u64; 4]) -> __m256i {
+pub(super) unsafe fn u64x4(g: [u64; 4]) -> __m256i {
     _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64)
 }
 
@@ -97,7 +97,7 @@ unsafe fn dot_iq2_xxs_avx2(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
 /// per 16 weights in weight order (low nibble of `scales[ib]`, then high).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales_16(scales: &[u8; 8]) -> __m128i {
+pub(super) unsafe fn scales_16(scales: &[u8; 8]) -> __m128i {
     let m4 = _mm_set1_epi8(0xF);
     let s = _mm_set1_epi64x(i64::from_le_bytes(*scales));
     let s = _mm_unpacklo_epi8(
@@ -112,7 +112,7 @@ unsafe fn scales_16(scales: &[u8; 8]) -> __m128i {
 /// 128-bit lane) is set, else 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sign_masks(signs: __m256i, spread: __m256i) -> __m256i {
+pub(super) unsafe fn sign_masks(signs: __m256i, spread: __m256i) -> __m256i {
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     _mm256_cmpeq_epi8(
         _mm256_and_si256(_mm256_shuffle_epi8(signs, spread), bit),
@@ -182,7 +182,7 @@ unsafe fn dot_iq2_xs_avx2(w: &[BlockIQ2XS], a: &[BlockQ8K]) -> f32 {
 /// ggml's `get_scale_shuffle(ib)`: byte `2ib` eight times, then `2ib + 1`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_pair(ib: usize) -> __m128i {
+pub(super) unsafe fn scale_pair(ib: usize) -> __m128i {
     let lo = 0x0101_0101_0101_0101u64 * (2 * ib as u64);
     _mm_set_epi64x((lo + 0x0101_0101_0101_0101) as i64, lo as i64)
 }

@@ -698,6 +698,8 @@ pub(crate) use iq1::{dot_iq1_m, dot_iq1_s};
 pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
 mod iq2;
 pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs};
+mod iq2_tiles;
+pub(crate) use iq2_tiles::{tile_iq2_s, tile_iq2_xs, tile_iq2_xxs};
 
 mod tiles;
 pub(super) use tiles::{
