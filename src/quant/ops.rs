@@ -180,6 +180,31 @@ x86_tiles!(
     BlockQ4K => tile_q4_k,
 );
 
+/// `TileKernels` with an AVX2 tile kernel only (these types' dot kernels are
+/// AVX2 on AVX-512 machines too).
+macro_rules! avx2_tiles {
+    ($($b:ty => $k:ident),* $(,)?) => {
+        $(impl TileKernels for $b {
+            fn tile_kernel(caps: CpuCaps) -> Option<TileFn<Self>> {
+                #[cfg(target_arch = "x86_64")]
+                if caps.has_avx2() {
+                    return Some(super::simd_x86::$k);
+                }
+                let _ = caps;
+                None
+            }
+        })*
+    };
+}
+
+avx2_tiles!(
+    BlockIQ3XXS => tile_iq3_xxs,
+    BlockIQ3S => tile_iq3_s,
+    BlockIQ1S => tile_iq1_s,
+    BlockIQ1M => tile_iq1_m,
+    BlockNVFP4 => tile_nvfp4,
+);
+
 impl TileKernels for f32 {}
 impl TileKernels for f16 {}
 impl TileKernels for bf16 {}
@@ -195,11 +220,6 @@ impl TileKernels for BlockMXFP4 {}
 impl TileKernels for BlockIQ2XXS {}
 impl TileKernels for BlockIQ2XS {}
 impl TileKernels for BlockIQ2S {}
-impl TileKernels for BlockNVFP4 {}
-impl TileKernels for BlockIQ3XXS {}
-impl TileKernels for BlockIQ3S {}
-impl TileKernels for BlockIQ1S {}
-impl TileKernels for BlockIQ1M {}
 
 /// [`QuantOps`] for block type `B` with a fixed dot kernel.
 struct BlockOps<B: GgmlBlock> {
