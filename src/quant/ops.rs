@@ -209,6 +209,11 @@ avx2_tiles!(
     BlockIQ2XXS => tile_iq2_xxs,
     BlockIQ2XS => tile_iq2_xs,
     BlockIQ2S => tile_iq2_s,
+    BlockIQ3XXS => tile_iq3_xxs,
+    BlockIQ3S => tile_iq3_s,
+    BlockIQ1S => tile_iq1_s,
+    BlockIQ1M => tile_iq1_m,
+    BlockNVFP4 => tile_nvfp4,
 );
 
 impl TileKernels for f32 {}
@@ -236,11 +241,6 @@ impl TileKernels for BlockIQ4NL {
 }
 impl TileKernels for BlockIQ4XS {}
 impl TileKernels for BlockMXFP4 {}
-impl TileKernels for BlockNVFP4 {}
-impl TileKernels for BlockIQ3XXS {}
-impl TileKernels for BlockIQ3S {}
-impl TileKernels for BlockIQ1S {}
-impl TileKernels for BlockIQ1M {}
 
 /// [`QuantOps`] for block type `B` with a fixed dot kernel.
 struct BlockOps<B: GgmlBlock> {

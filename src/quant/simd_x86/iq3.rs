@@ -15,7 +15,7 @@ safe_wrapper!(dot_iq3_s, dot_iq3_s_avx2, BlockIQ3S, BlockQ8K);
 
 /// ggml's `keven_signs_q2xs`: [`KSIGNS_IQ2XS`] spread to 8 bytes, -1 where
 /// the bit is set and 1 elsewhere (a `_mm256_sign_epi8` operand).
-static KEVEN_SIGNS: [u64; 128] = {
+pub(super) static KEVEN_SIGNS: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut k = 0;
     while k < 128 {
@@ -34,7 +34,7 @@ static KEVEN_SIGNS: [u64; 128] = {
 /// Eight 4-byte grid entries, entry `i` in lane `i` (`_mm256_set_epi32`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn grid_x8(grid: &[u32], idx: [usize; 8]) -> __m256i {
+pub(super) unsafe fn grid_x8(grid: &[u32], idx: [usize; 8]) -> __m256i {
     let g = |i: usize| grid[idx[i]] as i32;
     _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0))
 }
@@ -76,11 +76,11 @@ unsafe fn dot_iq3_xxs_avx2(w: &[BlockIQ3XXS], a: &[BlockQ8K]) -> f32 {
     0.25 * hsum_ps(acc)
 }
 
-/// `q8` negated where the 32 bits of `signs` are set (weight `j` of the 32
-/// is bit `j`): bytes picked by `k_mask1`, bits by `k_mask2`, as ggml does.
+/// The byte mask of `signs` (weight `j` of the 32 is bit `j`): 0xFF where
+/// set, bytes picked by `k_mask1` and bits by `k_mask2`, as ggml does.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn apply_signs(q8: __m256i, signs: u32) -> __m256i {
+pub(super) unsafe fn sign_mask(signs: u32) -> __m256i {
     let mask1 = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
         0x0202_0202_0202_0202,
@@ -92,7 +92,14 @@ unsafe fn apply_signs(q8: __m256i, signs: u32) -> __m256i {
         _mm256_shuffle_epi8(_mm256_set1_epi32(signs as i32), mask1),
         mask2,
     );
-    let s = _mm256_cmpeq_epi8(bits, mask2);
+    _mm256_cmpeq_epi8(bits, mask2)
+}
+
+/// `q8` negated where the 32 bits of `signs` are set (see [`sign_mask`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn apply_signs(q8: __m256i, signs: u32) -> __m256i {
+    let s = sign_mask(signs);
     _mm256_sub_epi8(_mm256_xor_si256(s, q8), s)
 }
 

@@ -99,6 +99,8 @@ safe_wrapper!(dot_nvfp4, dot_nvfp4_avx2, BlockNVFP4, BlockQ8_0);
 
 mod nvfp4;
 use nvfp4::dot_nvfp4_avx2;
+mod iq_tiles;
+pub(crate) use iq_tiles::{tile_iq1_m, tile_iq1_s, tile_iq3_s, tile_iq3_xxs, tile_nvfp4};
 
 /// Shared float loop: `load(i)` gives 8 f32 from element `i`.
 macro_rules! float_dot {
