@@ -988,6 +988,15 @@ mod tests {
             assert_eq!(BlockQ5_0::tile_kernel(caps).is_some(), want);
             assert_eq!(BlockQ8_0::tile_kernel(caps).is_some(), want);
             assert_eq!(BlockQ4K::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockIQ4NL::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockIQ2XXS::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockIQ2XS::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockIQ2S::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockIQ3XXS::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockIQ3S::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockIQ1S::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockIQ1M::tile_kernel(caps).is_some(), want);
+            assert_eq!(BlockNVFP4::tile_kernel(caps).is_some(), want);
         }
     }
 
