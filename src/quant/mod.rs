@@ -60,6 +60,7 @@ macro_rules! x86_kernels {
 
 mod common;
 mod float;
+mod ggml_tiled;
 mod iq1;
 mod iq2;
 mod iq3;
@@ -92,7 +93,7 @@ pub use mxfp4::BlockMXFP4;
 pub use nvfp4::BlockNVFP4;
 pub use ops::{
     dequantize_row, kernel_for, ops, ops_with_caps, quantize_activations, quantize_row, scalar_ops,
-    CpuCaps, QuantOps, SUPPORTED_TYPES,
+    CpuCaps, QuantOps, GGML_TILED_MIN_BATCH, SUPPORTED_TYPES,
 };
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;

@@ -139,7 +139,27 @@ pub trait QuantOps: Send + Sync {
         acts: &[u8],
         out: &mut [f32],
     ) -> Result<(), QuantError>;
+    /// [`QuantOps::vec_dot_tile`] for part of a product whose whole batch
+    /// has `batch` activation rows (MUL_MAT: the tokens; MUL_MAT_ID: the
+    /// rows routed to this expert). ggml's x86 CPU backend picks its kernel
+    /// by that count: from [`GGML_TILED_MIN_BATCH`] rows on, the K-quants,
+    /// IQ4_XS and the 1-3-bit i-quants go through its tiled path, whose
+    /// per-block float steps differ from `vec_dot`'s; these are its bits.
+    fn vec_dot_tile_batch(
+        &self,
+        n: usize,
+        w_rows: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        batch: usize,
+    ) -> Result<(), QuantError> {
+        let _ = batch;
+        self.vec_dot_tile(n, w_rows, acts, out)
+    }
 }
+
+/// ggml's tiled-path batch floor (`ggml_tiled_min_batch`).
+pub const GGML_TILED_MIN_BATCH: usize = super::ggml_tiled::MIN_BATCH;
 
 /// A tile kernel: `tile(nb, w, a, out)` sets `out[t * nr + r]` to the dot
 /// product of weight row `r` and activation row `t` (rows of `nb` blocks,
@@ -156,6 +176,55 @@ trait TileKernels: GgmlBlock {
         None
     }
 }
+
+/// Block types ggml multiplies with its "tiled" path at
+/// [`ggml_tiled::MIN_BATCH`] or more activation rows, and the kernel giving
+/// those bits (see [`QuantOps::vec_dot_tile_batch`]).
+trait BatchKernel: GgmlBlock {
+    fn batch_kernel(_caps: CpuCaps) -> Option<TileFn<Self>> {
+        None
+    }
+}
+
+macro_rules! ggml_tiled_types {
+    ($($b:ty),* $(,)?) => {
+        $(impl BatchKernel for $b {
+            fn batch_kernel(caps: CpuCaps) -> Option<TileFn<Self>> {
+                // ggml's x86 builds with AVX2 and FMA (the AVX-512 VNNI
+                // kernel gives the same bits); elsewhere it has no tiled path.
+                (cfg!(target_arch = "x86_64") && caps.has_avx2())
+                    .then_some(super::ggml_tiled::tiled::<$b> as TileFn<$b>)
+            }
+        })*
+    };
+}
+
+ggml_tiled_types!(
+    BlockQ2K,
+    BlockQ3K,
+    BlockQ4K,
+    BlockQ5K,
+    BlockQ6K,
+    BlockIQ4XS,
+    BlockIQ2XXS,
+    BlockIQ2XS,
+    BlockIQ2S,
+    BlockIQ3XXS,
+    BlockIQ3S,
+    BlockIQ1S,
+    BlockIQ1M,
+);
+impl BatchKernel for f32 {}
+impl BatchKernel for f16 {}
+impl BatchKernel for bf16 {}
+impl BatchKernel for BlockQ4_0 {}
+impl BatchKernel for BlockQ4_1 {}
+impl BatchKernel for BlockQ5_0 {}
+impl BatchKernel for BlockQ5_1 {}
+impl BatchKernel for BlockQ8_0 {}
+impl BatchKernel for BlockIQ4NL {}
+impl BatchKernel for BlockMXFP4 {}
+impl BatchKernel for BlockNVFP4 {}
 
 /// `TileKernels` with the AVX-512 (VNNI, 32 registers) and the AVX2 tile
 /// kernels of the type.
@@ -246,20 +315,24 @@ impl TileKernels for BlockMXFP4 {}
 struct BlockOps<B: GgmlBlock> {
     dot: DotFn<B>,
     tile: Option<TileFn<B>>,
+    /// ggml's tiled-path kernel, for batches of `ggml_tiled::MIN_BATCH`+ rows.
+    batch: Option<TileFn<B>>,
     name: &'static str,
 }
 
-impl<B: TileKernels> BlockOps<B> {
+impl<B: TileKernels + BatchKernel> BlockOps<B> {
     fn new(caps: CpuCaps) -> Self {
         match B::simd_dot(caps) {
             Some(k) => BlockOps {
                 dot: k.dot,
                 tile: B::tile_kernel(caps),
+                batch: B::batch_kernel(caps),
                 name: k.name,
             },
             None => BlockOps {
                 dot: B::vec_dot,
                 tile: None,
+                batch: None,
                 name: "scalar",
             },
         }
@@ -324,7 +397,7 @@ impl<B: TileKernels> BlockOps<B> {
     }
 }
 
-impl<B: TileKernels> QuantOps for BlockOps<B> {
+impl<B: TileKernels + BatchKernel> QuantOps for BlockOps<B> {
     fn ty(&self) -> GgmlType {
         B::TYPE
     }
@@ -466,6 +539,45 @@ impl<B: TileKernels> QuantOps for BlockOps<B> {
                 *o = (self.dot)(n, row, act);
             }
         }
+        Ok(())
+    }
+
+    fn vec_dot_tile_batch(
+        &self,
+        n: usize,
+        w_rows: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        batch: usize,
+    ) -> Result<(), QuantError> {
+        let Some(kernel) = self.batch.filter(|_| batch >= GGML_TILED_MIN_BATCH) else {
+            return self.vec_dot_tile(n, w_rows, acts, out);
+        };
+        let nb = Self::blocks_in(n, "vec_dot_tile")?;
+        let wrb = nb * size_of::<B>();
+        let n_rows = w_rows.len().checked_div(wrb).unwrap_or(0);
+        Self::check_len(
+            "vec_dot_tile weight rows",
+            "bytes",
+            B::TYPE,
+            n_rows * wrb,
+            w_rows.len(),
+        )?;
+        let n_acts = out.len().checked_div(n_rows).unwrap_or(0);
+        Self::check_len(
+            "vec_dot_tile outputs",
+            "values (weight rows x activation rows)",
+            B::TYPE,
+            n_rows * n_acts,
+            out.len(),
+        )?;
+        if n_rows == 0 || nb == 0 {
+            out.fill(0.0);
+            return Ok(());
+        }
+        let a = Self::act_rows(n, n_acts, acts)?;
+        let w = cast_or_copy::<B>(B::TYPE, "vec_dot_tile weight rows", w_rows)?;
+        kernel(nb, &w, &a, out);
         Ok(())
     }
 }

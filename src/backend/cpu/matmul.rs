@@ -172,7 +172,7 @@ pub(super) fn matmul_many(
             for t0 in (0..n_tok).step_by(TILE) {
                 let nt = TILE.min(n_tok - t0);
                 let a_tile = &acts[t0 * arb..(t0 + nt) * arb];
-                tile_products(m, w_rows, a_tile, nt, tmp, |t, q0, res| {
+                tile_products(m, w_rows, a_tile, nt, n_tok, tmp, |t, q0, res| {
                     // SAFETY: t0 + t < n_tok and r0 + q0 + res.len() <= m.n,
                     // so the range is in bounds; these output rows' columns
                     // r0..r0 + rows belong to this work item only.
@@ -194,12 +194,15 @@ pub(super) fn matmul_many(
 /// activation rows of `a_tile`, in tiles of [`TILE_ROWS`] rows: the tile's
 /// weight rows and activation rows stay in cache while they are combined.
 /// `put(t, q0, res)` receives activation `t`'s results for the tile's rows
-/// `q0..q0 + res.len()`.
+/// `q0..q0 + res.len()`. `batch` is the whole product's activation row
+/// count, which picks ggml's kernel (see [`quant::QuantOps::vec_dot_tile_batch`]).
+#[allow(clippy::too_many_arguments)]
 fn tile_products(
     m: &Matrix,
     w_rows: &[u8],
     a_tile: &[u8],
     nt: usize,
+    batch: usize,
     tmp: &mut Vec<f32>,
     mut put: impl FnMut(usize, usize, &[f32]),
 ) -> Result<(), quant::QuantError> {
@@ -209,7 +212,7 @@ fn tile_products(
         let nq = TILE_ROWS.min(rows - q0);
         let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
         let res = &mut tmp[..nq * nt];
-        m.ops.vec_dot_tile(m.k, w_tile, a_tile, res)?;
+        m.ops.vec_dot_tile_batch(m.k, w_tile, a_tile, res, batch)?;
         for (t, res) in res.chunks_exact(nq).enumerate() {
             put(t, q0, res);
         }
@@ -283,7 +286,8 @@ pub(super) fn mul_mat_id(
             for (p, pairs) in by_expert[e].chunks(TILE).enumerate() {
                 let a0 = first[e] + p * TILE;
                 let a_tile = &acts[a0 * arb..(a0 + pairs.len()) * arb];
-                tile_products(&m, w_rows, a_tile, pairs.len(), tmp, |t, q0, res| {
+                let batch = by_expert[e].len();
+                tile_products(&m, w_rows, a_tile, pairs.len(), batch, tmp, |t, q0, res| {
                     let r_out = pairs[t].0;
                     for (i, v) in res.iter().enumerate() {
                         // SAFETY: r_out < ids.len() and r0 + q0 + i < m.n, so the
