@@ -54,7 +54,7 @@ impl GgmlBlock for f32 {
         out.copy_from_slice(x);
         Ok(())
     }
-    x86_kernels!(avx2: dot_f32);
+    x86_kernels!(avx2: dot_f32, avx512: dot_f32);
 }
 
 impl ActBlock for f16 {

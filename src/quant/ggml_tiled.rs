@@ -52,7 +52,14 @@ macro_rules! plain_d {
     )*};
 }
 plain_d!(
-    BlockQ3K, BlockQ6K, BlockIQ4XS, BlockIQ2XXS, BlockIQ2XS, BlockIQ2S, BlockIQ3XXS, BlockIQ3S,
+    BlockQ3K,
+    BlockQ6K,
+    BlockIQ4XS,
+    BlockIQ2XXS,
+    BlockIQ2XS,
+    BlockIQ2S,
+    BlockIQ3XXS,
+    BlockIQ3S,
     BlockIQ1S
 );
 
@@ -81,7 +88,8 @@ impl TiledBlock for BlockIQ1M {
         let mut b = *self;
         let h = d.to_bits();
         for k in 0..4 {
-            b.scales[2 * k + 1] = (b.scales[2 * k + 1] & 0x0F) | ((((h >> (4 * k)) & 0xF) as u8) << 4);
+            b.scales[2 * k + 1] =
+                (b.scales[2 * k + 1] & 0x0F) | ((((h >> (4 * k)) & 0xF) as u8) << 4);
         }
         b
     }

@@ -60,6 +60,7 @@ macro_rules! x86_kernels {
 
 mod common;
 mod float;
+pub(crate) mod ggml_f32;
 mod ggml_tiled;
 mod iq1;
 mod iq2;

@@ -694,3 +694,5 @@ pub(crate) fn tile_q5_0(nb: usize, w: &[BlockQ5_0], a: &[BlockQ8_0], out: &mut [
         unsafe { tile_q5_0_512(nb, w, a, out) }
     }
 }
+
+pub(crate) use super::ggml_f32::avx512::dot_f32;

@@ -298,7 +298,8 @@ impl Tiled for BlockIQ1M {
         let mask = _mm256_set1_epi16(0x7);
         let mone = _mm256_set1_epi16(1);
         let sc = u64::from_le_bytes(x.scales);
-        let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc as i64), _mm256_set_epi64x(9, 3, 6, 0));
+        let scales =
+            _mm256_srlv_epi64(_mm256_set1_epi64x(sc as i64), _mm256_set_epi64x(9, 3, 6, 0));
         let scales = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(scales, mask), 1), mone);
         let mut idx1 = _mm256_set1_epi16(0x0100);
         let mut idx2 = _mm256_add_epi8(idx1, _mm256_set1_epi8(8));
