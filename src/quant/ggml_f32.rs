@@ -116,7 +116,7 @@ fn tile(
     }
     for (o, act) in out.chunks_exact_mut(nr).zip(a.chunks_exact(k)) {
         for (o, wr) in o.iter_mut().zip(w.chunks_exact(k)) {
-            *o = match (wide, k % if wide { 16 } else { 8 } == 0) {
+            *o = match (wide, k.is_multiple_of(if wide { 16 } else { 8 })) {
                 (true, true) => tinyblas_dot(wr, act),
                 (false, true) => tinyblas_dot8(wr, act),
                 _ => row(wr, act),
@@ -144,7 +144,7 @@ pub(crate) mod avx512 {
     }
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn tile(k: usize, w: &[f32], a: &[f32], out: &mut [f32]) {
-        super::tile(k, w, a, out, true, |x, y| super::vec_dot_f32(x, y))
+        super::tile(k, w, a, out, true, super::vec_dot_f32)
     }
 }
 
