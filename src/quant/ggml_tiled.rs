@@ -122,14 +122,33 @@ fn decode<B: TiledBlock>(x: &B, y: &mut [f32; QK], out: &mut Decoded) {
     out.dmin = dmin;
 }
 
-#[inline]
+#[inline(always)]
 fn idot(w: &[i16; QK], a: &[i8; QK]) -> i32 {
     w.iter().zip(a).map(|(&w, &a)| w as i32 * a as i32).sum()
 }
 
 /// `out[t * nr + r]` = row `r` of `w` (rows of `nb` blocks) times
-/// activation row `t` of `a`, with ggml's tiled-path bits.
+/// activation row `t` of `a`, with ggml's tiled-path bits. Selected only
+/// where the CPU has AVX2 and FMA (`ops::BatchKernel`).
 pub(super) fn tiled<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: only selected where CpuCaps::has_avx2() (AVX2, FMA).
+    unsafe {
+        tiled_avx2(nb, w, a, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    tiled_body(nb, w, a, out)
+}
+
+/// [`tiled_body`] compiled for AVX2 + FMA, so the integer dots vectorise.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tiled_avx2<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
+    tiled_body(nb, w, a, out)
+}
+
+#[inline(always)]
+fn tiled_body<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
     if nb == 0 || !w.len().is_multiple_of(nb) || !a.len().is_multiple_of(nb) {
         return;
     }
