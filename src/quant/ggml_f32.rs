@@ -1,7 +1,7 @@
 //! ggml's f32 dot-product orders on x86: `ggml_vec_dot_f32` and the
-//! per-output chains of llamafile's tinyBLAS (what ggml's CPU `mul_mat`
+//! per-output chain of llamafile's tinyBLAS (what ggml's CPU `mul_mat`
 //! runs for f32 operands when the batch has two or more rows), shared by
-//! the attention kernels and the F32 weight kernels.
+//! the attention kernels and the F32 weights' one-row kernel.
 //!
 //! The bodies are plain lane loops; callers compiled with AVX-512 (or AVX2)
 //! and FMA enabled get one vector instruction per step.
@@ -77,58 +77,11 @@ fn reduce_4x16(acc: &[[f32; 16]; 4]) -> f32 {
     reduce16(&r)
 }
 
-/// One output of llamafile's tinyBLAS on AVX2 (`KN` 8): one 8-lane
-/// accumulator of fused products over steps of 8, then its `hsum`:
-/// `t = hi128 + lo128`, `(t0 + t2) + (t1 + t3)`. `x.len()` is a multiple
-/// of 8.
-#[inline(always)]
-pub(crate) fn tinyblas_dot8(x: &[f32], y: &[f32]) -> f32 {
-    let mut a = [0f32; 8];
-    for (xc, yc) in x.chunks_exact(8).zip(y.chunks_exact(8)) {
-        let (xc, yc) = (&xc[..8], &yc[..8]);
-        for l in 0..8 {
-            a[l] = xc[l].mul_add(yc[l], a[l]);
-        }
-    }
-    let t: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
-    (t[0] + t[2]) + (t[1] + t[3])
-}
-
-/// `out[t * nr + r]` = F32 weight row `r` (rows of `k`) times activation row
-/// `t`, as ggml's `mul_mat` computes a batch of two or more rows: tinyBLAS
-/// where it accepts `k` (a multiple of its lane count), `ggml_vec_dot_f32`
-/// otherwise. `wide`: the AVX-512 build (16 lanes), else AVX2 (8 lanes).
-#[inline(always)]
-fn tile(
-    k: usize,
-    w: &[f32],
-    a: &[f32],
-    out: &mut [f32],
-    wide: bool,
-    row: fn(&[f32], &[f32]) -> f32,
-) {
-    if k == 0 || !w.len().is_multiple_of(k) || !a.len().is_multiple_of(k) {
-        return;
-    }
-    let nr = w.len() / k;
-    if out.len() != nr * (a.len() / k) {
-        return;
-    }
-    for (o, act) in out.chunks_exact_mut(nr).zip(a.chunks_exact(k)) {
-        for (o, wr) in o.iter_mut().zip(w.chunks_exact(k)) {
-            *o = match (wide, k.is_multiple_of(if wide { 16 } else { 8 })) {
-                (true, true) => tinyblas_dot(wr, act),
-                (false, true) => tinyblas_dot8(wr, act),
-                _ => row(wr, act),
-            };
-        }
-    }
-}
-
 /// F32 weight kernels of ggml's AVX-512 build.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
-    /// `ggml_vec_dot_f32` (one activation row).
+    /// `ggml_vec_dot_f32` (one activation row; longhaul uses it at every
+    /// batch size, see `ops::TileKernels for f32`).
     pub(crate) fn dot_f32(_n: usize, w: &[f32], a: &[f32]) -> f32 {
         // SAFETY: selected only where CpuCaps::has_avx512() (AVX-512 F, FMA).
         unsafe { dot(w, a) }
@@ -136,30 +89,5 @@ pub(crate) mod avx512 {
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn dot(w: &[f32], a: &[f32]) -> f32 {
         super::vec_dot_f32(w, a)
-    }
-    /// Two or more activation rows (see [`super::tile`]).
-    pub(crate) fn tile_f32(k: usize, w: &[f32], a: &[f32], out: &mut [f32]) {
-        // SAFETY: as `dot_f32`.
-        unsafe { tile(k, w, a, out) }
-    }
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn tile(k: usize, w: &[f32], a: &[f32], out: &mut [f32]) {
-        super::tile(k, w, a, out, true, super::vec_dot_f32)
-    }
-}
-
-/// The AVX2 build's tinyBLAS F32 tile (its one-row kernel is
-/// `simd_x86::dot_f32`).
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2 {
-    pub(crate) fn tile_f32(k: usize, w: &[f32], a: &[f32], out: &mut [f32]) {
-        // SAFETY: selected only where CpuCaps::has_avx2() (AVX2, FMA).
-        unsafe { tile(k, w, a, out) }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile(k: usize, w: &[f32], a: &[f32], out: &mut [f32]) {
-        super::tile(k, w, a, out, false, |x, y| {
-            crate::quant::simd_x86::dot_f32(x.len(), x, y)
-        })
     }
 }

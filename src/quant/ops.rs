@@ -285,22 +285,10 @@ avx2_tiles!(
     BlockNVFP4 => tile_nvfp4,
 );
 
-/// ggml multiplies F32 weights by two or more rows with tinyBLAS.
-impl TileKernels for f32 {
-    fn tile_kernel(caps: CpuCaps) -> Option<TileFn<Self>> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if caps.has_avx512() {
-                return Some(super::ggml_f32::avx512::tile_f32);
-            }
-            if caps.has_avx2() {
-                return Some(super::ggml_f32::avx2::tile_f32);
-            }
-        }
-        let _ = caps;
-        None
-    }
-}
+/// F32 keeps `ggml_vec_dot_f32` at every batch size (ggml's tinyBLAS, at
+/// 2+ rows, reassociates): a prompt's logits then do not depend on how it
+/// is split into ubatches, which the recurrent-state tests rely on.
+impl TileKernels for f32 {}
 impl TileKernels for f16 {}
 impl TileKernels for bf16 {}
 impl TileKernels for BlockQ4_0 {}
@@ -982,29 +970,9 @@ mod tests {
         (r[0] + r[2]) + (r[1] + r[3])
     }
 
-    /// llamafile's tinyBLAS F32 output (`lanes` 16 on AVX-512, 8 on AVX2):
-    /// one fused chain per lane over steps of `lanes`, then halves added
-    /// down to four lanes and `(l0 + l2) + (l1 + l3)` (GCC's
-    /// `_mm512_reduce_add_ps`, tinyBLAS's `hsum(__m256)`).
-    fn tinyblas_f32(w: &[u8], a: &[u8], lanes: usize) -> f32 {
-        let (w, a): (&[f32], &[f32]) = (bytemuck::cast_slice(w), bytemuck::cast_slice(a));
-        assert_eq!(w.len() % lanes, 0);
-        let mut acc = vec![0f32; lanes];
-        for (wc, ac) in w.chunks_exact(lanes).zip(a.chunks_exact(lanes)) {
-            for l in 0..lanes {
-                acc[l] = wc[l].mul_add(ac[l], acc[l]);
-            }
-        }
-        while acc.len() > 4 {
-            let h = acc.len() / 2;
-            acc = (0..h).map(|i| acc[i + h] + acc[i]).collect();
-        }
-        (acc[0] + acc[2]) + (acc[1] + acc[3])
-    }
-
     /// The tile kernels give the row kernel's bits, except where ggml's CPU
     /// backend itself switches to tinyBLAS (two or more activation rows of
-    /// a [`TINYBLAS`] type, or F32): there they give tinyBLAS's bits.
+    /// a [`TINYBLAS`] type): there they give tinyBLAS's bits.
     #[test]
     fn tile_kernels_give_the_bits_of_the_row_kernel() {
         let avx2 = CpuCaps {
@@ -1081,8 +1049,6 @@ mod tests {
                             // ggml's CPU backend runs tinyBLAS there.
                             let want = if TINYBLAS.contains(&ty) && n_acts > 1 && caps.has_avx2() {
                                 tinyblas_q0(ty, wr, act)
-                            } else if ty == GgmlType::F32 && n_acts > 1 && caps.has_avx2() {
-                                tinyblas_f32(wr, act, if caps.has_avx512() { 16 } else { 8 })
                             } else {
                                 one
                             };
