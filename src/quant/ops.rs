@@ -504,6 +504,42 @@ impl<B: TileKernels + BatchKernel> QuantOps for BlockOps<B> {
         acts: &[u8],
         out: &mut [f32],
     ) -> Result<(), QuantError> {
+        // Several activation rows only (see `vec_dot_rows`).
+        self.products(n, w_rows, acts, out, |n_acts| {
+            self.tile.filter(|_| n_acts > 1)
+        })
+    }
+
+    fn vec_dot_tile_batch(
+        &self,
+        n: usize,
+        w_rows: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        batch: usize,
+    ) -> Result<(), QuantError> {
+        // ggml picks its kernel once for the whole batch: a chunk of one row
+        // of a larger batch still takes the batch's kernel.
+        self.products(n, w_rows, acts, out, |_| match (self.batch, self.tile) {
+            (Some(k), _) if batch >= GGML_TILED_MIN_BATCH => Some(k),
+            (_, Some(k)) if batch >= 2 => Some(k),
+            _ => None,
+        })
+    }
+}
+
+impl<B: TileKernels + BatchKernel> BlockOps<B> {
+    /// Every weight row of `w_rows` times every activation row of `acts`
+    /// (lengths checked), with the kernel `pick(n_acts)` chooses, or the
+    /// one-row dot per pair where it chooses none.
+    fn products(
+        &self,
+        n: usize,
+        w_rows: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        pick: impl FnOnce(usize) -> Option<TileFn<B>>,
+    ) -> Result<(), QuantError> {
         let nb = Self::blocks_in(n, "vec_dot_tile")?;
         let wrb = nb * size_of::<B>();
         let n_rows = w_rows.len().checked_div(wrb).unwrap_or(0);
@@ -531,9 +567,8 @@ impl<B: TileKernels + BatchKernel> QuantOps for BlockOps<B> {
             out.fill(0.0);
             return Ok(());
         }
-        // Several activation rows only (see `vec_dot_rows`).
-        if let (Some(tile), true) = (self.tile, n_acts > 1) {
-            tile(nb, &w, &a, out);
+        if let Some(kernel) = pick(n_acts) {
+            kernel(nb, &w, &a, out);
             return Ok(());
         }
         let nab = n / <B::Act as ActBlock>::BLOCK;
@@ -542,49 +577,6 @@ impl<B: TileKernels + BatchKernel> QuantOps for BlockOps<B> {
                 *o = (self.dot)(n, row, act);
             }
         }
-        Ok(())
-    }
-
-    fn vec_dot_tile_batch(
-        &self,
-        n: usize,
-        w_rows: &[u8],
-        acts: &[u8],
-        out: &mut [f32],
-        batch: usize,
-    ) -> Result<(), QuantError> {
-        // ggml picks its kernel once for the whole batch: a chunk of one row
-        // of a larger batch still takes the batch's kernel.
-        let kernel = match (self.batch, self.tile) {
-            (Some(k), _) if batch >= GGML_TILED_MIN_BATCH => k,
-            (_, Some(k)) if batch >= 2 => k,
-            _ => return self.vec_dot_tile(n, w_rows, acts, out),
-        };
-        let nb = Self::blocks_in(n, "vec_dot_tile")?;
-        let wrb = nb * size_of::<B>();
-        let n_rows = w_rows.len().checked_div(wrb).unwrap_or(0);
-        Self::check_len(
-            "vec_dot_tile weight rows",
-            "bytes",
-            B::TYPE,
-            n_rows * wrb,
-            w_rows.len(),
-        )?;
-        let n_acts = out.len().checked_div(n_rows).unwrap_or(0);
-        Self::check_len(
-            "vec_dot_tile outputs",
-            "values (weight rows x activation rows)",
-            B::TYPE,
-            n_rows * n_acts,
-            out.len(),
-        )?;
-        if n_rows == 0 || nb == 0 {
-            out.fill(0.0);
-            return Ok(());
-        }
-        let a = Self::act_rows(n, n_acts, acts)?;
-        let w = cast_or_copy::<B>(B::TYPE, "vec_dot_tile weight rows", w_rows)?;
-        kernel(nb, &w, &a, out);
         Ok(())
     }
 }
