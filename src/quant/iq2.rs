@@ -76,7 +76,7 @@ impl BlockIQ2XXS {
 
 /// What the three layouts share: per group of 8, a grid point and its sign
 /// bits; per 16 weights, a 4-bit scale.
-trait Iq2Groups {
+pub(crate) trait Iq2Groups {
     fn d(&self) -> f16;
     /// The grid point (8 magnitudes) and sign byte of group `l` of
     /// sub-block `ib`.

@@ -50,7 +50,7 @@ impl BlockQ3K {
     }
 
     /// The 256 quants in element order, in `-4..=3`.
-    fn quants(&self) -> [i8; QK_K] {
+    pub(crate) fn quants(&self) -> [i8; QK_K] {
         let mut a = [0i8; QK_K];
         let mut m = 1u8;
         let mut o = 0;

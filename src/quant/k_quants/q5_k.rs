@@ -31,7 +31,7 @@ impl BlockQ5K {
     }
 
     /// The 256 unsigned quants (0..32) in element order.
-    fn quants(&self) -> [i8; QK_K] {
+    pub(crate) fn quants(&self) -> [i8; QK_K] {
         let mut a = [0i8; QK_K];
         for (c, q) in self.qs.chunks_exact(32).enumerate() {
             let (m1, m2) = (1u8 << (2 * c), 2u8 << (2 * c));

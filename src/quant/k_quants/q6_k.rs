@@ -28,7 +28,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 
 impl BlockQ6K {
     /// The 256 signed quants (-32..32) in element order.
-    fn quants(&self) -> [i8; QK_K] {
+    pub(crate) fn quants(&self) -> [i8; QK_K] {
         let mut a = [0i8; QK_K];
         for h in 0..2 {
             let (ql, qh) = (&self.ql[64 * h..64 * h + 64], &self.qh[32 * h..32 * h + 32]);
