@@ -25,7 +25,7 @@
 use super::common::KVALUES_IQ4NL;
 use super::iq1::{grid8, IQ1_DELTA};
 use super::iq2::Iq2Groups;
-use super::iq_tables::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
+use super::iq_tables::{IQ1S_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
 use super::{
     BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4XS,
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, GgmlBlock,
@@ -69,17 +69,41 @@ impl Tile {
     }
 }
 
+/// How a type's codes enter `maddubs`, whose first operand is unsigned.
+#[derive(Clone, Copy)]
+pub(super) enum Codes {
+    /// Already in `0..=127`.
+    Unsigned,
+    /// In `-64..=63`: `q + 64` enters, and `64 * sum_g sc_g * bsums_g` is
+    /// taken off `s1` (exact: `bsums` are the sums of the Q8_K codes).
+    Offset,
+    /// Wider (IQ4_XS's `-127..=113`): `|q|` enters, against `a` negated
+    /// where `q < 0`.
+    Signed,
+}
+
 /// A block type ggml's tiled path handles, and its decoder. Every code is
 /// in `-127..=127` and every scale in `-128..=128`, so the `maddubs` pairs
 /// and the `i32` sums cannot overflow.
 pub(super) trait TiledBlock: GgmlBlock<Act = BlockQ8K> {
     /// Sub-block mins (`dmin`) present.
     const HAS_MIN: bool;
+    const CODES: Codes;
     fn decode(&self, t: &mut Tile);
+    /// [`TiledBlock::decode`], with AVX2 where the type has a faster way
+    /// (the i-quants' grids and signs); the same `Tile`.
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_simd(&self, t: &mut Tile) {
+        self.decode(t)
+    }
 }
 
 impl TiledBlock for BlockQ2K {
     const HAS_MIN: bool = true;
+    const CODES: Codes = Codes::Unsigned;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         for (g, &s) in self.scales.iter().enumerate() {
@@ -105,6 +129,7 @@ impl TiledBlock for BlockQ2K {
 
 impl TiledBlock for BlockQ3K {
     const HAS_MIN: bool = false;
+    const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         for (o, s) in t.sc.iter_mut().zip(self.scales16()) {
@@ -129,6 +154,7 @@ fn k4_scales(t: &mut Tile, (sc, m): ([u8; 8], [u8; 8]), d: f16, dmin: f16) {
 
 impl TiledBlock for BlockQ4K {
     const HAS_MIN: bool = true;
+    const CODES: Codes = Codes::Unsigned;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         k4_scales(t, self.scale_mins(), self.d, self.dmin);
@@ -143,6 +169,7 @@ impl TiledBlock for BlockQ4K {
 
 impl TiledBlock for BlockQ5K {
     const HAS_MIN: bool = true;
+    const CODES: Codes = Codes::Unsigned;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         k4_scales(t, self.scale_mins(), self.d, self.dmin);
@@ -152,6 +179,7 @@ impl TiledBlock for BlockQ5K {
 
 impl TiledBlock for BlockQ6K {
     const HAS_MIN: bool = false;
+    const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         for (o, &s) in t.sc.iter_mut().zip(&self.scales) {
@@ -164,6 +192,7 @@ impl TiledBlock for BlockQ6K {
 
 impl TiledBlock for BlockIQ4XS {
     const HAS_MIN: bool = false;
+    const CODES: Codes = Codes::Signed;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         for (ib, src) in self.qs.chunks_exact(16).enumerate() {
@@ -208,9 +237,22 @@ macro_rules! iq2_tiled {
     ($($b:ty),*) => {$(
         impl TiledBlock for $b {
             const HAS_MIN: bool = false;
+            const CODES: Codes = Codes::Offset;
             #[inline(always)]
             fn decode(&self, t: &mut Tile) {
                 decode_iq2(self, t)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn decode_simd(&self, t: &mut Tile) {
+                for ib in 0..8 {
+                    for h in 0..2 {
+                        t.sc[2 * ib + h] = (2 * self.ls(ib, h) + 1) as i16;
+                    }
+                    let gs: [(u64, u8); 4] = std::array::from_fn(|l| self.group(ib, l));
+                    simd::signed32(t, ib, gs.map(|g| g.0), gs.map(|g| g.1));
+                }
+                t.d0 = self.d().to_f32() * 0.125;
             }
         }
     )*};
@@ -225,6 +267,7 @@ fn grid_pair(g1: u32, g2: u32) -> [u8; 8] {
 
 impl TiledBlock for BlockIQ3XXS {
     const HAS_MIN: bool = false;
+    const CODES: Codes = Codes::Offset;
     /// `(0.5 + ls) / 2 * grid = (2 ls + 1) * grid / 4`.
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -240,10 +283,26 @@ impl TiledBlock for BlockIQ3XXS {
         }
         t.d0 = self.d.to_f32() * 0.25;
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_simd(&self, t: &mut Tile) {
+        for ib in 0..8 {
+            let aux = self.aux(ib);
+            t.sub_scale(ib, 2 * (aux >> 28) as i32 + 1);
+            let g = std::array::from_fn(|l| {
+                let g = |k: usize| IQ3XXS_GRID[self.qs[8 * ib + 2 * l + k] as usize];
+                g(0) as u64 | (g(1) as u64) << 32
+            });
+            let s = std::array::from_fn(|l| KSIGNS_IQ2XS[(aux >> (7 * l) & 127) as usize]);
+            simd::signed32(t, ib, g, s);
+        }
+        t.d0 = self.d.to_f32() * 0.25;
+    }
 }
 
 impl TiledBlock for BlockIQ3S {
     const HAS_MIN: bool = false;
+    const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         for ib in 0..8 {
@@ -257,6 +316,20 @@ impl TiledBlock for BlockIQ3S {
                     self.signs[4 * ib + l],
                 );
             }
+        }
+        t.d0 = self.d.to_f32();
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_simd(&self, t: &mut Tile) {
+        for ib in 0..8 {
+            t.sub_scale(ib, self.scale(ib));
+            let g = std::array::from_fn(|l| {
+                let g = |k: usize| IQ3S_GRID[self.index(ib, 2 * l + k)];
+                g(0) as u64 | (g(1) as u64) << 32
+            });
+            let s = std::array::from_fn(|l| self.signs[4 * ib + l]);
+            simd::signed32(t, ib, g, s);
         }
         t.d0 = self.d.to_f32();
     }
@@ -274,6 +347,7 @@ const _: () = assert!(IQ1_DELTA == 0.125);
 
 impl TiledBlock for BlockIQ1S {
     const HAS_MIN: bool = false;
+    const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         for ib in 0..8 {
@@ -285,10 +359,21 @@ impl TiledBlock for BlockIQ1S {
         }
         t.d0 = self.d.to_f32() * 0.125;
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_simd(&self, t: &mut Tile) {
+        for ib in 0..8 {
+            t.sub_scale(ib, self.scale(ib));
+            let g = std::array::from_fn(|l| IQ1S_GRID[self.index(ib, l)]);
+            simd::iq1_32(t, ib, g, [self.delta_sign(ib); 4]);
+        }
+        t.d0 = self.d.to_f32() * 0.125;
+    }
 }
 
 impl TiledBlock for BlockIQ1M {
     const HAS_MIN: bool = false;
+    const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
         for ib in 0..8 {
@@ -302,35 +387,113 @@ impl TiledBlock for BlockIQ1M {
         }
         t.d0 = self.d().to_f32() * 0.125;
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_simd(&self, t: &mut Tile) {
+        for ib in 0..8 {
+            let (s1, s2) = self.scales(ib);
+            t.sc[2 * ib] = s1 as i16;
+            t.sc[2 * ib + 1] = s2 as i16;
+            let g = std::array::from_fn(|l| IQ1S_GRID[self.index(ib, l)]);
+            simd::iq1_32(t, ib, g, std::array::from_fn(|l| self.delta_sign(ib, l)));
+        }
+        t.d0 = self.d().to_f32() * 0.125;
+    }
+}
+
+/// AVX2 pieces of the i-quant decoders: 32 codes at a time.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::Tile;
+    use std::arch::x86_64::*;
+
+    /// Byte `j` is -1 where bit `j` of the index is set, else 1.
+    static SIGN_BYTES: [u64; 256] = {
+        let mut t = [0u64; 256];
+        let mut k = 0;
+        while k < 256 {
+            let mut j = 0;
+            while j < 8 {
+                let b: u64 = if (k >> j) & 1 != 0 { 0xFF } else { 0x01 };
+                t[k] |= b << (8 * j);
+                j += 1;
+            }
+            k += 1;
+        }
+        t
+    };
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn x4(v: [u64; 4]) -> __m256i {
+        _mm256_set_epi64x(v[3] as i64, v[2] as i64, v[1] as i64, v[0] as i64)
+    }
+
+    /// Sub-block `ib`'s codes: four 8-byte grid points `g`, negated where
+    /// the bits of their sign bytes `s` are set.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn signed32(t: &mut Tile, ib: usize, g: [u64; 4], s: [u8; 4]) {
+        let q = _mm256_sign_epi8(x4(g), x4(s.map(|s| SIGN_BYTES[s as usize])));
+        _mm256_storeu_si256(t.q.as_mut_ptr().add(32 * ib) as *mut __m256i, q);
+    }
+
+    /// Sub-block `ib`'s IQ1 codes `8 g + delta` of four 8-byte grid points
+    /// (bytes -1, 0, 1) with their delta signs.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn iq1_32(t: &mut Tile, ib: usize, g: [u64; 4], delta: [i32; 4]) {
+        let g = x4(g);
+        let g2 = _mm256_add_epi8(g, g);
+        let g4 = _mm256_add_epi8(g2, g2);
+        let g8 = _mm256_add_epi8(g4, g4);
+        let d = x4(delta.map(|d| {
+            if d < 0 {
+                u64::MAX
+            } else {
+                0x0101_0101_0101_0101
+            }
+        }));
+        let q = _mm256_add_epi8(g8, d);
+        _mm256_storeu_si256(t.q.as_mut_ptr().add(32 * ib) as *mut __m256i, q);
+    }
 }
 
 /// Activation rows sharing one decoded weight block.
-const TILE_T: usize = 16;
+const TILE_T: usize = 64;
 
-/// `out[t * nr + r]` = row `r` of `w` (rows of `nb` blocks) times
-/// activation row `t` of `a`, with ggml's tiled-path bits. Selected only
-/// where the CPU has AVX2 and FMA (`ops::BatchKernel`); inconsistent
-/// lengths write nothing (the callers in `ops` check them first).
-pub(super) fn tiled<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
-    if nb == 0 || !w.len().is_multiple_of(nb) || !a.len().is_multiple_of(nb) {
-        return;
-    }
-    if out.len() != (w.len() / nb) * (a.len() / nb) {
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: only selected where CpuCaps::has_avx2() (AVX2, FMA).
-    unsafe {
-        avx2::tiled(nb, w, a, out)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    portable(nb, w, a, out)
+/// Lengths the kernels accept: `nb` blocks per row, whole rows, one output
+/// per (weight row, activation row). The callers in `ops` check them first;
+/// here a mismatch writes nothing.
+fn shape_ok(nb: usize, nw: usize, na: usize, nout: usize) -> bool {
+    nb != 0 && nw.is_multiple_of(nb) && na.is_multiple_of(nb) && nout == (nw / nb) * (na / nb)
 }
 
-/// [`tiled`] in plain Rust, the same sums and float steps (ggml's tiled
-/// path is x86-only, so nothing selects this elsewhere; the tests hold the
-/// SIMD kernel to it).
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+/// `out[t * nr + r]` = row `r` of `w` (rows of `nb` blocks) times
+/// activation row `t` of `a`, with ggml's tiled-path bits, on AVX2 + FMA
+/// (selected only where `CpuCaps::has_avx2`, see `ops::BatchKernel`).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn tiled_avx2<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
+    if shape_ok(nb, w.len(), a.len(), out.len()) {
+        // SAFETY: only selected where CpuCaps::has_avx2() (AVX2, FMA).
+        unsafe { avx2::tiled(nb, w, a, out) }
+    }
+}
+
+/// [`tiled_avx2`] on AVX-512 F/BW/VL/VNNI (selected only where
+/// `CpuCaps::has_avx512`): the same integers, so the same bits.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn tiled_avx512<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
+    if shape_ok(nb, w.len(), a.len(), out.len()) {
+        // SAFETY: only selected where CpuCaps::has_avx512().
+        unsafe { avx512::tiled(nb, w, a, out) }
+    }
+}
+
+/// [`tiled_avx2`] in plain Rust, the same sums and float steps (ggml's
+/// tiled path is x86-only, so nothing selects this; the tests hold the SIMD
+/// kernels to it).
+#[cfg(test)]
 fn portable<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
     let (nr, nt) = (w.len() / nb, a.len() / nb);
     let mut tile = Tile::new();
@@ -367,35 +530,131 @@ fn portable<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) 
     }
 }
 
+/// The driver of one instruction set: groups of [`TILE_T`] activation
+/// rows against every weight row; per weight block, eight activation rows'
+/// `s1` (and `s2`) lanes are reduced together and their float steps
+/// (`res = f32(s1) * d0`, `fnmadd(dmin, f32(s2), res)`, `fma(res, d_act,
+/// acc)`) run in the eight lanes of a vector, the same operations per lane
+/// as ggml's scalar epilogue. The module supplies `Vecs`, `vecs` (a decoded
+/// block in registers) and `sums` (one block pair's `s1`, `s2` lanes).
+#[cfg(target_arch = "x86_64")]
+macro_rules! tiled_driver {
+    ($features:literal) => {
+        /// Lane `t` of the result: the sum of the lanes of `v[t]`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+            let h01 = _mm256_hadd_epi32(v[0], v[1]);
+            let h23 = _mm256_hadd_epi32(v[2], v[3]);
+            let h45 = _mm256_hadd_epi32(v[4], v[5]);
+            let h67 = _mm256_hadd_epi32(v[6], v[7]);
+            let lo = _mm256_hadd_epi32(h01, h23);
+            let hi = _mm256_hadd_epi32(h45, h67);
+            _mm256_add_epi32(
+                _mm256_permute2x128_si256(lo, hi, 0x20),
+                _mm256_permute2x128_si256(lo, hi, 0x31),
+            )
+        }
+
+        const GROUPS: usize = TILE_T / 8;
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn tiled<B: TiledBlock>(
+            nb: usize,
+            w: &[B],
+            a: &[BlockQ8K],
+            out: &mut [f32],
+        ) {
+            let (nr, nt) = (w.len() / nb, a.len() / nb);
+            let mut tile = Tile::new();
+            // Per block of the row, each group's activation scales.
+            let mut dv = vec![[_mm256_setzero_ps(); GROUPS]; nb];
+            let mut t0 = 0;
+            while t0 < nt {
+                let tn = (nt - t0).min(TILE_T);
+                let ag = &a[t0 * nb..(t0 + tn) * nb];
+                for (j, dv) in dv.iter_mut().enumerate() {
+                    let mut d = [0f32; TILE_T];
+                    for (t, d) in d[..tn].iter_mut().enumerate() {
+                        *d = ag[t * nb + j].d;
+                    }
+                    for (g, dv) in dv.iter_mut().enumerate() {
+                        *dv = _mm256_loadu_ps(d.as_ptr().add(8 * g));
+                    }
+                }
+                for (r, row) in w.chunks_exact(nb).enumerate() {
+                    let mut acc = [_mm256_setzero_ps(); GROUPS];
+                    for (j, x) in row.iter().enumerate() {
+                        x.decode_simd(&mut tile);
+                        let v = vecs::<B>(&tile);
+                        let d0 = _mm256_set1_ps(tile.d0);
+                        let dmin = _mm256_set1_ps(tile.dmin);
+                        for (g, acc) in acc.iter_mut().enumerate().take(tn.div_ceil(8)) {
+                            let mut s1 = [_mm256_setzero_si256(); 8];
+                            let mut s2 = [_mm256_setzero_si256(); 8];
+                            for t in 0..(tn - 8 * g).min(8) {
+                                (s1[t], s2[t]) = sums::<B>(&v, &ag[(8 * g + t) * nb + j]);
+                            }
+                            let mut res = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8(&s1)), d0);
+                            if B::HAS_MIN {
+                                res = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(reduce8(&s2)), res);
+                            }
+                            *acc = _mm256_fmadd_ps(res, dv[j][g], *acc);
+                        }
+                    }
+                    let mut lanes = [0f32; TILE_T];
+                    for (g, &acc) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * g), acc);
+                    }
+                    for (t, &v) in lanes[..tn].iter().enumerate() {
+                        out[(t0 + t) * nr + r] = v;
+                    }
+                }
+                t0 += tn;
+            }
+        }
+    };
+}
+
+/// AVX2: per 32 elements `maddubs` (codes as `u8`, see [`Codes`]) and a
+/// `madd` by the two group scales.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Tile, TiledBlock, NG, QK, TILE_T};
+    use super::{Codes, Tile, TiledBlock, QK, TILE_T};
     use crate::quant::BlockQ8K;
     use std::arch::x86_64::*;
 
-    /// A decoded block as vectors: codes, their magnitudes, and each
-    /// 32-element chunk's two group scales as 16 `i16` lanes (the lanes of
-    /// `maddubs` over that chunk: 8 per 16 elements).
-    struct Vecs {
+    /// A decoded block as vectors: the `maddubs` operands `u` (and the
+    /// sign source `q` for [`Codes::Signed`]), each 32-element chunk's two
+    /// group scales as 16 `i16` lanes (8 per 16 elements: the lanes of
+    /// `maddubs` over the chunk), `-64` times the scales, and the mins.
+    pub(super) struct Vecs {
+        u: [__m256i; QK / 32],
         q: [__m256i; QK / 32],
-        aq: [__m256i; QK / 32],
         sc: [__m256i; QK / 32],
+        off: __m256i,
         m: __m256i,
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn vecs(t: &Tile) -> Vecs {
+    unsafe fn vecs<B: TiledBlock>(t: &Tile) -> Vecs {
+        let scv = _mm256_loadu_si256(t.sc.as_ptr() as *const __m256i);
         let mut v = Vecs {
+            u: [_mm256_setzero_si256(); QK / 32],
             q: [_mm256_setzero_si256(); QK / 32],
-            aq: [_mm256_setzero_si256(); QK / 32],
             sc: [_mm256_setzero_si256(); QK / 32],
+            off: _mm256_mullo_epi16(scv, _mm256_set1_epi16(-64)),
             m: _mm256_loadu_si256(t.m.as_ptr() as *const __m256i),
         };
         for k in 0..QK / 32 {
             let q = _mm256_loadu_si256(t.q.as_ptr().add(32 * k) as *const __m256i);
             v.q[k] = q;
-            v.aq[k] = _mm256_abs_epi8(q);
+            v.u[k] = match B::CODES {
+                Codes::Unsigned => q,
+                Codes::Offset => _mm256_add_epi8(q, _mm256_set1_epi8(64)),
+                Codes::Signed => _mm256_abs_epi8(q),
+            };
             v.sc[k] =
                 _mm256_set_m128i(_mm_set1_epi16(t.sc[2 * k + 1]), _mm_set1_epi16(t.sc[2 * k]));
         }
@@ -404,65 +663,106 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum_i32(v: __m256i) -> i32 {
-        let r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0b01_00_11_10));
-        let r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0b10_11_00_01));
-        _mm_cvtsi128_si32(r)
-    }
-
-    /// `(s1, s2)` of one decoded block against one activation block.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn sums(v: &Vecs, y: &BlockQ8K, min: bool) -> (i32, i32) {
+    unsafe fn sums<B: TiledBlock>(v: &Vecs, y: &BlockQ8K) -> (__m256i, __m256i) {
         let mut acc = _mm256_setzero_si256();
         for k in 0..QK / 32 {
-            let a = _mm256_loadu_si256(y.qs.as_ptr().add(32 * k) as *const __m256i);
-            let p = _mm256_maddubs_epi16(v.aq[k], _mm256_sign_epi8(a, v.q[k]));
+            let mut a = _mm256_loadu_si256(y.qs.as_ptr().add(32 * k) as *const __m256i);
+            if let Codes::Signed = B::CODES {
+                a = _mm256_sign_epi8(a, v.q[k]);
+            }
+            let p = _mm256_maddubs_epi16(v.u[k], a);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, v.sc[k]));
         }
-        let s2 = if min {
-            let b = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
-            hsum_i32(_mm256_madd_epi16(v.m, b))
-        } else {
-            0
-        };
-        (hsum_i32(acc), s2)
-    }
-
-    const _: () = assert!(NG == 16);
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tiled<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
-        let (nr, nt) = (w.len() / nb, a.len() / nb);
-        let mut tile = Tile::new();
-        let mut t0 = 0;
-        while t0 < nt {
-            let tn = (nt - t0).min(TILE_T);
-            let ag = &a[t0 * nb..(t0 + tn) * nb];
-            for (r, row) in w.chunks_exact(nb).enumerate() {
-                let mut acc = [0f32; TILE_T];
-                for (j, x) in row.iter().enumerate() {
-                    x.decode(&mut tile);
-                    let v = vecs(&tile);
-                    let (d0, dmin) = (tile.d0, tile.dmin);
-                    for (t, acc) in acc[..tn].iter_mut().enumerate() {
-                        let y = &ag[t * nb + j];
-                        let (s1, s2) = sums(&v, y, B::HAS_MIN);
-                        let mut res = s1 as f32 * d0;
-                        if B::HAS_MIN {
-                            res = (-dmin).mul_add(s2 as f32, res);
-                        }
-                        *acc = res.mul_add(y.d, *acc);
-                    }
-                }
-                for (t, &acc) in acc[..tn].iter().enumerate() {
-                    out[(t0 + t) * nr + r] = acc;
-                }
-            }
-            t0 += tn;
+        let b = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        if let Codes::Offset = B::CODES {
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(b, v.off));
         }
+        let s2 = if B::HAS_MIN {
+            _mm256_madd_epi16(v.m, b)
+        } else {
+            _mm256_setzero_si256()
+        };
+        (acc, s2)
     }
+
+    tiled_driver!("avx2,fma");
+}
+
+/// AVX-512 (F, BW, VL, VNNI): per 64 elements `maddubs` and a `dpwssd` by
+/// the four group scales; the same integers as the AVX2 kernel.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Codes, Tile, TiledBlock, QK, TILE_T};
+    use crate::quant::BlockQ8K;
+    use std::arch::x86_64::*;
+
+    /// As `avx2::Vecs`, 64 elements per vector (`sc`: 8 lanes per group of
+    /// 16); `neg` marks the negative codes of [`Codes::Signed`].
+    pub(super) struct Vecs {
+        u: [__m512i; QK / 64],
+        neg: [__mmask64; QK / 64],
+        sc: [__m512i; QK / 64],
+        off: __m512i,
+        m: __m256i,
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn vecs<B: TiledBlock>(t: &Tile) -> Vecs {
+        let scv = _mm256_loadu_si256(t.sc.as_ptr() as *const __m256i);
+        let mut v = Vecs {
+            u: [_mm512_setzero_si512(); QK / 64],
+            neg: [0; QK / 64],
+            sc: [_mm512_setzero_si512(); QK / 64],
+            off: _mm512_zextsi256_si512(_mm256_mullo_epi16(scv, _mm256_set1_epi16(-64))),
+            m: _mm256_loadu_si256(t.m.as_ptr() as *const __m256i),
+        };
+        for k in 0..QK / 64 {
+            let q = _mm512_loadu_si512(t.q.as_ptr().add(64 * k) as *const __m512i);
+            v.neg[k] = _mm512_movepi8_mask(q);
+            v.u[k] = match B::CODES {
+                Codes::Unsigned => q,
+                Codes::Offset => _mm512_add_epi8(q, _mm512_set1_epi8(64)),
+                Codes::Signed => _mm512_abs_epi8(q),
+            };
+            let mut lanes = [0i16; 32];
+            for (i, l) in lanes.iter_mut().enumerate() {
+                *l = t.sc[4 * k + i / 8];
+            }
+            v.sc[k] = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
+        }
+        v
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn sums<B: TiledBlock>(v: &Vecs, y: &BlockQ8K) -> (__m256i, __m256i) {
+        let mut acc = _mm512_setzero_si512();
+        for k in 0..QK / 64 {
+            let mut a = _mm512_loadu_si512(y.qs.as_ptr().add(64 * k) as *const __m512i);
+            if let Codes::Signed = B::CODES {
+                a = _mm512_mask_sub_epi8(a, v.neg[k], _mm512_setzero_si512(), a);
+            }
+            let p = _mm512_maddubs_epi16(v.u[k], a);
+            acc = _mm512_dpwssd_epi32(acc, p, v.sc[k]);
+        }
+        let b = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        if let Codes::Offset = B::CODES {
+            acc = _mm512_dpwssd_epi32(acc, _mm512_zextsi256_si512(b), v.off);
+        }
+        let acc = _mm256_add_epi32(
+            _mm512_castsi512_si256(acc),
+            _mm512_extracti64x4_epi64(acc, 1),
+        );
+        let s2 = if B::HAS_MIN {
+            _mm256_madd_epi16(v.m, b)
+        } else {
+            _mm256_setzero_si256()
+        };
+        (acc, s2)
+    }
+
+    tiled_driver!("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma");
 }
 
 /// The slow reference the decoders are tested against: `W` and `M` from
@@ -648,6 +948,21 @@ mod tests {
         let w = weights::<B>(&mut rng, 4 * nb);
         let mut tile = Tile::new();
         for x in &w {
+            #[cfg(target_arch = "x86_64")]
+            if crate::quant::CpuCaps::detect().has_avx2() {
+                let mut fast = Tile::new();
+                // SAFETY: AVX2 and FMA checked.
+                unsafe { x.decode_simd(&mut fast) };
+                x.decode(&mut tile);
+                assert_eq!(fast.q, tile.q, "{:?} decode_simd codes", B::TYPE);
+                assert_eq!(fast.sc, tile.sc, "{:?} decode_simd scales", B::TYPE);
+                assert_eq!(
+                    fast.d0.to_bits(),
+                    tile.d0.to_bits(),
+                    "{:?} decode_simd d0",
+                    B::TYPE
+                );
+            }
             x.decode(&mut tile);
             let (rw, rm, rd0, _) = reference::decode(x);
             let f = (tile.d0 / rd0) as i32;
@@ -662,7 +977,17 @@ mod tests {
                         B::TYPE
                     );
                 }
-                assert!(tile.q[e] != i8::MIN, "{:?}: code -128", B::TYPE);
+                let ok = match B::CODES {
+                    Codes::Unsigned => (0..=127).contains(&tile.q[e]),
+                    Codes::Offset => (-64..=63).contains(&tile.q[e]),
+                    Codes::Signed => tile.q[e] != i8::MIN,
+                };
+                assert!(
+                    ok,
+                    "{:?}: code {} outside its Codes range",
+                    B::TYPE,
+                    tile.q[e]
+                );
             }
         }
         for nt in [8, 16, 23, 40] {
@@ -673,10 +998,19 @@ mod tests {
             portable(nb, &w, &a, &mut got);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{:?} portable, {nt} rows", B::TYPE);
-            if crate::quant::CpuCaps::detect().has_avx2() {
-                got.fill(f32::NAN);
-                tiled(nb, &w, &a, &mut got);
-                assert_eq!(bits(&got), bits(&want), "{:?} avx2, {nt} rows", B::TYPE);
+            #[cfg(target_arch = "x86_64")]
+            {
+                let caps = crate::quant::CpuCaps::detect();
+                type Kernel<B> = fn(usize, &[B], &[BlockQ8K], &mut [f32]);
+                let kernels: [(&str, bool, Kernel<B>); 2] = [
+                    ("avx2", caps.has_avx2(), tiled_avx2::<B>),
+                    ("avx512", caps.has_avx512(), tiled_avx512::<B>),
+                ];
+                for (name, _, k) in kernels.into_iter().filter(|k| k.1) {
+                    got.fill(f32::NAN);
+                    k(nb, &w, &a, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{:?} {name}, {nt} rows", B::TYPE);
+                }
             }
         }
     }

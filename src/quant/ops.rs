@@ -190,10 +190,20 @@ macro_rules! ggml_tiled_types {
     ($($b:ty),* $(,)?) => {
         $(impl BatchKernel for $b {
             fn batch_kernel(caps: CpuCaps) -> Option<TileFn<Self>> {
-                // ggml's x86 builds with AVX2 and FMA (the AVX-512 VNNI
-                // kernel gives the same bits); elsewhere it has no tiled path.
-                (cfg!(target_arch = "x86_64") && caps.has_avx2())
-                    .then_some(super::ggml_tiled::tiled::<$b> as TileFn<$b>)
+                // ggml's x86 builds with AVX2 and FMA (its AVX-512 VNNI
+                // kernel gives the same bits, as ours do); elsewhere it has
+                // no tiled path.
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if caps.has_avx512() {
+                        return Some(super::ggml_tiled::tiled_avx512::<$b>);
+                    }
+                    if caps.has_avx2() {
+                        return Some(super::ggml_tiled::tiled_avx2::<$b>);
+                    }
+                }
+                let _ = caps;
+                None
             }
         })*
     };
