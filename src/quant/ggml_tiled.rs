@@ -823,11 +823,11 @@ mod vnni16 {
                 }
                 d[l] = y.d;
             }
-            for kg in 0..KG {
-                acts.q[j * KG + kg] = _mm512_loadu_si512(q[kg].as_ptr() as *const __m512i);
+            for (v, q) in acts.q[j * KG..(j + 1) * KG].iter_mut().zip(&q) {
+                *v = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
             }
-            for g in 0..16 {
-                acts.bs[j * 16 + g] = _mm512_loadu_si512(bs[g].as_ptr() as *const __m512i);
+            for (v, bs) in acts.bs[j * 16..(j + 1) * 16].iter_mut().zip(&bs) {
+                *v = _mm512_loadu_si512(bs.as_ptr() as *const __m512i);
             }
             acts.d[j] = _mm512_loadu_ps(d.as_ptr());
         }
