@@ -89,6 +89,9 @@ pub(super) trait TiledBlock: GgmlBlock<Act = BlockQ8K> {
     /// Sub-block mins (`dmin`) present.
     const HAS_MIN: bool;
     const CODES: Codes;
+    /// Codes per scale (and min): 16, or 32 where both groups of a 32-code
+    /// sub-block always share theirs.
+    const SUB: usize;
     fn decode(&self, t: &mut Tile);
     /// [`TiledBlock::decode`], with AVX2 where the type has a faster way
     /// (the i-quants' grids and signs); the same `Tile`.
@@ -103,6 +106,7 @@ pub(super) trait TiledBlock: GgmlBlock<Act = BlockQ8K> {
 
 impl TiledBlock for BlockQ2K {
     const HAS_MIN: bool = true;
+    const SUB: usize = 16;
     const CODES: Codes = Codes::Unsigned;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -129,6 +133,7 @@ impl TiledBlock for BlockQ2K {
 
 impl TiledBlock for BlockQ3K {
     const HAS_MIN: bool = false;
+    const SUB: usize = 16;
     const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -154,6 +159,7 @@ fn k4_scales(t: &mut Tile, (sc, m): ([u8; 8], [u8; 8]), d: f16, dmin: f16) {
 
 impl TiledBlock for BlockQ4K {
     const HAS_MIN: bool = true;
+    const SUB: usize = 32;
     const CODES: Codes = Codes::Unsigned;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -169,6 +175,7 @@ impl TiledBlock for BlockQ4K {
 
 impl TiledBlock for BlockQ5K {
     const HAS_MIN: bool = true;
+    const SUB: usize = 32;
     const CODES: Codes = Codes::Unsigned;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -179,6 +186,7 @@ impl TiledBlock for BlockQ5K {
 
 impl TiledBlock for BlockQ6K {
     const HAS_MIN: bool = false;
+    const SUB: usize = 16;
     const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -192,6 +200,7 @@ impl TiledBlock for BlockQ6K {
 
 impl TiledBlock for BlockIQ4XS {
     const HAS_MIN: bool = false;
+    const SUB: usize = 32;
     const CODES: Codes = Codes::Signed;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -234,10 +243,11 @@ fn decode_iq2<B: Iq2Groups>(x: &B, t: &mut Tile) {
 }
 
 macro_rules! iq2_tiled {
-    ($($b:ty),*) => {$(
+    ($($b:ty: $sub:literal),*) => {$(
         impl TiledBlock for $b {
             const HAS_MIN: bool = false;
             const CODES: Codes = Codes::Offset;
+            const SUB: usize = $sub;
             #[inline(always)]
             fn decode(&self, t: &mut Tile) {
                 decode_iq2(self, t)
@@ -257,7 +267,7 @@ macro_rules! iq2_tiled {
         }
     )*};
 }
-iq2_tiled!(BlockIQ2XXS, BlockIQ2XS, BlockIQ2S);
+iq2_tiled!(BlockIQ2XXS: 32, BlockIQ2XS: 16, BlockIQ2S: 16);
 
 /// Two 4-magnitude grid points as eight.
 #[inline(always)]
@@ -267,6 +277,7 @@ fn grid_pair(g1: u32, g2: u32) -> [u8; 8] {
 
 impl TiledBlock for BlockIQ3XXS {
     const HAS_MIN: bool = false;
+    const SUB: usize = 32;
     const CODES: Codes = Codes::Offset;
     /// `(0.5 + ls) / 2 * grid = (2 ls + 1) * grid / 4`.
     #[inline(always)]
@@ -302,6 +313,7 @@ impl TiledBlock for BlockIQ3XXS {
 
 impl TiledBlock for BlockIQ3S {
     const HAS_MIN: bool = false;
+    const SUB: usize = 32;
     const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -347,6 +359,7 @@ const _: () = assert!(IQ1_DELTA == 0.125);
 
 impl TiledBlock for BlockIQ1S {
     const HAS_MIN: bool = false;
+    const SUB: usize = 32;
     const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -373,6 +386,7 @@ impl TiledBlock for BlockIQ1S {
 
 impl TiledBlock for BlockIQ1M {
     const HAS_MIN: bool = false;
+    const SUB: usize = 16;
     const CODES: Codes = Codes::Offset;
     #[inline(always)]
     fn decode(&self, t: &mut Tile) {
@@ -776,9 +790,10 @@ mod avx512 {
 /// consecutive Q8_K codes of each of 16 activation rows, so one `dpbusd`
 /// against a broadcast of four weight codes (as `u8`: `q`, or `q ^ 0x80 =
 /// q + 128` for the signed ones, with `128 * bsums` taken off) advances 16
-/// (weight row, activation row) pairs, and each group's scale is applied
-/// to 16 pairs' exact sums at once. Every lane ends with the same `s1` and
-/// `s2` as the other kernels, then the same float steps.
+/// (weight row, activation row) pairs, each activation vector serves a band
+/// of [`BAND`] weight rows, and each sub-block's scale is applied to 16
+/// pairs' exact sums at once. Every lane ends with the same `s1` and `s2`
+/// as the other kernels, then the same float steps.
 #[cfg(target_arch = "x86_64")]
 mod vnni16 {
     use super::{Codes, Tile, TiledBlock, QK};
@@ -788,13 +803,24 @@ mod vnni16 {
     const LANES: usize = 16;
     /// Four-code groups per block.
     const KG: usize = QK / 4;
+    /// Groups of 16 activation rows interleaved together, so one decoded
+    /// weight block serves `GROUPS * 16` rows.
+    const GROUPS: usize = 4;
+    /// Weight rows sharing each activation vector.
+    const BAND: usize = 4;
 
     /// One group of up to 16 activation rows, interleaved per block `j`.
+    #[derive(Default)]
     struct Acts {
         /// `q[j * KG + kg]`: lane `l` = codes `4kg..4kg + 4` of row `l`.
         q: Vec<__m512i>,
-        /// `bs[j * 16 + g]`: lane `l` = `bsums[g]` of row `l`.
+        /// `bs[j * 16 + g]`: lane `l` = `bsums[g]` of row `l`; `bs2` the
+        /// sums of pairs (32-code sub-blocks), `j * 8 + s`.
         bs: Vec<__m512i>,
+        bs2: Vec<__m512i>,
+        /// `128 *` the above (the offset codes' correction).
+        bs128: Vec<__m512i>,
+        bs2_128: Vec<__m512i>,
         /// Lane `l` = the Q8_K scale of row `l`, per block.
         d: Vec<__m512>,
     }
@@ -802,112 +828,165 @@ mod vnni16 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     unsafe fn interleave(acts: &mut Acts, ag: &[BlockQ8K], nb: usize, tn: usize) {
         let zero = _mm512_setzero_si512();
-        acts.q.clear();
-        acts.q.resize(nb * KG, zero);
-        acts.bs.clear();
-        acts.bs.resize(nb * 16, zero);
+        for (v, n) in [
+            (&mut acts.q, KG),
+            (&mut acts.bs, 16),
+            (&mut acts.bs128, 16),
+            (&mut acts.bs2, 8),
+            (&mut acts.bs2_128, 8),
+        ] {
+            v.clear();
+            v.resize(nb * n, zero);
+        }
         acts.d.clear();
         acts.d.resize(nb, _mm512_setzero_ps());
+        // Lane l gathers from activation row l (rows `nb` blocks apart);
+        // lanes past `tn` stay zero.
+        let stride = (nb * size_of::<BlockQ8K>()) as i32;
+        let idx = _mm512_mullo_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32(stride),
+        );
+        let live: __mmask16 = if tn >= LANES { !0 } else { (1u16 << tn) - 1 };
         for j in 0..nb {
-            let mut q = [[0u32; LANES]; KG];
-            let mut bs = [[0i32; LANES]; 16];
-            let mut d = [0f32; LANES];
-            for l in 0..tn {
-                let y = &ag[l * nb + j];
-                for (kg, q) in q.iter_mut().enumerate() {
-                    let c = &y.qs[4 * kg..4 * kg + 4];
-                    q[l] = u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]);
-                }
-                for (g, bs) in bs.iter_mut().enumerate() {
-                    bs[l] = y.bsums[g] as i32;
-                }
-                d[l] = y.d;
+            let y = ag.as_ptr().add(j);
+            let qs = (*y).qs.as_ptr() as *const i32;
+            for (kg, v) in acts.q[j * KG..(j + 1) * KG].iter_mut().enumerate() {
+                *v = _mm512_mask_i32gather_epi32::<1>(zero, live, idx, qs.add(kg));
             }
-            for (v, q) in acts.q[j * KG..(j + 1) * KG].iter_mut().zip(&q) {
-                *v = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
+            let bsums = (*y).bsums.as_ptr() as *const u8;
+            for g in 0..16 {
+                // Two bsums per 32-bit word: keep the low one, sign-extended.
+                let w = _mm512_mask_i32gather_epi32::<1>(
+                    zero,
+                    live,
+                    idx,
+                    bsums.add(2 * g) as *const i32,
+                );
+                let v = _mm512_srai_epi32(_mm512_slli_epi32(w, 16), 16);
+                acts.bs[j * 16 + g] = v;
+                acts.bs128[j * 16 + g] = _mm512_slli_epi32(v, 7);
             }
-            for (v, bs) in acts.bs[j * 16..(j + 1) * 16].iter_mut().zip(&bs) {
-                *v = _mm512_loadu_si512(bs.as_ptr() as *const __m512i);
+            for s in 0..8 {
+                let v = _mm512_add_epi32(acts.bs[j * 16 + 2 * s], acts.bs[j * 16 + 2 * s + 1]);
+                acts.bs2[j * 8 + s] = v;
+                acts.bs2_128[j * 8 + s] = _mm512_slli_epi32(v, 7);
             }
-            acts.d[j] = _mm512_loadu_ps(d.as_ptr());
+            let d = &(*y).d as *const f32;
+            acts.d[j] = _mm512_mask_i32gather_ps::<1>(_mm512_setzero_ps(), live, idx, d);
         }
     }
 
-    /// Exact `sum q * a` of group `g` (16 codes) for the 16 lanes.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn group(u: &[u32; KG], aq: &[__m512i], g: usize, off: bool, bs128: __m512i) -> __m512i {
-        let mut raw = _mm512_setzero_si512();
-        for k in 0..4 {
-            let w = _mm512_set1_epi32(u[4 * g + k] as i32);
-            raw = _mm512_dpbusd_epi32(raw, w, aq[4 * g + k]);
-        }
-        if off {
-            raw = _mm512_sub_epi32(raw, bs128);
-        }
-        raw
+    /// One decoded weight block: its codes as `u8`, four to a word.
+    struct Dec {
+        u: [u32; KG],
+        tile: Tile,
     }
 
-    /// Groups of 16 activation rows interleaved together, so one decoded
-    /// weight block serves `GROUPS * 16` rows.
-    const GROUPS: usize = 4;
-
-    /// `s1` and `s2` of one decoded block (`u`: its codes as `u8`, four to
-    /// a word) against one interleaved group.
+    /// `R` weight rows' decoded block `j` against one interleaved group:
+    /// `acc[r] = fma(res, d_act, acc[r])`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn sums<B: TiledBlock>(
-        tile: &Tile,
-        u: &[u32; KG],
-        aq: &[__m512i],
-        bs: &[__m512i],
-        off: bool,
-    ) -> (__m512i, __m512i) {
-        let mut s1 = _mm512_setzero_si512();
-        let mut s2 = _mm512_setzero_si512();
-        for p in 0..8 {
-            let (g0, g1) = (2 * p, 2 * p + 1);
-            let r0 = group(u, aq, g0, off, _mm512_slli_epi32(bs[g0], 7));
-            let r1 = group(u, aq, g1, off, _mm512_slli_epi32(bs[g1], 7));
-            // Scales (and mins) shared by a 32-code sub-block take one
-            // multiply; the integers are the same either way.
-            if tile.sc[g0] == tile.sc[g1] {
-                let sc = _mm512_set1_epi32(tile.sc[g0] as i32);
-                s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(_mm512_add_epi32(r0, r1), sc));
-            } else {
-                let sc0 = _mm512_set1_epi32(tile.sc[g0] as i32);
-                let sc1 = _mm512_set1_epi32(tile.sc[g1] as i32);
-                s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(r0, sc0));
-                s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(r1, sc1));
+    unsafe fn band<B: TiledBlock, const R: usize>(
+        dec: &[Dec],
+        acts: &Acts,
+        j: usize,
+        acc: &mut [__m512; R],
+    ) {
+        let off = !matches!(B::CODES, Codes::Unsigned);
+        let zero = _mm512_setzero_si512();
+        // Sub-blocks of SUB codes share a scale (and min): their groups'
+        // sums are added before the one multiply.
+        let (per, ns) = (B::SUB / 4, QK / B::SUB);
+        let (bs, bs128) = if B::SUB == 32 {
+            (&acts.bs2[j * 8..j * 8 + 8], &acts.bs2_128[j * 8..j * 8 + 8])
+        } else {
+            (
+                &acts.bs[j * 16..j * 16 + 16],
+                &acts.bs128[j * 16..j * 16 + 16],
+            )
+        };
+        let aq = &acts.q[j * KG..(j + 1) * KG];
+        let mut s1 = [zero; R];
+        let mut s2 = [zero; R];
+        for s in 0..ns {
+            let mut raw = [zero; R];
+            for kg in s * per..(s + 1) * per {
+                let a = aq[kg];
+                for r in 0..R {
+                    let w = _mm512_set1_epi32(dec[r].u[kg] as i32);
+                    raw[r] = _mm512_dpbusd_epi32(raw[r], w, a);
+                }
             }
+            let g = s * B::SUB / 16;
+            for r in 0..R {
+                if off {
+                    raw[r] = _mm512_sub_epi32(raw[r], bs128[s]);
+                }
+                let sc = _mm512_set1_epi32(dec[r].tile.sc[g] as i32);
+                s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(raw[r], sc));
+                if B::HAS_MIN {
+                    let m = _mm512_set1_epi32(dec[r].tile.m[g] as i32);
+                    s2[r] = _mm512_add_epi32(s2[r], _mm512_mullo_epi32(bs[s], m));
+                }
+            }
+        }
+        for r in 0..R {
+            let t = &dec[r].tile;
+            let mut res = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[r]), _mm512_set1_ps(t.d0));
             if B::HAS_MIN {
-                if tile.m[g0] == tile.m[g1] {
-                    let m = _mm512_set1_epi32(tile.m[g0] as i32);
-                    let b = _mm512_add_epi32(bs[g0], bs[g1]);
-                    s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(b, m));
-                } else {
-                    let m0 = _mm512_set1_epi32(tile.m[g0] as i32);
-                    let m1 = _mm512_set1_epi32(tile.m[g1] as i32);
-                    s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(bs[g0], m0));
-                    s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(bs[g1], m1));
+                res = _mm512_fnmadd_ps(_mm512_set1_ps(t.dmin), _mm512_cvtepi32_ps(s2[r]), res);
+            }
+            acc[r] = _mm512_fmadd_ps(res, acts.d[j], acc[r]);
+        }
+    }
+
+    /// Rows `r0..r0 + R` of `w` against the interleaved groups.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn rows<B: TiledBlock, const R: usize>(
+        w: &[B],
+        nb: usize,
+        r0: usize,
+        acts: &[Acts],
+        dec: &mut [Dec; BAND],
+        out: &mut [[f32; GROUPS * LANES]],
+    ) {
+        let flip = if matches!(B::CODES, Codes::Unsigned) {
+            0
+        } else {
+            0x8080_8080u32
+        };
+        let mut acc = [[_mm512_setzero_ps(); R]; GROUPS];
+        for j in 0..nb {
+            for (r, dec) in dec.iter_mut().enumerate().take(R) {
+                w[(r0 + r) * nb + j].decode_simd(&mut dec.tile);
+                for (kg, u) in dec.u.iter_mut().enumerate() {
+                    let c = &dec.tile.q[4 * kg..4 * kg + 4];
+                    *u =
+                        u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]) ^ flip;
                 }
             }
+            for (acts, acc) in acts.iter().zip(acc.iter_mut()) {
+                band::<B, R>(&dec[..R], acts, j, acc);
+            }
         }
-        (s1, s2)
+        for (gi, acc) in acc.iter().enumerate().take(acts.len()) {
+            for (r, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out[r].as_mut_ptr().add(gi * LANES), *acc);
+            }
+        }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     pub(super) unsafe fn tiled<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
         let (nr, nt) = (w.len() / nb, a.len() / nb);
-        let off = !matches!(B::CODES, Codes::Unsigned);
-        let flip = if off { 0x8080_8080u32 } else { 0 };
-        let mut tile = Tile::new();
-        let mut acts: [Acts; GROUPS] = std::array::from_fn(|_| Acts {
-            q: Vec::new(),
-            bs: Vec::new(),
-            d: Vec::new(),
+        let mut dec: [Dec; BAND] = std::array::from_fn(|_| Dec {
+            u: [0; KG],
+            tile: Tile::new(),
         });
-        let mut u = [0u32; KG];
+        let mut acts: [Acts; GROUPS] = Default::default();
+        let mut lanes = [[0f32; GROUPS * LANES]; BAND];
         let mut t0 = 0;
         while t0 < nt {
             let tn = (nt - t0).min(GROUPS * LANES);
@@ -916,35 +995,21 @@ mod vnni16 {
                 let (g0, gn) = (t0 + gi * LANES, (tn - gi * LANES).min(LANES));
                 interleave(acts, &a[g0 * nb..(g0 + gn) * nb], nb, gn);
             }
-            for (r, row) in w.chunks_exact(nb).enumerate() {
-                let mut acc = [_mm512_setzero_ps(); GROUPS];
-                for (j, x) in row.iter().enumerate() {
-                    x.decode_simd(&mut tile);
-                    for (kg, u) in u.iter_mut().enumerate() {
-                        let c = &tile.q[4 * kg..4 * kg + 4];
-                        *u = u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8])
-                            ^ flip;
-                    }
-                    let (d0, dmin) = (_mm512_set1_ps(tile.d0), _mm512_set1_ps(tile.dmin));
-                    for (acts, acc) in acts.iter().zip(acc.iter_mut()).take(ng) {
-                        let aq = &acts.q[j * KG..(j + 1) * KG];
-                        let bs = &acts.bs[j * 16..(j + 1) * 16];
-                        let (s1, s2) = sums::<B>(&tile, &u, aq, bs, off);
-                        let mut res = _mm512_mul_ps(_mm512_cvtepi32_ps(s1), d0);
-                        if B::HAS_MIN {
-                            res = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2), res);
-                        }
-                        *acc = _mm512_fmadd_ps(res, acts.d[j], *acc);
+            let mut r0 = 0;
+            while r0 < nr {
+                let rn = if nr - r0 >= BAND {
+                    rows::<B, BAND>(w, nb, r0, &acts[..ng], &mut dec, &mut lanes);
+                    BAND
+                } else {
+                    rows::<B, 1>(w, nb, r0, &acts[..ng], &mut dec, &mut lanes);
+                    1
+                };
+                for (r, lanes) in lanes.iter().enumerate().take(rn) {
+                    for (t, &v) in lanes[..tn].iter().enumerate() {
+                        out[(t0 + t) * nr + r0 + r] = v;
                     }
                 }
-                for (gi, acc) in acc.iter().enumerate().take(ng) {
-                    let mut lanes = [0f32; LANES];
-                    _mm512_storeu_ps(lanes.as_mut_ptr(), *acc);
-                    let gn = (tn - gi * LANES).min(LANES);
-                    for (t, &v) in lanes[..gn].iter().enumerate() {
-                        out[(t0 + gi * LANES + t) * nr + r] = v;
-                    }
-                }
+                r0 += rn;
             }
             t0 += tn;
         }
@@ -1125,13 +1190,17 @@ mod tests {
             .collect()
     }
 
-    /// Every decoder against the dequantiser, then the SIMD kernel and the
-    /// portable one against the reference, bit for bit, at the batch sizes
-    /// that cover a full group of `TILE_T` and a partial one.
+    /// Weight rows: one band of four and a remainder row.
+    const NR: usize = 5;
+
+    /// Every decoder against the dequantiser, then the SIMD kernels and the
+    /// portable one against the reference, bit for bit, at batch sizes that
+    /// cover full and partial groups of 8 and of 16 rows, and more rows than
+    /// one pass interleaves (64).
     fn check<B: Scales>(seed: u64) {
         let mut rng = Rng(seed);
         let nb = 3;
-        let w = weights::<B>(&mut rng, 4 * nb);
+        let w = weights::<B>(&mut rng, NR * nb);
         let mut tile = Tile::new();
         for x in &w {
             #[cfg(target_arch = "x86_64")]
@@ -1151,6 +1220,10 @@ mod tests {
             }
             x.decode(&mut tile);
             let (rw, rm, rd0, _) = reference::decode(x);
+            for g in (0..16).filter(|g| B::SUB == 32 && g % 2 == 0) {
+                assert_eq!(tile.sc[g], tile.sc[g + 1], "{:?}: SUB 32 scales", B::TYPE);
+                assert_eq!(tile.m[g], tile.m[g + 1], "{:?}: SUB 32 mins", B::TYPE);
+            }
             let f = (tile.d0 / rd0) as i32;
             for e in 0..QK {
                 let got = tile.q[e] as i32 * tile.sc[e / 16] as i32 * f;
@@ -1176,11 +1249,11 @@ mod tests {
                 );
             }
         }
-        for nt in [8, 16, 23, 40] {
+        for nt in [8, 16, 23, 40, 70] {
             let a = acts(&mut rng, nt * nb);
-            let mut want = vec![0f32; 4 * nt];
+            let mut want = vec![0f32; NR * nt];
             reference::tiled(nb, &w, &a, &mut want);
-            let mut got = vec![f32::NAN; 4 * nt];
+            let mut got = vec![f32::NAN; NR * nt];
             portable(nb, &w, &a, &mut got);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{:?} portable, {nt} rows", B::TYPE);

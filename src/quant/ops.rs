@@ -156,6 +156,13 @@ pub trait QuantOps: Send + Sync {
         let _ = batch;
         self.vec_dot_tile(n, w_rows, acts, out)
     }
+    /// Whether [`QuantOps::vec_dot_tile_batch`] runs ggml's tiled path at
+    /// this batch: its kernels decode each weight block once per call, so
+    /// callers hand them more activation rows at a time.
+    fn has_batch_kernel(&self, batch: usize) -> bool {
+        let _ = batch;
+        false
+    }
 }
 
 /// ggml's tiled-path batch floor (`ggml_tiled_min_batch`).
@@ -518,6 +525,10 @@ impl<B: TileKernels + BatchKernel> QuantOps for BlockOps<B> {
         self.products(n, w_rows, acts, out, |n_acts| {
             self.tile.filter(|_| n_acts > 1)
         })
+    }
+
+    fn has_batch_kernel(&self, batch: usize) -> bool {
+        self.batch.is_some() && batch >= GGML_TILED_MIN_BATCH
     }
 
     fn vec_dot_tile_batch(

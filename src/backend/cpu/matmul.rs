@@ -50,6 +50,20 @@ pub(super) fn quantize_rows(
 
 /// Tokens per tile of batched products.
 const TILE: usize = 16;
+/// Tokens per tile where ggml's tiled-path kernels run
+/// ([`quant::QuantOps::has_batch_kernel`]): they decode each weight block
+/// once per call and interleave the tile's activations, so a taller tile
+/// spreads both over more products.
+const BATCH_TILE: usize = 64;
+
+/// Tokens per tile of `m` in a product of `batch` activation rows.
+fn tile_tokens(m: &Matrix, batch: usize) -> usize {
+    if m.ops.has_batch_kernel(batch) {
+        BATCH_TILE
+    } else {
+        TILE
+    }
+}
 /// Weight rows per tile: the tile kernels prepare the tile's activations
 /// once per call, so taller tiles spread that over more rows (64 rows of
 /// a 4096-wide Q4_1 matrix are 144 KiB, in L2 while the tile's tokens pass).
@@ -169,8 +183,9 @@ pub(super) fn matmul_many(
                 let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r0), rows) };
                 return m.ops.vec_dot_rows(m.k, w_rows, &acts[..arb], dst);
             }
-            for t0 in (0..n_tok).step_by(TILE) {
-                let nt = TILE.min(n_tok - t0);
+            let tile = tile_tokens(m, n_tok);
+            for t0 in (0..n_tok).step_by(tile) {
+                let nt = tile.min(n_tok - t0);
                 let a_tile = &acts[t0 * arb..(t0 + nt) * arb];
                 tile_products(m, w_rows, a_tile, nt, n_tok, tmp, |t, q0, res| {
                     // SAFETY: t0 + t < n_tok and r0 + q0 + res.len() <= m.n,
@@ -207,7 +222,7 @@ fn tile_products(
     mut put: impl FnMut(usize, usize, &[f32]),
 ) -> Result<(), quant::QuantError> {
     let rows = w_rows.len() / m.rb.max(1);
-    tmp.resize(TILE_ROWS * TILE, 0.0);
+    tmp.resize(TILE_ROWS * nt, 0.0);
     for q0 in (0..rows).step_by(TILE_ROWS) {
         let nq = TILE_ROWS.min(rows - q0);
         let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
@@ -283,10 +298,11 @@ pub(super) fn mul_mat_id(
             let rows = chunk.min(m.n - r0);
             let base = e * expert_bytes;
             let w_rows = &m.bytes[base + r0 * m.rb..base + (r0 + rows) * m.rb];
-            for (p, pairs) in by_expert[e].chunks(TILE).enumerate() {
-                let a0 = first[e] + p * TILE;
+            let batch = by_expert[e].len();
+            let tile = tile_tokens(&m, batch);
+            for (p, pairs) in by_expert[e].chunks(tile).enumerate() {
+                let a0 = first[e] + p * tile;
                 let a_tile = &acts[a0 * arb..(a0 + pairs.len()) * arb];
-                let batch = by_expert[e].len();
                 tile_products(&m, w_rows, a_tile, pairs.len(), batch, tmp, |t, q0, res| {
                     let r_out = pairs[t].0;
                     for (i, v) in res.iter().enumerate() {
