@@ -911,8 +911,7 @@ mod vnni16 {
         let mut s2 = [zero; R];
         for s in 0..ns {
             let mut raw = [zero; R];
-            for kg in s * per..(s + 1) * per {
-                let a = aq[kg];
+            for (kg, &a) in aq.iter().enumerate().skip(s * per).take(per) {
                 for r in 0..R {
                     let w = _mm512_set1_epi32(dec[r].u[kg] as i32);
                     raw[r] = _mm512_dpbusd_epi32(raw[r], w, a);
