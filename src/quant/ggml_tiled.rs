@@ -960,10 +960,11 @@ mod vnni16 {
         for j in 0..nb {
             for (r, dec) in dec.iter_mut().enumerate().take(R) {
                 w[(r0 + r) * nb + j].decode_simd(&mut dec.tile);
-                for (kg, u) in dec.u.iter_mut().enumerate() {
-                    let c = &dec.tile.q[4 * kg..4 * kg + 4];
-                    *u =
-                        u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]) ^ flip;
+                let flip = _mm512_set1_epi32(flip as i32);
+                for k in 0..QK / 64 {
+                    let q = _mm512_loadu_si512(dec.tile.q.as_ptr().add(64 * k) as *const __m512i);
+                    let u = _mm512_xor_si512(q, flip);
+                    _mm512_storeu_si512(dec.u.as_mut_ptr().add(16 * k) as *mut __m512i, u);
                 }
             }
             for (acts, acc) in acts.iter().zip(acc.iter_mut()) {
