@@ -827,6 +827,7 @@ mod vnni16 {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     unsafe fn interleave(acts: &mut Acts, ag: &[BlockQ8K], nb: usize, tn: usize) {
+        // Every element is written below: only the lengths change.
         let zero = _mm512_setzero_si512();
         for (v, n) in [
             (&mut acts.q, KG),
@@ -835,10 +836,8 @@ mod vnni16 {
             (&mut acts.bs2, 8),
             (&mut acts.bs2_128, 8),
         ] {
-            v.clear();
             v.resize(nb * n, zero);
         }
-        acts.d.clear();
         acts.d.resize(nb, _mm512_setzero_ps());
         // Lane l gathers from activation row l (rows `nb` blocks apart);
         // lanes past `tn` stay zero.
@@ -980,12 +979,28 @@ mod vnni16 {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
     pub(super) unsafe fn tiled<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
-        let (nr, nt) = (w.len() / nb, a.len() / nb);
         let mut dec: [Dec; BAND] = std::array::from_fn(|_| Dec {
             u: [0; KG],
             tile: Tile::new(),
         });
-        let mut acts: [Acts; GROUPS] = Default::default();
+        ACTS.with_borrow_mut(|acts| run::<B>(nb, w, a, out, &mut dec, acts))
+    }
+
+    thread_local! {
+        /// Each thread's interleaved activations, kept between calls.
+        static ACTS: std::cell::RefCell<[Acts; GROUPS]> = Default::default();
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn run<B: TiledBlock>(
+        nb: usize,
+        w: &[B],
+        a: &[BlockQ8K],
+        out: &mut [f32],
+        dec: &mut [Dec; BAND],
+        acts: &mut [Acts; GROUPS],
+    ) {
+        let (nr, nt) = (w.len() / nb, a.len() / nb);
         let mut lanes = [[0f32; GROUPS * LANES]; BAND];
         let mut t0 = 0;
         while t0 < nt {
@@ -998,10 +1013,10 @@ mod vnni16 {
             let mut r0 = 0;
             while r0 < nr {
                 let rn = if nr - r0 >= BAND {
-                    rows::<B, BAND>(w, nb, r0, &acts[..ng], &mut dec, &mut lanes);
+                    rows::<B, BAND>(w, nb, r0, &acts[..ng], dec, &mut lanes);
                     BAND
                 } else {
-                    rows::<B, 1>(w, nb, r0, &acts[..ng], &mut dec, &mut lanes);
+                    rows::<B, 1>(w, nb, r0, &acts[..ng], dec, &mut lanes);
                     1
                 };
                 for (r, lanes) in lanes.iter().enumerate().take(rn) {

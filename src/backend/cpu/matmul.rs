@@ -305,12 +305,16 @@ pub(super) fn mul_mat_id(
                 let a_tile = &acts[a0 * arb..(a0 + pairs.len()) * arb];
                 tile_products(&m, w_rows, a_tile, pairs.len(), batch, tmp, |t, q0, res| {
                     let r_out = pairs[t].0;
-                    for (i, v) in res.iter().enumerate() {
-                        // SAFETY: r_out < ids.len() and r0 + q0 + i < m.n, so the
-                        // index is in bounds; the pair (r_out, r0 + q0 + i)
-                        // belongs to this work item only.
-                        unsafe { *ptr.get().add(r_out * m.n + r0 + q0 + i) = *v };
-                    }
+                    // SAFETY: r_out < ids.len() and r0 + q0 + res.len() <= m.n,
+                    // so the range is in bounds; the pairs (r_out, r0 + q0 + i)
+                    // belong to this work item only.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            ptr.get().add(r_out * m.n + r0 + q0),
+                            res.len(),
+                        )
+                    };
+                    dst.copy_from_slice(res);
                 })?;
             }
             Ok::<(), quant::QuantError>(())

@@ -67,6 +67,7 @@ unsafe fn dot_iq1_m_avx2(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
     let mone = _mm256_set1_epi16(1);
     let mone8 = _mm256_set1_epi8(1);
     let mtwo8 = _mm256_set1_epi8(2);
+    let one64 = _mm256_set1_epi64x(1);
     // The 3-bit scales of the halves: words 0..4 of the low 128 bits are
     // the first halves of even sub-blocks, words 4..8 of odd ones; the high
     // 128 bits hold the second halves (`vpshufb` does not cross lanes).
@@ -83,18 +84,22 @@ unsafe fn dot_iq1_m_avx2(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
         for ib in (0..8).step_by(2) {
-            let q1_1 = grid_x4(std::array::from_fn(|l| x.index(ib, l)));
-            let q1_2 = grid_x4(std::array::from_fn(|l| x.index(ib + 1, l)));
+            // The two sub-blocks' 8 index bytes and 8 nibbles (group k:
+            // bits 4k..4k + 4 of `qh`; bits 0..3 extend the index, bit 3 is
+            // the delta's sign), read as one word each.
+            let qs = u64::from_le_bytes(x.qs[4 * ib..4 * ib + 8].try_into().unwrap_or([0; 8]));
+            let qh = u32::from_le_bytes(x.qh[2 * ib..2 * ib + 4].try_into().unwrap_or([0; 4]));
+            let idx =
+                |k: usize| (qs >> (8 * k)) as usize & 0xFF | ((qh >> (4 * k)) as usize & 7) << 8;
+            let q1_1 = grid_x4([idx(0), idx(1), idx(2), idx(3)]);
+            let q1_2 = grid_x4([idx(4), idx(5), idx(6), idx(7)]);
             // Each group of 8 bytes: 1, or -1 where its delta is negative.
+            let qhv = _mm256_set1_epi64x(qh as i64);
             let deltas = |ib: usize| {
-                let s = |l: usize| {
-                    if x.delta_sign(ib, l) < 0 {
-                        -1i64
-                    } else {
-                        0x0101_0101_0101_0101
-                    }
-                };
-                _mm256_set_epi64x(s(3), s(2), s(1), s(0))
+                let h = 16 * (ib & 1) as i64;
+                let bits = _mm256_srlv_epi64(qhv, _mm256_set_epi64x(15 + h, 11 + h, 7 + h, 3 + h));
+                let neg = _mm256_cmpeq_epi64(_mm256_and_si256(bits, one64), one64);
+                _mm256_or_si256(neg, mone8)
             };
             let q8_1 = load32(&y.qs[32 * ib..]);
             let q8_2 = load32(&y.qs[32 * ib + 32..]);
