@@ -213,6 +213,15 @@ impl TiledBlock for BlockIQ4XS {
         }
         t.d0 = self.d.to_f32();
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_simd(&self, t: &mut Tile) {
+        for ib in 0..8 {
+            t.sub_scale(ib, self.scale(ib));
+        }
+        simd::iq4_codes(t, &self.qs);
+        t.d0 = self.d.to_f32();
+    }
 }
 
 /// Eight grid magnitudes at `q`, negated where bit `j` of `signs` is set.
@@ -418,7 +427,7 @@ impl TiledBlock for BlockIQ1M {
 /// AVX2 pieces of the i-quant decoders: 32 codes at a time.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::Tile;
+    use super::{Tile, KVALUES_IQ4NL};
     use std::arch::x86_64::*;
 
     /// Byte `j` is -1 where bit `j` of the index is set, else 1.
@@ -450,6 +459,23 @@ mod simd {
     pub(super) unsafe fn signed32(t: &mut Tile, ib: usize, g: [u64; 4], s: [u8; 4]) {
         let q = _mm256_sign_epi8(x4(g), x4(s.map(|s| SIGN_BYTES[s as usize])));
         _mm256_storeu_si256(t.q.as_mut_ptr().add(32 * ib) as *mut __m256i, q);
+    }
+
+    /// IQ4_XS's codes: each sub-block's 16 bytes, low nibbles then high,
+    /// through the non-linear table.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn iq4_codes(t: &mut Tile, qs: &[u8; 128]) {
+        let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+        let table = _mm256_broadcastsi128_si256(table);
+        let m4 = _mm_set1_epi8(0xF);
+        for ib in 0..8 {
+            let b = _mm_loadu_si128(qs.as_ptr().add(16 * ib) as *const __m128i);
+            let lo = _mm_and_si128(b, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+            let q = _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo));
+            _mm256_storeu_si256(t.q.as_mut_ptr().add(32 * ib) as *mut __m256i, q);
+        }
     }
 
     /// Sub-block `ib`'s IQ1 codes `8 g + delta` of four 8-byte grid points
