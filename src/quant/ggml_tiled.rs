@@ -143,6 +143,15 @@ impl TiledBlock for BlockQ3K {
         t.q = self.quants();
         t.d0 = self.d.to_f32();
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_simd(&self, t: &mut Tile) {
+        for (o, s) in t.sc.iter_mut().zip(self.scales16()) {
+            *o = s as i16;
+        }
+        simd::q3k_codes(t, &self.qs, &self.hmask);
+        t.d0 = self.d.to_f32();
+    }
 }
 
 /// Q4_K and Q5_K: a 6-bit scale and min per 32 elements.
@@ -475,6 +484,27 @@ mod simd {
             let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
             let q = _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo));
             _mm256_storeu_si256(t.q.as_mut_ptr().add(32 * ib) as *mut __m256i, q);
+        }
+    }
+
+    /// Q3_K's codes: 2-bit `(qs >> 2j) & 3`, minus 4 where the `hmask`
+    /// bit is clear (element `128 n + 32 j + l`: byte `32 n + l`, bit
+    /// `4 n + j` of `hmask[l]`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q3k_codes(t: &mut Tile, qs: &[u8; 64], hmask: &[u8; 32]) {
+        let hm = _mm256_loadu_si256(hmask.as_ptr() as *const __m256i);
+        let (m3, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+        for n in 0..2 {
+            let q = _mm256_loadu_si256(qs.as_ptr().add(32 * n) as *const __m256i);
+            for j in 0..4 {
+                let v = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)), m3);
+                let bit = _mm256_set1_epi8((1u8 << (4 * n + j)) as i8);
+                let clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+                let c = _mm256_sub_epi8(v, _mm256_and_si256(clear, four));
+                let o = t.q.as_mut_ptr().add(128 * n + 32 * j) as *mut __m256i;
+                _mm256_storeu_si256(o, c);
+            }
         }
     }
 
