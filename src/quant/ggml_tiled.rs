@@ -15,8 +15,12 @@
 //! 16 elements) with `W = q * sc`, and `d0` such that `d0 * W` is the
 //! dequantised value (the i-quants' scales are odd multiples of 1/8 or 1/4,
 //! so their `d0` carries that power of two, which keeps `f32(s1) * d0`
-//! ggml's bits). `s1` is then a sign/`maddubs`/`madd` chain and `s2 = sum_g
-//! m_g * bsums_g`. The test module checks every decoder against the type's
+//! ggml's bits). `s2 = sum_g m_g * bsums_g`, and `s1` is computed by one of
+//! three kernels: AVX2 (`maddubs` + `madd` by the group scales), AVX-512
+//! below 16 activation rows (`maddubs` + `dpwssd`), and AVX-512 VNNI from
+//! 16 rows on with the activations interleaved 16 rows to a vector
+//! (`dpbusd` against broadcast weight codes, bands of 4 weight rows). The
+//! test module checks every decoder against the type's
 //! own (gguf-py-exact) dequantiser through a slow reference that derives
 //! `W` and `M` from it: with the block scale set to 1 (and `dmin` to 0) the
 //! dequantised value is the sub-block scale times the code, exactly, and
@@ -433,7 +437,8 @@ impl TiledBlock for BlockIQ1M {
     }
 }
 
-/// AVX2 pieces of the i-quant decoders: 32 codes at a time.
+/// AVX2 pieces of the decoders (the i-quants, IQ4_XS, Q3_K): 32 codes at a
+/// time.
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::{Tile, KVALUES_IQ4NL};
@@ -529,7 +534,8 @@ mod simd {
     }
 }
 
-/// Activation rows sharing one decoded weight block.
+/// Activation rows sharing one decoded weight block in the AVX2 kernel and
+/// the AVX-512 one below 16 rows.
 const TILE_T: usize = 64;
 
 /// Lengths the kernels accept: `nb` blocks per row, whole rows, one output
