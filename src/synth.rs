@@ -350,11 +350,12 @@ pub fn router_row_scales(seed: u64, layer: usize, n_expert: usize, skew: f32) ->
     Some(raw.iter().map(|v| (v / rms) as f32).collect())
 }
 
-/// SplitMix64: tiny, fast and good enough for random weights.
-struct Rng(u64);
+/// SplitMix64: tiny, fast and good enough for random weights (and for the
+/// crate's tests' random blocks).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

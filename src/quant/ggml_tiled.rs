@@ -1219,14 +1219,11 @@ mod tests {
     use super::*;
     use bytemuck::Zeroable;
 
-    /// xorshift64*: deterministic bytes without a dependency.
-    struct Rng(u64);
+    /// Deterministic bytes and scales from the synthetic models' generator.
+    struct Rng(crate::synth::Rng);
     impl Rng {
         fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+            self.0.next_u64()
         }
         fn bytes(&mut self, out: &mut [u8]) {
             for b in out {
@@ -1275,7 +1272,7 @@ mod tests {
     /// cover full and partial groups of 8 and of 16 rows, and more rows than
     /// one pass interleaves (64).
     fn check<B: Scales>(seed: u64) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng(crate::synth::Rng(seed));
         let nb = 3;
         let w = weights::<B>(&mut rng, NR * nb);
         let mut tile = Tile::new();
