@@ -542,7 +542,7 @@ impl<B: TileKernels + BatchKernel> QuantOps for BlockOps<B> {
         // ggml picks its kernel once for the whole batch: a chunk of one row
         // of a larger batch still takes the batch's kernel.
         self.products(n, w_rows, acts, out, |_| match (self.batch, self.tile) {
-            (Some(k), _) if batch >= GGML_TILED_MIN_BATCH => Some(k),
+            (Some(k), _) if self.has_batch_kernel(batch) => Some(k),
             (_, Some(k)) if batch >= 2 => Some(k),
             _ => None,
         })
