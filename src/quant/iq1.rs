@@ -178,7 +178,7 @@ impl GgmlBlock for BlockIQ1S {
         sumf
     }
 
-    x86_kernels!(avx2: dot_iq1_s);
+    x86_kernels!(avx2: dot_iq1_s, bmi2: dot_iq1_s_pdep);
 }
 
 impl GgmlBlock for BlockIQ1M {
@@ -225,5 +225,5 @@ impl GgmlBlock for BlockIQ1M {
         sumf
     }
 
-    x86_kernels!(avx2: dot_iq1_m);
+    x86_kernels!(avx2: dot_iq1_m, bmi2: dot_iq1_m_pdep);
 }

@@ -33,7 +33,7 @@
 /// `simd_x86_512::$avx512` when the CPU has it, else the AVX2 kernel
 /// `simd_x86::$avx2` (AVX2 + FMA + F16C), else `None`.
 macro_rules! x86_kernels {
-    (avx2: $avx2:ident $(, avx512: $avx512:ident)?) => {
+    (avx2: $avx2:ident $(, avx512: $avx512:ident)? $(, bmi2: $bmi2:ident)?) => {
         fn simd_dot(caps: $crate::quant::CpuCaps) -> Option<$crate::quant::Kernel<Self>> {
             #[cfg(target_arch = "x86_64")]
             {
@@ -42,6 +42,14 @@ macro_rules! x86_kernels {
                         return Some($crate::quant::Kernel {
                             name: "avx512vnni",
                             dot: $crate::quant::simd_x86_512::$avx512,
+                        });
+                    }
+                )?
+                $(
+                    if caps.has_avx2() && caps.bmi2 {
+                        return Some($crate::quant::Kernel {
+                            name: "avx2+bmi2",
+                            dot: $crate::quant::simd_x86::$bmi2,
                         });
                     }
                 )?

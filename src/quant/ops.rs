@@ -50,6 +50,8 @@ pub struct CpuCaps {
     pub f16c: bool,
     /// AVX-512 F + BW + VL + VNNI.
     pub avx512: bool,
+    /// BMI2 with a fast `pdep` (not AMD before Zen 3, which microcodes it).
+    pub bmi2: bool,
 }
 
 impl CpuCaps {
@@ -59,6 +61,7 @@ impl CpuCaps {
         fma: false,
         f16c: false,
         avx512: false,
+        bmi2: false,
     };
 
     /// AVX-512 F + BW + VL + VNNI on top of [`CpuCaps::has_avx2`].
@@ -88,11 +91,27 @@ impl CpuCaps {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
                     && !std::env::var("LONGHAUL_NO_AVX512").is_ok_and(|v| v == "1"),
+                bmi2: is_x86_feature_detected!("bmi2") && fast_pdep(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         CpuCaps::NONE
     }
+}
+
+/// Whether `pdep` runs in hardware: every BMI2 CPU except AMD's before Zen 3
+/// (family 0x19), where it is microcoded and costs hundreds of cycles.
+#[cfg(target_arch = "x86_64")]
+fn fast_pdep() -> bool {
+    let (v, f) = (std::arch::x86_64::__cpuid(0), std::arch::x86_64::__cpuid(1));
+    let amd = (v.ebx, v.edx, v.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163); // "AuthenticAMD"
+    let base = (f.eax >> 8) & 0xF;
+    let family = if base == 0xF {
+        base + ((f.eax >> 20) & 0xFF)
+    } else {
+        base
+    };
+    !amd || family >= 0x19
 }
 
 /// Object-safe operations on one weight type, chosen at run time by [`ops`].
@@ -882,6 +901,7 @@ mod tests {
             fma: true,
             f16c: true,
             avx512: false,
+            bmi2: false,
         };
         let avx512 = CpuCaps {
             avx512: true,
@@ -897,6 +917,15 @@ mod tests {
         );
         // ggml has only AVX2 paths for the IQ2 formats; AVX-512 CPUs run them.
         for ty in [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S] {
+            assert_eq!(kernel_for(ty, avx512).unwrap() == "avx2", expect_simd_x86());
+        }
+        // IQ1_S / IQ1_M take their `pdep` kernels only where `pdep` is fast.
+        let bmi2 = CpuCaps { bmi2: true, ..avx2 };
+        for ty in [GgmlType::IQ1_S, GgmlType::IQ1_M] {
+            assert_eq!(
+                kernel_for(ty, bmi2).unwrap() == "avx2+bmi2",
+                expect_simd_x86()
+            );
             assert_eq!(kernel_for(ty, avx512).unwrap() == "avx2", expect_simd_x86());
         }
         let expect_simd = cfg!(target_arch = "x86_64");

@@ -7,7 +7,7 @@
 
 use super::{h2f, hsum_ps, load32};
 use crate::quant::iq_tables::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
-use crate::quant::{BlockIQ3S, BlockIQ3XXS, BlockQ8K};
+use crate::quant::{BlockIQ3S, BlockIQ3XXS, BlockQ8K, QK_K};
 use std::arch::x86_64::*;
 
 safe_wrapper!(dot_iq3_xxs, dot_iq3_xxs_avx2, BlockIQ3XXS, BlockQ8K);
@@ -60,7 +60,10 @@ unsafe fn dot_iq3_xxs_avx2(w: &[BlockIQ3XXS], a: &[BlockQ8K]) -> f32 {
             let idx = |o: usize| std::array::from_fn(|k| x.qs[8 * ib + o + k] as usize);
             let q3_1 = grid_x8(&IQ3XXS_GRID, idx(0));
             let q3_2 = grid_x8(&IQ3XXS_GRID, idx(8));
-            let (aux1, aux2) = (x.aux(ib), x.aux(ib + 1));
+            // Both sub-blocks' scale-and-signs words in one read.
+            let o = QK_K / 4 + 4 * ib;
+            let aux = u64::from_le_bytes(x.qs[o..o + 8].try_into().unwrap_or([0; 8]));
+            let (aux1, aux2) = (aux as u32, (aux >> 32) as u32);
             let signs = |aux: u32| {
                 let s = |l: u32| KEVEN_SIGNS[(aux >> (7 * l) & 127) as usize] as i64;
                 _mm256_set_epi64x(s(3), s(2), s(1), s(0))

@@ -2,7 +2,8 @@
 //!
 //! Each public function here is a safe wrapper over a `#[target_feature]`
 //! kernel. They are only handed out by `GgmlBlock::simd_dot` when
-//! [`CpuCaps::has_avx2`](super::CpuCaps::has_avx2) is true, which is what
+//! [`CpuCaps::has_avx2`](super::CpuCaps::has_avx2) is true (the `_pdep`
+//! ones also need [`CpuCaps::bmi2`](super::CpuCaps::bmi2)), which is what
 //! makes the `unsafe` calls sound; nothing else in the crate calls them.
 //!
 //! Integer work per block is exact (the same integers as the reference
@@ -21,10 +22,21 @@ use std::arch::x86_64::*;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn h2f(h: f16) -> f32 {
-    // Integer conversion on purpose: with `vcvtph2ps`, LLVM loads the half
-    // with a `vpinsrw` into whatever vector register is free (often the FMA
-    // accumulator), which chains every block onto the previous block's FMA.
-    h.to_f32_const()
+    // `vmovd` then `vcvtph2ps`: `vmovd` writes the whole register, so the
+    // conversion starts no dependency on whatever the register held before
+    // (a `vpinsrw`, as `f16::to_f32` compiles, would chain every block onto
+    // the previous block's FMA; `half`'s integer fallback branches).
+    // LLVM turns the intrinsics' `vmovd` back into a `vpinsrw` (only lane 0
+    // is live), hence the two instructions in `asm!`.
+    let v: __m128;
+    std::arch::asm!(
+        "vmovd {v}, {h:e}",
+        "vcvtph2ps {v}, {v}",
+        h = in(reg) h.to_bits() as u32,
+        v = out(xmm_reg) v,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    _mm_cvtss_f32(v)
 }
 
 #[inline]
@@ -73,7 +85,8 @@ pub(super) unsafe fn mul_sum_u8_i8(x: __m256i, y: __m256i) -> __m256i {
 macro_rules! safe_wrapper {
     ($name:ident, $inner:ident, $w:ty, $a:ty) => {
         pub(crate) fn $name(_n: usize, w: &[$w], a: &[$a]) -> f32 {
-            // SAFETY: only selected when CpuCaps::has_avx2() (see module docs).
+            // SAFETY: only selected when CpuCaps::has_avx2() (and, for the
+            // `_pdep` kernels, CpuCaps::bmi2; see module docs).
             unsafe { $inner(w, a) }
         }
     };
@@ -696,7 +709,7 @@ unsafe fn dot_iq4_xs_avx2(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
 
 mod iq1;
 mod iq3;
-pub(crate) use iq1::{dot_iq1_m, dot_iq1_s};
+pub(crate) use iq1::{dot_iq1_m, dot_iq1_m_pdep, dot_iq1_s, dot_iq1_s_pdep};
 pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
 mod iq2;
 pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs};
