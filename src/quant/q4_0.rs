@@ -71,5 +71,5 @@ impl GgmlBlock for BlockQ4_0 {
         Ok(())
     }
 
-    x86_kernels!(avx2: dot_q4_0);
+    x86_kernels!(avx2: dot_q4_0, avx512: dot_q4_0);
 }

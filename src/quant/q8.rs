@@ -130,7 +130,7 @@ impl GgmlBlock for BlockQ8_0 {
     }
     // No AVX-512 kernel: ggml runs the 8-lane AVX2 order on AVX-512 CPUs
     // too, and pairing blocks in 16 lanes would change the float sums.
-    x86_kernels!(avx2: dot_q8_0);
+    x86_kernels!(avx2: dot_q8_0, avx512: dot_q8_0);
 }
 
 impl ActBlock for BlockQ8_1 {

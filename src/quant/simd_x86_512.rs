@@ -6,8 +6,9 @@
 //! use an offset: `sum(x * y) = sum((x + o) * y) - o * sum(y)` with
 //! `x + o >= 0`. The 32-weight formats take two blocks per 512-bit vector
 //! (an odd last block goes to the AVX2 kernel). Q4_K measured no faster
-//! than its AVX2 kernel with 512-bit vectors, so it has none here. Neither
-//! has Q8_0's one-row dot: ggml (and llamafile's tinyBLAS) sum its blocks in
+//! than its AVX2 kernel with 512-bit vectors, so it has none here. Q8_0's
+//! and Q4_0's one-row dots stay at 256 bits (`vpdpbusd` on 8 lanes, as
+//! ggml's VNNI build): ggml (and llamafile's tinyBLAS) sum their blocks in
 //! one 8-lane chain, even on AVX-512 CPUs, and pairing blocks would reorder
 //! the float sums (see `dot_q8_0_avx2`). The paired tile kernels at the end
 //! pair weight rows instead, which keeps every chain.
@@ -27,8 +28,8 @@ use super::simd_x86::{
     PREFETCH_ROWS,
 };
 use super::{
-    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0,
-    BlockQ8_1,
+    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K,
+    BlockQ8_0, BlockQ8_1,
 };
 use std::arch::x86_64::*;
 
@@ -44,6 +45,45 @@ macro_rules! safe_wrapper {
 safe_wrapper!(dot_mxfp4, dot_mxfp4_512, BlockMXFP4, BlockQ8_0);
 safe_wrapper!(dot_iq4_nl, dot_iq4_nl_512, BlockIQ4NL, BlockQ8_0);
 safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);
+safe_wrapper!(dot_q8_0, dot_q8_0_vnni, BlockQ8_0, BlockQ8_0);
+safe_wrapper!(dot_q4_0, dot_q4_0_vnni, BlockQ4_0, BlockQ8_0);
+
+/// ggml's `mul_sum_i8_pairs_float` where AVX-512 VNNI + VL are: `|x|`
+/// against `y` signed by `x`, four products per i32 lane in one `vpdpbusd`
+/// (exact: `|x| <= 128` unsigned, `y` in `[-127, 127]`). The lanes are those
+/// of the AVX2 kernels, so the one 8-lane float chain gives their bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn mul_sum_i8_vnni(x: __m256i, y: __m256i) -> __m256i {
+    let (ax, sy) = (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
+}
+
+/// `ggml_vec_dot_q8_0_q8_0` as ggml's AVX-512 VNNI build runs it: one block
+/// per step, one 8-lane FMA chain (the module docs say why not two blocks).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q8_0_vnni(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let (d, _) = block_scales(x, y);
+        let p = mul_sum_i8_vnni(load32(&x.qs), load32(&y.qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// `ggml_vec_dot_q4_0_q8_0` as ggml's AVX-512 VNNI build runs it.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q4_0_vnni(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let (d, _) = block_scales(x, y);
+        let qx = _mm256_sub_epi8(nibbles_32(&x.qs), _mm256_set1_epi8(8));
+        let p = mul_sum_i8_vnni(qx, load32(&y.qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum_ps(acc)
+}
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
