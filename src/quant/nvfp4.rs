@@ -77,7 +77,7 @@ impl GgmlBlock for BlockNVFP4 {
         sumf
     }
 
-    x86_kernels!(avx2: dot_nvfp4);
+    x86_kernels!(avx2: dot_nvfp4, avx512: dot_nvfp4);
 }
 
 #[cfg(test)]

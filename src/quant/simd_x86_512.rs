@@ -24,12 +24,12 @@
 use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
     block_scales, dot_mxfp4_avx2, drive, h2f, h2f_pair, hsum_ps, iq4_nl_tail, load32, nibbles_32,
-    prefetch_rows, shapes, tile_kernels, tile_shape, tile_wrapper, BlockScales, Shapes,
-    PREFETCH_ROWS,
+    prefetch_rows, scales_x4, shapes, tile_kernels, tile_shape, tile_wrapper, two_sub_blocks,
+    ue4m3_x4, BlockScales, Shapes, PREFETCH_ROWS,
 };
 use super::{
-    BlockIQ4NL, BlockMXFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K,
-    BlockQ8_0, BlockQ8_1,
+    BlockIQ4NL, BlockMXFP4, BlockNVFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K,
+    BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 use std::arch::x86_64::*;
 
@@ -47,6 +47,7 @@ safe_wrapper!(dot_iq4_nl, dot_iq4_nl_512, BlockIQ4NL, BlockQ8_0);
 safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);
 safe_wrapper!(dot_q8_0, dot_q8_0_vnni, BlockQ8_0, BlockQ8_0);
 safe_wrapper!(dot_q4_0, dot_q4_0_vnni, BlockQ4_0, BlockQ8_0);
+safe_wrapper!(dot_nvfp4, dot_nvfp4_vnni, BlockNVFP4, BlockQ8_0);
 
 /// ggml's `mul_sum_i8_pairs_float` where AVX-512 VNNI + VL are: `|x|`
 /// against `y` signed by `x`, four products per i32 lane in one `vpdpbusd`
@@ -68,6 +69,23 @@ unsafe fn dot_q8_0_vnni(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
         let (d, _) = block_scales(x, y);
         let p = mul_sum_i8_vnni(load32(&x.qs), load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// `ggml_vec_dot_nvfp4_q8_0`'s lanes and float steps (its AVX2 path; see
+/// `dot_nvfp4_avx2`) with each `maddubs` + `madd` by ones done by one
+/// `vpdpbusd`: the same i32 lanes, so the same bits.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_nvfp4_vnni(w: &[BlockNVFP4], a: &[BlockQ8_0]) -> f32 {
+    let lut = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a.chunks_exact(2)) {
+        let p01 = mul_sum_i8_vnni(two_sub_blocks(lut, &x.qs[..16]), load32(&y[0].qs));
+        let p23 = mul_sum_i8_vnni(two_sub_blocks(lut, &x.qs[16..]), load32(&y[1].qs));
+        let (s01, s23) = scales_x4(ue4m3_x4(x.d), y[0].d, y[1].d);
+        acc = _mm256_fmadd_ps(s01, _mm256_cvtepi32_ps(p01), acc);
+        acc = _mm256_fmadd_ps(s23, _mm256_cvtepi32_ps(p23), acc);
     }
     hsum_ps(acc)
 }

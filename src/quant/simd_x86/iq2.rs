@@ -179,13 +179,49 @@ unsafe fn dot_iq2_xs_avx2(w: &[BlockIQ2XS], a: &[BlockQ8K]) -> f32 {
     0.125 * hsum_ps(acc)
 }
 
-/// ggml's `get_scale_shuffle(ib)`: byte `2ib` eight times, then `2ib + 1`.
+/// ggml's `get_scale_shuffle(ib)`: byte `2ib` eight times, then `2ib + 1`
+/// (a table, as ggml's: one load instead of building the vector).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn scale_pair(ib: usize) -> __m128i {
-    let lo = 0x0101_0101_0101_0101u64 * (2 * ib as u64);
-    _mm_set_epi64x((lo + 0x0101_0101_0101_0101) as i64, lo as i64)
+    _mm_loadu_si128(SCALE_PAIR[ib & 7].as_ptr() as *const __m128i)
 }
+
+static SCALE_PAIR: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut ib = 0;
+    while ib < 8 {
+        let mut j = 0;
+        while j < 16 {
+            t[ib][j] = (2 * ib + j / 8) as u8;
+            j += 1;
+        }
+        ib += 1;
+    }
+    t
+};
+
+/// ggml's `get_scale_shuffle_k4(sb)`: i16 lane `sb` of each 128-bit half,
+/// repeated (bytes `2sb`, `2sb + 1` throughout).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pick_k4(sb: usize) -> __m256i {
+    _mm256_loadu_si256(SCALE_K4[sb & 7].as_ptr() as *const __m256i)
+}
+
+static SCALE_K4: [[u8; 32]; 8] = {
+    let mut t = [[0u8; 32]; 8];
+    let mut sb = 0;
+    while sb < 8 {
+        let mut j = 0;
+        while j < 32 {
+            t[sb][j] = (2 * sb + j % 2) as u8;
+            j += 1;
+        }
+        sb += 1;
+    }
+    t
+};
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq2_s_avx2(w: &[BlockIQ2S], a: &[BlockQ8K]) -> f32 {
@@ -224,8 +260,7 @@ unsafe fn dot_iq2_s_avx2(w: &[BlockIQ2S], a: &[BlockQ8K]) -> f32 {
                 let q8s = _mm256_sub_epi8(_mm256_xor_si256(s, q8), s);
                 // ggml's `get_scale_shuffle_k4(sb)`: i16 lane `sb` of each
                 // 128-bit half (the low, then the high nibble of scales[sb]).
-                let pick = _mm256_set1_epi16((((2 * sb + 1) << 8) | (2 * sb)) as i16);
-                let sc = _mm256_shuffle_epi8(scales16, pick);
+                let sc = _mm256_shuffle_epi8(scales16, scale_pick_k4(sb));
                 *p = _mm256_madd_epi16(_mm256_maddubs_epi16(g, q8s), sc);
             }
             sumi1 = _mm256_add_epi32(sumi1, p[0]);

@@ -112,6 +112,7 @@ safe_wrapper!(dot_nvfp4, dot_nvfp4_avx2, BlockNVFP4, BlockQ8_0);
 
 mod nvfp4;
 use nvfp4::dot_nvfp4_avx2;
+pub(super) use nvfp4::{scales_x4, two_sub_blocks, ue4m3_x4};
 mod iq_tiles;
 pub(crate) use iq_tiles::{tile_iq1_m, tile_iq1_s, tile_iq3_s, tile_iq3_xxs, tile_nvfp4};
 
