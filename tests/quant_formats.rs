@@ -160,7 +160,7 @@ const LOW_BIT: [GgmlType; 8] = [
 /// The formats whose dot products have ggml goldens
 /// (tests/goldens/quant/dot_<type>.json from tools/quant_goldens.py --libggml):
 /// the low-bit ones and the block formats whose x86 kernels follow ggml's.
-const DOT_GOLDENS: [GgmlType; 18] = [
+const DOT_GOLDENS: [GgmlType; 19] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
@@ -179,6 +179,7 @@ const DOT_GOLDENS: [GgmlType; 18] = [
     GgmlType::IQ1_S,
     GgmlType::IQ1_M,
     GgmlType::NVFP4,
+    GgmlType::MXFP4,
 ];
 
 #[test]
@@ -307,8 +308,9 @@ fn quantizers_match_gguf_py_byte_for_byte() {
             checked += 1;
         }
     }
-    // gguf-py's eight, plus ggml's own Q4_K / Q6_K reference quantisers.
-    assert_eq!(checked, 10);
+    // gguf-py's eight, plus ggml's own Q4_K / Q6_K reference quantisers and
+    // its MXFP4 ggml_quantize_chunk.
+    assert_eq!(checked, 11);
     // The Q8_0 activation quantiser is ggml's reference Q8_0 quantiser.
     let case = &golden(GgmlType::Q8_0)["cases"][1];
     let x = f32s(&unhex(case["input"].as_str().unwrap()));

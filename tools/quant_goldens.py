@@ -59,7 +59,8 @@ RANDOM = {
 # The low-bit formats of issue 14: goldens also hold blocks of ggml's own
 # quantiser (ggml_quantize_chunk, what llama-quantize calls, with an
 # importance matrix) and ggml's CPU dot products on them (dot_<type>.json).
-LOW_BIT = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.NVFP4]
+# MXFP4 last, so the seeds (by position) of the others stay as they were.
+LOW_BIT = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.NVFP4, T.MXFP4]
 QUANTIZABLE = {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4}
 
 
@@ -155,7 +156,9 @@ def low_bit_cases(libdir):
     for i, ty in enumerate(LOW_BIT):
         rng = np.random.default_rng(4321 + i)
         bs, ts = quants.GGML_QUANT_SIZES[ty]
-        n, rows = 512, 3
+        # 32-weight blocks: an odd block count, so the dot's tail after the
+        # block pairs is covered too.
+        n, rows = (512 if bs == 256 or ty == T.NVFP4 else 544), 3
         x = (rng.standard_normal((rows, n)) * rng.uniform(0.1, 3.0)).astype(np.float32)
         x[1, 64:96] = 0.0  # an all-zero run
         imat = rng.uniform(0.1, 4.0, n).astype(np.float32)

@@ -23,7 +23,7 @@
 
 use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
-    block_scales, dot_mxfp4_avx2, drive, h2f, h2f_pair, hsum_ps, iq4_nl_tail, load32, nibbles_32,
+    block_scales, drive, h2f, h2f_pair, hsum_ps, iq4_nl_tail, load32, mxfp4_tail, nibbles_32,
     prefetch_rows, scales_x4, shapes, tile_kernels, tile_shape, tile_wrapper, two_sub_blocks,
     ue4m3_x4, BlockScales, Shapes, PREFETCH_ROWS,
 };
@@ -180,7 +180,7 @@ unsafe fn dot_mxfp4_512(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
         let s = join(load32(&y0.qs), load32(&y1.qs));
         (u, s, 12)
     });
-    s + dot_mxfp4_avx2(&w[even..], &a[even..])
+    mxfp4_tail(s, &w[even..], &a[even..])
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]

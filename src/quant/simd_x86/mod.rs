@@ -366,9 +366,42 @@ unsafe fn dot_lut4<W: BlockScales<BlockQ8_0>>(
     hsum_ps(acc)
 }
 
+/// `ggml_vec_dot_mxfp4_q8_0`'s AVX2 path, to the bit: block pairs in two
+/// 8-lane FMA chains (even and odd blocks), `hsum(acc1 + acc2)`, then an odd
+/// last block by [`mxfp4_tail`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
-    dot_lut4(&KVALUES_MXFP4, w, a, |x| &x.qs)
+    let lut =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i));
+    let even = w.len().min(a.len()) & !1;
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (x, y) in w[..even].chunks_exact(2).zip(a[..even].chunks_exact(2)) {
+        for k in 0..2 {
+            let (d, _) = block_scales(&x[k], &y[k]);
+            let vals = _mm256_shuffle_epi8(lut, nibbles_32(&x[k].qs));
+            let p = mul_sum_i8_pairs(vals, load32(&y[k].qs));
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[k]);
+        }
+    }
+    let s = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+    mxfp4_tail(s, &w[even..], &a[even..])
+}
+
+/// ggml's scalar loop after the block pairs of `ggml_vec_dot_mxfp4_q8_0`:
+/// `sumf += d * sumi` per block (contracted to an FMA by GCC).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mxfp4_tail(mut sumf: f32, w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+    for (x, y) in w.iter().zip(a) {
+        let (d, _) = block_scales(x, y);
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += y.qs[j] as i32 * KVALUES_MXFP4[(x.qs[j] & 0xF) as usize] as i32;
+            sumi += y.qs[j + 16] as i32 * KVALUES_MXFP4[(x.qs[j] >> 4) as usize] as i32;
+        }
+        sumf = d.mul_add(sumi as f32, sumf);
+    }
+    sumf
 }
 
 /// `ggml_vec_dot_iq4_nl_q8_0`'s AVX2 path, to the bit: block pairs in two
