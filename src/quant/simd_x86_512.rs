@@ -4,14 +4,15 @@
 //! i32 lane without the i16 saturation of `maddubs`, so every kernel here is
 //! exact in its integer part for any weight bytes. Signed-by-signed products
 //! use an offset: `sum(x * y) = sum((x + o) * y) - o * sum(y)` with
-//! `x + o >= 0`. The 32-weight formats take two blocks per 512-bit vector
-//! (an odd last block goes to the AVX2 kernel). Q4_K measured no faster
-//! than its AVX2 kernel with 512-bit vectors, so it has none here. Q8_0's
-//! and Q4_0's one-row dots stay at 256 bits (`vpdpbusd` on 8 lanes, as
-//! ggml's VNNI build): ggml (and llamafile's tinyBLAS) sum their blocks in
-//! one 8-lane chain, even on AVX-512 CPUs, and pairing blocks would reorder
-//! the float sums (see `dot_q8_0_avx2`). The paired tile kernels at the end
-//! pair weight rows instead, which keeps every chain.
+//! `x + o >= 0`. The one-row dots of the 32-weight formats (Q8_0, Q4_0,
+//! MXFP4, IQ4_NL, NVFP4) stay at 256 bits: `vpdpbusd` on 8 lanes in place
+//! of `maddubs` + `madd`, which gives ggml's i32 lanes, in ggml's FMA chains
+//! (one chain for Q8_0 / Q4_0 / NVFP4, even and odd blocks for MXFP4 /
+//! IQ4_NL), so ggml's bits; putting two blocks in a 512-bit vector would
+//! reorder the float sums (see `dot_q8_0_avx2`). Q4_K measured no faster
+//! than its AVX2 kernel with 512-bit vectors, so it has none here. The
+//! paired tile kernels at the end pair weight rows instead, which keeps
+//! every chain.
 //!
 //! As in simd_x86.rs, the safe wrappers are only handed out when
 //! [`CpuCaps::has_avx512`](super::CpuCaps::has_avx512) is true.
@@ -21,11 +22,11 @@
 
 #![allow(clippy::incompatible_msrv)]
 
-use super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
+use super::common::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
     block_scales, drive, h2f, h2f_pair, hsum_ps, iq4_nl_tail, load32, mxfp4_tail, nibbles_32,
     prefetch_rows, scales_x4, shapes, tile_kernels, tile_shape, tile_wrapper, two_sub_blocks,
-    ue4m3_x4, BlockScales, Shapes, PREFETCH_ROWS,
+    ue4m3_x4, Shapes, PREFETCH_ROWS,
 };
 use super::{
     BlockIQ4NL, BlockMXFP4, BlockNVFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K,
@@ -42,8 +43,8 @@ macro_rules! safe_wrapper {
     };
 }
 
-safe_wrapper!(dot_mxfp4, dot_mxfp4_512, BlockMXFP4, BlockQ8_0);
-safe_wrapper!(dot_iq4_nl, dot_iq4_nl_512, BlockIQ4NL, BlockQ8_0);
+safe_wrapper!(dot_mxfp4, dot_mxfp4_vnni, BlockMXFP4, BlockQ8_0);
+safe_wrapper!(dot_iq4_nl, dot_iq4_nl_vnni, BlockIQ4NL, BlockQ8_0);
 safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);
 safe_wrapper!(dot_q8_0, dot_q8_0_vnni, BlockQ8_0, BlockQ8_0);
 safe_wrapper!(dot_q4_0, dot_q4_0_vnni, BlockQ4_0, BlockQ8_0);
@@ -90,6 +91,49 @@ unsafe fn dot_nvfp4_vnni(w: &[BlockNVFP4], a: &[BlockQ8_0]) -> f32 {
     hsum_ps(acc)
 }
 
+/// The block pairs of ggml's AVX2 MXFP4 / IQ4_NL dots (two 8-lane FMA
+/// chains, even and odd blocks, `hsum(acc1 + acc2)`) with each `maddubs` +
+/// `madd` by ones done by one `vpdpbusd`: the same i32 lanes, so the same
+/// bits. Returns the sum and the blocks done (the caller's tail does the
+/// rest, as ggml's scalar loop).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn lut4_pairs_vnni<W>(
+    table: &[i8; 16],
+    w: &[W],
+    a: &[BlockQ8_0],
+    qs: impl Fn(&W) -> &[u8; 16],
+    scale: impl Fn(&W, &BlockQ8_0) -> f32,
+) -> (f32, usize) {
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+    let even = w.len().min(a.len()) & !1;
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (x, y) in w[..even].chunks_exact(2).zip(a[..even].chunks_exact(2)) {
+        for k in 0..2 {
+            let d = scale(&x[k], &y[k]);
+            let vals = _mm256_shuffle_epi8(lut, nibbles_32(qs(&x[k])));
+            let p = mul_sum_i8_vnni(vals, load32(&y[k].qs));
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[k]);
+        }
+    }
+    (hsum_ps(_mm256_add_ps(acc[0], acc[1])), even)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_mxfp4_vnni(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+    // ggml's `fp16(y.d) * e8m0_half(x.e)`.
+    let scale = |x: &BlockMXFP4, y: &BlockQ8_0| h2f(y.d) * e8m0_to_f32_half(x.e);
+    let (s, even) = lut4_pairs_vnni(&KVALUES_MXFP4, w, a, |x| &x.qs, scale);
+    mxfp4_tail(s, &w[even..], &a[even..])
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_iq4_nl_vnni(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    let scale = |x: &BlockIQ4NL, y: &BlockQ8_0| block_scales(x, y).0;
+    let (s, even) = lut4_pairs_vnni(&KVALUES_IQ4NL, w, a, |x| &x.qs, scale);
+    iq4_nl_tail(s, &w[even..], &a[even..])
+}
+
 /// `ggml_vec_dot_q4_0_q8_0` as ggml's AVX-512 VNNI build runs it.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q4_0_vnni(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
@@ -109,92 +153,11 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
-/// `a` in lanes 0..8, `b` in lanes 8..16.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn join_ps(a: f32, b: f32) -> __m512 {
-    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b))
-}
-
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn load64(p: &[i8]) -> __m512i {
     debug_assert!(p.len() >= 64);
     _mm512_loadu_si512(p.as_ptr() as *const _)
-}
-
-/// `sum(u * s) - off * sum(s)` per i32 lane (`u` unsigned, `s` signed).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_offset(u: __m512i, s: __m512i, off: i32) -> __m512i {
-    let zero = _mm512_setzero_si512();
-    let dp = _mm512_dpbusd_epi32(zero, u, s);
-    let sum = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), s);
-    _mm512_sub_epi32(dp, _mm512_mullo_epi32(sum, _mm512_set1_epi32(off)))
-}
-
-/// The shared loop of the 32-weight formats over an even number of blocks:
-/// `pair(x0, x1, y0, y1)` gives the unsigned and signed operands and the
-/// offset; the scales come from [`BlockScales`], 8 blocks at a time.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_pairs<W: BlockScales<A>, A>(
-    w: &[W],
-    a: &[A],
-    pair: impl Fn(&W, &W, &A, &A) -> (__m512i, __m512i, i32),
-) -> f32 {
-    debug_assert!(w.len().is_multiple_of(2));
-    let mut acc = _mm512_setzero_ps();
-    for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(2)) {
-        let (d0, _) = block_scales(&x[0], &y[0]);
-        let (d1, _) = block_scales(&x[1], &y[1]);
-        let (u, s, off) = pair(&x[0], &x[1], &y[0], &y[1]);
-        let v = dot_offset(u, s, off);
-        acc = _mm512_fmadd_ps(join_ps(d0, d1), _mm512_cvtepi32_ps(v), acc);
-    }
-    // ggml's `hsum_float_8(accum1 + accum2)`: even blocks in lanes 0..8,
-    // odd ones in 8..16.
-    let lo = _mm512_castps512_ps256(acc);
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-    hsum_ps(_mm256_add_ps(lo, hi))
-}
-
-/// A 4-bit lookup table offset to unsigned bytes, in all four 128-bit lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn lut_u8(table: &[i8; 16], off: i8) -> __m512i {
-    let t = _mm_add_epi8(
-        _mm_loadu_si128(table.as_ptr() as *const __m128i),
-        _mm_set1_epi8(off),
-    );
-    _mm512_broadcast_i32x4(t)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_mxfp4_512(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
-    let even = w.len() & !1;
-    let lut = lut_u8(&KVALUES_MXFP4, 12);
-    let s = dot_pairs(&w[..even], &a[..even], |x0, x1, y0, y1| {
-        let idx = join(nibbles_32(&x0.qs), nibbles_32(&x1.qs));
-        let u = _mm512_shuffle_epi8(lut, idx);
-        let s = join(load32(&y0.qs), load32(&y1.qs));
-        (u, s, 12)
-    });
-    mxfp4_tail(s, &w[even..], &a[even..])
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_iq4_nl_512(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
-    let even = w.len() & !1;
-    // -127..113 + 127 fits in a byte.
-    let lut = lut_u8(&KVALUES_IQ4NL, 127);
-    let s = dot_pairs(&w[..even], &a[..even], |x0, x1, y0, y1| {
-        let idx = join(nibbles_32(&x0.qs), nibbles_32(&x1.qs));
-        let u = _mm512_shuffle_epi8(lut, idx);
-        let s = join(load32(&y0.qs), load32(&y1.qs));
-        (u, s, 127)
-    });
-    iq4_nl_tail(s, &w[even..], &a[even..])
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
