@@ -24,22 +24,29 @@ pub struct BlockQ3K {
 const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
 
 impl BlockQ3K {
-    /// The sixteen signed scales (`sc - 32`), unpacked branch-free: scale
-    /// `j` has its low nibble in byte `j % 8` (low half for `j < 8`) and its
+    /// The 16 unsigned 6-bit scales (bias 32 not yet taken off), four per
+    /// little-endian word, in scale order (ggml's `aux` words): scale `j`
+    /// has its low nibble in byte `j % 8` (low half for `j < 8`) and its
     /// high bit pair at bits `2 * (j / 4)` of byte `8 + j % 4`.
     #[inline(always)]
-    pub(crate) fn scales16(&self) -> [i32; 16] {
+    pub(crate) fn scale_words(&self) -> [u32; 4] {
         const K1: u32 = 0x0303_0303;
         const K2: u32 = 0x0f0f_0f0f;
         let q = &self.scales;
         let u = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
         let (a0, a1, t) = (u(0), u(1), u(2));
-        let words = [
+        [
             (a0 & K2) | ((t & K1) << 4),
             (a1 & K2) | (((t >> 2) & K1) << 4),
             ((a0 >> 4) & K2) | (((t >> 4) & K1) << 4),
             ((a1 >> 4) & K2) | (((t >> 6) & K1) << 4),
-        ];
+        ]
+    }
+
+    /// The sixteen signed scales (`sc - 32`), unpacked branch-free.
+    #[inline(always)]
+    pub(crate) fn scales16(&self) -> [i32; 16] {
+        let words = self.scale_words();
         let mut out = [0i32; 16];
         for (k, w) in words.iter().enumerate() {
             for (b, byte) in w.to_le_bytes().iter().enumerate() {

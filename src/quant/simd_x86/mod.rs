@@ -603,16 +603,21 @@ unsafe fn dot_q5_1_avx2(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
     hsum_ps(acc) + summs
 }
 
-/// `maddubs(q, y)` (16 i16 lanes: elements 0..16 then 16..32) weighted by
-/// `s0` for the first 16 elements and `s1` for the rest, as 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scaled_pairs(p16: __m256i, s0: i16, s1: i16) -> __m256i {
-    _mm256_madd_epi16(
-        p16,
-        _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0)),
-    )
-}
+/// ggml's `get_scale_shuffle_q3k(i)`: i16 element `2i` in the low 128-bit
+/// lane, `2i + 1` in the high one.
+static Q3K_SCALE_SHUFFLE: [[u8; 32]; 4] = {
+    let mut t = [[0u8; 32]; 4];
+    let mut i = 0;
+    while i < 4 {
+        let mut k = 0;
+        while k < 32 {
+            t[i][k] = (4 * i + 2 * (k / 16) + k % 2) as u8;
+            k += 1;
+        }
+        i += 1;
+    }
+    t
+};
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
@@ -627,8 +632,17 @@ unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
         let p = _mm256_madd_epi16(mins, bs);
         let dmin = -(y.d * h2f(x.dmin));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(p), acc);
+        // The 16 scales as i16, each half of the block's in both 128-bit
+        // lanes; a table shuffle per 32 weights picks the pair (ggml's
+        // `get_scale_shuffle_q3k`).
+        let all = _mm256_cvtepu8_epi16(_mm_and_si128(sc, _mm_set1_epi8(0x0F)));
+        let (lo, hi) = (
+            _mm256_castsi256_si128(all),
+            _mm256_extracti128_si256(all, 1),
+        );
+        let scales = [_mm256_set_m128i(lo, lo), _mm256_set_m128i(hi, hi)];
         let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
+        for (h, scales) in scales.iter().enumerate() {
             let q2 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * h) as *const __m256i);
             for j in 0..4 {
                 let v = match j {
@@ -641,9 +655,11 @@ unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
                     _mm256_and_si256(v, m3),
                     load32(&y.qs[128 * h + 32 * j..]),
                 );
-                let g = 8 * h + 2 * j;
-                let (s0, s1) = ((x.scales[g] & 0xF) as i16, (x.scales[g + 1] & 0xF) as i16);
-                sumi = _mm256_add_epi32(sumi, scaled_pairs(p, s0, s1));
+                let pick = _mm256_loadu_si256(Q3K_SCALE_SHUFFLE[j].as_ptr() as *const __m256i);
+                sumi = _mm256_add_epi32(
+                    sumi,
+                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(*scales, pick)),
+                );
             }
         }
         let d = _mm256_set1_ps(y.d * h2f(x.d));
@@ -658,10 +674,19 @@ unsafe fn dot_q3_k_avx2(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
     let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
-        let sc = x.scales16();
+        // The 16 6-bit scales (minus 32) as i16, each half of the block's in
+        // both 128-bit lanes, as for Q2_K.
+        let w = x.scale_words();
+        let s8 = _mm_set_epi32(w[3] as i32, w[2] as i32, w[1] as i32, w[0] as i32);
+        let all = _mm256_cvtepi8_epi16(_mm_sub_epi8(s8, _mm_set1_epi8(32)));
+        let (lo, hi) = (
+            _mm256_castsi256_si128(all),
+            _mm256_extracti128_si256(all, 1),
+        );
+        let scales = [_mm256_set_m128i(lo, lo), _mm256_set_m128i(hi, hi)];
         let hbits = _mm256_loadu_si256(x.hmask.as_ptr() as *const __m256i);
         let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
+        for (h, scales) in scales.iter().enumerate() {
             let q2 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * h) as *const __m256i);
             for j in 0..4 {
                 let v = _mm256_and_si256(_mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * j as i32)), m3);
@@ -674,8 +699,11 @@ unsafe fn dot_q3_k_avx2(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
                 let q8 = load32(&y.qs[128 * h + 32 * j..]);
                 let p =
                     _mm256_sub_epi16(_mm256_maddubs_epi16(v, q8), _mm256_maddubs_epi16(sub, q8));
-                let g = 8 * h + 2 * j;
-                sumi = _mm256_add_epi32(sumi, scaled_pairs(p, sc[g] as i16, sc[g + 1] as i16));
+                let pick = _mm256_loadu_si256(Q3K_SCALE_SHUFFLE[j].as_ptr() as *const __m256i);
+                sumi = _mm256_add_epi32(
+                    sumi,
+                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(*scales, pick)),
+                );
             }
         }
         let d = _mm256_set1_ps(h2f(x.d) * y.d);
