@@ -644,7 +644,7 @@ unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
         let mut sumi = _mm256_setzero_si256();
         for (h, scales) in scales.iter().enumerate() {
             let q2 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * h) as *const __m256i);
-            for j in 0..4 {
+            for (j, pick) in Q3K_SCALE_SHUFFLE.iter().enumerate() {
                 let v = match j {
                     0 => q2,
                     1 => _mm256_srli_epi16(q2, 2),
@@ -655,7 +655,7 @@ unsafe fn dot_q2_k_avx2(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
                     _mm256_and_si256(v, m3),
                     load32(&y.qs[128 * h + 32 * j..]),
                 );
-                let pick = _mm256_loadu_si256(Q3K_SCALE_SHUFFLE[j].as_ptr() as *const __m256i);
+                let pick = _mm256_loadu_si256(pick.as_ptr() as *const __m256i);
                 sumi = _mm256_add_epi32(
                     sumi,
                     _mm256_madd_epi16(p, _mm256_shuffle_epi8(*scales, pick)),
@@ -688,7 +688,7 @@ unsafe fn dot_q3_k_avx2(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
         let mut sumi = _mm256_setzero_si256();
         for (h, scales) in scales.iter().enumerate() {
             let q2 = _mm256_loadu_si256(x.qs.as_ptr().add(32 * h) as *const __m256i);
-            for j in 0..4 {
+            for (j, pick) in Q3K_SCALE_SHUFFLE.iter().enumerate() {
                 let v = _mm256_and_si256(_mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * j as i32)), m3);
                 let bit = _mm256_and_si256(
                     _mm256_srl_epi16(hbits, _mm_cvtsi32_si128((4 * h + j) as i32)),
@@ -699,7 +699,7 @@ unsafe fn dot_q3_k_avx2(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
                 let q8 = load32(&y.qs[128 * h + 32 * j..]);
                 let p =
                     _mm256_sub_epi16(_mm256_maddubs_epi16(v, q8), _mm256_maddubs_epi16(sub, q8));
-                let pick = _mm256_loadu_si256(Q3K_SCALE_SHUFFLE[j].as_ptr() as *const __m256i);
+                let pick = _mm256_loadu_si256(pick.as_ptr() as *const __m256i);
                 sumi = _mm256_add_epi32(
                     sumi,
                     _mm256_madd_epi16(p, _mm256_shuffle_epi8(*scales, pick)),
