@@ -71,5 +71,5 @@ impl GgmlBlock for BlockQ4_1 {
         Ok(())
     }
 
-    x86_kernels!(avx2: dot_q4_1);
+    x86_kernels!(avx2: dot_q4_1, avx512: dot_q4_1);
 }

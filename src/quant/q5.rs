@@ -112,7 +112,7 @@ impl GgmlBlock for BlockQ5_0 {
         Ok(())
     }
 
-    x86_kernels!(avx2: dot_q5_0);
+    x86_kernels!(avx2: dot_q5_0, avx512: dot_q5_0);
 }
 
 impl GgmlBlock for BlockQ5_1 {
@@ -167,5 +167,5 @@ impl GgmlBlock for BlockQ5_1 {
         Ok(())
     }
 
-    x86_kernels!(avx2: dot_q5_1);
+    x86_kernels!(avx2: dot_q5_1, avx512: dot_q5_1);
 }

@@ -22,15 +22,14 @@
 
 #![allow(clippy::incompatible_msrv)]
 
-use super::common::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::simd_x86::{
-    block_scales, drive, h2f, h2f_pair, hsum_ps, iq4_nl_tail, load32, mxfp4_tail, nibbles_32,
-    prefetch_rows, scales_x4, shapes, tile_kernels, tile_shape, tile_wrapper, two_sub_blocks,
-    ue4m3_x4, Shapes, PREFETCH_ROWS,
+    block_scales, dot_iq4_nl_with, dot_mxfp4_with, dot_nvfp4_with, dot_q4_0_with, dot_q4_1_with,
+    dot_q5_0_with, dot_q5_1_with, drive, h2f, h2f_pair, hsum_ps, load32, prefetch_rows, shapes,
+    tile_kernels, tile_shape, tile_wrapper, LaneSums, Shapes, PREFETCH_ROWS,
 };
 use super::{
-    BlockIQ4NL, BlockMXFP4, BlockNVFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K,
-    BlockQ8K, BlockQ8_0, BlockQ8_1,
+    BlockIQ4NL, BlockMXFP4, BlockNVFP4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 use std::arch::x86_64::*;
 
@@ -49,16 +48,26 @@ safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);
 safe_wrapper!(dot_q8_0, dot_q8_0_vnni, BlockQ8_0, BlockQ8_0);
 safe_wrapper!(dot_q4_0, dot_q4_0_vnni, BlockQ4_0, BlockQ8_0);
 safe_wrapper!(dot_nvfp4, dot_nvfp4_vnni, BlockNVFP4, BlockQ8_0);
+safe_wrapper!(dot_q4_1, dot_q4_1_vnni, BlockQ4_1, BlockQ8_1);
+safe_wrapper!(dot_q5_0, dot_q5_0_vnni, BlockQ5_0, BlockQ8_0);
+safe_wrapper!(dot_q5_1, dot_q5_1_vnni, BlockQ5_1, BlockQ8_1);
 
-/// ggml's `mul_sum_i8_pairs_float` where AVX-512 VNNI + VL are: `|x|`
-/// against `y` signed by `x`, four products per i32 lane in one `vpdpbusd`
-/// (exact: `|x| <= 128` unsigned, `y` in `[-127, 127]`). The lanes are those
-/// of the AVX2 kernels, so the one 8-lane float chain gives their bits.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn mul_sum_i8_vnni(x: __m256i, y: __m256i) -> __m256i {
-    let (ax, sy) = (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
+/// [`LaneSums`] with AVX-512 VNNI: `|x|` against `y` signed by `x` (or an
+/// unsigned `x` as it is), four products per i32 lane in one `vpdpbusd`
+/// (exact: `|x| <= 128` unsigned, `y` in `[-127, 127]`), as ggml's
+/// `mul_sum_i8_pairs_float` in its VNNI build. The lanes are those of
+/// `simd_x86::Madd`, so the kernels give the same bits.
+struct Vnni;
+impl LaneSums for Vnni {
+    #[inline(always)]
+    unsafe fn i8_pairs(x: __m256i, y: __m256i) -> __m256i {
+        let (ax, sy) = (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
+    }
+    #[inline(always)]
+    unsafe fn u8_i8(x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
+    }
 }
 
 /// `ggml_vec_dot_q8_0_q8_0` as ggml's AVX-512 VNNI build runs it: one block
@@ -68,83 +77,31 @@ unsafe fn dot_q8_0_vnni(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let (d, _) = block_scales(x, y);
-        let p = mul_sum_i8_vnni(load32(&x.qs), load32(&y.qs));
+        let p = Vnni::i8_pairs(load32(&x.qs), load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     }
     hsum_ps(acc)
 }
 
-/// `ggml_vec_dot_nvfp4_q8_0`'s lanes and float steps (its AVX2 path; see
-/// `dot_nvfp4_avx2`) with each `maddubs` + `madd` by ones done by one
-/// `vpdpbusd`: the same i32 lanes, so the same bits.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_nvfp4_vnni(w: &[BlockNVFP4], a: &[BlockQ8_0]) -> f32 {
-    let lut = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a.chunks_exact(2)) {
-        let p01 = mul_sum_i8_vnni(two_sub_blocks(lut, &x.qs[..16]), load32(&y[0].qs));
-        let p23 = mul_sum_i8_vnni(two_sub_blocks(lut, &x.qs[16..]), load32(&y[1].qs));
-        let (s01, s23) = scales_x4(ue4m3_x4(x.d), y[0].d, y[1].d);
-        acc = _mm256_fmadd_ps(s01, _mm256_cvtepi32_ps(p01), acc);
-        acc = _mm256_fmadd_ps(s23, _mm256_cvtepi32_ps(p23), acc);
-    }
-    hsum_ps(acc)
-}
-
-/// The block pairs of ggml's AVX2 MXFP4 / IQ4_NL dots (two 8-lane FMA
-/// chains, even and odd blocks, `hsum(acc1 + acc2)`) with each `maddubs` +
-/// `madd` by ones done by one `vpdpbusd`: the same i32 lanes, so the same
-/// bits. Returns the sum and the blocks done (the caller's tail does the
-/// rest, as ggml's scalar loop).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn lut4_pairs_vnni<W>(
-    table: &[i8; 16],
-    w: &[W],
-    a: &[BlockQ8_0],
-    qs: impl Fn(&W) -> &[u8; 16],
-    scale: impl Fn(&W, &BlockQ8_0) -> f32,
-) -> (f32, usize) {
-    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
-    let even = w.len().min(a.len()) & !1;
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (x, y) in w[..even].chunks_exact(2).zip(a[..even].chunks_exact(2)) {
-        for k in 0..2 {
-            let d = scale(&x[k], &y[k]);
-            let vals = _mm256_shuffle_epi8(lut, nibbles_32(qs(&x[k])));
-            let p = mul_sum_i8_vnni(vals, load32(&y[k].qs));
-            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[k]);
+/// The AVX2 bodies of simd_x86.rs with [`Vnni`] sums: ggml's lanes and
+/// chains, one instruction fewer per 32 weights.
+macro_rules! vnni_dots {
+    ($($inner:ident = $body:ident($w:ty, $a:ty);)*) => {$(
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $inner(w: &[$w], a: &[$a]) -> f32 {
+            $body::<Vnni>(w, a)
         }
-    }
-    (hsum_ps(_mm256_add_ps(acc[0], acc[1])), even)
+    )*};
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_mxfp4_vnni(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
-    // ggml's `fp16(y.d) * e8m0_half(x.e)`.
-    let scale = |x: &BlockMXFP4, y: &BlockQ8_0| h2f(y.d) * e8m0_to_f32_half(x.e);
-    let (s, even) = lut4_pairs_vnni(&KVALUES_MXFP4, w, a, |x| &x.qs, scale);
-    mxfp4_tail(s, &w[even..], &a[even..])
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_iq4_nl_vnni(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
-    let scale = |x: &BlockIQ4NL, y: &BlockQ8_0| block_scales(x, y).0;
-    let (s, even) = lut4_pairs_vnni(&KVALUES_IQ4NL, w, a, |x| &x.qs, scale);
-    iq4_nl_tail(s, &w[even..], &a[even..])
-}
-
-/// `ggml_vec_dot_q4_0_q8_0` as ggml's AVX-512 VNNI build runs it.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_0_vnni(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
-        let (d, _) = block_scales(x, y);
-        let qx = _mm256_sub_epi8(nibbles_32(&x.qs), _mm256_set1_epi8(8));
-        let p = mul_sum_i8_vnni(qx, load32(&y.qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    }
-    hsum_ps(acc)
+vnni_dots! {
+    dot_q4_0_vnni = dot_q4_0_with(BlockQ4_0, BlockQ8_0);
+    dot_q4_1_vnni = dot_q4_1_with(BlockQ4_1, BlockQ8_1);
+    dot_q5_0_vnni = dot_q5_0_with(BlockQ5_0, BlockQ8_0);
+    dot_q5_1_vnni = dot_q5_1_with(BlockQ5_1, BlockQ8_1);
+    dot_nvfp4_vnni = dot_nvfp4_with(BlockNVFP4, BlockQ8_0);
+    dot_mxfp4_vnni = dot_mxfp4_with(BlockMXFP4, BlockQ8_0);
+    dot_iq4_nl_vnni = dot_iq4_nl_with(BlockIQ4NL, BlockQ8_0);
 }
 
 #[inline]

@@ -53,8 +53,10 @@ pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
-    let t = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
-    let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    // The 16 bytes in both lanes straight from memory, the high lane then
+    // shifted by 4: no lane-crossing insert (port 5 bounds these loops).
+    let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr() as *const __m128i));
+    let b = _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0));
     _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
 }
 
@@ -80,6 +82,31 @@ pub(super) unsafe fn mul_sum_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn mul_sum_u8_i8(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+}
+
+/// How the 32-weight kernels sum each four byte products into an i32 lane:
+/// AVX2's `maddubs` + `madd` by ones ([`Madd`]) or AVX-512 VNNI's one
+/// `vpdpbusd` (`simd_x86_512::Vnni`). Both give the same integers, so a
+/// kernel body generic over them gives the same bits either way (ggml's
+/// `mul_sum_i8_pairs_float` switches the same way in its VNNI build).
+pub(super) trait LaneSums {
+    /// Signed `x` by signed `y` in `[-127, 127]` (the sign trick).
+    unsafe fn i8_pairs(x: __m256i, y: __m256i) -> __m256i;
+    /// Unsigned `x` (< 128) by signed `y`.
+    unsafe fn u8_i8(x: __m256i, y: __m256i) -> __m256i;
+}
+
+/// [`LaneSums`] with AVX2 instructions.
+pub(super) struct Madd;
+impl LaneSums for Madd {
+    #[inline(always)]
+    unsafe fn i8_pairs(x: __m256i, y: __m256i) -> __m256i {
+        mul_sum_i8_pairs(x, y)
+    }
+    #[inline(always)]
+    unsafe fn u8_i8(x: __m256i, y: __m256i) -> __m256i {
+        mul_sum_u8_i8(x, y)
+    }
 }
 
 macro_rules! safe_wrapper {
@@ -112,7 +139,7 @@ safe_wrapper!(dot_nvfp4, dot_nvfp4_avx2, BlockNVFP4, BlockQ8_0);
 
 mod nvfp4;
 use nvfp4::dot_nvfp4_avx2;
-pub(super) use nvfp4::{scales_x4, two_sub_blocks, ue4m3_x4};
+pub(super) use nvfp4::dot_nvfp4_with;
 mod iq_tiles;
 pub(crate) use iq_tiles::{tile_iq1_m, tile_iq1_s, tile_iq3_s, tile_iq3_xxs, tile_nvfp4};
 
@@ -252,12 +279,26 @@ pub(super) unsafe fn h2f_pair(a: u16, b: u16) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// `a * b` of two halves, converted together (see [`h2f_pair`]).
+/// `a * b` of two halves, each converted by table lookup as ggml's x86
+/// build does (`ggml_table_f32_f16`): two loads instead of the conversion's
+/// vector shuffles, which compete with the kernels' own for port 5.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn h2f_mul(a: u16, b: u16) -> f32 {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((a as u32 | (b as u32) << 16) as i32));
-    _mm_cvtss_f32(_mm_mul_ss(v, _mm_movehdup_ps(v)))
+    let t = f16_table();
+    t[a as usize] * t[b as usize]
+}
+
+/// Every f16 bit pattern as f32 (256 KiB, built on first use).
+fn f16_table() -> &'static [f32; 1 << 16] {
+    static TABLE: std::sync::OnceLock<Box<[f32; 1 << 16]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([0f32; 1 << 16]);
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = f16::from_bits(i as u16).to_f32();
+        }
+        t
+    })
 }
 
 /// `sum_j bsums[j] * m[j / 2]` = `sum_k m[k] * (bsums[2k] + bsums[2k+1])`:
@@ -296,27 +337,46 @@ unsafe fn each_block<W: BlockScales<A>, A>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_q4_0_avx2(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+unsafe fn dot_q4_0_avx2(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    dot_q4_0_with::<Madd>(w, a)
+}
+
+/// `ggml_vec_dot_q4_0_q8_0`: one 8-lane FMA chain. The bodies `*_with` are
+/// inlined into a `target_feature` function per [`LaneSums`].
+#[inline(always)]
+pub(super) unsafe fn dot_q4_0_with<S: LaneSums>(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    each_block(w, a, |x, y, d, _| {
+    // A loop, not `each_block`'s closure: closures here would not
+    // inherit the caller's target features.
+    for (x, y) in w.iter().zip(a) {
+        let (d, _) = block_scales(x, y);
         let qx = _mm256_sub_epi8(nibbles_32(&x.qs), _mm256_set1_epi8(8));
-        let p = mul_sum_i8_pairs(qx, load32(&y.qs));
+        let p = S::i8_pairs(qx, load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    });
+    }
     hsum_ps(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+    dot_q4_1_with::<Madd>(w, a)
+}
+
+/// `ggml_vec_dot_q4_1_q8_1`.
+#[inline(always)]
+pub(super) unsafe fn dot_q4_1_with<S: LaneSums>(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    each_block(w, a, |x, y, d, _| {
+    // A loop, not `each_block`'s closure: closures here would not
+    // inherit the caller's target features.
+    for (x, y) in w.iter().zip(a) {
+        let (d, _) = block_scales(x, y);
         // ggml's `summs += m * s` is contracted to an FMA by GCC.
         let (m, sy) = h2f_pair(x.m.to_bits(), y.s.to_bits());
         summs = m.mul_add(sy, summs);
-        let p = mul_sum_u8_i8(nibbles_32(&x.qs), load32(&y.qs));
+        let p = S::u8_i8(nibbles_32(&x.qs), load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    });
+    }
     hsum_ps(acc) + summs
 }
 
@@ -370,21 +430,41 @@ unsafe fn dot_lut4<W: BlockScales<BlockQ8_0>>(
 /// 8-lane FMA chains (even and odd blocks), `hsum(acc1 + acc2)`, then an odd
 /// last block by [`mxfp4_tail`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
-    let lut =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i));
+unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+    dot_mxfp4_with::<Madd>(w, a)
+}
+
+#[inline(always)]
+pub(super) unsafe fn dot_mxfp4_with<S: LaneSums>(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+    // ggml's `fp16(y.d) * e8m0_half(x.e)`.
+    let scale = |x: &BlockMXFP4, y: &BlockQ8_0| h2f(y.d) * e8m0_to_f32_half(x.e);
+    let (s, even) = lut4_pairs::<S, _>(&KVALUES_MXFP4, w, a, |x| &x.qs, scale);
+    mxfp4_tail(s, &w[even..], &a[even..])
+}
+
+/// The block pairs of ggml's AVX2 MXFP4 / IQ4_NL dots: two 8-lane FMA
+/// chains (even and odd blocks), `hsum(acc1 + acc2)`. Returns the sum and
+/// the blocks done (the caller's tail does the rest, as ggml's scalar loop).
+#[inline(always)]
+unsafe fn lut4_pairs<S: LaneSums, W>(
+    table: &[i8; 16],
+    w: &[W],
+    a: &[BlockQ8_0],
+    qs: impl Fn(&W) -> &[u8; 16],
+    scale: impl Fn(&W, &BlockQ8_0) -> f32,
+) -> (f32, usize) {
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
     let even = w.len().min(a.len()) & !1;
     let mut acc = [_mm256_setzero_ps(); 2];
     for (x, y) in w[..even].chunks_exact(2).zip(a[..even].chunks_exact(2)) {
         for k in 0..2 {
-            let (d, _) = block_scales(&x[k], &y[k]);
-            let vals = _mm256_shuffle_epi8(lut, nibbles_32(&x[k].qs));
-            let p = mul_sum_i8_pairs(vals, load32(&y[k].qs));
+            let d = scale(&x[k], &y[k]);
+            let vals = _mm256_shuffle_epi8(lut, nibbles_32(qs(&x[k])));
+            let p = S::i8_pairs(vals, load32(&y[k].qs));
             acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[k]);
         }
     }
-    let s = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
-    mxfp4_tail(s, &w[even..], &a[even..])
+    (hsum_ps(_mm256_add_ps(acc[0], acc[1])), even)
 }
 
 /// ggml's scalar loop after the block pairs of `ggml_vec_dot_mxfp4_q8_0`:
@@ -408,20 +488,14 @@ pub(super) unsafe fn mxfp4_tail(mut sumf: f32, w: &[BlockMXFP4], a: &[BlockQ8_0]
 /// 8-lane FMA chains (even and odd blocks), `hsum(acc1 + acc2)`, then an odd
 /// last block by [`iq4_nl_tail`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
-    let lut =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
-    let even = w.len().min(a.len()) & !1;
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (x, y) in w[..even].chunks_exact(2).zip(a[..even].chunks_exact(2)) {
-        for k in 0..2 {
-            let d = h2f_mul(y[k].d.to_bits(), x[k].d.to_bits());
-            let vals = _mm256_shuffle_epi8(lut, nibbles_32(&x[k].qs));
-            let p = mul_sum_i8_pairs(vals, load32(&y[k].qs));
-            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[k]);
-        }
-    }
-    let s = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    dot_iq4_nl_with::<Madd>(w, a)
+}
+
+#[inline(always)]
+pub(super) unsafe fn dot_iq4_nl_with<S: LaneSums>(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
+    let scale = |x: &BlockIQ4NL, y: &BlockQ8_0| h2f_mul(y.d.to_bits(), x.d.to_bits());
+    let (s, even) = lut4_pairs::<S, _>(&KVALUES_IQ4NL, w, a, |x| &x.qs, scale);
     iq4_nl_tail(s, &w[even..], &a[even..])
 }
 
@@ -576,30 +650,48 @@ pub(super) unsafe fn bits_32(qh: [u8; 4]) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_0_avx2(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+    dot_q5_0_with::<Madd>(w, a)
+}
+
+/// `ggml_vec_dot_q5_0_q8_0`.
+#[inline(always)]
+pub(super) unsafe fn dot_q5_0_with<S: LaneSums>(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    each_block(w, a, |x, y, d, _| {
+    // A loop, not `each_block`'s closure: closures here would not
+    // inherit the caller's target features.
+    for (x, y) in w.iter().zip(a) {
+        let (d, _) = block_scales(x, y);
         // Where the fifth bit is clear, set the top nibble: nibble - 16 as i8.
         let hi = _mm256_andnot_si256(bits_32(x.qh), _mm256_set1_epi8(0xF0u8 as i8));
         let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
-        let p = mul_sum_i8_pairs(qx, load32(&y.qs));
+        let p = S::i8_pairs(qx, load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    });
+    }
     hsum_ps(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_1_avx2(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
+    dot_q5_1_with::<Madd>(w, a)
+}
+
+/// `ggml_vec_dot_q5_1_q8_1`.
+#[inline(always)]
+pub(super) unsafe fn dot_q5_1_with<S: LaneSums>(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    each_block(w, a, |x, y, d, _| {
+    // A loop, not `each_block`'s closure: closures here would not
+    // inherit the caller's target features.
+    for (x, y) in w.iter().zip(a) {
+        let (d, _) = block_scales(x, y);
         // ggml's `summs += m * s` is contracted to an FMA by GCC.
         let (m, sy) = h2f_pair(x.m.to_bits(), y.s.to_bits());
         summs = m.mul_add(sy, summs);
         let hi = _mm256_and_si256(bits_32(x.qh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
-        let p = mul_sum_u8_i8(qx, load32(&y.qs));
+        let p = S::u8_i8(qx, load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    });
+    }
     hsum_ps(acc) + summs
 }
 
