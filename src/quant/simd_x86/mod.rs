@@ -293,11 +293,12 @@ pub(super) unsafe fn h2f_mul(a: u16, b: u16) -> f32 {
 fn f16_table() -> &'static [f32; 1 << 16] {
     static TABLE: std::sync::OnceLock<Box<[f32; 1 << 16]>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
-        let mut t = Box::new([0f32; 1 << 16]);
-        for (i, v) in t.iter_mut().enumerate() {
-            *v = f16::from_bits(i as u16).to_f32();
-        }
-        t
+        // Built on the heap (a 256 KiB array temporary could overflow a
+        // small thread stack).
+        let t: Vec<f32> = (0..=u16::MAX).map(|i| f16::from_bits(i).to_f32()).collect();
+        t.into_boxed_slice()
+            .try_into()
+            .unwrap_or_else(|_| unreachable!())
     })
 }
 
