@@ -162,9 +162,17 @@ impl ActBlock for BlockQ8K {
             *b = BlockQ8K::zeroed();
             // The largest |v| (a max, so any order gives it), then the first
             // element reaching it: the value a sequential `>` scan keeps.
-            let amax = x
-                .iter()
-                .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+            // In 8 lanes, then across them: `if a > m { a } else { m }` keeps
+            // the same value in any order (NaNs are skipped either way), and
+            // in lanes it is one `vmaxps` per 8 values.
+            let gt = |m: f32, a: f32| if a > m { a } else { m };
+            let mut lanes = [0.0f32; 8];
+            for c in x.chunks_exact(8) {
+                for (m, v) in lanes.iter_mut().zip(c) {
+                    *m = gt(*m, v.abs());
+                }
+            }
+            let amax = lanes.iter().fold(0.0f32, |m, &v| gt(m, v));
             if amax == 0.0 {
                 continue;
             }
