@@ -52,20 +52,24 @@ trait Spread {
 
 /// Shifts and masks, lane by lane.
 struct Shifts;
-impl Spread for Shifts {
+impl Shifts {
+    /// High part `l` in bits `step * l..step * l + 3` of `hi`.
     #[inline(always)]
-    unsafe fn iq1_s(qs: u32, hi: u16) -> u64 {
+    fn spread(qs: u32, hi: u16, step: u32) -> u64 {
         (0..4).fold(0, |p, l| {
-            let i = (qs >> (8 * l)) as u64 & 0xFF | ((hi >> (3 * l)) as u64 & 7) << 8;
+            let i = (qs >> (8 * l)) as u64 & 0xFF | ((hi >> (step * l)) as u64 & 7) << 8;
             p | i << (16 * l)
         })
     }
+}
+impl Spread for Shifts {
+    #[inline(always)]
+    unsafe fn iq1_s(qs: u32, hi: u16) -> u64 {
+        Self::spread(qs, hi, 3)
+    }
     #[inline(always)]
     unsafe fn iq1_m(qs: u32, hi: u16) -> u64 {
-        (0..4).fold(0, |p, l| {
-            let i = (qs >> (8 * l)) as u64 & 0xFF | ((hi >> (4 * l)) as u64 & 7) << 8;
-            p | i << (16 * l)
-        })
+        Self::spread(qs, hi, 4)
     }
     #[inline(always)]
     unsafe fn iq1_m_deltas(qh: u32) -> (__m256i, __m256i) {

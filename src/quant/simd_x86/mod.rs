@@ -429,7 +429,7 @@ unsafe fn dot_lut4<W: BlockScales<BlockQ8_0>>(
 
 /// `ggml_vec_dot_mxfp4_q8_0`'s AVX2 path, to the bit: block pairs in two
 /// 8-lane FMA chains (even and odd blocks), `hsum(acc1 + acc2)`, then an odd
-/// last block by [`mxfp4_tail`].
+/// last block by [`lut4_tail`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_mxfp4_avx2(w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
     dot_mxfp4_with::<Madd>(w, a)
@@ -440,7 +440,7 @@ pub(super) unsafe fn dot_mxfp4_with<S: LaneSums>(w: &[BlockMXFP4], a: &[BlockQ8_
     // ggml's `fp16(y.d) * e8m0_half(x.e)`.
     let scale = |x: &BlockMXFP4, y: &BlockQ8_0| h2f(y.d) * e8m0_to_f32_half(x.e);
     let (s, even) = lut4_pairs::<S, _>(&KVALUES_MXFP4, w, a, |x| &x.qs, scale);
-    mxfp4_tail(s, &w[even..], &a[even..])
+    lut4_tail(&KVALUES_MXFP4, s, &w[even..], &a[even..], |x| &x.qs, scale)
 }
 
 /// The block pairs of ggml's AVX2 MXFP4 / IQ4_NL dots: two 8-lane FMA
@@ -468,17 +468,23 @@ unsafe fn lut4_pairs<S: LaneSums, W>(
     (hsum_ps(_mm256_add_ps(acc[0], acc[1])), even)
 }
 
-/// ggml's scalar loop after the block pairs of `ggml_vec_dot_mxfp4_q8_0`:
+/// ggml's scalar loop after the block pairs of its MXFP4 / IQ4_NL dots:
 /// `sumf += d * sumi` per block (contracted to an FMA by GCC).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn mxfp4_tail(mut sumf: f32, w: &[BlockMXFP4], a: &[BlockQ8_0]) -> f32 {
+#[inline(always)]
+unsafe fn lut4_tail<W>(
+    table: &[i8; 16],
+    mut sumf: f32,
+    w: &[W],
+    a: &[BlockQ8_0],
+    qs: impl Fn(&W) -> &[u8; 16],
+    scale: impl Fn(&W, &BlockQ8_0) -> f32,
+) -> f32 {
     for (x, y) in w.iter().zip(a) {
-        let (d, _) = block_scales(x, y);
+        let (d, q) = (scale(x, y), qs(x));
         let mut sumi = 0i32;
         for j in 0..16 {
-            sumi += y.qs[j] as i32 * KVALUES_MXFP4[(x.qs[j] & 0xF) as usize] as i32;
-            sumi += y.qs[j + 16] as i32 * KVALUES_MXFP4[(x.qs[j] >> 4) as usize] as i32;
+            sumi += y.qs[j] as i32 * table[(q[j] & 0xF) as usize] as i32;
+            sumi += y.qs[j + 16] as i32 * table[(q[j] >> 4) as usize] as i32;
         }
         sumf = d.mul_add(sumi as f32, sumf);
     }
@@ -487,7 +493,7 @@ pub(super) unsafe fn mxfp4_tail(mut sumf: f32, w: &[BlockMXFP4], a: &[BlockQ8_0]
 
 /// `ggml_vec_dot_iq4_nl_q8_0`'s AVX2 path, to the bit: block pairs in two
 /// 8-lane FMA chains (even and odd blocks), `hsum(acc1 + acc2)`, then an odd
-/// last block by [`iq4_nl_tail`].
+/// last block by [`lut4_tail`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
     dot_iq4_nl_with::<Madd>(w, a)
@@ -497,24 +503,7 @@ unsafe fn dot_iq4_nl_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
 pub(super) unsafe fn dot_iq4_nl_with<S: LaneSums>(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
     let scale = |x: &BlockIQ4NL, y: &BlockQ8_0| h2f_mul(y.d.to_bits(), x.d.to_bits());
     let (s, even) = lut4_pairs::<S, _>(&KVALUES_IQ4NL, w, a, |x| &x.qs, scale);
-    iq4_nl_tail(s, &w[even..], &a[even..])
-}
-
-/// ggml's scalar loop after the block pairs of `ggml_vec_dot_iq4_nl_q8_0`:
-/// `sumf += d * sumi` per block (contracted to an FMA by GCC).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn iq4_nl_tail(mut sumf: f32, w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
-    for (x, y) in w.iter().zip(a) {
-        let d = h2f_mul(y.d.to_bits(), x.d.to_bits());
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            sumi += y.qs[j] as i32 * KVALUES_IQ4NL[(x.qs[j] & 0xF) as usize] as i32;
-            sumi += y.qs[j + 16] as i32 * KVALUES_IQ4NL[(x.qs[j] >> 4) as usize] as i32;
-        }
-        sumf = d.mul_add(sumi as f32, sumf);
-    }
-    sumf
+    lut4_tail(&KVALUES_IQ4NL, s, &w[even..], &a[even..], |x| &x.qs, scale)
 }
 
 /// IQ4_NL blocks in one 8-lane FMA chain: llamafile's tinyBLAS
