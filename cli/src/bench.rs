@@ -219,6 +219,8 @@ fn diff(a: &CacheStats, b: &CacheStats) -> CacheStats {
         misses: a.misses - b.misses,
         bytes_read: a.bytes_read - b.bytes_read,
         io_time: a.io_time.saturating_sub(b.io_time),
+        read_time: a.read_time.saturating_sub(b.read_time),
+        overlapped: a.overlapped - b.overlapped,
         waves: a.waves - b.waves,
         multi_wave_batches: a.multi_wave_batches - b.multi_wave_batches,
         prefetched: a.prefetched - b.prefetched,

@@ -113,13 +113,15 @@ pub fn longhaul_summary<B: Backend>(e: &Engine<B>) {
         return;
     };
     eprintln!(
-        "longhaul: hits {} misses {} (hit rate {:.1}%), expert bytes read {}, {:.0} MB/s while blocked, {:.2} s blocked on I/O, {} waves ({} batches needed more than one)",
+        "longhaul: hits {} misses {} (hit rate {:.1}%), expert bytes read {}, {:.0} MB/s while reading, {:.2} s reading, {:.2} s blocked on I/O ({} experts computed during reads), {} waves ({} batches needed more than one)",
         t.hits,
         t.misses,
         100.0 * t.hit_rate(),
         mib(t.bytes_read),
         t.read_throughput() / 1e6,
+        t.read_time.as_secs_f64(),
         t.io_time.as_secs_f64(),
+        t.overlapped,
         t.waves,
         t.multi_wave_batches
     );

@@ -132,6 +132,18 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, Api
         lh.io_time.as_secs_f64().to_string(),
     );
     put(
+        "longhaul_read_seconds_total",
+        "counter",
+        "Time demand reads of experts were in flight (compute overlaps part of it).",
+        lh.read_time.as_secs_f64().to_string(),
+    );
+    put(
+        "longhaul_overlapped_total",
+        "counter",
+        "Experts computed while reads of their wave were in flight.",
+        lh.overlapped.to_string(),
+    );
+    put(
         "longhaul_prefetched_total",
         "counter",
         "Experts read ahead by lookahead prefetch.",

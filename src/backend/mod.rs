@@ -340,6 +340,30 @@ pub trait SlotStore: Send {
     fn commit(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
+    /// Lends out the buffers of the `(tensor, slot)` pairs in `which` (all
+    /// distinct), in order, each one expert's slice long, so that they can
+    /// be filled on other threads while weights over the other slots are in
+    /// use; [`SlotStore::attach`] puts them back. `None`: this store cannot
+    /// lend its slots (fill them through `slots_mut` instead).
+    fn detach(&mut self, _which: &[(usize, usize)]) -> Option<Result<Vec<Vec<u8>>, BackendError>> {
+        None
+    }
+    /// Puts buffers lent by [`SlotStore::detach`] back into their slots; the
+    /// weights `slot_weight` hands out from then on read them (weights
+    /// handed out earlier keep what they had).
+    fn attach(
+        &mut self,
+        which: &[(usize, usize)],
+        _bufs: Vec<Vec<u8>>,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Shape {
+            op: "attach",
+            detail: format!(
+                "{} slots given back to a store that lends none",
+                which.len()
+            ),
+        })
+    }
     /// Bytes held by the store.
     fn bytes(&self) -> u64;
 }

@@ -12,7 +12,8 @@ mod loader;
 pub mod trace;
 
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use crate::backend::{BackendError, SlotStore, SlotTensor};
 use crate::gguf::{self, GgufError, TensorInfo};
@@ -82,8 +83,12 @@ pub struct CacheStats {
     /// Distinct (batch, expert) uses that needed a read.
     pub misses: u64,
     pub bytes_read: u64,
-    /// Time the sync point waited for reads.
+    /// Time the sync point waited for reads (not hidden behind compute).
     pub io_time: Duration,
+    /// Time from the first demand read of a wave to its last.
+    pub read_time: Duration,
+    /// Experts computed while reads of their wave were still in flight.
+    pub overlapped: u64,
     pub waves: u64,
     /// Batches that needed more than one wave.
     pub multi_wave_batches: u64,
@@ -107,9 +112,9 @@ impl CacheStats {
         }
     }
 
-    /// Bytes per second while blocked on reads.
+    /// Bytes per second while demand reads were in flight.
     pub fn read_throughput(&self) -> f64 {
-        self.bytes_read as f64 / self.io_time.as_secs_f64().max(1e-9)
+        self.bytes_read as f64 / self.read_time.as_secs_f64().max(1e-9)
     }
 
     /// Share of prefetched experts that were used.
@@ -131,6 +136,8 @@ impl CacheStats {
         self.misses += o.misses;
         self.bytes_read += o.bytes_read;
         self.io_time += o.io_time;
+        self.read_time += o.read_time;
+        self.overlapped += o.overlapped;
         self.waves += o.waves;
         self.multi_wave_batches += o.multi_wave_batches;
     }
@@ -212,6 +219,51 @@ pub fn prepare_files(file: &gguf::Model) {
 pub fn release_pages(file: &gguf::Model, shard: usize, offset: u64, len: u64) {
     if let Some(f) = file.file(shard) {
         loader::drop_pages(f, offset, len);
+    }
+}
+
+/// One finished read of a [`Fill`]: its job, its buffer back, and its
+/// checksum (0 unless verifying) or the shard and error of the failure.
+struct Done {
+    job: usize,
+    buf: Vec<u8>,
+    res: Result<u32, (usize, GgufError)>,
+}
+
+/// A wave whose missing experts are being read on the I/O pool while the
+/// layer computes over the experts already in their slots (see
+/// [`StreamedLayer::start_wave`]). Jobs are `(expert, tensor)` reads,
+/// expert-major in the order of the wave's loads.
+pub struct Fill {
+    wave: Wave,
+    /// The wave's experts whose bytes are in their slots and not yet handed
+    /// out by [`Fill::take_ready`].
+    ready: Vec<u32>,
+    /// `None`: the store cannot lend its slots, and the reads were made
+    /// before `start_wave` returned.
+    rx: Option<mpsc::Receiver<Done>>,
+    /// Each job's `(tensor, slot)`.
+    which: Vec<(usize, usize)>,
+    /// Buffers back from finished jobs whose expert is not yet complete.
+    bufs: Vec<Option<Vec<u8>>>,
+    crcs: Vec<u32>,
+    /// Jobs not yet finished, per load.
+    left: Vec<usize>,
+    pending: usize,
+    error: Option<(usize, GgufError)>,
+    bytes: u64,
+    started: Instant,
+}
+
+impl Fill {
+    /// Whether reads of the wave are still in flight.
+    pub fn pending(&self) -> bool {
+        self.pending > 0
+    }
+
+    /// The wave's experts that can be computed now and were not yet taken.
+    pub fn take_ready(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.ready)
     }
 }
 
@@ -309,10 +361,235 @@ impl<S: SlotStore> StreamedLayer<S> {
         let t0 = std::time::Instant::now();
         let res = self.read(file, &wave.loads, None);
         self.stats.io_time += t0.elapsed();
+        self.stats.read_time += t0.elapsed();
         self.stats.bytes_read += res.as_ref().copied().unwrap_or(0);
         res?;
         self.cache.finish_wave(wave);
         Ok(())
+    }
+
+    /// Starts a wave: its cached experts are ready at once
+    /// ([`Fill::take_ready`]), and its missing experts are read on `io`
+    /// straight into buffers lent by the slot store, each expert ready as
+    /// soon as its reads are in ([`StreamedLayer::wait_loaded`]). A store
+    /// that lends no buffers is filled here, before returning. Run
+    /// [`StreamedLayer::finish_wave`] once nothing is pending. Until then
+    /// the load slots stay recorded empty, so after any failure nothing is
+    /// recorded from the wave's reads and a retry reads them again.
+    pub fn start_wave<'s>(
+        &mut self,
+        file: &'s gguf::Model,
+        wave: &Wave,
+        io: &IoScope<'s>,
+    ) -> Result<Fill, LonghaulError> {
+        self.cache
+            .begin_wave(wave)
+            .map_err(|s| LonghaulError::StalePlan {
+                layer: self.layer,
+                expert: s.expert,
+                slot: s.slot,
+            })?;
+        let n_t = self.tensors.len();
+        let which: Vec<(usize, usize)> = wave
+            .loads
+            .iter()
+            .flat_map(|&(_, s)| (0..n_t).map(move |t| (t, s as usize)))
+            .collect();
+        let mut fill = Fill {
+            ready: wave
+                .experts
+                .iter()
+                .map(|&(e, _)| e)
+                .filter(|e| !wave.loads.iter().any(|l| l.0 == *e))
+                .collect(),
+            wave: wave.clone(),
+            rx: None,
+            bufs: (0..which.len()).map(|_| None).collect(),
+            crcs: vec![0; which.len()],
+            left: vec![n_t; wave.loads.len()],
+            pending: 0,
+            error: None,
+            bytes: 0,
+            started: Instant::now(),
+            which,
+        };
+        if wave.loads.is_empty() {
+            return Ok(fill);
+        }
+        let lent = match self.slots.detach(&fill.which) {
+            Some(lent) => lent?,
+            None => {
+                let t0 = Instant::now();
+                let res = self.read(file, &wave.loads, None);
+                self.stats.io_time += t0.elapsed();
+                self.stats.read_time += t0.elapsed();
+                self.stats.bytes_read += res.as_ref().copied().unwrap_or(0);
+                res?;
+                fill.ready.extend(wave.loads.iter().map(|l| l.0));
+                return Ok(fill);
+            }
+        };
+        let (tx, rx) = mpsc::channel();
+        let checksum = self.checksums.is_some();
+        for (job, buf) in lent.into_iter().enumerate() {
+            let e = wave.loads[job / n_t].0;
+            let t = &self.tensors[job % n_t];
+            let (shard, offset) = (t.shard, t.offset + e as u64 * t.expert_bytes);
+            fill.bytes += buf.len() as u64;
+            let tx = tx.clone();
+            io.spawn(move |_| {
+                let mut buf = buf;
+                let res = file
+                    .read_at(shard, offset, &mut buf)
+                    .map(|()| if checksum { crc32fast::hash(&buf) } else { 0 })
+                    .map_err(|e| (shard, e));
+                // The receiver is gone only when the sync point gave up; the
+                // slot is then recorded empty and gets a fresh buffer.
+                let _ = tx.send(Done { job, buf, res });
+            });
+            fill.pending += 1;
+        }
+        fill.rx = Some(rx);
+        Ok(fill)
+    }
+
+    /// Blocks until at least one more expert of `fill` is read (or nothing
+    /// is pending), puts the buffers of every expert read so far back into
+    /// their slots and makes those experts ready. After a failed read it
+    /// waits for the rest of the wave's reads, returns every buffer, and
+    /// fails with the read's error.
+    pub fn wait_loaded(
+        &mut self,
+        file: &gguf::Model,
+        fill: &mut Fill,
+    ) -> Result<(), LonghaulError> {
+        let Some(rx) = &fill.rx else {
+            return Ok(());
+        };
+        let n_t = self.tensors.len().max(1);
+        let t0 = Instant::now();
+        let mut block = true;
+        while fill.pending > 0 {
+            let d = if block {
+                rx.recv().ok()
+            } else {
+                match rx.try_recv() {
+                    Ok(d) => Some(d),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => None,
+                }
+            };
+            let Some(d) = d else {
+                // Every sender is gone with reads unanswered (a read task
+                // panicked): their slots stay empty and get fresh buffers.
+                fill.pending = 0;
+                let path = file
+                    .shards()
+                    .first()
+                    .map(|s| s.path.clone())
+                    .unwrap_or_default();
+                let source = std::io::Error::other("an expert read ended without a result");
+                fill.error
+                    .get_or_insert((0, GgufError::Io { path, source }));
+                break;
+            };
+            fill.pending -= 1;
+            match d.res {
+                Ok(crc) => fill.crcs[d.job] = crc,
+                Err(e) => {
+                    fill.error.get_or_insert(e);
+                }
+            }
+            fill.bufs[d.job] = Some(d.buf);
+            let li = d.job / n_t;
+            fill.left[li] -= 1;
+            if fill.left[li] == 0 && fill.error.is_none() {
+                let jobs = li * n_t..(li + 1) * n_t;
+                let bufs = fill.bufs[jobs.clone()]
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .collect();
+                self.slots.attach(&fill.which[jobs], bufs)?;
+                fill.ready.push(fill.wave.loads[li].0);
+                block = false;
+            }
+            if fill.error.is_some() {
+                block = true;
+            }
+        }
+        self.stats.io_time += t0.elapsed();
+        if fill.pending > 0 {
+            return Ok(());
+        }
+        self.stats.read_time += fill.started.elapsed();
+        let Some((shard, source)) = fill.error.take() else {
+            return Ok(());
+        };
+        // Give every buffer back; their slots stay recorded empty.
+        let (which, bufs): (Vec<_>, Vec<_>) = fill
+            .which
+            .iter()
+            .zip(&mut fill.bufs)
+            .filter_map(|(w, b)| Some((*w, b.take()?)))
+            .unzip();
+        let attached = self.slots.attach(&which, bufs);
+        self.release_all(file);
+        attached?;
+        let path = file
+            .shards()
+            .get(shard)
+            .map(|s| s.path.display().to_string())
+            .unwrap_or_default();
+        Err(LonghaulError::Read {
+            layer: self.layer,
+            path,
+            source,
+        })
+    }
+
+    /// Records `fill`'s wave resident once none of its reads is pending:
+    /// makes the slots visible to the backend, drops the reads' pages, and
+    /// checks the file is unchanged and (with `--longhaul-verify`) the
+    /// checksums, before any load slot is recorded as filled.
+    pub fn finish_wave(
+        &mut self,
+        file: &gguf::Model,
+        fill: &mut Fill,
+    ) -> Result<(), LonghaulError> {
+        if fill.pending() {
+            return Err(LonghaulError::Backend(
+                crate::backend::BackendError::Shape {
+                    op: "finish_wave",
+                    detail: "reads of the wave are still in flight".into(),
+                },
+            ));
+        }
+        if fill.rx.take().is_some() {
+            self.slots.commit()?;
+            self.release_all(file);
+            file.files_unchanged()
+                .map_err(|source| LonghaulError::FileChanged {
+                    layer: self.layer,
+                    source,
+                })?;
+            if self.checksums.is_some() {
+                let crcs = std::mem::take(&mut fill.crcs);
+                self.check_sums(file, &fill.wave.loads, crcs)?;
+            }
+            self.stats.bytes_read += fill.bytes;
+        }
+        self.cache.finish_wave(&fill.wave);
+        Ok(())
+    }
+
+    /// Drops the page cache of every stacked routed tensor of the layer.
+    fn release_all(&self, file: &gguf::Model) {
+        // Whole tensors, not slice by slice: the kernel keeps any page-cache
+        // folio only partly inside a range, and large folios straddle slice
+        // boundaries.
+        for t in &self.tensors {
+            release_pages(file, t.shard, t.offset, t.len);
+        }
     }
 
     /// Speculatively reads `predicted` experts (deduplicated by the caller)
@@ -366,12 +643,7 @@ impl<S: SlotStore> StreamedLayer<S> {
             loader::read_all(file, jobs, cancel, self.checksums.is_some())
         };
         let committed = self.slots.commit();
-        // Drop the page cache of the whole stacked tensors, not slice by slice:
-        // the kernel keeps any page-cache folio only partly inside a range,
-        // and large folios straddle slice boundaries.
-        for t in &self.tensors {
-            release_pages(file, t.shard, t.offset, t.len);
-        }
+        self.release_all(file);
         committed?;
         // Bytes read while the file changed are not the model's: check the
         // stamps after the reads, before any slot is recorded as filled.
@@ -392,6 +664,19 @@ impl<S: SlotStore> StreamedLayer<S> {
                 source,
             }
         })?;
+        self.check_sums(file, loads, crcs)?;
+        Ok(bytes)
+    }
+
+    /// With `--longhaul-verify`: records each `(expert, tensor)` checksum of
+    /// `loads` (expert-major, as read) the first time, and fails on one that
+    /// differs from an earlier read.
+    fn check_sums(
+        &mut self,
+        file: &gguf::Model,
+        loads: &[(u32, u32)],
+        crcs: Vec<u32>,
+    ) -> Result<(), LonghaulError> {
         if let Some(sums) = &mut self.checksums {
             let n_t = self.tensors.len();
             let keys = loads
@@ -426,6 +711,6 @@ impl<S: SlotStore> StreamedLayer<S> {
                 sums[at] = Some(crc);
             }
         }
-        Ok(bytes)
+        Ok(())
     }
 }

@@ -233,7 +233,11 @@ fn slot_experts<B: Backend>(
 }
 
 /// Longhaul version of [`ffn::expert_outputs`]: identical rows, computed
-/// from slots, in as many waves as the batch's distinct experts need.
+/// from slots, in as many waves as the batch's distinct experts need. In a
+/// wave, the experts already in slots are computed while the missing ones
+/// are read, and each missing one as soon as it is in; every row comes from
+/// its own expert whatever the grouping, and the caller sums the rows in
+/// their order, so the output does not depend on when reads complete.
 pub(crate) fn expert_outputs<'s, B: Backend>(
     p: &Pass<'_, 's, B>,
     il: usize,
@@ -245,7 +249,6 @@ pub(crate) fn expert_outputs<'s, B: Backend>(
     let m = p.m;
     let b = &m.backend;
     let k = f.router.routing.n_used;
-    let resident = &f.experts;
     // Stop a lookahead read of this layer that has not started yet: demand
     // reads never wait behind speculation that is not already in flight.
     if let Some(c) = m.runtime.prefetch_cancel.get(il) {
@@ -256,39 +259,58 @@ pub(crate) fn expert_outputs<'s, B: Backend>(
     let mut l = layer.lock().unwrap_or_else(|p| p.into_inner());
     let waves = l.plan(ids);
     let mut lookahead_started = false;
+    let mut out: Option<B::Tensor> = None;
     let mut slot_of = vec![u32::MAX; m.hp.n_expert];
-    if let [wave] = waves.as_slice() {
-        l.load(&m.file, wave)?;
-        lookahead(p, il, x)?;
-        wave.experts
-            .iter()
-            .for_each(|&(e, s)| slot_of[e as usize] = s);
-        let slot_ids: Vec<u32> = ids.iter().map(|&e| slot_of[e as usize]).collect();
-        let ex = slot_experts(b, &l, resident)?;
-        return ffn::expert_outputs(b, &ex, x, &slot_ids, k, f.glu);
-    }
-    let mut out = b.zeros(ids.len(), m.hp.n_embd)?;
     for wave in &waves {
-        l.load(&m.file, wave)?;
-        if !lookahead_started {
-            lookahead(p, il, x)?;
-            lookahead_started = true;
+        let mut fill = l.start_wave(&m.file, wave, p.io)?;
+        loop {
+            let reading = fill.pending();
+            if !reading {
+                l.finish_wave(&m.file, &mut fill)?;
+                // Lookahead reads start once the demand reads are in.
+                if !lookahead_started {
+                    lookahead(p, il, x)?;
+                    lookahead_started = true;
+                }
+            }
+            let ready = fill.take_ready();
+            if !ready.is_empty() {
+                if reading {
+                    l.stats.overlapped += ready.len() as u64;
+                }
+                slot_of.iter_mut().for_each(|s| *s = u32::MAX);
+                for &e in &ready {
+                    if let Some(s) = wave.slot_of(e) {
+                        slot_of[e as usize] = s;
+                    }
+                }
+                let pairs: Vec<usize> = (0..ids.len())
+                    .filter(|&r| slot_of[ids[r] as usize] != u32::MAX)
+                    .collect();
+                let slot_ids: Vec<u32> = pairs.iter().map(|&r| slot_of[ids[r] as usize]).collect();
+                let ex = slot_experts(b, &l, &f.experts)?;
+                if pairs.len() == ids.len() {
+                    // The whole batch at once: no gather or scatter.
+                    return ffn::expert_outputs(b, &ex, x, &slot_ids, k, f.glu);
+                }
+                let tokens: Vec<usize> = pairs.iter().map(|r| r / k).collect();
+                let xw = b.gather_rows(x, &tokens)?;
+                let y = ffn::expert_outputs(b, &ex, &xw, &slot_ids, 1, f.glu)?;
+                drop(ex);
+                let dst = match &mut out {
+                    Some(o) => o,
+                    None => out.insert(b.zeros(ids.len(), m.hp.n_embd)?),
+                };
+                b.scatter_rows(dst, &y, &pairs)?;
+            }
+            if !reading {
+                break;
+            }
+            l.wait_loaded(&m.file, &mut fill)?;
         }
-        slot_of.iter_mut().for_each(|s| *s = u32::MAX);
-        wave.experts
-            .iter()
-            .for_each(|&(e, s)| slot_of[e as usize] = s);
-        let pairs: Vec<usize> = (0..ids.len())
-            .filter(|&r| slot_of[ids[r] as usize] != u32::MAX)
-            .collect();
-        let tokens: Vec<usize> = pairs.iter().map(|r| r / k).collect();
-        let slot_ids: Vec<u32> = pairs.iter().map(|&r| slot_of[ids[r] as usize]).collect();
-        let xw = b.gather_rows(x, &tokens)?;
-        let y = {
-            let ex = slot_experts(b, &l, resident)?;
-            ffn::expert_outputs(b, &ex, &xw, &slot_ids, 1, f.glu)?
-        };
-        b.scatter_rows(&mut out, &y, &pairs)?;
     }
-    Ok(out)
+    match out {
+        Some(o) => Ok(o),
+        None => Ok(b.zeros(ids.len(), m.hp.n_embd)?),
+    }
 }

@@ -80,37 +80,48 @@ fn chunk_rows(n: usize, n_tok: usize) -> usize {
 
 struct Matrix<'a> {
     ops: &'static dyn QuantOps,
-    bytes: &'a [u8],
+    /// The bytes of each matrix (one for a 2-D weight, one per expert of a
+    /// stacked one; `None` for experts a product does not use).
+    mats: Vec<Option<&'a [u8]>>,
     k: usize,
     n: usize,
     rb: usize,
 }
 
-/// `n_mats` matrices of `w` whose rows hold `k` values (the op's contract
-/// has checked `k`); errors when the bytes are short of them.
+impl Matrix<'_> {
+    /// Matrix `e`'s bytes (present for every matrix the product uses).
+    fn bytes(&self, e: usize) -> &[u8] {
+        self.mats.get(e).copied().flatten().unwrap_or(&[])
+    }
+}
+
+/// The matrices `used` of `w`, whose rows hold `k` values (the op's contract
+/// has checked `k`); errors when the weight's bytes are short of one.
 fn matrix<'a>(
     op: &'static str,
     w: &'a CpuWeight,
     k: usize,
-    n_mats: usize,
+    used: impl Iterator<Item = (usize, bool)>,
 ) -> Result<Matrix<'a>, BackendError> {
     let ops = quant::ops(w.ty)?;
     let n = w.n_rows();
     let rb = w.row_bytes();
-    let bytes = w.bytes();
-    if bytes.len() < rb * n * n_mats {
-        return Err(shape_err(
-            op,
-            format!(
-                "weight holds {} bytes, needs {}",
-                bytes.len(),
-                rb * n * n_mats
-            ),
-        ));
-    }
+    let mats = used
+        .map(|(e, used)| {
+            if !used {
+                return Ok(None);
+            }
+            w.matrix(e, rb * n).map(Some).ok_or_else(|| {
+                shape_err(
+                    op,
+                    format!("weight holds no {} bytes for matrix {e}", rb * n),
+                )
+            })
+        })
+        .collect::<Result<_, _>>()?;
     Ok(Matrix {
         ops,
-        bytes,
+        mats,
         k,
         n,
         rb,
@@ -136,7 +147,7 @@ pub(super) fn matmul_many(
         .map(|w| {
             let n_mat = w.dims.get(2).copied().unwrap_or(1) as usize;
             contract::matmul(w.row_len(), n_mat, x.cols)?;
-            matrix("matmul", w, x.cols, 1)
+            matrix("matmul", w, x.cols, std::iter::once((0, true)))
         })
         .collect::<Result<Vec<_>, _>>()?;
     // Quantised activations per distinct activation type.
@@ -176,7 +187,7 @@ pub(super) fn matmul_many(
             let arb = *arb;
             let r0 = c * chunks[i];
             let rows = chunks[i].min(m.n - r0);
-            let w_rows = &m.bytes[r0 * m.rb..(r0 + rows) * m.rb];
+            let w_rows = &m.bytes(0)[r0 * m.rb..(r0 + rows) * m.rb];
             if n_tok == 1 {
                 // SAFETY: r0 + rows <= m.n, the output's single row; these
                 // columns belong to this work item only.
@@ -259,15 +270,16 @@ pub(super) fn mul_mat_id(
     let n_exp = w.dims.get(2).copied().unwrap_or(1) as usize;
     let contract::MulMatId { n_tok, x_per_tok } =
         contract::mul_mat_id(w.row_len(), n_exp, (x.rows, x.cols), ids, n_used)?;
-    let m = matrix("mul_mat_id", w, x.cols, n_exp)?;
-    if n_tok == 0 {
-        return Ok(CpuTensor::zeros(0, m.n));
-    }
     // Pairs grouped by expert (ids are below n_exp): (output row, input row).
     let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_exp];
     for (r, &e) in ids.iter().enumerate() {
         let (t, j) = (r / n_used, r % n_used);
         by_expert[e as usize].push((r, t * x_per_tok + j % x_per_tok));
+    }
+    let used = by_expert.iter().map(|p| !p.is_empty()).enumerate();
+    let m = matrix("mul_mat_id", w, x.cols, used)?;
+    if n_tok == 0 {
+        return Ok(CpuTensor::zeros(0, m.n));
     }
     let (acts_x, arb) = quantize_rows(m.ops.act_type(), x)?;
     // Activation rows in expert order, so each expert's rows are contiguous
@@ -291,13 +303,11 @@ pub(super) fn mul_mat_id(
         .collect();
     let mut out = CpuTensor::zeros(ids.len(), m.n);
     let ptr = OutPtr(out.data.as_mut_ptr());
-    let expert_bytes = m.rb * m.n;
     work.par_iter()
         .try_for_each_init(Vec::new, |tmp, &(e, c)| {
             let r0 = c * chunk;
             let rows = chunk.min(m.n - r0);
-            let base = e * expert_bytes;
-            let w_rows = &m.bytes[base + r0 * m.rb..base + (r0 + rows) * m.rb];
+            let w_rows = &m.bytes(e)[r0 * m.rb..(r0 + rows) * m.rb];
             let batch = by_expert[e].len();
             let tile = tile_tokens(&m, batch);
             for (p, pairs) in by_expert[e].chunks(tile).enumerate() {

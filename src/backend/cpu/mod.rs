@@ -53,8 +53,11 @@ pub enum WeightBytes {
         model: Arc<gguf::Model>,
         info: gguf::TensorInfo,
     },
-    /// Bytes owned by the process (expert slots, converted tensors).
+    /// Bytes owned by the process (converted tensors).
     Host(Arc<Vec<u8>>),
+    /// A stacked weight over expert slots: one buffer per slot, so that a
+    /// slot can be refilled while a weight over the others is in use.
+    Slots(Arc<Vec<Arc<Vec<u8>>>>),
 }
 
 /// A read-only weight: ggml dims (`dims[0]` = row length) and its type.
@@ -95,6 +98,21 @@ impl CpuWeight {
             // length checks of every consumer instead of panicking.
             WeightBytes::Mapped { model, info } => model.tensor_data(info).unwrap_or(&[]),
             WeightBytes::Host(v) => v,
+            // No single slice: consumers of stacked weights use `matrix`.
+            WeightBytes::Slots(_) => &[],
+        }
+    }
+
+    /// The `len` bytes of matrix `e` of a stacked weight (of the whole
+    /// weight at `e` = 0 when it is 2-D), or `None` when the weight holds
+    /// fewer.
+    pub fn matrix(&self, e: usize, len: usize) -> Option<&[u8]> {
+        match &self.bytes {
+            WeightBytes::Slots(v) => v.get(e).and_then(|b| b.get(..len)),
+            _ => {
+                let at = e.checked_mul(len)?;
+                self.bytes().get(at..at.checked_add(len)?)
+            }
         }
     }
 
@@ -188,48 +206,112 @@ impl KvStore {
     }
 }
 
-/// Expert slots in host memory: one buffer per routed tensor holding
-/// `n_slots` experts back to back, so a slot store reads like the file's
-/// stacked tensor with fewer experts.
+/// Expert slots in host memory: for each routed tensor, one buffer per slot
+/// holding one expert's slice. Separate buffers let the longhaul loader fill
+/// some slots ([`SlotStore::detach`]) while the layer computes over the others.
 pub struct HostSlots {
     tensors: Vec<SlotTensor>,
-    bufs: Vec<Arc<Vec<u8>>>,
+    /// `bufs[tensor][slot]`.
+    bufs: Vec<Vec<Arc<Vec<u8>>>>,
     n_slots: usize,
 }
 
-impl SlotStore for HostSlots {
-    fn slots_mut(&mut self, which: &[(usize, usize)]) -> Result<Vec<&mut [u8]>, BackendError> {
-        let busy = || {
+impl HostSlots {
+    /// The buffer of `(t, s)` to write, sized to one expert: an error while a
+    /// weight still holds it.
+    fn buf_mut(&mut self, t: usize, s: usize) -> Result<&mut Vec<u8>, BackendError> {
+        let len = self.tensors.get(t).map(|spec| spec.bytes as usize);
+        let (Some(len), Some(a)) = (len, self.bufs.get_mut(t).and_then(|b| b.get_mut(s))) else {
+            return Err(shape_err(
+                "slots_mut",
+                format!("slot ({t}, {s}) is out of range"),
+            ));
+        };
+        let v = Arc::get_mut(a).ok_or_else(|| {
             shape_err(
                 "slots_mut",
                 "a slot weight is still alive while slots are written".into(),
             )
-        };
-        // Split every buffer into per-slot slices once, then hand out the requested ones.
-        let mut per_tensor: Vec<Vec<Option<&mut [u8]>>> = Vec::with_capacity(self.bufs.len());
-        for (buf, t) in self.bufs.iter_mut().zip(&self.tensors) {
-            let buf = Arc::get_mut(buf).ok_or_else(busy)?;
-            per_tensor.push(buf.chunks_mut(t.bytes.max(1) as usize).map(Some).collect());
+        })?;
+        // A buffer lent out by `detach` and never returned (its read was
+        // abandoned) comes back as a fresh one; its slot is recorded empty.
+        v.resize(len, 0);
+        Ok(v)
+    }
+}
+
+fn distinct(which: &[(usize, usize)]) -> Result<(), BackendError> {
+    let mut sorted = which.to_vec();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(shape_err("slots_mut", "a slot was requested twice".into()));
+    }
+    Ok(())
+}
+
+impl SlotStore for HostSlots {
+    fn slots_mut(&mut self, which: &[(usize, usize)]) -> Result<Vec<&mut [u8]>, BackendError> {
+        distinct(which)?;
+        for &(t, s) in which {
+            self.buf_mut(t, s)?;
         }
+        // Every requested buffer exists and is unshared; hand them out in order.
+        let mut per: Vec<Vec<Option<&mut [u8]>>> = self
+            .bufs
+            .iter_mut()
+            .map(|b| {
+                b.iter_mut()
+                    .map(|a| Arc::get_mut(a).map(|v| v.as_mut_slice()))
+                    .collect()
+            })
+            .collect();
         which
             .iter()
             .map(|&(t, s)| {
-                per_tensor
-                    .get_mut(t)
-                    .and_then(|v| v.get_mut(s))
-                    .and_then(Option::take)
-                    .ok_or_else(|| {
-                        shape_err(
-                            "slots_mut",
-                            format!("slot ({t}, {s}) is out of range or requested twice"),
-                        )
-                    })
+                per[t][s]
+                    .take()
+                    .ok_or_else(|| shape_err("slots_mut", format!("slot ({t}, {s}) is busy")))
             })
             .collect()
     }
 
+    fn detach(&mut self, which: &[(usize, usize)]) -> Option<Result<Vec<Vec<u8>>, BackendError>> {
+        let lent = distinct(which).and_then(|()| {
+            which
+                .iter()
+                .map(|&(t, s)| self.buf_mut(t, s).map(std::mem::take))
+                .collect()
+        });
+        Some(lent)
+    }
+
+    fn attach(&mut self, which: &[(usize, usize)], bufs: Vec<Vec<u8>>) -> Result<(), BackendError> {
+        if which.len() != bufs.len() {
+            return Err(shape_err(
+                "attach",
+                format!("{} buffers for {} slots", bufs.len(), which.len()),
+            ));
+        }
+        for (&(t, s), buf) in which.iter().zip(bufs) {
+            let len = self.tensors.get(t).map(|spec| spec.bytes as usize);
+            match (len, self.bufs.get_mut(t).and_then(|b| b.get_mut(s))) {
+                (Some(len), Some(slot)) if buf.len() == len => *slot = Arc::new(buf),
+                _ => {
+                    return Err(shape_err(
+                        "attach",
+                        format!("slot ({t}, {s}) given {} bytes", buf.len()),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn bytes(&self) -> u64 {
-        self.bufs.iter().map(|b| b.len() as u64).sum()
+        self.tensors
+            .iter()
+            .map(|t| t.bytes * self.n_slots as u64)
+            .sum()
     }
 }
 
@@ -287,7 +369,11 @@ impl Backend for CpuBackend {
     fn new_slots(&self, tensors: &[SlotTensor], n_slots: usize) -> Result<HostSlots, BackendError> {
         let bufs = tensors
             .iter()
-            .map(|t| Arc::new(vec![0u8; t.bytes as usize * n_slots]))
+            .map(|t| {
+                (0..n_slots)
+                    .map(|_| Arc::new(vec![0u8; t.bytes as usize]))
+                    .collect()
+            })
             .collect();
         Ok(HostSlots {
             tensors: tensors.to_vec(),
@@ -303,7 +389,11 @@ impl Backend for CpuBackend {
             .ok_or_else(|| shape_err("slot_weight", format!("no slot tensor {t}")))?;
         let mut dims = spec.dims.clone();
         dims.push(slots.n_slots as u64);
-        Ok(CpuWeight::host(spec.ty, dims, slots.bufs[t].clone()))
+        Ok(CpuWeight {
+            ty: spec.ty,
+            dims,
+            bytes: WeightBytes::Slots(Arc::new(slots.bufs[t].clone())),
+        })
     }
 
     fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> Result<CpuTensor, BackendError> {
@@ -467,12 +557,14 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         let n = b.row_len();
         contract::add_bias_id((x.rows, x.cols), (n, b.n_rows()), ids)?;
-        let bias = b.to_f32()?;
+        let rb = b.row_bytes();
+        let mut bias = vec![0.0; n];
         for (row, &e) in x.data.chunks_mut(n.max(1)).zip(ids) {
-            let e = e as usize;
-            row.iter_mut()
-                .zip(&bias[e * n..(e + 1) * n])
-                .for_each(|(a, b)| *a += b);
+            let src = b
+                .matrix(e as usize, rb)
+                .ok_or_else(|| shape_err("add_bias_id", format!("no bias row for expert {e}")))?;
+            crate::quant::dequantize_row(b.ty, src, &mut bias)?;
+            row.iter_mut().zip(&bias).for_each(|(a, b)| *a += b);
         }
         Ok(())
     }
