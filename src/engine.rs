@@ -153,6 +153,11 @@ pub struct GenStats {
     pub prompt_time: Duration,
     pub n_gen: usize,
     pub gen_time: Duration,
+    /// Decode steps evaluated (the last sampled token is not).
+    pub n_gen_evals: usize,
+    /// Longhaul counters of the prompt and of the decode (`None` resident).
+    pub prompt_io: Option<CacheStats>,
+    pub gen_io: Option<CacheStats>,
 }
 
 impl GenStats {
@@ -408,9 +413,12 @@ impl<B: Backend> Engine<B> {
             n_prompt: prompt.len(),
             ..Default::default()
         };
+        let io = || self.longhaul_stats().map(|(total, _)| total);
+        let io0 = io();
         let t0 = Instant::now();
         let mut logits = self.eval(kv, prompt, Logits::Last)?;
         stats.prompt_time = t0.elapsed();
+        let io1 = io();
         let mut history: Vec<u32> = prompt.to_vec();
         let mut out = Vec::new();
         let t1 = Instant::now();
@@ -437,9 +445,14 @@ impl<B: Backend> Engine<B> {
                 break;
             }
             logits = self.eval(kv, &[tok], Logits::Last)?;
+            stats.n_gen_evals += 1;
         }
         stats.n_gen = out.len();
         stats.gen_time = t1.elapsed();
+        if let (Some(a), Some(b), Some(c)) = (io0, io1, io()) {
+            stats.prompt_io = Some(b.since(&a));
+            stats.gen_io = Some(c.since(&b));
+        }
         Ok((out, stats))
     }
 }

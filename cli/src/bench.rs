@@ -196,6 +196,14 @@ pub(crate) struct Row {
 }
 
 impl Row {
+    /// Longhaul rows: the I/O floor over all repetitions (see
+    /// [`CacheStats::io_floor_tps`]), in the test's tokens per second.
+    pub(crate) fn io_floor_tps(&self) -> Option<f64> {
+        let n = (self.test.n_prompt + self.test.n_gen) * self.samples_ns.len();
+        let wall = std::time::Duration::from_nanos(self.samples_ns.iter().sum());
+        self.cache.map(|c| c.io_floor_tps(n, wall))
+    }
+
     pub(crate) fn samples_ts(&self) -> Vec<f64> {
         let n = (self.test.n_prompt + self.test.n_gen) as f64;
         self.samples_ns
@@ -211,23 +219,6 @@ pub(crate) struct ModelDesc {
     pub(crate) model_type: String,
     pub(crate) size: u64,
     pub(crate) n_params: u64,
-}
-
-fn diff(a: &CacheStats, b: &CacheStats) -> CacheStats {
-    CacheStats {
-        hits: a.hits - b.hits,
-        misses: a.misses - b.misses,
-        bytes_read: a.bytes_read - b.bytes_read,
-        io_time: a.io_time.saturating_sub(b.io_time),
-        read_time: a.read_time.saturating_sub(b.read_time),
-        overlapped: a.overlapped - b.overlapped,
-        waves: a.waves - b.waves,
-        multi_wave_batches: a.multi_wave_batches - b.multi_wave_batches,
-        prefetched: a.prefetched - b.prefetched,
-        prefetch_bytes: a.prefetch_bytes - b.prefetch_bytes,
-        prefetch_used: a.prefetch_used - b.prefetch_used,
-        prefetch_wanted: a.prefetch_wanted - b.prefetch_wanted,
-    }
 }
 
 /// llama.cpp's name for a `general.file_type`.
@@ -406,7 +397,7 @@ fn run_once<B: Backend>(
     }
     let ns = t0.elapsed().as_nanos() as u64;
     let delta = match (stats(engine), before) {
-        (Some(a), Some(b)) => Some(diff(&a, &b)),
+        (Some(a), Some(b)) => Some(a.since(&b)),
         _ => None,
     };
     Ok((ns, delta))

@@ -97,6 +97,15 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
             opt(c.map(|c| json!(c.io_time.as_secs_f64()))),
         ),
         (
+            "longhaul_read_time_s",
+            opt(c.map(|c| json!(c.read_time.as_secs_f64()))),
+        ),
+        ("longhaul_overlapped", opt(c.map(|c| json!(c.overlapped)))),
+        (
+            "longhaul_io_floor_ts",
+            opt(r.io_floor_tps().map(|f| json!(f))),
+        ),
+        (
             "longhaul_prefetch_precision",
             opt(c
                 .filter(|c| c.prefetched > 0)
@@ -261,6 +270,14 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
             true,
             Box::new(|r: &Row| match r.cache {
                 Some(c) => format!("{:.1}%", 100.0 * c.hit_rate()),
+                None => "-".into(),
+            }),
+        ));
+        cols.push((
+            "floor t/s",
+            true,
+            Box::new(|r: &Row| match r.io_floor_tps() {
+                Some(f) => format!("{f:.2}"),
                 None => "-".into(),
             }),
         ));

@@ -292,6 +292,7 @@ fn run_on<B: Backend>(
     if info {
         print_stats(engine.load_time, &stats);
         report::longhaul_summary(&engine);
+        report::longhaul_phases(&stats);
     }
     Ok(())
 }

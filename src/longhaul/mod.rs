@@ -127,6 +127,37 @@ impl CacheStats {
         self.prefetch_used as f64 / self.prefetch_wanted.max(1) as f64
     }
 
+    /// The counters accumulated since `earlier` (a snapshot of the same
+    /// layers): the cost of one phase, such as a prompt or its decode.
+    pub fn since(&self, earlier: &CacheStats) -> CacheStats {
+        CacheStats {
+            hits: self.hits.saturating_sub(earlier.hits),
+            misses: self.misses.saturating_sub(earlier.misses),
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            io_time: self.io_time.saturating_sub(earlier.io_time),
+            read_time: self.read_time.saturating_sub(earlier.read_time),
+            overlapped: self.overlapped.saturating_sub(earlier.overlapped),
+            waves: self.waves.saturating_sub(earlier.waves),
+            multi_wave_batches: self
+                .multi_wave_batches
+                .saturating_sub(earlier.multi_wave_batches),
+            prefetched: self.prefetched.saturating_sub(earlier.prefetched),
+            prefetch_bytes: self.prefetch_bytes.saturating_sub(earlier.prefetch_bytes),
+            prefetch_used: self.prefetch_used.saturating_sub(earlier.prefetch_used),
+            prefetch_wanted: self.prefetch_wanted.saturating_sub(earlier.prefetch_wanted),
+        }
+    }
+
+    /// The I/O floor of a phase that produced `tokens` in `wall` time with
+    /// these counters: tokens per second if each token cost only the larger
+    /// of its demand-read time and its compute time (the wall time less the
+    /// time blocked on reads), i.e. with reads and compute fully overlapped.
+    pub fn io_floor_tps(&self, tokens: usize, wall: Duration) -> f64 {
+        let compute = wall.saturating_sub(self.io_time);
+        let per = compute.max(self.read_time).as_secs_f64();
+        tokens as f64 / per.max(1e-9)
+    }
+
     pub fn add(&mut self, o: &CacheStats) {
         self.prefetched += o.prefetched;
         self.prefetch_bytes += o.prefetch_bytes;
