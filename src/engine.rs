@@ -107,6 +107,8 @@ pub struct LonghaulParams {
     pub prefetch: bool,
     /// Checksum expert slices and compare re-reads (`--longhaul-verify`).
     pub verify: bool,
+    /// Direct I/O for expert reads (`--longhaul-io dio`).
+    pub direct_io: bool,
 }
 
 /// What longhaul set up, for the start-up log and for clients.
@@ -290,6 +292,7 @@ impl<B: Backend> Engine<B> {
             policy: lp.policy,
             prefetch: lp.prefetch,
             verify: lp.verify,
+            direct_io: lp.direct_io,
         };
         let info = LonghaulInfo {
             n_moe_layers,

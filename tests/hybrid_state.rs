@@ -218,6 +218,7 @@ fn a_failed_read_mid_batch_leaves_the_recurrent_state_usable() {
         policy: Policy::Lru,
         prefetch: false,
         verify: false,
+        direct_io: true,
     };
     let mut failures = 0;
     for checkpoint in [true, false] {

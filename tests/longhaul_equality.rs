@@ -52,6 +52,7 @@ fn longhaul_model(
         policy,
         prefetch,
         verify: false,
+        direct_io: true,
     };
     let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul load");
     assert_eq!(m.n_slots(), slots);
@@ -254,6 +255,7 @@ fn mixed_expert_types_size_each_layers_slots() {
             policy: Policy::Lru,
             prefetch: false,
             verify: false,
+            direct_io: true,
         };
         let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("load");
         assert_eq!(m.n_slots(), slots, "budget {budget}");
@@ -279,6 +281,7 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
         policy: Policy::Lru,
         prefetch: false,
         verify: true,
+        direct_io: true,
     };
     let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("load");
     file.set_read_fault(Some(Arc::new(|_, _, _| {

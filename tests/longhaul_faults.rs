@@ -68,6 +68,7 @@ fn longhaul(path: &Path) -> Model<CpuBackend> {
         policy: Policy::Lru,
         prefetch: true,
         verify: false,
+        direct_io: true,
     };
     Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul")
 }
@@ -195,6 +196,7 @@ fn longhaul_slots(
         policy,
         prefetch,
         verify: false,
+        direct_io: true,
     };
     let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul");
     assert_eq!(m.n_slots(), n_slots);
@@ -474,6 +476,7 @@ fn verify_refuses_an_expert_whose_bytes_changed_between_reads() {
             policy: Policy::Lru,
             prefetch: false,
             verify,
+            direct_io: true,
         };
         Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul")
     };

@@ -116,6 +116,7 @@ fn memory_stays_within_budget_and_page_cache_does_not_fill() {
             policy: Policy::Lru,
             prefetch: true,
             verify: false,
+            direct_io: true,
         }),
     )
     .expect("longhaul");

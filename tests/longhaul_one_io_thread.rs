@@ -46,6 +46,7 @@ fn check(path: &Path) {
             policy: Policy::Lru,
             prefetch: true,
             verify: false,
+            direct_io: true,
         };
         let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul");
         assert_eq!(generate(&m, 24), want, "{slots} slots");

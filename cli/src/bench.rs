@@ -533,6 +533,7 @@ fn bench_mode<B: Backend>(
                 policy: *policy,
                 prefetch: a.longhaul.prefetch,
                 verify: a.longhaul.verify,
+                direct_io: a.longhaul.direct_io()?,
             }),
         };
         // Longhaul skips warmup: no expert byte is read before the first real run.

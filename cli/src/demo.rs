@@ -137,6 +137,7 @@ fn demo_on<B: Backend>(
         policy: Policy::Lru,
         prefetch: false,
         verify: false,
+        direct_io: true,
     };
     let (eng_l, out_l, text_l, st_l) = gen(EngineParams {
         longhaul: Some(lp),

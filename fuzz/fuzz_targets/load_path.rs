@@ -254,6 +254,7 @@ fn run(data: &[u8]) {
         policy: knobs.policy,
         prefetch: knobs.prefetch,
         verify: knobs.verify,
+        direct_io: true,
     };
     let streamed = stage(
         "longhaul load",

@@ -293,9 +293,28 @@ pub struct LonghaulArgs {
     /// expert whose bytes differ (costs a CRC-32 per read).
     #[arg(long = "longhaul-verify")]
     pub verify: bool,
+    /// How experts are read: dio (direct I/O, llama.cpp's name; the
+    /// default, buffered where the file system refuses it) or buffered
+    /// (through the page cache, whose pages are dropped after each read).
+    #[arg(
+        long = "longhaul-io",
+        value_name = "dio|buffered",
+        default_value = "dio"
+    )]
+    pub io: String,
 }
 
 impl LonghaulArgs {
+    /// `--longhaul-io`: whether experts are read with direct I/O.
+    pub fn direct_io(&self) -> anyhow::Result<bool> {
+        match self.io.as_str() {
+            // Empty: a `Default` value, which means the default.
+            "dio" | "" => Ok(true),
+            "buffered" => Ok(false),
+            v => anyhow::bail!("--longhaul-io {v}: use dio or buffered"),
+        }
+    }
+
     pub fn params(&self) -> anyhow::Result<Option<LonghaulParams>> {
         if !self.longhaul {
             if self.cache.is_some() {
@@ -312,11 +331,13 @@ impl LonghaulArgs {
             },
         };
         let policy: Policy = self.policy.parse().map_err(anyhow::Error::msg)?;
+        let direct_io = self.direct_io()?;
         Ok(Some(LonghaulParams {
             budget,
             policy,
             prefetch: self.prefetch,
             verify: self.verify,
+            direct_io,
         }))
     }
 }

@@ -32,6 +32,9 @@ pub struct Shard {
     file: File,
     data_offset: u64,
     identity: std::sync::Mutex<Identity>,
+    /// The same open file reopened with `O_DIRECT`, on the first direct
+    /// read (`None` inside: the file system refuses direct I/O).
+    direct: std::sync::OnceLock<Option<File>>,
 }
 
 /// What a shard was at open (or when last found restored), and the last
@@ -100,6 +103,9 @@ pub struct Model {
     by_name: HashMap<String, usize>,
     shards: Vec<Shard>,
     fault: FaultSeam,
+    /// Whether [`Model::read_at`] bypasses the page cache (see
+    /// [`Model::set_direct_io`]).
+    direct_io: std::sync::atomic::AtomicBool,
 }
 
 /// A fault-injection seam for tests: called before every positional read
@@ -162,6 +168,7 @@ fn open_shard(path: &Path) -> Result<(Shard, Header), GgufError> {
         file,
         data_offset: header.data_offset,
         identity: std::sync::Mutex::new(identity),
+        direct: std::sync::OnceLock::new(),
     };
     Ok((shard, header))
 }
@@ -264,6 +271,7 @@ impl Model {
             by_name,
             shards,
             fault: FaultSeam::default(),
+            direct_io: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -313,7 +321,22 @@ impl Model {
         if let Some(e) = injected {
             return Err(io(e));
         }
+        if self.direct_io.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(done) = direct::read(s, offset, buf) {
+                return done.map_err(io);
+            }
+        }
         s.file.read_exact_at(buf, offset).map_err(io)
+    }
+
+    /// Makes [`Model::read_at`] read with direct I/O (`O_DIRECT`: from the
+    /// device into an aligned buffer, then copied, without the page cache's
+    /// copy and its eviction work) where the file system allows it, and
+    /// buffered elsewhere. Longhaul's expert reads use it: their bytes go
+    /// to slots, and the page cache would only hold them a second time.
+    pub fn set_direct_io(&self, on: bool) {
+        self.direct_io
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Installs (or with `None` removes) a read fault hook; see [`ReadFault`].
@@ -423,4 +446,97 @@ fn check_shard(
         }
     }
     Ok(())
+}
+
+/// Direct positional reads: `O_DIRECT` needs the offset, length and buffer
+/// aligned to the device's block size, so each read covers the aligned range
+/// around the wanted bytes, in a per-thread aligned buffer, and copies them
+/// out (one memory copy, as the page cache makes, without its work).
+#[cfg(target_os = "linux")]
+mod direct {
+    use std::cell::RefCell;
+    use std::fs::File;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+
+    use super::Shard;
+
+    /// Alignment of offsets, lengths and buffers (4 KiB covers 512-byte and
+    /// 4 KiB logical blocks).
+    const ALIGN: usize = 4096;
+    /// Bytes per direct read.
+    const CHUNK: usize = 2 << 20;
+
+    thread_local! {
+        static BOUNCE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// The shard reopened with `O_DIRECT` through `/proc/self/fd`, so it is
+    /// the same open file whatever happened to the path since.
+    fn file(s: &Shard) -> Option<&File> {
+        s.direct
+            .get_or_init(|| {
+                use std::os::fd::AsRawFd;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(format!("/proc/self/fd/{}", s.file.as_raw_fd()))
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// Reads `buf.len()` bytes at `offset`; `None` when direct I/O is not
+    /// available for this file (the caller reads buffered).
+    pub(super) fn read(s: &Shard, offset: u64, buf: &mut [u8]) -> Option<std::io::Result<()>> {
+        let f = file(s)?;
+        BOUNCE.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.len() < CHUNK + 2 * ALIGN {
+                b.resize(CHUNK + 2 * ALIGN, 0);
+            }
+            let lead = b.as_ptr().align_offset(ALIGN);
+            let bounce = &mut b[lead..lead + CHUNK + ALIGN];
+            let mut done = 0usize;
+            while done < buf.len() {
+                let at = offset + done as u64;
+                let start = at - at % ALIGN as u64;
+                let skip = (at - start) as usize;
+                let want = (buf.len() - done).min(CHUNK + ALIGN - skip);
+                let span = (skip + want).next_multiple_of(ALIGN);
+                let got = match read_full(f, &mut bounce[..span], start) {
+                    Ok(n) => n,
+                    // The file system took the open but not the alignment.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) && done == 0 => return None,
+                    Err(e) => return Some(Err(e)),
+                };
+                if got < skip + want {
+                    return Some(Err(std::io::ErrorKind::UnexpectedEof.into()));
+                }
+                buf[done..done + want].copy_from_slice(&bounce[skip..skip + want]);
+                done += want;
+            }
+            Some(Ok(()))
+        })
+    }
+
+    /// Reads into `dst` at `offset` until it is full or the file ends.
+    fn read_full(f: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let mut n = 0;
+        while n < dst.len() {
+            match f.read_at(&mut dst[n..], offset + n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod direct {
+    pub(super) fn read(_: &super::Shard, _: u64, _: &mut [u8]) -> Option<std::io::Result<()>> {
+        None
+    }
 }

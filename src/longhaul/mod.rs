@@ -73,6 +73,10 @@ pub struct LonghaulConfig {
     /// later read of it (`--longhaul-verify`): a file rewritten in place is
     /// caught at the first expert whose bytes differ.
     pub verify: bool,
+    /// Expert reads with direct I/O where the file system allows it
+    /// (`--longhaul-io dio`, the default): the slots are the cache, so the
+    /// page cache's copy, its eviction and its CPU time are waste.
+    pub direct_io: bool,
 }
 
 /// Cache counters of one layer (or summed over layers).

@@ -91,6 +91,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
             policy: "lru".parse().expect("policy"),
             prefetch: false,
             verify: false,
+            direct_io: true,
         }),
         no_mmap: false,
         chat_template: o.chat_template.clone(),
