@@ -107,10 +107,26 @@ fn check_json_row(r: &Value, reps: usize) {
         "longhaul_misses",
         "longhaul_bytes_read",
         "longhaul_n_slots",
+        "longhaul_read_time_s",
+        "longhaul_io_floor_ts",
     ] {
         assert_eq!(!r[k].is_null(), lh, "{k} in {r}");
     }
     if lh {
+        // Demand reads and compute (wall less the time blocked) each take
+        // at most the wall time, so the floor (tokens over the larger of
+        // the two) is never below the rate over all repetitions.
+        let wall: f64 = ns.iter().map(|n| n.as_f64().unwrap()).sum();
+        let rate = (n_tok as usize * reps) as f64 * 1e9 / wall;
+        let floor = r["longhaul_io_floor_ts"].as_f64().unwrap();
+        assert!(
+            floor >= rate * (1.0 - 1e-9),
+            "floor {floor} below the rate {rate}: {r}"
+        );
+        assert!(
+            r["longhaul_read_time_s"].as_f64().unwrap() <= wall / 1e9,
+            "{r}"
+        );
         let uses = r["longhaul_hits"].as_u64().unwrap() + r["longhaul_misses"].as_u64().unwrap();
         assert!(uses > 0, "{r}");
         assert!(r["longhaul_bytes_read"].as_u64().unwrap() > 0, "{r}");
@@ -195,6 +211,7 @@ fn markdown_and_csv_have_a_row_per_run() {
         "test",
         "t/s",
         "hit rate",
+        "floor t/s",
         "expert GB",
     ] {
         col(h);
@@ -211,8 +228,11 @@ fn markdown_and_csv_have_a_row_per_run() {
             let v: f64 = hit.trim_end_matches('%').parse().expect("a percentage");
             assert!((0.0..=100.0).contains(&v));
             assert!(r[col("expert GB")].parse::<f64>().is_ok());
+            let floor: f64 = r[col("floor t/s")].parse().expect("a rate");
+            assert!(floor > 0.0, "{r:?}");
         } else {
             assert_eq!(hit, "-");
+            assert_eq!(r[col("floor t/s")], "-");
         }
     }
     let out = bench_ok(&args(&matrix(&m, "csv")));

@@ -749,3 +749,50 @@ impl<S: SlotStore> StreamedLayer<S> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod stats_tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_is_the_difference_of_two_snapshots() {
+        let prompt = CacheStats {
+            hits: 3,
+            misses: 5,
+            bytes_read: 500,
+            io_time: Duration::from_millis(40),
+            read_time: Duration::from_millis(70),
+            overlapped: 2,
+            waves: 4,
+            ..CacheStats::default()
+        };
+        let decode = CacheStats {
+            hits: 7,
+            misses: 1,
+            bytes_read: 100,
+            io_time: Duration::from_millis(5),
+            read_time: Duration::from_millis(9),
+            overlapped: 1,
+            waves: 8,
+            ..CacheStats::default()
+        };
+        let mut total = prompt;
+        total.add(&decode);
+        assert_eq!(total.since(&prompt), decode);
+        assert_eq!(total.since(&total), CacheStats::default());
+    }
+
+    #[test]
+    fn the_io_floor_takes_the_larger_of_reads_and_compute() {
+        let s = |io, read| CacheStats {
+            io_time: Duration::from_secs(io),
+            read_time: Duration::from_secs(read),
+            ..CacheStats::default()
+        };
+        let wall = Duration::from_secs(10);
+        // Compute 10 - 4 = 6 s beats 5 s of reads: 12 tokens / 6 s.
+        assert_eq!(s(4, 5).io_floor_tps(12, wall), 2.0);
+        // 8 s of reads beat 6 s of compute.
+        assert_eq!(s(4, 8).io_floor_tps(12, wall), 1.5);
+    }
+}
