@@ -724,3 +724,27 @@ fn direct_reads_equal_the_file_bytes_at_any_alignment() {
     let mut past = vec![0u8; 10];
     assert!(m.read_at(0, len as u64 - 5, &mut past).is_err());
 }
+
+/// `longhaul::read_parallel` (resident copies at load: 8 MiB pieces read
+/// concurrently on the I/O pool) returns the tensor's bytes, buffered and
+/// direct, for a tensor of several pieces and a ragged last one.
+#[test]
+fn parallel_reads_of_a_large_tensor_equal_its_bytes() {
+    let dir = tmp_dir("parallel");
+    let path = dir.join("big.gguf");
+    let n = (5 << 20) + 777; // f32 values: 20 MiB + a ragged tail
+    let mut rng = Rng(0x9a7);
+    let bytes = rng.bytes(n * 4);
+    let mut w = Writer::new();
+    w.add_tensor("big", &[n as u64], GgmlType::F32, bytes.clone())
+        .unwrap();
+    w.write(&path).unwrap();
+    let m = Model::open(&path).unwrap();
+    let t = m.tensor("big").unwrap().clone();
+    for direct in [false, true] {
+        m.set_direct_io(direct);
+        let mut got = vec![0u8; t.len as usize];
+        longhaul::longhaul::read_parallel(&m, t.shard, t.offset, &mut got).unwrap();
+        assert!(got == bytes, "direct {direct}: bytes differ");
+    }
+}

@@ -243,6 +243,33 @@ pub fn io_scope<'s, R>(f: impl FnOnce(&IoScope<'s>) -> R) -> R {
     }
 }
 
+/// Reads `dst.len()` bytes at `offset` of shard `shard` as concurrent
+/// positional reads of 8 MiB pieces on the longhaul I/O pool: resident
+/// tensors copied at load go at the disk's bandwidth, not one read's.
+pub fn read_parallel(
+    file: &gguf::Model,
+    shard: usize,
+    offset: u64,
+    dst: &mut [u8],
+) -> Result<(), GgufError> {
+    const PIECE: usize = 8 << 20;
+    if dst.len() <= PIECE {
+        return file.read_at(shard, offset, dst);
+    }
+    let jobs = dst
+        .chunks_mut(PIECE)
+        .enumerate()
+        .map(|(i, dst)| loader::Job {
+            shard,
+            offset: offset + (i * PIECE) as u64,
+            dst,
+        })
+        .collect();
+    loader::read_all(file, jobs, None, false)
+        .map(|_| ())
+        .map_err(|(_, e)| e)
+}
+
 /// Prepares a model's files for streaming: no kernel readahead, whose pages
 /// would outlive the slices they were read next to. Call before reading.
 pub fn prepare_files(file: &gguf::Model) {

@@ -287,6 +287,11 @@ impl<B: Backend> Model<B> {
                 .sum();
             (progress, total)
         });
+        if let Some(cfg) = &longhaul {
+            // Resident copies are read once and dropped from the page cache:
+            // direct I/O, like the experts' reads.
+            file.set_direct_io(cfg.direct_io);
+        }
         let mut m = load_layers(backend, file.clone(), spec, hp, &how, copy)?;
         if let Some(cfg) = longhaul {
             stream::attach(&mut m, cfg)?;

@@ -129,7 +129,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
         if let Some((progress, total)) = &self.copy {
             let mut bytes = vec![0u8; t.len as usize];
-            self.file.read_at(t.shard, t.offset, &mut bytes)?;
+            crate::longhaul::read_parallel(self.file, t.shard, t.offset, &mut bytes)?;
             crate::longhaul::release_pages(self.file, t.shard, t.offset, t.len);
             self.copied.set(self.copied.get() + t.len);
             if let Some(p) = progress {
