@@ -413,21 +413,36 @@ impl<S: SlotStore> StreamedLayer<S> {
     /// recorded empty before the first byte was written), so a retry reads
     /// them again and nothing computes from a partly written slot.
     pub fn load(&mut self, file: &gguf::Model, wave: &Wave) -> Result<(), LonghaulError> {
+        self.begin_wave(wave)?;
+        self.read_blocking(file, &wave.loads)?;
+        self.cache.finish_wave(wave);
+        Ok(())
+    }
+
+    /// [`LayerCache::begin_wave`], its stale plan as this layer's error.
+    fn begin_wave(&mut self, wave: &Wave) -> Result<(), LonghaulError> {
         self.cache
             .begin_wave(wave)
             .map_err(|s| LonghaulError::StalePlan {
                 layer: self.layer,
                 expert: s.expert,
                 slot: s.slot,
-            })?;
-        let t0 = std::time::Instant::now();
-        let res = self.read(file, &wave.loads, None);
+            })
+    }
+
+    /// Reads `loads` into their slots while the caller waits, counting the
+    /// wait as both read and blocked time.
+    fn read_blocking(
+        &mut self,
+        file: &gguf::Model,
+        loads: &[(u32, u32)],
+    ) -> Result<(), LonghaulError> {
+        let t0 = Instant::now();
+        let res = self.read(file, loads, None);
         self.stats.io_time += t0.elapsed();
         self.stats.read_time += t0.elapsed();
         self.stats.bytes_read += res.as_ref().copied().unwrap_or(0);
-        res?;
-        self.cache.finish_wave(wave);
-        Ok(())
+        res.map(drop)
     }
 
     /// Starts a wave: its cached experts are ready at once
@@ -444,13 +459,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         wave: &Wave,
         io: &IoScope<'s>,
     ) -> Result<Fill, LonghaulError> {
-        self.cache
-            .begin_wave(wave)
-            .map_err(|s| LonghaulError::StalePlan {
-                layer: self.layer,
-                expert: s.expert,
-                slot: s.slot,
-            })?;
+        self.begin_wave(wave)?;
         let n_t = self.tensors.len();
         let which: Vec<(usize, usize)> = wave
             .loads
@@ -481,12 +490,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         let lent = match self.slots.detach(&fill.which) {
             Some(lent) => lent?,
             None => {
-                let t0 = Instant::now();
-                let res = self.read(file, &wave.loads, None);
-                self.stats.io_time += t0.elapsed();
-                self.stats.read_time += t0.elapsed();
-                self.stats.bytes_read += res.as_ref().copied().unwrap_or(0);
-                res?;
+                self.read_blocking(file, &wave.loads)?;
                 fill.ready.extend(wave.loads.iter().map(|l| l.0));
                 return Ok(fill);
             }
