@@ -325,6 +325,20 @@ pub struct SlotTensor {
     pub bytes: u64,
 }
 
+/// Fails when a `(tensor, slot)` pair appears twice in `which` (a slot store
+/// hands out one writable buffer per slot).
+pub(crate) fn distinct_slots(which: &[(usize, usize)]) -> Result<(), BackendError> {
+    let mut sorted = which.to_vec();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(BackendError::Shape {
+            op: "slots_mut",
+            detail: "a slot was requested twice".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Memory for the expert slots of one MoE layer: for each routed tensor,
 /// `n_slots` slices of one expert each. The longhaul loader writes expert
 /// bytes into slots through this trait; the backend reads them as a stacked

@@ -150,7 +150,6 @@ pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Resul
         let l = StreamedLayer::new(il, &ts, slots, n_slots, cfg.policy)?;
         m.runtime.streamed[il] = Some(Mutex::new(if cfg.verify { l.verify_reads() } else { l }));
     }
-    file.set_direct_io(cfg.direct_io);
     m.runtime.n_slots = n_slots;
     m.runtime.prefetch = cfg.prefetch;
     Ok(())

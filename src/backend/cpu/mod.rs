@@ -240,18 +240,9 @@ impl HostSlots {
     }
 }
 
-fn distinct(which: &[(usize, usize)]) -> Result<(), BackendError> {
-    let mut sorted = which.to_vec();
-    sorted.sort_unstable();
-    if sorted.windows(2).any(|w| w[0] == w[1]) {
-        return Err(shape_err("slots_mut", "a slot was requested twice".into()));
-    }
-    Ok(())
-}
-
 impl SlotStore for HostSlots {
     fn slots_mut(&mut self, which: &[(usize, usize)]) -> Result<Vec<&mut [u8]>, BackendError> {
-        distinct(which)?;
+        super::distinct_slots(which)?;
         for &(t, s) in which {
             self.buf_mut(t, s)?;
         }
@@ -276,7 +267,7 @@ impl SlotStore for HostSlots {
     }
 
     fn detach(&mut self, which: &[(usize, usize)]) -> Option<Result<Vec<Vec<u8>>, BackendError>> {
-        let lent = distinct(which).and_then(|()| {
+        let lent = super::distinct_slots(which).and_then(|()| {
             which
                 .iter()
                 .map(|&(t, s)| self.buf_mut(t, s).map(std::mem::take))

@@ -194,14 +194,7 @@ impl SlotStore for GpuSlots {
             offs.push((total, t, s, spec.bytes));
             total += spec.bytes.next_multiple_of(4);
         }
-        let mut sorted: Vec<(usize, usize)> = which.to_vec();
-        sorted.sort_unstable();
-        if sorted.windows(2).any(|w| w[0] == w[1]) {
-            return Err(BackendError::Shape {
-                op: "slots_mut",
-                detail: "a slot was requested twice".into(),
-            });
-        }
+        crate::backend::distinct_slots(which)?;
         let staging = self.take_staging(total.max(4))?;
         let mut view = staging
             .buf
