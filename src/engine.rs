@@ -13,6 +13,7 @@ use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
 use crate::model::{LoadOptions, Logits, Model, ModelError, Progress};
 use crate::sample::Sampler;
 use crate::state::SeqState;
+use crate::statefile::{StateFileError, StateIdentity};
 use crate::tensor::GgmlType;
 use crate::tokenizer::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -37,6 +38,10 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("--longhaul-cache auto needs /proc/meminfo (Linux); give the budget in GiB instead")]
     NoMemInfo,
+    #[error(transparent)]
+    State(#[from] StateFileError),
+    #[error("cannot hash the model's headers for a state file: {0}")]
+    Identity(GgufError),
 }
 
 /// Engine settings, named as llama.cpp's.
@@ -181,6 +186,8 @@ pub struct Engine<B: Backend> {
     pub longhaul: Option<LonghaulInfo>,
     /// Built on the first constrained request (see [`Engine::constraint`]).
     constrainer: OnceLock<Result<Constrainer, ConstrainError>>,
+    /// [`gguf::Model::content_hash`], on the first state saved or restored.
+    content_hash: OnceLock<String>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -266,6 +273,7 @@ impl<B: Backend> Engine<B> {
             load_time: t0.elapsed(),
             longhaul,
             constrainer: OnceLock::new(),
+            content_hash: OnceLock::new(),
         })
     }
 
@@ -321,6 +329,79 @@ impl<B: Backend> Engine<B> {
         let mut s = SeqState::new(&self.model, self.params.n_ctx, self.params.kv_type)?;
         s.set_max_checkpoints(self.params.n_ctx_checkpoints);
         Ok(s)
+    }
+
+    /// What a saved state of `st` depends on ([`crate::statefile`]): the
+    /// model's identity and the settings that change the state.
+    pub fn state_identity(&self, st: &SeqState<B>) -> Result<StateIdentity, EngineError> {
+        let model = match self.content_hash.get() {
+            Some(h) => h.clone(),
+            None => {
+                let h = self
+                    .model
+                    .file
+                    .content_hash()
+                    .map_err(EngineError::Identity)?;
+                self.content_hash
+                    .get_or_init(|| format!("{h:016x}"))
+                    .clone()
+            }
+        };
+        let kv = self.params.kv_type.name().to_string();
+        Ok(StateIdentity {
+            model,
+            model_bytes: self.model.file.shards().iter().map(|s| s.len).sum(),
+            n_ctx: st.n_ctx(),
+            type_k: kv.clone(),
+            type_v: kv,
+            placement: self.model.backend.name().to_lowercase(),
+            flash_attn: format!("{:?}", self.params.flash_attn).to_lowercase(),
+            layers: st.layout(&self.model.backend),
+        })
+    }
+
+    /// Saves the positions `st` holds to a state file at `path` (written
+    /// atomically); `tokens` are the tokens of those positions. Returns the
+    /// file's size.
+    pub fn save_state(
+        &self,
+        st: &SeqState<B>,
+        tokens: &[u32],
+        path: &Path,
+    ) -> Result<u64, EngineError> {
+        let ident = self.state_identity(st)?;
+        let saved = st.save(&self.model.backend)?;
+        let n = saved.n_past.min(tokens.len());
+        if n != saved.n_past {
+            return Err(EngineError::Model(ModelError::Backend(
+                crate::backend::BackendError::Shape {
+                    op: "save a sequence state",
+                    detail: format!("{} tokens for {} positions", tokens.len(), saved.n_past),
+                },
+            )));
+        }
+        Ok(crate::statefile::write(path, &ident, &tokens[..n], &saved)?)
+    }
+
+    /// Restores the state file at `path` into `st` and returns its tokens
+    /// and size. A refused file leaves `st` as it was; a restore that fails
+    /// while writing leaves it empty ([`SeqState::restore`]).
+    pub fn restore_state(
+        &self,
+        st: &mut SeqState<B>,
+        path: &Path,
+    ) -> Result<(Vec<u32>, u64), EngineError> {
+        let ident = self.state_identity(st)?;
+        let (tokens, saved, bytes) = crate::statefile::read(path, &ident)?;
+        st.restore(&self.model.backend, &saved)?;
+        Ok((tokens, bytes))
+    }
+
+    /// The tokens of the state file at `path` if it was saved for this
+    /// engine's model and settings (its header checked, not its payload).
+    pub fn state_tokens(&self, st: &SeqState<B>, path: &Path) -> Result<Vec<u32>, EngineError> {
+        let ident = self.state_identity(st)?;
+        Ok(crate::statefile::read_tokens(path, &ident)?)
     }
 
     /// Tokenises a raw prompt as llama.cpp does (BOS per the model's metadata,

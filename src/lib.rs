@@ -18,6 +18,7 @@ pub mod quant;
 pub mod sample;
 pub mod scheduler;
 pub mod state;
+pub mod statefile;
 pub mod synth;
 pub mod tensor;
 pub mod threads;

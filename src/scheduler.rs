@@ -9,10 +9,11 @@
 //! [`GenStream`] cancels its generation and frees the slot.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -102,6 +103,98 @@ pub struct SchedulerMetrics {
     /// found no checkpoint at or before it, and so evaluated the whole
     /// prompt again.
     pub prefix_reprefills: u64,
+    /// Sequence states written to files (slot saves, the persistent slot,
+    /// context-cache spills) and their bytes.
+    pub state_saves: u64,
+    pub state_bytes_written: u64,
+    /// Sequence states read back from files, and their bytes.
+    pub state_restores: u64,
+    pub state_bytes_read: u64,
+    /// Prompt tokens a request did not evaluate because a restored state
+    /// held them.
+    pub state_tokens_reused: u64,
+}
+
+/// Where sequence states go on disk (see [`crate::statefile`]).
+#[derive(Clone, Debug, Default)]
+pub struct StateConfig {
+    /// `--slot-save-path`: the directory of [`SlotAction::Save`] and
+    /// [`SlotAction::Restore`] files.
+    pub slot_save_path: Option<PathBuf>,
+    /// `--slot-persist`: each slot is saved into `slot_save_path` on a clean
+    /// shutdown and restored from there at start-up.
+    pub persist: bool,
+    /// `--context-cache-path`: an idle slot's conversation is written here
+    /// when its slot is taken for another one, and restored for a later
+    /// request whose prompt starts with it.
+    pub context_cache: Option<PathBuf>,
+    /// `--context-cache-slots`: most conversations kept there (least
+    /// recently used removed first).
+    pub context_cache_slots: usize,
+}
+
+/// llama-server's `/slots/{id}?action=...`.
+#[derive(Clone, Debug)]
+pub enum SlotAction {
+    /// Writes the slot's state to this file (a plain name checked by the
+    /// caller, inside `--slot-save-path`).
+    Save(PathBuf),
+    /// Replaces the slot's state with this file's.
+    Restore(PathBuf),
+    /// Forgets the slot's state.
+    Erase,
+}
+
+/// What a [`SlotAction`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SlotReply {
+    Saved {
+        n_saved: usize,
+        n_written: u64,
+        ms: f64,
+    },
+    Restored {
+        n_restored: usize,
+        n_read: u64,
+        ms: f64,
+    },
+    Erased {
+        n_erased: usize,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    #[error("slot {id} does not exist; this server has slots 0..{n} (-np/--parallel)", n = n_slots.saturating_sub(1))]
+    NoSlot { id: usize, n_slots: usize },
+    /// The file was refused or could not be read or written; the message
+    /// says why.
+    #[error("{0}")]
+    File(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// What a slot is doing, for `GET /slots`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotInfo {
+    pub id: usize,
+    pub n_ctx: usize,
+    /// Tokens whose state the slot holds.
+    pub n_cached: usize,
+    /// The request it serves, if any.
+    pub task: Option<TaskInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskInfo {
+    pub id_task: u64,
+    /// Still evaluating its prompt (else generating).
+    pub prefilling: bool,
+    pub n_prompt: usize,
+    pub n_decoded: usize,
+    /// `usize::MAX`: until the context is full.
+    pub n_predict: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,15 +208,35 @@ pub enum SchedulerError {
 }
 
 struct Job {
+    id: u64,
     req: GenRequest,
     events: UnboundedSender<GenEvent>,
     cancel: Arc<AtomicBool>,
 }
 
+type SlotReplyTx = tokio::sync::oneshot::Sender<Result<SlotReply, SlotError>>;
+
+/// A slot action waiting for its slot to be idle.
+struct SlotJob {
+    id: usize,
+    action: SlotAction,
+    reply: SlotReplyTx,
+}
+
+enum Msg {
+    Gen(Job),
+    Slot(SlotJob),
+}
+
 struct Shared {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
     metrics: Mutex<SchedulerMetrics>,
+    slots: Mutex<Vec<SlotInfo>>,
     n_ctx: usize,
+    n_slots: AtomicU64,
+    next_task: AtomicU64,
+    /// Set when the engine loop has ended (and saved what it persists).
+    stopped: (Mutex<bool>, Condvar),
 }
 
 /// A handle to the engine thread (cheap to clone). When the last clone is
@@ -198,14 +311,39 @@ impl Scheduler {
     where
         B::Kv: 'static,
     {
+        Self::spawn_with_state(engine, n_slots, n_threads, StateConfig::default())
+    }
+
+    /// [`Scheduler::spawn_with_threads`] with sequence states saved and
+    /// restored as `states` says (slot files, the persistent slot, the
+    /// context cache).
+    pub fn spawn_with_state<B: Backend + 'static>(
+        engine: Arc<Engine<B>>,
+        n_slots: usize,
+        n_threads: usize,
+        states: StateConfig,
+    ) -> Scheduler
+    where
+        B::Kv: 'static,
+    {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             tx: Mutex::new(Some(tx)),
             metrics: Mutex::default(),
+            slots: Mutex::default(),
             n_ctx: engine.params.n_ctx,
+            n_slots: AtomicU64::new(n_slots.max(1) as u64),
+            next_task: AtomicU64::new(0),
+            stopped: (Mutex::new(false), Condvar::new()),
         });
         let s2 = shared.clone();
-        let run = move || Worker::new(engine, n_slots.max(1), s2).run(rx);
+        let run = move || {
+            let shared = s2.clone();
+            Worker::new(engine, n_slots.max(1), s2, states).run(rx);
+            let (done, cv) = &shared.stopped;
+            *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            cv.notify_all();
+        };
         // The loop runs on a worker of the pool its ops use, so their
         // parallel loops fork and join in place instead of handing every op
         // to the pool from an outside thread (a context switch per op). The
@@ -245,6 +383,7 @@ impl Scheduler {
         let (etx, erx) = unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {
+            id: self.handle.shared.next_task.fetch_add(1, Ordering::Relaxed),
             req,
             events: etx,
             cancel: cancel.clone(),
@@ -256,9 +395,54 @@ impl Scheduler {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         match tx.as_ref() {
-            Some(tx) if tx.send(job).is_ok() => Ok(GenStream { rx: erx, cancel }),
+            Some(tx) if tx.send(Msg::Gen(job)).is_ok() => Ok(GenStream { rx: erx, cancel }),
             _ => Err(SchedulerError::ShuttingDown),
         }
+    }
+
+    /// Runs `action` on slot `id` once the slot is idle (a slot serving a
+    /// request finishes it first) and returns what it did.
+    pub async fn slot_action(&self, id: usize, action: SlotAction) -> Result<SlotReply, SlotError> {
+        let n_slots = self.handle.shared.n_slots.load(Ordering::Relaxed) as usize;
+        if id >= n_slots {
+            return Err(SlotError::NoSlot { id, n_slots });
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        {
+            let tx = self
+                .handle
+                .shared
+                .tx
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match tx.as_ref() {
+                Some(tx) if tx.send(Msg::Slot(SlotJob { id, action, reply })).is_ok() => {}
+                _ => return Err(SlotError::ShuttingDown),
+            }
+        }
+        rx.await.unwrap_or(Err(SlotError::ShuttingDown))
+    }
+
+    /// Every slot's state as of the last step.
+    pub fn slots(&self) -> Vec<SlotInfo> {
+        self.handle
+            .shared
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Waits up to `timeout` for the engine loop to end after
+    /// [`Scheduler::shutdown`] (the persistent slot is saved by then);
+    /// returns whether it did.
+    pub fn wait_stopped(&self, timeout: Duration) -> bool {
+        let (done, cv) = &self.handle.shared.stopped;
+        let g = done.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = cv
+            .wait_timeout_while(g, timeout, |d| !*d)
+            .unwrap_or_else(|p| p.into_inner());
+        *g
     }
 
     pub fn metrics(&self) -> SchedulerMetrics {
@@ -312,14 +496,50 @@ struct Slot<B: Backend> {
     kv: SeqState<B>,
     /// Tokens whose keys and values `kv` holds.
     cached: Vec<u32>,
+    /// How many of `cached` came from a state file and no request has
+    /// reused yet (counted as prefill avoided by the next one).
+    restored: usize,
     active: Option<Active>,
+}
+
+/// A conversation in the context cache directory.
+struct CacheEntry {
+    path: PathBuf,
+    tokens: Vec<u32>,
+    /// Larger: used more recently.
+    used: u64,
+}
+
+/// `--context-cache-path` / `--context-cache-slots`.
+struct ContextCache {
+    dir: PathBuf,
+    max: usize,
+    entries: Vec<CacheEntry>,
+    clock: u64,
 }
 
 struct Worker<B: Backend> {
     engine: Arc<Engine<B>>,
     slots: Vec<Slot<B>>,
     queue: VecDeque<Job>,
+    slot_jobs: VecDeque<SlotJob>,
     shared: Arc<Shared>,
+    states: StateConfig,
+    cache: Option<ContextCache>,
+}
+
+/// The file the persistent slot `i` is kept in.
+fn persist_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("longhaul-slot-{i}.state"))
+}
+
+/// FNV-1a 64 of a token list: the context cache's file names.
+fn tokens_hash(t: &[u32]) -> u64 {
+    t.iter()
+        .flat_map(|x| x.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        })
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -327,14 +547,29 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 impl<B: Backend> Worker<B> {
-    fn new(engine: Arc<Engine<B>>, n_slots: usize, shared: Arc<Shared>) -> Self {
-        Self {
+    fn new(
+        engine: Arc<Engine<B>>,
+        n_slots: usize,
+        shared: Arc<Shared>,
+        states: StateConfig,
+    ) -> Self {
+        let mut w = Self {
             engine,
             slots: Vec::with_capacity(n_slots),
             queue: VecDeque::new(),
+            slot_jobs: VecDeque::new(),
             shared,
+            states,
+            cache: None,
         }
-        .with_slots(n_slots)
+        .with_slots(n_slots);
+        w.shared
+            .n_slots
+            .store(w.slots.len() as u64, Ordering::Relaxed);
+        w.restore_persisted();
+        w.open_cache();
+        w.publish();
+        w
     }
 
     fn with_slots(mut self, n: usize) -> Self {
@@ -343,6 +578,7 @@ impl<B: Backend> Worker<B> {
                 Ok(kv) => self.slots.push(Slot {
                     kv,
                     cached: Vec::new(),
+                    restored: 0,
                     active: None,
                 }),
                 Err(e) => {
@@ -354,22 +590,26 @@ impl<B: Backend> Worker<B> {
         self
     }
 
-    fn run(mut self, rx: mpsc::Receiver<Job>) {
+    fn run(mut self, rx: mpsc::Receiver<Msg>) {
         let mut open = true;
         loop {
             let busy = self.slots.iter().any(|s| s.active.is_some()) || !self.queue.is_empty();
             if !busy {
                 if !open {
+                    self.persist();
                     return;
                 }
                 match rx.recv() {
-                    Ok(job) => self.queue.push_back(job),
-                    Err(_) => return,
+                    Ok(msg) => self.take(msg),
+                    Err(_) => {
+                        self.persist();
+                        return;
+                    }
                 }
             }
             loop {
                 match rx.try_recv() {
-                    Ok(job) => self.queue.push_back(job),
+                    Ok(msg) => self.take(msg),
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
                         open = false;
@@ -377,9 +617,332 @@ impl<B: Backend> Worker<B> {
                     }
                 }
             }
+            self.run_slot_jobs();
             self.admit();
             self.step();
             self.publish();
+        }
+    }
+
+    fn take(&mut self, msg: Msg) {
+        match msg {
+            Msg::Gen(job) => self.queue.push_back(job),
+            Msg::Slot(job) => self.slot_jobs.push_back(job),
+        }
+    }
+
+    fn metrics(&self) -> std::sync::MutexGuard<'_, SchedulerMetrics> {
+        self.shared
+            .metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs the slot actions whose slots are idle; the others wait.
+    fn run_slot_jobs(&mut self) {
+        let jobs = std::mem::take(&mut self.slot_jobs);
+        for job in jobs {
+            if self.slots.get(job.id).is_some_and(|s| s.active.is_some()) {
+                self.slot_jobs.push_back(job);
+                continue;
+            }
+            let r = self.slot_action(job.id, job.action);
+            let _ = job.reply.send(r);
+        }
+        self.publish();
+    }
+
+    fn slot_action(&mut self, id: usize, action: SlotAction) -> Result<SlotReply, SlotError> {
+        let n_slots = self.slots.len();
+        if id >= n_slots {
+            return Err(SlotError::NoSlot { id, n_slots });
+        }
+        let t0 = Instant::now();
+        let ms = || t0.elapsed().as_secs_f64() * 1e3;
+        match action {
+            SlotAction::Save(path) => {
+                let n_written = self.save_slot(id, &path).map_err(SlotError::File)?;
+                Ok(SlotReply::Saved {
+                    n_saved: self.slots[id].cached.len(),
+                    n_written,
+                    ms: ms(),
+                })
+            }
+            SlotAction::Restore(path) => {
+                let (n_restored, n_read) = self.restore_slot(id, &path).map_err(SlotError::File)?;
+                Ok(SlotReply::Restored {
+                    n_restored,
+                    n_read,
+                    ms: ms(),
+                })
+            }
+            SlotAction::Erase => {
+                let s = &mut self.slots[id];
+                let n_erased = s.cached.len();
+                let _ = s.kv.reset(&self.engine.model.backend);
+                s.cached.clear();
+                s.restored = 0;
+                Ok(SlotReply::Erased { n_erased })
+            }
+        }
+    }
+
+    /// Writes slot `i`'s state to `path`; returns the bytes written.
+    fn save_slot(&mut self, i: usize, path: &Path) -> Result<u64, String> {
+        let s = &mut self.slots[i];
+        // The tokens the state holds (a finished request's last token was
+        // sampled, not evaluated).
+        s.cached.truncate(s.kv.n_past());
+        let t0 = Instant::now();
+        let r = self.engine.save_state(&s.kv, &s.cached, path);
+        match r {
+            Ok(n) => {
+                eprintln!(
+                    "longhaul: saved slot {i} ({} tokens, {}) to {} in {:.0} ms",
+                    s.cached.len(),
+                    crate::mem::human_bytes(n),
+                    path.display(),
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                let mut m = self.metrics();
+                m.state_saves += 1;
+                m.state_bytes_written += n;
+                Ok(n)
+            }
+            Err(e) => Err(format!("cannot save slot {i} to {}: {e}", path.display())),
+        }
+    }
+
+    /// Replaces slot `i`'s state with the file at `path`; returns its
+    /// tokens and bytes. A refused file leaves the slot as it was.
+    fn restore_slot(&mut self, i: usize, path: &Path) -> Result<(usize, u64), String> {
+        let t0 = Instant::now();
+        let s = &mut self.slots[i];
+        match self.engine.restore_state(&mut s.kv, path) {
+            Ok((tokens, n)) => {
+                s.cached = tokens;
+                s.restored = s.cached.len();
+                eprintln!(
+                    "longhaul: restored slot {i} ({} tokens, {}) from {} in {:.0} ms",
+                    s.cached.len(),
+                    crate::mem::human_bytes(n),
+                    path.display(),
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                let n_tok = s.cached.len();
+                let mut m = self.metrics();
+                m.state_restores += 1;
+                m.state_bytes_read += n;
+                Ok((n_tok, n))
+            }
+            Err(e) => {
+                // A write that failed part-way left the state empty.
+                if s.kv.n_past() == 0 {
+                    s.cached.clear();
+                    s.restored = 0;
+                }
+                Err(format!(
+                    "cannot restore slot {i} from {}: {e}",
+                    path.display()
+                ))
+            }
+        }
+    }
+
+    /// `--slot-persist` at start-up: each slot's saved state, if any.
+    fn restore_persisted(&mut self) {
+        let Some(dir) = self
+            .states
+            .slot_save_path
+            .clone()
+            .filter(|_| self.states.persist)
+        else {
+            return;
+        };
+        for i in 0..self.slots.len() {
+            let p = persist_path(&dir, i);
+            if p.exists() {
+                if let Err(e) = self.restore_slot(i, &p) {
+                    eprintln!("longhaul: slot {i} starts empty: {e}");
+                }
+            }
+        }
+    }
+
+    /// `--slot-persist` at shutdown: every slot holding a state is saved
+    /// (one holding none removes its old file, which no longer says what
+    /// the slot held).
+    fn persist(&mut self) {
+        let Some(dir) = self
+            .states
+            .slot_save_path
+            .clone()
+            .filter(|_| self.states.persist)
+        else {
+            return;
+        };
+        for i in 0..self.slots.len() {
+            let p = persist_path(&dir, i);
+            if self.slots[i].kv.n_past() == 0 {
+                let _ = std::fs::remove_file(&p);
+                continue;
+            }
+            if let Err(e) = self.save_slot(i, &p) {
+                eprintln!("longhaul: {e}");
+            }
+        }
+    }
+
+    /// Reads the context cache directory: the conversations saved there
+    /// for this model and settings, least recently used first.
+    fn open_cache(&mut self) {
+        let Some(dir) = self.states.context_cache.clone() else {
+            return;
+        };
+        let max = self.states.context_cache_slots.max(1);
+        let mut entries = Vec::new();
+        if let (Ok(rd), Some(slot)) = (std::fs::read_dir(&dir), self.slots.first()) {
+            let mut found: Vec<(std::time::SystemTime, PathBuf, Vec<u32>)> = Vec::new();
+            for e in rd.flatten() {
+                let path = e.path();
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !(name.starts_with("ctx-") && name.ends_with(".state")) {
+                    continue;
+                }
+                // Files of other models or settings stay, unused.
+                if let Ok(tokens) = self.engine.state_tokens(&slot.kv, &path) {
+                    let t = e
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    found.push((t, path, tokens));
+                }
+            }
+            found.sort_by_key(|f| f.0);
+            entries = found
+                .into_iter()
+                .enumerate()
+                .map(|(i, (_, path, tokens))| CacheEntry {
+                    path,
+                    tokens,
+                    used: i as u64,
+                })
+                .collect();
+        }
+        let clock = entries.len() as u64;
+        self.cache = Some(ContextCache {
+            dir,
+            max,
+            entries,
+            clock,
+        });
+        self.evict();
+    }
+
+    /// Removes the least recently used conversations beyond the limit.
+    fn evict(&mut self) {
+        let Some(c) = self.cache.as_mut() else { return };
+        while c.entries.len() > c.max {
+            let Some(i) = (0..c.entries.len()).min_by_key(|&i| c.entries[i].used) else {
+                break;
+            };
+            let e = c.entries.remove(i);
+            let _ = std::fs::remove_file(&e.path);
+        }
+    }
+
+    /// Writes slot `i`'s conversation to the context cache (unless it is
+    /// there already).
+    fn spill(&mut self, i: usize) {
+        let n = self.slots[i].kv.n_past();
+        self.slots[i].cached.truncate(n);
+        let Some(c) = self.cache.as_mut() else { return };
+        if n == 0 {
+            return;
+        }
+        c.clock += 1;
+        let now = c.clock;
+        if let Some(e) = c
+            .entries
+            .iter_mut()
+            .find(|e| e.tokens == self.slots[i].cached)
+        {
+            e.used = now;
+            return;
+        }
+        let path = c.dir.join(format!(
+            "ctx-{:016x}.state",
+            tokens_hash(&self.slots[i].cached)
+        ));
+        c.entries.retain(|e| e.path != path);
+        match self.save_slot(i, &path) {
+            Ok(_) => {
+                if let Some(c) = self.cache.as_mut() {
+                    c.entries.push(CacheEntry {
+                        path,
+                        tokens: self.slots[i].cached.clone(),
+                        used: now,
+                    });
+                }
+                self.evict();
+            }
+            Err(e) => eprintln!("longhaul: context cache: {e}"),
+        }
+    }
+
+    /// Before slot `i` takes `prompt`: writes the slot's conversation to the
+    /// context cache when `prompt` would drop most of it, and restores a
+    /// cached conversation that shares more of `prompt` than the slot does.
+    fn use_cache(&mut self, i: usize, prompt: &[u32]) {
+        if self.cache.is_none() {
+            return;
+        }
+        let recurrent = self.slots[i].kv.is_recurrent();
+        let held = common_prefix(&self.slots[i].cached, prompt);
+        // What a cached conversation gives: its common prefix with the
+        // prompt (a recurrent state only its whole length, as it cannot go
+        // back inside it).
+        let usable = |t: &[u32]| {
+            let n = common_prefix(t, prompt);
+            if recurrent && n < t.len() {
+                0
+            } else {
+                n
+            }
+        };
+        let best = self.cache.as_ref().and_then(|c| {
+            (0..c.entries.len())
+                .map(|k| (k, usable(&c.entries[k].tokens)))
+                .filter(|&(_, n)| n > held)
+                .max_by_key(|&(_, n)| n)
+        });
+        // Marked used first, so that the spill cannot evict it.
+        let chosen = best.and_then(|(k, _)| {
+            let c = self.cache.as_mut()?;
+            c.clock += 1;
+            c.entries[k].used = c.clock;
+            Some(c.entries[k].tokens.clone())
+        });
+        // As llama-server's prompt cache does: a conversation is kept when
+        // the new prompt would keep less than half of it (a conversation
+        // that goes on keeps nearly all of it, and replaces it).
+        let loses = held * 2 < self.slots[i].cached.len().min(self.slots[i].kv.n_past());
+        if loses || chosen.is_some() {
+            self.spill(i);
+        }
+        let Some(tokens) = chosen else { return };
+        let Some((k, path)) = self.cache.as_ref().and_then(|c| {
+            let k = c.entries.iter().position(|e| e.tokens == tokens)?;
+            Some((k, c.entries[k].path.clone()))
+        }) else {
+            return;
+        };
+        if let Err(e) = self.restore_slot(i, &path) {
+            eprintln!("longhaul: context cache: {e}; the prompt is evaluated instead");
+            if let Some(c) = self.cache.as_mut() {
+                let e = c.entries.remove(k);
+                let _ = std::fs::remove_file(&e.path);
+            }
         }
     }
 
@@ -407,6 +970,9 @@ impl<B: Backend> Worker<B> {
                 self.queue.push_front(job);
                 return;
             };
+            if job.req.cache_prompt {
+                self.use_cache(i, &job.req.prompt);
+            }
             self.start(i, job);
         }
     }
@@ -433,6 +999,14 @@ impl<B: Backend> Worker<B> {
             }
         };
         slot.cached.truncate(reuse);
+        let from_file = std::mem::take(&mut slot.restored).min(reuse);
+        if from_file > 0 {
+            self.shared
+                .metrics
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .state_tokens_reused += from_file as u64;
+        }
         if slot.kv.is_recurrent() && want > 0 && want < held {
             let mut m = self
                 .shared
@@ -738,5 +1312,24 @@ impl<B: Backend> Worker<B> {
         m.requests_processing = self.slots.iter().filter(|s| s.active.is_some()).count();
         m.requests_deferred = self.queue.len();
         m.longhaul = self.engine.longhaul_stats().map(|(t, _)| t);
+        drop(m);
+        let info = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(id, s)| SlotInfo {
+                id,
+                n_ctx: s.kv.n_ctx(),
+                n_cached: s.kv.n_past(),
+                task: s.active.as_ref().map(|a| TaskInfo {
+                    id_task: a.job.id,
+                    prefilling: !a.prefill.is_empty(),
+                    n_prompt: a.n_prompt,
+                    n_decoded: a.n_gen,
+                    n_predict: a.job.req.n_predict,
+                }),
+            })
+            .collect();
+        *self.shared.slots.lock().unwrap_or_else(|p| p.into_inner()) = info;
     }
 }

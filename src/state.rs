@@ -32,6 +32,33 @@ struct Checkpoint {
     layers: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
+/// A sequence's state copied to the host ([`SeqState::save`]): the
+/// positions held and each layer's part, in layer order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SavedState {
+    pub n_past: usize,
+    pub layers: Vec<SavedLayer>,
+}
+
+/// One layer of a [`SavedState`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum SavedLayer {
+    /// [`Backend::kv_read`] of the positions held.
+    Kv(Vec<u8>),
+    /// A recurrent layer's convolution inputs and DeltaNet matrices.
+    Recurrent { conv: Vec<f32>, ssm: Vec<f32> },
+}
+
+impl SavedLayer {
+    /// Bytes this layer takes in a state file.
+    pub fn bytes(&self) -> usize {
+        match self {
+            SavedLayer::Kv(b) => b.len(),
+            SavedLayer::Recurrent { conv, ssm } => 4 * (conv.len() + ssm.len()),
+        }
+    }
+}
+
 /// llama.cpp's default `--ctx-checkpoints` (`n_ctx_checkpoints`).
 pub const DEFAULT_CHECKPOINTS: usize = 32;
 
@@ -205,6 +232,109 @@ impl<B: Backend> SeqState<B> {
         if self.is_recurrent() {
             let _ = self.back_to(backend, self.n_past);
         }
+    }
+
+    /// The kinds and sizes of this state's layers in words (`kv 128/128
+    /// f16` per attention layer, `recurrent 3x96 4x256` per recurrent one),
+    /// comma-separated: what a saved state must match to be restored.
+    pub fn layout(&self, backend: &B) -> String {
+        let one = |l: &LayerState<B>| match l {
+            LayerState::Kv(kv) => {
+                let (s, t) = backend.kv_shape(kv);
+                format!("kv {}/{} {}", s.n_embd_k, s.n_embd_v, t.name())
+            }
+            LayerState::Recurrent { conv, ssm } => {
+                let ((cr, cc), (sr, sc)) = (backend.shape(conv), backend.shape(ssm));
+                format!("recurrent {cr}x{cc} {sr}x{sc}")
+            }
+        };
+        self.layers.iter().map(one).collect::<Vec<_>>().join(",")
+    }
+
+    /// Copies the state of the positions held to the host (see
+    /// [`Backend::kv_read`]); checkpoints are not part of it.
+    pub fn save(&self, backend: &B) -> Result<SavedState, ModelError> {
+        let n = self.n_past;
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(match l {
+                LayerState::Kv(kv) => SavedLayer::Kv(backend.kv_read(kv, n)?),
+                LayerState::Recurrent { conv, ssm } => SavedLayer::Recurrent {
+                    conv: backend.to_host(conv)?,
+                    ssm: backend.to_host(ssm)?,
+                },
+            });
+        }
+        Ok(SavedState { n_past: n, layers })
+    }
+
+    /// Replaces this state with `saved` (taken by [`SeqState::save`] of a
+    /// state of the same [`SeqState::layout`]). A recurrent state gets a
+    /// checkpoint at the restored position. Nothing is written unless every
+    /// layer's size matches; a write that fails part-way leaves the state
+    /// empty and poisoned (see [`SeqState::reset`]), never a mix.
+    pub fn restore(&mut self, backend: &B, saved: &SavedState) -> Result<(), ModelError> {
+        let bad = |detail: String| {
+            ModelError::Backend(crate::backend::BackendError::Shape {
+                op: "restore a sequence state",
+                detail,
+            })
+        };
+        if saved.n_past > self.n_ctx {
+            return Err(bad(format!(
+                "{} positions for a context of {}",
+                saved.n_past, self.n_ctx
+            )));
+        }
+        if saved.layers.len() != self.layers.len() {
+            return Err(bad(format!(
+                "{} layers for a model of {}",
+                saved.layers.len(),
+                self.layers.len()
+            )));
+        }
+        for (i, (l, s)) in self.layers.iter().zip(&saved.layers).enumerate() {
+            let ok = match (l, s) {
+                (LayerState::Kv(kv), SavedLayer::Kv(b)) => {
+                    let (shape, t) = backend.kv_shape(kv);
+                    let (kb, vb) = crate::backend::kv_bytes_of(shape, t, saved.n_past)?;
+                    b.len() == kb + vb
+                }
+                (
+                    LayerState::Recurrent { conv, ssm },
+                    SavedLayer::Recurrent { conv: c, ssm: m },
+                ) => {
+                    let ((cr, cc), (sr, sc)) = (backend.shape(conv), backend.shape(ssm));
+                    c.len() == cr * cc && m.len() == sr * sc
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(bad(format!("layer {i} does not match the saved state's")));
+            }
+        }
+        self.checkpoints.clear();
+        self.n_past = 0;
+        self.poisoned = true;
+        for (l, s) in self.layers.iter_mut().zip(&saved.layers) {
+            match (l, s) {
+                (LayerState::Kv(kv), SavedLayer::Kv(b)) => backend.kv_write(kv, saved.n_past, b)?,
+                (
+                    LayerState::Recurrent { conv, ssm },
+                    SavedLayer::Recurrent { conv: c, ssm: m },
+                ) => {
+                    let ((cr, cc), (sr, sc)) = (backend.shape(conv), backend.shape(ssm));
+                    *conv = backend.from_host(c.clone(), cr, cc)?;
+                    *ssm = backend.from_host(m.clone(), sr, sc)?;
+                }
+                _ => unreachable!("kinds checked above"),
+            }
+        }
+        self.poisoned = false;
+        self.n_past = saved.n_past;
+        // Without it the restored state would only rewind to the start.
+        let _ = self.checkpoint(backend);
+        Ok(())
     }
 
     /// Runs each `tokens[i]` after what `states[i]` holds, all in one

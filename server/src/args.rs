@@ -96,9 +96,57 @@ pub struct ServeArgs {
     /// one, the new connection is closed at once.
     #[arg(long = "max-connections", value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Serve `GET /slots` (llama-server's default; --no-slots turns it off).
+    #[arg(long = "slots", overrides_with = "no_slots")]
+    pub slots: bool,
+    #[arg(long = "no-slots")]
+    pub no_slots: bool,
+    /// Directory of the files `POST /slots/{id}?action=save|restore` write
+    /// and read (created if missing); without it those actions answer 501.
+    #[arg(long = "slot-save-path", value_name = "DIR")]
+    pub slot_save_path: Option<PathBuf>,
+    /// Save every slot's state into --slot-save-path on a clean shutdown
+    /// and restore it at start-up, so the next request sharing a slot's
+    /// prefix evaluates only its new tokens.
+    #[arg(long = "slot-persist")]
+    pub slot_persist: bool,
+    /// Directory of the context cache: a slot's conversation is written
+    /// here when the slot is taken for another one, and restored for a
+    /// later request whose prompt starts with it (created if missing).
+    #[arg(long = "context-cache-path", value_name = "DIR")]
+    pub context_cache_path: Option<PathBuf>,
+    /// Most conversations the context cache keeps; the least recently
+    /// used are removed beyond it.
+    #[arg(long = "context-cache-slots", value_name = "N", default_value_t = 16)]
+    pub context_cache_slots: usize,
 }
 
 impl ServeArgs {
+    /// Where sequence states go, its directories created.
+    pub fn state_config(&self) -> anyhow::Result<longhaul::scheduler::StateConfig> {
+        let dir = |flag: &str, d: &Option<PathBuf>| -> anyhow::Result<Option<PathBuf>> {
+            let Some(d) = d else { return Ok(None) };
+            std::fs::create_dir_all(d).map_err(|e| {
+                anyhow::anyhow!("{flag} {}: cannot create the directory: {e}", d.display())
+            })?;
+            Ok(Some(d.clone()))
+        };
+        if self.slot_persist && self.slot_save_path.is_none() {
+            anyhow::bail!("--slot-persist saves slots into --slot-save-path DIR; give that too");
+        }
+        if self.context_cache_slots == 0 {
+            anyhow::bail!(
+                "--context-cache-slots 0: give at least 1 (or leave out --context-cache-path)"
+            );
+        }
+        Ok(longhaul::scheduler::StateConfig {
+            slot_save_path: dir("--slot-save-path", &self.slot_save_path)?,
+            persist: self.slot_persist,
+            context_cache: dir("--context-cache-path", &self.context_cache_path)?,
+            context_cache_slots: self.context_cache_slots,
+        })
+    }
+
     /// The HTTP layer's settings from these flags.
     pub fn http_config(&self) -> anyhow::Result<crate::HttpConfig> {
         let secs = |flag: &str, v: f64| -> anyhow::Result<Option<std::time::Duration>> {

@@ -23,6 +23,7 @@ mod native;
 mod openai;
 mod probs;
 mod request;
+mod slots;
 mod structured;
 mod tools;
 mod unsupported;
@@ -125,6 +126,10 @@ pub struct Ready {
     pub default_constraint: Option<ConstraintSpec>,
     /// Unix time the model became ready.
     pub created: u64,
+    /// `GET /slots` is served (`--slots`, the default; `--no-slots`).
+    pub slots_endpoint: bool,
+    /// `--slot-save-path`: where `/slots/{id}?action=save|restore` files go.
+    pub slot_save_path: Option<std::path::PathBuf>,
 }
 
 /// Settings of the HTTP layer.
@@ -212,6 +217,10 @@ impl AppState {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = self.abort_tx.send(true);
+        // The engine loop ends once the cancelled requests are dropped,
+        // after saving the persistent slots (--slot-persist).
+        let s = r.scheduler.clone();
+        let _ = tokio::task::spawn_blocking(move || s.wait_stopped(Duration::from_secs(120))).await;
     }
 }
 
@@ -233,6 +242,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(native::apply_template))
         .route("/props", get(native::props))
         .route("/metrics", get(metrics::metrics))
+        .route("/slots", get(slots::list))
+        .route("/slots/{id}", post(slots::action))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -379,6 +390,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let defaults = args.sample.params()?;
     let default_constraint = args.sample.constraint()?;
     let http = args.http_config()?;
+    let states = args.state_config()?;
+    let slots_endpoint = !args.no_slots;
     let n_threads = args.model.n_threads();
     let placed = args.model.placement.resolve(&args.model.model)?;
     eprintln!("longhaul-server: placement: {}", placed.summary);
@@ -412,6 +425,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let alias = args.alias.clone();
         let n_slots = args.parallel.max(1);
         let model_args = args.model.clone();
+        let slot_save_path = states.slot_save_path.clone();
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             // The only code that names the backend type: load and start the
@@ -422,7 +436,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     Engine::load_parallel(&model_path, backend, params, n_slots, None).map(|engine| {
                         let engine = Arc::new(engine);
                         let scheduler =
-                            Scheduler::spawn_with_threads(engine.clone(), n_slots, n_threads);
+                            Scheduler::spawn_with_state(engine.clone(), n_slots, n_threads, states);
                         (scheduler, engine as Arc<dyn EngineInfo>)
                     })
                 });
@@ -462,6 +476,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         defaults,
                         default_constraint,
                         created: unix_now(),
+                        slots_endpoint,
+                        slot_save_path,
                     });
                 }
                 Err(e) => {

@@ -89,6 +89,36 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, Api
         m.prefix_reprefills.to_string(),
     );
     put(
+        "state_saves_total",
+        "counter",
+        "Sequence states written to files (slot saves, --slot-persist, context-cache spills).",
+        m.state_saves.to_string(),
+    );
+    put(
+        "state_bytes_written_total",
+        "counter",
+        "Bytes of sequence state files written.",
+        m.state_bytes_written.to_string(),
+    );
+    put(
+        "state_restores_total",
+        "counter",
+        "Sequence states restored from files.",
+        m.state_restores.to_string(),
+    );
+    put(
+        "state_bytes_read_total",
+        "counter",
+        "Bytes of sequence state files read.",
+        m.state_bytes_read.to_string(),
+    );
+    put(
+        "state_prompt_tokens_reused_total",
+        "counter",
+        "Prompt tokens not evaluated because a restored state held them.",
+        m.state_tokens_reused.to_string(),
+    );
+    put(
         "model_file_changed",
         "gauge",
         "1 when a model file changed since it was loaded (requests fail until it is put back or the server restarts).",

@@ -218,6 +218,33 @@ impl KvShape {
     }
 }
 
+/// Bytes of positions `0..n` of a cache of `shape` in `dtype`, as
+/// [`Backend::kv_read`] lays them out: `(key bytes, value bytes)`, or a
+/// [`BackendError::Shape`] when `n` is past the cache's end.
+pub fn kv_bytes_of(
+    shape: KvShape,
+    dtype: GgmlType,
+    n: usize,
+) -> Result<(usize, usize), BackendError> {
+    let elt = match dtype {
+        GgmlType::F16 => 2,
+        GgmlType::F32 => 4,
+        other => {
+            return Err(BackendError::Shape {
+                op: "kv cache",
+                detail: format!("a cache of {other:?}"),
+            })
+        }
+    };
+    if n > shape.n_ctx {
+        return Err(BackendError::Shape {
+            op: "kv cache",
+            detail: format!("{n} positions of a cache of {}", shape.n_ctx),
+        });
+    }
+    Ok((n * shape.n_embd_k * elt, n * shape.n_embd_v * elt))
+}
+
 /// The contract of [`Backend::attention`] and [`Backend::attention_multi`],
 /// checked once for both backends before they compute anything (nothing is
 /// written to a cache when it fails):
@@ -709,6 +736,18 @@ pub trait Backend: Send + Sync + Clone {
         n_embd_v: usize,
         dtype: GgmlType,
     ) -> Result<Self::Kv, BackendError>;
+    /// The shape of `kv` and its element type (F16 or F32).
+    fn kv_shape(&self, kv: &Self::Kv) -> (KvShape, GgmlType);
+    /// Positions `0..n` of `kv` as the cache stores them: every key row,
+    /// then every value row (none for a K-only cache), each element
+    /// little-endian in the cache's type. [`Backend::kv_write`] takes the
+    /// same bytes back, so a state saved and restored is bit for bit the
+    /// one that was saved.
+    fn kv_read(&self, kv: &Self::Kv, n: usize) -> Result<Vec<u8>, BackendError>;
+    /// Writes bytes laid out as [`Backend::kv_read`] gives them into
+    /// positions `0..n` of `kv`; a length that does not match is a
+    /// [`BackendError::Shape`] and writes nothing.
+    fn kv_write(&self, kv: &mut Self::Kv, n: usize, bytes: &[u8]) -> Result<(), BackendError>;
     /// Writes `k [t, n_embd_k]` and `v [t, n_embd_v]` at `pos` and attends
     /// `q [t, n_head * head_dim]` causally over positions `0..pos0 + t`, with
     /// optional per-head sinks `[n_head]`. Result `[t, n_head * head_dim_v]`.

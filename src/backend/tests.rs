@@ -140,6 +140,15 @@ impl Backend for Bare {
     fn new_kv(&self, n: usize, k: usize, v: usize, d: GgmlType) -> R<Self::Kv> {
         self.0.new_kv(n, k, v, d)
     }
+    fn kv_shape(&self, kv: &Self::Kv) -> (super::KvShape, GgmlType) {
+        self.0.kv_shape(kv)
+    }
+    fn kv_read(&self, kv: &Self::Kv, n: usize) -> R<Vec<u8>> {
+        self.0.kv_read(kv, n)
+    }
+    fn kv_write(&self, kv: &mut Self::Kv, n: usize, bytes: &[u8]) -> R<()> {
+        self.0.kv_write(kv, n, bytes)
+    }
     fn attention(
         &self,
         kv: &mut Self::Kv,

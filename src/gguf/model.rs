@@ -363,6 +363,38 @@ impl Model {
     }
 
     /// The files of the model, in `split.no` order.
+    /// A hash of what the files say the model is: each shard's length and
+    /// its header (metadata and tensor table, the bytes before its data
+    /// section), FNV-1a 64, so it is the same in every build. Saved states
+    /// carry it ([`crate::statefile`]). Reads the headers again (a few MiB
+    /// for real models).
+    pub fn content_hash(&self) -> Result<u64, GgufError> {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for &b in bytes {
+                h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        let mut buf = vec![0u8; 1 << 20];
+        for s in &self.shards {
+            eat(&s.len.to_le_bytes());
+            let head = s.data_offset.min(s.len);
+            let mut at = 0u64;
+            while at < head {
+                let n = (head - at).min(buf.len() as u64) as usize;
+                s.file
+                    .read_exact_at(&mut buf[..n], at)
+                    .map_err(|source| GgufError::Io {
+                        path: s.path.clone(),
+                        source,
+                    })?;
+                eat(&buf[..n]);
+                at += n as u64;
+            }
+        }
+        Ok(h)
+    }
+
     pub fn shards(&self) -> &[Shard] {
         &self.shards
     }

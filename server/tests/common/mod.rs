@@ -11,7 +11,7 @@ use std::time::Duration;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::engine::{CacheBudget, Engine, EngineParams, LonghaulParams};
 use longhaul::sample::SamplerParams;
-use longhaul::scheduler::Scheduler;
+use longhaul::scheduler::{Scheduler, StateConfig};
 use longhaul::tensor::GgmlType;
 use longhaul_server::{AppState, HttpConfig, Ready};
 use serde_json::Value;
@@ -47,6 +47,8 @@ pub struct Opts {
     pub loading: bool,
     /// A chat template instead of the model's (`--chat-template`).
     pub chat_template: Option<String>,
+    /// Slot files, the persistent slot and the context cache.
+    pub states: StateConfig,
 }
 
 impl Default for Opts {
@@ -58,6 +60,7 @@ impl Default for Opts {
             longhaul: false,
             loading: false,
             chat_template: None,
+            states: StateConfig::default(),
         }
     }
 }
@@ -103,7 +106,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
     );
     Ready {
         // Two threads per engine: the tests share two cores.
-        scheduler: Scheduler::spawn_with_threads(engine.clone(), o.n_slots, 2),
+        scheduler: Scheduler::spawn_with_state(engine.clone(), o.n_slots, 2, o.states.clone()),
         engine,
         model_id: path.file_name().unwrap().to_string_lossy().into_owned(),
         model_path: path.display().to_string(),
@@ -111,6 +114,8 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
         defaults: SamplerParams::default(),
         default_constraint: None,
         created: 0,
+        slots_endpoint: true,
+        slot_save_path: o.states.slot_save_path.clone(),
     }
 }
 

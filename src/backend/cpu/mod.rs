@@ -196,6 +196,18 @@ impl KvStore {
             }),
         }
     }
+    fn bytes(&self) -> &[u8] {
+        match self {
+            KvStore::F16(v) => bytemuck::cast_slice(v),
+            KvStore::F32(v) => bytemuck::cast_slice(v),
+        }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            KvStore::F16(v) => bytemuck::cast_slice_mut(v),
+            KvStore::F32(v) => bytemuck::cast_slice_mut(v),
+        }
+    }
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             // `half`'s slice conversion: F16C where the CPU has it, and the
@@ -622,6 +634,46 @@ impl Backend for CpuBackend {
             n_embd_k,
             n_embd_v,
         })
+    }
+
+    fn kv_shape(&self, kv: &CpuKv) -> (KvShape, GgmlType) {
+        let dtype = match kv.k {
+            KvStore::F16(_) => GgmlType::F16,
+            KvStore::F32(_) => GgmlType::F32,
+        };
+        (kv.shape(), dtype)
+    }
+
+    fn kv_read(&self, kv: &CpuKv, n: usize) -> Result<Vec<u8>, BackendError> {
+        let (shape, dtype) = self.kv_shape(kv);
+        let (kb, vb) = super::kv_bytes_of(shape, dtype, n)?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(kb + vb)
+            .map_err(|_| BackendError::OutOfMemory {
+                what: "a copy of the KV cache",
+                bytes: (kb + vb) as u64,
+            })?;
+        out.extend_from_slice(&kv.k.bytes()[..kb]);
+        out.extend_from_slice(&kv.v.bytes()[..vb]);
+        Ok(out)
+    }
+
+    fn kv_write(&self, kv: &mut CpuKv, n: usize, bytes: &[u8]) -> Result<(), BackendError> {
+        let (shape, dtype) = self.kv_shape(kv);
+        let (kb, vb) = super::kv_bytes_of(shape, dtype, n)?;
+        if bytes.len() != kb + vb {
+            return Err(shape_err(
+                "kv_write",
+                format!(
+                    "{} bytes for {n} positions ({} expected)",
+                    bytes.len(),
+                    kb + vb
+                ),
+            ));
+        }
+        kv.k.bytes_mut()[..kb].copy_from_slice(&bytes[..kb]);
+        kv.v.bytes_mut()[..vb].copy_from_slice(&bytes[kb..]);
+        Ok(())
     }
 
     fn attention(

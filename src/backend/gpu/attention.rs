@@ -167,6 +167,67 @@ pub(super) fn new_kv(
     })
 }
 
+/// [`crate::backend::Backend::kv_read`]: the keys of every part that holds
+/// positions below `n`, then their values.
+pub(super) fn kv_read(b: &GpuBackend, kv: &GpuKv, n: usize) -> Result<Vec<u8>, BackendError> {
+    let (kb, vb) = crate::backend::kv_bytes_of(kv.shape(), kv.dtype, n)?;
+    let ctx = b.ctx();
+    let elt = elt_bytes(kv.dtype).unwrap_or(2);
+    let mut keys = Vec::with_capacity(kb + vb);
+    let mut values = Vec::with_capacity(vb);
+    for p in kv.parts.iter().filter(|p| p.first < n) {
+        let rows = p.count.min(n - p.first);
+        keys.extend(ctx.read(&p.k, 0, (rows * kv.n_embd_k * elt) as u64)?);
+        if let Some(v) = &p.v {
+            values.extend(ctx.read(v, 0, (rows * kv.n_embd_v * elt) as u64)?);
+        }
+    }
+    keys.extend(values);
+    Ok(keys)
+}
+
+/// [`crate::backend::Backend::kv_write`]: each part's rows below `n`
+/// uploaded and copied in order with the recorded commands.
+pub(super) fn kv_write(
+    b: &GpuBackend,
+    kv: &mut GpuKv,
+    n: usize,
+    bytes: &[u8],
+) -> Result<(), BackendError> {
+    let (kb, vb) = crate::backend::kv_bytes_of(kv.shape(), kv.dtype, n)?;
+    if bytes.len() != kb + vb {
+        return Err(shape(format!(
+            "{} bytes for {n} positions of a KV cache ({} expected)",
+            bytes.len(),
+            kb + vb
+        )));
+    }
+    let ctx = b.ctx();
+    let elt = elt_bytes(kv.dtype).unwrap_or(2);
+    let (mut ka, mut va) = (0, kb);
+    for p in kv.parts.iter().filter(|p| p.first < n) {
+        let rows = p.count.min(n - p.first);
+        let put = |dst: &wgpu::Buffer, at: &mut usize, width: usize| -> Result<(), BackendError> {
+            let len = rows * width * elt;
+            // Even widths (checked at creation) keep every length a
+            // multiple of 4, as buffer copies need.
+            if len > 0 {
+                let src = ctx.upload(&bytes[*at..*at + len], "kv restore")?;
+                ctx.record(|enc| enc.copy_buffer_to_buffer(&src, 0, dst, 0, len as u64));
+            }
+            *at += len;
+            Ok(())
+        };
+        put(&p.k, &mut ka, kv.n_embd_k)?;
+        if let Some(v) = &p.v {
+            put(v, &mut va, kv.n_embd_v)?;
+        }
+    }
+    ctx.flush();
+    ctx.check()?;
+    Ok(())
+}
+
 /// Pipeline key bits shared by the attention kernels.
 #[derive(Clone, Copy, Default)]
 struct Spec {

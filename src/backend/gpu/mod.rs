@@ -21,7 +21,8 @@ pub use device::{default_adapter, list_adapters, named_adapter, AdapterSummary, 
 pub use slots::GpuSlots;
 
 use super::{
-    Act, AttnParams, Backend, BackendError, BatchPos, DeltaNetParams, Glu, RopeParams, SlotTensor,
+    Act, AttnParams, Backend, BackendError, BatchPos, DeltaNetParams, Glu, KvShape, RopeParams,
+    SlotTensor,
 };
 use crate::gguf;
 use crate::tensor::GgmlType;
@@ -521,6 +522,25 @@ impl Backend for GpuBackend {
         dtype: GgmlType,
     ) -> Result<GpuKv, BackendError> {
         attention::new_kv(self, n_ctx, n_embd_k, n_embd_v, dtype)
+    }
+
+    fn kv_shape(&self, kv: &GpuKv) -> (KvShape, GgmlType) {
+        (
+            KvShape {
+                n_ctx: kv.n_ctx,
+                n_embd_k: kv.n_embd_k,
+                n_embd_v: kv.n_embd_v,
+            },
+            kv.dtype,
+        )
+    }
+
+    fn kv_read(&self, kv: &GpuKv, n: usize) -> Result<Vec<u8>, BackendError> {
+        attention::kv_read(self, kv, n)
+    }
+
+    fn kv_write(&self, kv: &mut GpuKv, n: usize, bytes: &[u8]) -> Result<(), BackendError> {
+        attention::kv_write(self, kv, n, bytes)
     }
 
     fn attention(
