@@ -337,9 +337,15 @@ impl Scheduler {
             stopped: (Mutex::new(false), Condvar::new()),
         });
         let s2 = shared.clone();
+        // The scheduler is handed out once its slots exist (and hold what
+        // --slot-persist restored), so `/slots` never shows fewer.
+        let (up_tx, up_rx) = mpsc::sync_channel::<()>(1);
         let run = move || {
             let shared = s2.clone();
-            Worker::new(engine, n_slots.max(1), s2, states).run(rx);
+            let mut w = Worker::new(engine, n_slots.max(1), s2, states);
+            w.publish();
+            let _ = up_tx.send(());
+            w.run(rx);
             let (done, cv) = &shared.stopped;
             *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
             cv.notify_all();
@@ -364,6 +370,7 @@ impl Scheduler {
                 rayon::spawn(run)
             }
         }
+        let _ = up_rx.recv();
         Scheduler {
             handle: Arc::new(Handle { shared }),
         }
@@ -490,6 +497,9 @@ struct Active {
     /// When the prompt's first chunk was evaluated, then when decoding began.
     t_prompt: Instant,
     t_gen: Instant,
+    /// The summary of a finished request, sent once the slot shows idle in
+    /// `/slots` (a client that asks right after its answer sees it free).
+    done: Option<GenSummary>,
 }
 
 struct Slot<B: Backend> {
@@ -647,9 +657,9 @@ impl<B: Backend> Worker<B> {
                 continue;
             }
             let r = self.slot_action(job.id, job.action);
+            self.publish();
             let _ = job.reply.send(r);
         }
-        self.publish();
     }
 
     fn slot_action(&mut self, id: usize, action: SlotAction) -> Result<SlotReply, SlotError> {
@@ -1039,6 +1049,7 @@ impl<B: Backend> Worker<B> {
             prompt_ms: 0.0,
             t_prompt: now,
             t_gen: now,
+            done: None,
             job,
         });
     }
@@ -1155,6 +1166,7 @@ impl<B: Backend> Worker<B> {
                     .par_iter_mut()
                     .map(|(_, k, a)| Self::sample(a, all.seq(*k)))
                     .collect();
+                let mut finished = Vec::new();
                 for ((i, _, mut a), tok) in ready.into_iter().zip(toks) {
                     let s = &mut self.slots[i];
                     let (tok, probs, complete) = match tok {
@@ -1167,6 +1179,16 @@ impl<B: Backend> Worker<B> {
                     let (n_past, n_ctx) = (s.kv.n_past(), s.kv.n_ctx());
                     if !Self::accept(&engine, &mut a, tok, probs, complete, n_past, n_ctx) {
                         s.active = Some(a);
+                    } else {
+                        finished.push(a);
+                    }
+                }
+                if !finished.is_empty() {
+                    self.publish();
+                }
+                for a in finished {
+                    if let Some(d) = a.done {
+                        let _ = a.job.events.send(GenEvent::Done(d));
                     }
                 }
             }
@@ -1291,7 +1313,7 @@ impl<B: Backend> Worker<B> {
     }
 
     fn finish(a: &mut Active, reason: FinishReason, stopped_word: Option<String>) -> bool {
-        let _ = a.job.events.send(GenEvent::Done(GenSummary {
+        a.done = Some(GenSummary {
             finish_reason: reason,
             n_prompt: a.n_prompt,
             n_cached: a.n_cached,
@@ -1299,7 +1321,7 @@ impl<B: Backend> Worker<B> {
             prompt_ms: a.prompt_ms,
             gen_ms: a.t_gen.elapsed().as_secs_f64() * 1e3,
             stopped_word,
-        }));
+        });
         true
     }
 
