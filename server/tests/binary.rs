@@ -58,6 +58,86 @@ async fn official_openai_python_client() {
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
+/// Runs openai_resume.py against `url`: its JSON line.
+async fn resume_chat(url: &str) -> serde_json::Value {
+    let py = python();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_resume.py");
+    let url = format!("{url}/v1");
+    let out =
+        tokio::task::spawn_blocking(move || Command::new(&py).arg(&script).arg(&url).output())
+            .await
+            .unwrap()
+            .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "openai_resume.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// Sends SIGTERM and waits for a clean exit.
+fn stop(s: &mut BinServer) {
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            assert!(st.success(), "{st}");
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the server did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `--slot-persist`: the official client's chat after a restart answers
+/// the same text with its prompt taken from the saved slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_chat_after_a_restart_with_slot_persist() {
+    let dir = std::env::temp_dir().join(format!("longhaul-persist-bin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = smollm2();
+    let args = [
+        "-m",
+        model.to_str().unwrap(),
+        "-c",
+        "512",
+        "-np",
+        "1",
+        "--slot-save-path",
+        dir.to_str().unwrap(),
+        "--slot-persist",
+    ];
+    let c = client();
+    let mut s = spawn_bin(&args);
+    wait_ready(&c, &s.url).await;
+    let before = resume_chat(&s.url).await;
+    stop(&mut s);
+    let mut s = spawn_bin(&args);
+    wait_ready(&c, &s.url).await;
+    let after = resume_chat(&s.url).await;
+    stop(&mut s);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(after["content"], before["content"], "{before} {after}");
+    let n = before["prompt_tokens"].as_u64().unwrap();
+    assert!(n > 30, "{before}");
+    assert_eq!(before["prompt_n"].as_u64(), Some(n), "{before}");
+    assert_eq!(after["prompt_tokens"].as_u64(), Some(n), "{after}");
+    // Only the prompt's last token is evaluated again (for its logits).
+    assert!(after["prompt_n"].as_u64().unwrap() <= 1, "{after}");
+    assert!(after["cached_tokens"].as_u64().unwrap() >= n - 1, "{after}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_streams_cleanly_and_exits() {
     let fx = fixture();
