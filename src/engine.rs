@@ -12,6 +12,7 @@ use crate::gguf::{self, GgufError};
 use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
 use crate::model::{LoadOptions, Logits, Model, ModelError, Progress};
 use crate::sample::Sampler;
+use crate::spec::{Drafter, SpecStats};
 use crate::state::SeqState;
 use crate::statefile::{StateFileError, StateIdentity};
 use crate::tensor::GgmlType;
@@ -160,8 +161,11 @@ pub struct GenStats {
     pub prompt_time: Duration,
     pub n_gen: usize,
     pub gen_time: Duration,
-    /// Decode steps evaluated (the last sampled token is not).
+    /// Positions the decode added to the sequence: every generated token
+    /// but the last (which is not evaluated), with or without speculation.
     pub n_gen_evals: usize,
+    /// Speculative decoding's counters (zero without a drafter).
+    pub spec: SpecStats,
     /// Longhaul counters of the prompt and of the decode (`None` resident).
     pub prompt_io: Option<CacheStats>,
     pub gen_io: Option<CacheStats>,
@@ -487,11 +491,51 @@ impl<B: Backend> Engine<B> {
         prompt: &[u32],
         n_predict: usize,
         sampler: &mut Sampler,
+        constraint: Option<&mut Constraint>,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenStats), EngineError> {
+        self.generate_with(kv, prompt, n_predict, sampler, constraint, None, on_token)
+    }
+
+    /// [`Engine::generate`] with speculative decoding: after each sampled
+    /// token `drafter` proposes the tokens it expects next, the model
+    /// evaluates the sampled token and the draft in one batch (one sync
+    /// point per MoE layer for all of them), [`Sampler::verify`] accepts the
+    /// longest prefix it agrees with, and the sequence goes back past the
+    /// rest. The tokens are distributed exactly as without speculation, and
+    /// greedy gives the same tokens wherever a batch's logits equal those
+    /// of single steps. A recurrent model goes back through a checkpoint
+    /// made before each batch and re-evaluates the accepted tokens; with
+    /// checkpoints off (`--ctx-checkpoints 0`) it decodes without drafts.
+    pub fn generate_spec(
+        &self,
+        kv: &mut SeqState<B>,
+        prompt: &[u32],
+        n_predict: usize,
+        sampler: &mut Sampler,
+        drafter: &mut Drafter,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenStats), EngineError> {
+        self.generate_with(kv, prompt, n_predict, sampler, None, Some(drafter), on_token)
+    }
+
+    /// The decode loop. A constrained generation does not speculate.
+    #[allow(clippy::too_many_arguments)]
+    fn generate_with(
+        &self,
+        kv: &mut SeqState<B>,
+        prompt: &[u32],
+        n_predict: usize,
+        sampler: &mut Sampler,
         mut constraint: Option<&mut Constraint>,
+        mut drafter: Option<&mut Drafter>,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenStats), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
+        }
+        if constraint.is_some() {
+            drafter = None;
         }
         let mut stats = GenStats {
             n_prompt: prompt.len(),
@@ -503,40 +547,128 @@ impl<B: Backend> Engine<B> {
         let mut logits = self.eval(kv, prompt, Logits::Last)?;
         stats.prompt_time = t0.elapsed();
         let io1 = io();
+        let n_decode0 = kv.n_past();
+        if let Some(d) = drafter.as_deref_mut() {
+            d.begin(prompt);
+        }
+        let n_vocab = self.model.hp.n_vocab;
         let mut history: Vec<u32> = prompt.to_vec();
         let mut out = Vec::new();
         let t1 = Instant::now();
-        while out.len() < n_predict {
-            let mut complete = false;
-            let tok = match constraint.as_deref_mut() {
-                Some(c) => {
-                    c.apply(&mut logits)?;
-                    let tok = sampler.sample(&logits, &history);
-                    complete = c.commit(tok)?;
-                    tok
-                }
-                None => sampler.sample(&logits, &history),
-            };
+        // Each emitted token goes to the caller; `false` ends the generation.
+        // `n_past` is what the sequence would hold without speculation.
+        let n_ctx = kv.n_ctx();
+        let mut emit = |tok: u32,
+                        complete: bool,
+                        n_past: usize,
+                        out: &mut Vec<u32>,
+                        history: &mut Vec<u32>| {
             out.push(tok);
             history.push(tok);
             // A token that completes the grammar is shown, then ends it.
-            if self.tokenizer.is_eog(tok)
+            !(self.tokenizer.is_eog(tok)
                 || !on_token(tok)
                 || complete
                 || out.len() == n_predict
-                || kv.n_past() >= kv.n_ctx()
-            {
-                break;
+                || n_past >= n_ctx)
+        };
+        if n_predict > 0 {
+            'gen: loop {
+                // Sample the next token from `logits` (it is not evaluated yet).
+                let mut complete = false;
+                let tok = match constraint.as_deref_mut() {
+                    Some(c) => {
+                        c.apply(&mut logits)?;
+                        let tok = sampler.sample(&logits, &history);
+                        complete = c.commit(tok)?;
+                        tok
+                    }
+                    None => sampler.sample(&logits, &history),
+                };
+                if !emit(tok, complete, kv.n_past(), &mut out, &mut history) {
+                    break;
+                }
+                let mut pending = tok;
+                loop {
+                    // Room for a draft: the context keeps one position free
+                    // (llama-server's `n_ctx - n_tokens - 2`), and the draft
+                    // and the token after it stay within n_predict.
+                    let room = kv
+                        .n_ctx()
+                        .saturating_sub(kv.n_past() + 2)
+                        .min(n_predict - out.len() - 1);
+                    let mut draft = match drafter.as_deref_mut() {
+                        Some(d) if room > 0 => d.draft(&history[..history.len() - 1], pending, room),
+                        _ => Vec::new(),
+                    };
+                    if !draft.is_empty() && !self.can_rewind(kv)? {
+                        draft.clear();
+                    }
+                    if draft.is_empty() {
+                        logits = self.eval(kv, &[pending], Logits::Last)?;
+                        continue 'gen;
+                    }
+                    let n0 = kv.n_past();
+                    let mut batch = Vec::with_capacity(draft.len() + 1);
+                    batch.push(pending);
+                    batch.extend_from_slice(&draft);
+                    let rows = self.eval(kv, &batch, Logits::All)?;
+                    stats.spec.n_batches += 1;
+                    stats.spec.n_drafted += draft.len();
+                    let row = |i: usize| &rows[i * n_vocab..(i + 1) * n_vocab];
+                    let (mut n_emitted, mut n_accepted, mut go_on) = (0, 0, true);
+                    for (i, &d) in draft.iter().enumerate() {
+                        let (t, ok) = sampler.verify(row(i), &history, d, &[(d, 1.0)]);
+                        n_emitted += 1;
+                        n_accepted += usize::from(ok);
+                        go_on = emit(t, false, n0 + 1 + i, &mut out, &mut history);
+                        pending = t;
+                        if !go_on || !ok {
+                            break;
+                        }
+                    }
+                    if go_on && n_accepted == draft.len() {
+                        let t = sampler.sample(row(draft.len()), &history);
+                        n_emitted += 1;
+                        go_on = emit(t, false, n0 + 1 + draft.len(), &mut out, &mut history);
+                        pending = t;
+                    }
+                    stats.spec.n_accepted += n_accepted;
+                    if let Some(d) = drafter.as_deref_mut() {
+                        d.accept(n_accepted);
+                    }
+                    // Keep the batch's first token and every emitted token
+                    // but the last (the next pending one, or the end).
+                    let keep = n0 + n_emitted;
+                    let held = kv.rewind(&self.model.backend, keep)?;
+                    if held < keep {
+                        // A recurrent state went back to its checkpoint at n0.
+                        let again = &batch[held.saturating_sub(n0)..keep - n0];
+                        kv.eval(&self.model, again, Logits::Last)?;
+                    }
+                    if !go_on {
+                        break 'gen;
+                    }
+                }
             }
-            logits = self.eval(kv, &[tok], Logits::Last)?;
-            stats.n_gen_evals += 1;
         }
         stats.n_gen = out.len();
+        stats.n_gen_evals = kv.n_past().saturating_sub(n_decode0);
         stats.gen_time = t1.elapsed();
         if let (Some(a), Some(b), Some(c)) = (io0, io1, io()) {
             stats.prompt_io = Some(b.since(&a));
             stats.gen_io = Some(c.since(&b));
         }
         Ok((out, stats))
+    }
+
+    /// Whether `kv` can go back after a verification batch: always for
+    /// attention; a recurrent state checkpoints its current position (a
+    /// state without checkpoints cannot).
+    fn can_rewind(&self, kv: &mut SeqState<B>) -> Result<bool, EngineError> {
+        if !kv.is_recurrent() {
+            return Ok(true);
+        }
+        Ok(kv.checkpoint(&self.model.backend)?)
     }
 }

@@ -17,6 +17,7 @@ pub mod placement;
 pub mod quant;
 pub mod sample;
 pub mod scheduler;
+pub mod spec;
 pub mod state;
 pub mod statefile;
 pub mod synth;

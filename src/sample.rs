@@ -287,6 +287,12 @@ pub struct TokenProbs {
 }
 
 /// One candidate: token id and its (possibly adjusted) logit.
+/// What the chain leaves before the draw.
+enum Chain {
+    Greedy(u32, Vec<Cand>),
+    Draw(Vec<Cand>),
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Cand {
     id: u32,
@@ -354,8 +360,30 @@ impl Sampler {
     /// draw chose from, best first, their logits tempered (greedy: the
     /// chosen token alone).
     fn sample_inner(&mut self, logits: &[f32], history: &[u32], keep: bool) -> (u32, Vec<Cand>) {
+        match self.chain(logits, history, keep) {
+            Chain::Greedy(id, kept) => (id, kept),
+            Chain::Draw(cands) => {
+                let id = self.draw(&cands);
+                let kept = if keep { cands.clone() } else { Vec::new() };
+                self.cands = cands;
+                (id, kept)
+            }
+        }
+    }
+
+    /// Everything but the draw: the greedy choice (with `keep`, as the one
+    /// candidate left), or the tempered candidates to draw from, best first.
+    fn chain(&mut self, logits: &[f32], history: &[u32], keep: bool) -> Chain {
+        let one = |id: u32| {
+            let kept = if keep {
+                vec![Cand { id, logit: 0.0 }]
+            } else {
+                Vec::new()
+            };
+            Chain::Greedy(id, kept)
+        };
         if logits.is_empty() {
-            return (0, Vec::new());
+            return Chain::Greedy(0, Vec::new());
         }
         let p = &self.params;
         if p.temp <= 0.0 && !self.penalises(history) && p.logit_bias.is_empty() {
@@ -368,15 +396,7 @@ impl Sampler {
                     best = (i, l);
                 }
             }
-            let kept = if keep {
-                vec![Cand {
-                    id: best.0 as u32,
-                    logit: 0.0,
-                }]
-            } else {
-                Vec::new()
-            };
-            return (best.0 as u32, kept);
+            return one(best.0 as u32);
         }
         let mut cands = std::mem::take(&mut self.cands);
         cands.clear();
@@ -386,27 +406,98 @@ impl Sampler {
         }));
         apply_logit_bias(&mut cands, &self.params.logit_bias);
         self.apply_penalties(&mut cands, history);
-        let (id, kept) = if self.params.temp <= 0.0 {
+        if self.params.temp <= 0.0 {
             let id = argmax(&cands);
-            let kept = if keep {
-                vec![Cand { id, logit: 0.0 }]
-            } else {
-                Vec::new()
-            };
-            (id, kept)
-        } else {
-            top_k(&mut cands, self.params.top_k);
-            top_p(&mut cands, self.params.top_p);
-            min_p(&mut cands, self.params.min_p);
-            let inv_t = 1.0 / self.params.temp;
-            for c in cands.iter_mut() {
-                c.logit *= inv_t;
+            self.cands = cands;
+            return one(id);
+        }
+        top_k(&mut cands, self.params.top_k);
+        top_p(&mut cands, self.params.top_p);
+        min_p(&mut cands, self.params.min_p);
+        let inv_t = 1.0 / self.params.temp;
+        for c in cands.iter_mut() {
+            c.logit *= inv_t;
+        }
+        Chain::Draw(cands)
+    }
+
+    /// The distribution [`Sampler::sample`] draws from for these logits and
+    /// history: `(id, probability)` for every token it can pick, best
+    /// first; greedy gives its choice with probability 1.
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Vec<(u32, f64)> {
+        match self.chain(logits, history, false) {
+            Chain::Greedy(id, _) => vec![(id, 1.0)],
+            Chain::Draw(cands) => {
+                let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+                let out = if max.is_finite() {
+                    let w: Vec<f64> = cands
+                        .iter()
+                        .map(|c| f64::from(c.logit - max).exp())
+                        .collect();
+                    let total: f64 = w.iter().sum();
+                    cands.iter().zip(w).map(|(c, w)| (c.id, w / total)).collect()
+                } else {
+                    vec![(argmax(&cands), 1.0)]
+                };
+                self.cands = cands;
+                out
             }
-            let id = self.draw(&cands);
-            (id, if keep { cands.clone() } else { Vec::new() })
+        }
+    }
+
+    /// Speculative verification of a drafted token (the rule of Leviathan
+    /// et al. and Chen et al., 2023): with `p` the distribution
+    /// [`Sampler::sample`] would draw from here and `q` the drafter's,
+    /// `draft` is accepted with probability `min(1, p(draft) / q(draft))`;
+    /// otherwise the token is drawn from the residual `max(0, p - q)`,
+    /// normalised. The returned token is then distributed exactly as `p`,
+    /// whatever `q` is. `q` lists `(id, probability)`; a deterministic
+    /// drafter (every n-gram drafter) passes `[(draft, 1.0)]`. Returns the
+    /// token and whether it is the draft. Greedy accepts exactly when the
+    /// draft is its choice and draws nothing.
+    pub fn verify(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        draft: u32,
+        q: &[(u32, f64)],
+    ) -> (u32, bool) {
+        let p = self.distribution(logits, history);
+        let prob = |d: &[(u32, f64)], id: u32| {
+            d.iter().find(|(t, _)| *t == id).map_or(0.0, |(_, w)| *w)
         };
-        self.cands = cands;
-        (id, kept)
+        let (pd, qd) = (prob(&p, draft), prob(q, draft));
+        if pd > 0.0 && (pd >= qd || self.rng.next_f64() * qd < pd) {
+            return (draft, true);
+        }
+        let residual: Vec<(u32, f64)> = p
+            .iter()
+            .map(|&(id, w)| (id, (w - prob(q, id)).max(0.0)))
+            .filter(|&(_, w)| w > 0.0)
+            .collect();
+        let total: f64 = residual.iter().map(|(_, w)| w).sum();
+        if let [(id, _)] = residual[..] {
+            return (id, false);
+        }
+        if residual.is_empty() || !(total > 0.0) {
+            // p <= q everywhere yet the draft was refused: only rounding
+            // gets here; fall back to a draw from p itself.
+            return (self.draw_weighted(&p), false);
+        }
+        (self.draw_weighted(&residual), false)
+    }
+
+    /// One draw from `(id, weight)` pairs (weights need not sum to 1).
+    fn draw_weighted(&mut self, w: &[(u32, f64)]) -> u32 {
+        let total: f64 = w.iter().map(|(_, x)| x).sum();
+        let mut u = self.rng.next_f64() * total;
+        for &(id, x) in w {
+            if u < x {
+                return id;
+            }
+            u -= x;
+        }
+        w.iter().rev().find(|(_, x)| *x > 0.0).map_or(0, |(id, _)| *id)
     }
 
     /// Whether the penalties change anything for `history` (llama.cpp's
