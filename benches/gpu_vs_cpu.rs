@@ -166,6 +166,7 @@ fn attention<P: Placement>(b: Bencher, pos0: usize, t: usize) {
         scale: 1.0 / (128f32).sqrt(),
         window: None,
         flash_attn: false,
+        rows_as_steps: false,
     };
     let mut setup = P::backend().and_then(|be| {
         let kv = be.new_kv(2048, 512, 512, GgmlType::F16).ok()?;

@@ -462,7 +462,7 @@ impl<B: Backend> Engine<B> {
         for chunk in tokens.chunks(self.params.n_ubatch) {
             let logits = kv.eval(&self.model, chunk, want)?;
             match want {
-                Logits::All => out.extend(logits),
+                Logits::All | Logits::Steps => out.extend(logits),
                 Logits::Last => out = logits,
             }
         }
@@ -612,7 +612,7 @@ impl<B: Backend> Engine<B> {
                     let mut batch = Vec::with_capacity(draft.len() + 1);
                     batch.push(pending);
                     batch.extend_from_slice(&draft);
-                    let rows = self.eval(kv, &batch, Logits::All)?;
+                    let rows = self.eval(kv, &batch, Logits::Steps)?;
                     stats.spec.n_batches += 1;
                     stats.spec.n_drafted += draft.len();
                     let row = |i: usize| &rows[i * n_vocab..(i + 1) * n_vocab];

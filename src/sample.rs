@@ -475,11 +475,10 @@ impl Sampler {
             .map(|&(id, w)| (id, (w - prob(q, id)).max(0.0)))
             .filter(|&(_, w)| w > 0.0)
             .collect();
-        let total: f64 = residual.iter().map(|(_, w)| w).sum();
         if let [(id, _)] = residual[..] {
             return (id, false);
         }
-        if residual.is_empty() || !(total > 0.0) {
+        if residual.is_empty() {
             // p <= q everywhere yet the draft was refused: only rounding
             // gets here; fall back to a draw from p itself.
             return (self.draw_weighted(&p), false);

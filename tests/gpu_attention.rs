@@ -48,6 +48,7 @@ impl Config {
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             window: self.window,
             flash_attn: false,
+            rows_as_steps: false,
         }
     }
     fn n_embd_k(&self) -> usize {

@@ -1,12 +1,15 @@
 //! Speculative decoding (`longhaul::spec`, `Engine::generate_spec`):
 //!
-//! - A verification batch gives the logits of single decode steps: bit for
-//!   bit where the kernels are batch-invariant (F32, Q8_0 and the recurrent
-//!   DeltaNet layers), within NMSE 5e-4 (test-backend-ops' MUL_MAT bound
-//!   between two implementations of one product) for Q4_K_M: like ggml, the
-//!   CPU picks another kernel for a product of several tokens, whose float
-//!   order differs from the one-token dot's, and a random router can turn
-//!   that last-bit difference into another expert.
+//! - A verification batch (`Logits::Steps`: attention row by row as decode
+//!   steps compute it) gives the logits of single decode steps: bit for bit
+//!   where the matrix kernels are batch-invariant (F32, Q8_0, Q4_1 and the
+//!   recurrent DeltaNet layers), at both attention paths and cache types and
+//!   past 256 cells, where ggml's one-token attention kernel (split KV)
+//!   differs from its batch kernel; within NMSE 5e-4 (test-backend-ops'
+//!   MUL_MAT bound between two implementations of one product) for Q4_K_M:
+//!   like ggml, the CPU picks another matrix kernel for a product of
+//!   several tokens, whose float order differs from the one-token dot's in
+//!   the last bit, and a random router can turn that into another expert.
 //! - Greedy output with each drafter equals greedy output without
 //!   speculation, token for token, with drafts accepted and rejected:
 //!   SmolLM2 (a real model), Qwen3-MoE resident and longhaul at 1, n/2 and n
@@ -20,7 +23,7 @@ use std::path::Path;
 
 use common::{fixture, nmse, real_model};
 use longhaul::backend::cpu::CpuBackend;
-use longhaul::engine::{CacheBudget, Engine, EngineParams, GenStats, LonghaulParams};
+use longhaul::engine::{CacheBudget, Engine, EngineParams, FlashAttn, GenStats, LonghaulParams};
 use longhaul::model::Logits;
 use longhaul::sample::{Sampler, SamplerParams};
 use longhaul::spec::{NgramSizes, SpecParams, SpecType};
@@ -138,7 +141,7 @@ fn a_verification_batch_gives_the_logits_of_single_steps() {
         let (p, extra) = all.split_at(40);
         let mut a = e.new_kv().unwrap();
         e.eval(&mut a, p, Logits::Last).unwrap();
-        let batch = e.eval(&mut a, extra, Logits::All).unwrap();
+        let batch = e.eval(&mut a, extra, Logits::Steps).unwrap();
         let mut b = e.new_kv().unwrap();
         e.eval(&mut b, p, Logits::Last).unwrap();
         for (i, &t) in extra.iter().enumerate() {
@@ -153,6 +156,79 @@ fn a_verification_batch_gives_the_logits_of_single_steps() {
             }
         }
     }
+}
+
+/// A code-editing request in SmolLM2's chat format: 187 prompt tokens, so
+/// that decode runs past 256 cells, where ggml's attention kernel for one
+/// token (split KV) differs from the one for a batch (one chunk).
+const CODE_EDIT: &str = r#"<|im_start|>user
+Here is a Python file:
+
+```python
+import math
+
+def area_of_circle(radius):
+    return math.pi * radius * radius
+
+def perimeter_of_circle(radius):
+    return 2 * math.pi * radius
+
+def area_of_square(side):
+    return side * side
+
+def perimeter_of_square(side):
+    return 4 * side
+
+def main():
+    for r in [1, 2, 3]:
+        print(area_of_circle(r), perimeter_of_circle(r))
+    for s in [1, 2, 3]:
+        print(area_of_square(s), perimeter_of_square(s))
+```
+
+Repeat the whole file exactly, but rename area_of_square to square_area.<|im_end|>
+<|im_start|>assistant
+"#;
+
+#[test]
+fn verification_rows_equal_single_steps_past_256_cells_on_smollm2() {
+    for fa in [FlashAttn::Auto, FlashAttn::Off] {
+        for kv in [GgmlType::F16, GgmlType::F32] {
+            let mut p = params(512, None);
+            p.flash_attn = fa;
+            p.kv_type = kv;
+            let e = load(&real_model("smollm2-135m-instruct-q4_1.gguf"), p);
+            let nv = e.model.hp.n_vocab;
+            let mut toks = e.tokenize(CODE_EDIT).expect("tokenize");
+            let mut st = e.new_kv().unwrap();
+            let mut sampler = Sampler::new(SamplerParams::greedy());
+            let (more, _) = e.generate(&mut st, &toks, 120, &mut sampler, |_| true).unwrap();
+            toks.extend(more);
+            for n_past in [40, 250, 256, 272] {
+                let extra = &toks[n_past..n_past + 7];
+                let mut a = e.new_kv().unwrap();
+                e.eval(&mut a, &toks[..n_past], Logits::Last).unwrap();
+                let batch = e.eval(&mut a, extra, Logits::Steps).unwrap();
+                let mut b = e.new_kv().unwrap();
+                e.eval(&mut b, &toks[..n_past], Logits::Last).unwrap();
+                for (i, &t) in extra.iter().enumerate() {
+                    let single = e.eval(&mut b, &[t], Logits::Last).unwrap();
+                    assert!(
+                        batch[i * nv..(i + 1) * nv] == single[..],
+                        "{fa:?} {kv:?} n_past {n_past}: row {i} differs from its step"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_with_each_drafter_equals_greedy_past_256_cells_on_smollm2() {
+    let e = load(&real_model("smollm2-135m-instruct-q4_1.gguf"), params(4096, None));
+    let prompt = e.tokenize(CODE_EDIT).expect("tokenize");
+    let (drafted, accepted) = check_equal(&e, "smollm2 code edit", &prompt, 160, 3);
+    assert!(accepted > drafted / 4, "drafted {drafted}, accepted {accepted}");
 }
 
 #[test]
@@ -331,3 +407,4 @@ fn greedy_verification_accepts_exactly_the_argmax() {
     assert_eq!(s.verify(&logits, &[], 6, &[(6, 1.0)]), (6, true));
     assert_eq!(s.verify(&logits, &[], 0, &[(0, 1.0)]), (6, false));
 }
+

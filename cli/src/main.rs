@@ -25,6 +25,7 @@ use longhaul::backend::Backend;
 use longhaul::constrain::Constraint;
 use longhaul::engine::{Engine, EngineParams, GenStats};
 use longhaul::sample::{Sampler, SamplerParams};
+use longhaul::spec::{Drafter, SpecType};
 use longhaul::state::SeqState;
 use longhaul::tokenizer::StreamDecoder;
 
@@ -71,6 +72,8 @@ struct RunArgs {
     sample: SampleArgs,
     #[command(flatten)]
     trace: trace_args::TraceArgs,
+    #[command(flatten)]
+    spec: longhaul_server::args::SpecArgs,
     /// Prompt text.
     #[arg(
         short = 'p',
@@ -171,19 +174,8 @@ fn print_stats(engine_load: std::time::Duration, s: &GenStats) {
     );
 }
 
-/// Generates from `prompt`, streaming text to stdout.
-fn stream<B: Backend>(
-    engine: &Engine<B>,
-    prompt: &[u32],
-    n_predict: usize,
-    sampler: &mut Sampler,
-    constraint: Option<&mut Constraint>,
-) -> anyhow::Result<(Vec<u32>, GenStats)> {
-    let mut kv = engine.new_kv()?;
-    stream_kv(engine, &mut kv, prompt, n_predict, sampler, constraint)
-}
-
-/// [`stream`] continuing the sequence held by `kv`.
+/// Generates from `prompt` after the sequence `kv` holds, streaming text
+/// to stdout; with `drafter`, speculatively.
 fn stream_kv<B: Backend>(
     engine: &Engine<B>,
     kv: &mut SeqState<B>,
@@ -191,18 +183,25 @@ fn stream_kv<B: Backend>(
     n_predict: usize,
     sampler: &mut Sampler,
     constraint: Option<&mut Constraint>,
+    drafter: Option<&mut Drafter>,
 ) -> anyhow::Result<(Vec<u32>, GenStats)> {
     let mut dec = StreamDecoder::new(false);
     let mut out = std::io::stdout().lock();
     let mut io_err = None;
-    let res = engine.generate_constrained(kv, prompt, n_predict, sampler, constraint, |tok| {
+    let on_token = |tok| {
         let text = dec.push(&engine.tokenizer, tok);
         if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
             io_err = Some(e);
             return false;
         }
         true
-    })?;
+    };
+    let res = match drafter {
+        Some(d) if constraint.is_none() => {
+            engine.generate_spec(kv, prompt, n_predict, sampler, d, on_token)?
+        }
+        _ => engine.generate_constrained(kv, prompt, n_predict, sampler, constraint, on_token)?,
+    };
     if let Some(e) = io_err {
         return Err(errors::stdout_error(e));
     }
@@ -224,6 +223,9 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         args::process_escapes(&prompt)?
     };
     if a.conversation {
+        if a.spec.spec_type != SpecType::None {
+            anyhow::bail!("--spec-type applies to `run` without -cnv (conversation mode does not speculate yet)");
+        }
         return run_conversation(a, prompt);
     }
     if a.system_prompt.is_some() {
@@ -281,16 +283,27 @@ fn run_on<B: Backend>(
         None => None,
     };
     let mut sampler = Sampler::new(sampling);
-    let (_, stats) = stream(
+    let spec = a.spec.params();
+    let mut drafter = spec.drafter();
+    if drafter.is_some() && constraint.is_some() {
+        anyhow::bail!("--spec-type with a grammar or JSON schema is not supported yet; drop one of them");
+    }
+    let mut kv = engine.new_kv()?;
+    let (_, stats) = stream_kv(
         &engine,
+        &mut kv,
         &tokens,
         n_predict,
         &mut sampler,
         constraint.as_mut(),
+        drafter.as_mut(),
     )?;
     errors::write_stdout(&mut std::io::stdout(), "\n")?;
     if info {
         print_stats(engine.load_time, &stats);
+        if drafter.is_some() {
+            report::speculation(spec.kind, &stats);
+        }
         report::longhaul_summary(&engine);
         report::longhaul_phases(&stats);
     }

@@ -107,6 +107,27 @@ pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
     );
 }
 
+/// Speculative decoding's counters, as llama.cpp's `draft acceptance rate`
+/// line, and the expert bytes each generated token cost under longhaul.
+pub fn speculation(kind: longhaul::spec::SpecType, s: &longhaul::engine::GenStats) {
+    let sp = &s.spec;
+    eprintln!(
+        "speculative: {}, {} verification batches, draft acceptance rate = {:.5} ({:5} accepted / {:5} generated)",
+        kind.name(),
+        sp.n_batches,
+        sp.acceptance(),
+        sp.n_accepted,
+        sp.n_drafted
+    );
+    if let Some(io) = s.gen_io.filter(|_| s.n_gen > 0) {
+        eprintln!(
+            "speculative: expert bytes read per generated token {:.2} MiB ({} tokens)",
+            io.bytes_read as f64 / (1u64 << 20) as f64 / s.n_gen as f64,
+            s.n_gen
+        );
+    }
+}
+
 /// The prompt's and the decode's longhaul costs apart, per token, and each
 /// phase's I/O floor ([`longhaul::longhaul::CacheStats::io_floor_tps`]).
 pub fn longhaul_phases(s: &longhaul::engine::GenStats) {

@@ -11,6 +11,7 @@ use longhaul::engine::{CacheBudget, EngineParams, LonghaulParams};
 use longhaul::longhaul::Policy;
 use longhaul::placement::{self, Placed};
 use longhaul::sample::{SampleParamError, SamplerParams};
+use longhaul::spec::{NgramSizes, SpecParams, SpecType};
 use longhaul::tensor::GgmlType;
 
 /// The standalone server's command line (`args` with the program name
@@ -543,6 +544,65 @@ pub struct SampleArgs {
     /// File with the JSON schema.
     #[arg(long = "json-schema-file", value_name = "FILE")]
     pub json_schema_file: Option<PathBuf>,
+}
+
+/// Speculative decoding, with llama.cpp's `--spec-*` flags and defaults
+/// (`common/arg.cpp`): the n-gram drafters look for the last `size-n`
+/// tokens earlier in the sequence and draft up to `size-m` tokens that
+/// followed them; the target verifies them in one batch.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: none, ngram-simple or ngram-map-k.
+    #[arg(long = "spec-type", default_value = "none", value_parser = parse_spec_type)]
+    pub spec_type: SpecType,
+    /// ngram-simple: length of the n-gram looked up.
+    #[arg(long = "spec-ngram-simple-size-n", default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub simple_size_n: u16,
+    /// ngram-simple: most tokens drafted after a match.
+    #[arg(long = "spec-ngram-simple-size-m", default_value_t = 48, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub simple_size_m: u16,
+    /// ngram-simple: minimum hits (accepted for llama.cpp; its ngram-simple does not read it).
+    #[arg(long = "spec-ngram-simple-min-hits", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub simple_min_hits: u16,
+    /// ngram-map-k: length of the n-gram looked up.
+    #[arg(long = "spec-ngram-map-k-size-n", default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub map_k_size_n: u16,
+    /// ngram-map-k: most tokens drafted after a match.
+    #[arg(long = "spec-ngram-map-k-size-m", default_value_t = 48, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub map_k_size_m: u16,
+    /// ngram-map-k: minimum hits (accepted for llama.cpp; its key-only map does not read it).
+    #[arg(long = "spec-ngram-map-k-min-hits", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub map_k_min_hits: u16,
+}
+
+fn parse_spec_type(s: &str) -> Result<SpecType, String> {
+    // llama.cpp takes a comma-separated list; longhaul runs one drafter.
+    let kinds: Vec<&str> = s.split(',').map(str::trim).filter(|k| *k != "none").collect();
+    match kinds[..] {
+        [] => Ok(SpecType::None),
+        [k] => k.parse(),
+        _ => Err(format!(
+            "--spec-type {s}: longhaul runs one drafter at a time; pick one of them"
+        )),
+    }
+}
+
+impl SpecArgs {
+    pub fn params(&self) -> SpecParams {
+        SpecParams {
+            kind: self.spec_type,
+            ngram_simple: NgramSizes {
+                size_n: self.simple_size_n,
+                size_m: self.simple_size_m,
+                min_hits: self.simple_min_hits,
+            },
+            ngram_map_k: NgramSizes {
+                size_n: self.map_k_size_n,
+                size_m: self.map_k_size_m,
+                min_hits: self.map_k_min_hits,
+            },
+        }
+    }
 }
 
 impl SampleArgs {

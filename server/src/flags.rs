@@ -89,7 +89,8 @@ const ONE_DEVICE: &str =
     "longhaul runs every repeating layer on one device: `-ngl 0` (CPU) or `-ngl all` with `-dev NAME` (one GPU)";
 const FIT: &str =
     "longhaul does not split layers to fit device memory: `--longhaul --longhaul-cache auto` sizes the expert cache to the memory available";
-const DRAFT: &str = "speculative decoding (draft models) is not supported yet";
+const DRAFT: &str = "draft models are not supported yet; longhaul speculates with n-gram drafters: --spec-type ngram-simple or ngram-map-k";
+const DRAFT_SIZE: &str = "llama.cpp removed this flag; n-gram drafts are sized by --spec-ngram-simple-size-m and --spec-ngram-map-k-size-m (draft models, which --spec-draft-n-max sizes, are not supported yet)";
 const LORA: &str = "LoRA adapters and control vectors are not supported yet";
 const TEXT: &str = "longhaul runs text models only (no multimodal projector)";
 const SAMPLER: &str = "this sampler is not supported yet; longhaul samples with --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n and --seed";
@@ -379,11 +380,24 @@ pub const SPELLINGS: &[Spelling] = &[
     refused("-otd", DRAFT),
     refused("-cmoed", DRAFT),
     refused("-ncmoed", DRAFT),
-    refused("--draft", DRAFT),
-    refused("--draft-max", DRAFT),
-    refused("--draft-min", DRAFT),
+    refused("--draft", DRAFT_SIZE),
+    refused("--draft-n", DRAFT_SIZE),
+    refused("--draft-max", DRAFT_SIZE),
+    refused("--draft-min", DRAFT_SIZE),
+    refused("--draft-n-min", DRAFT_SIZE),
     refused("--draft-p-min", DRAFT),
-    refused("--spec-type", DRAFT),
+    refused("--spec-draft-n-max", DRAFT),
+    refused("--spec-draft-n-min", DRAFT),
+    refused("--spec-draft-p-min", DRAFT),
+    refused("--spec-draft-p-split", DRAFT),
+    refused("--draft-p-split", DRAFT),
+    same("--spec-type").env("LLAMA_ARG_SPEC_TYPE"),
+    same("--spec-ngram-simple-size-n"),
+    same("--spec-ngram-simple-size-m"),
+    same("--spec-ngram-simple-min-hits"),
+    same("--spec-ngram-map-k-size-n"),
+    same("--spec-ngram-map-k-size-m"),
+    same("--spec-ngram-map-k-min-hits"),
     refused("-mm", TEXT),
     refused("--mmproj", TEXT),
     refused("-mmu", TEXT),

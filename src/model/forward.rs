@@ -37,8 +37,14 @@ fn layers<'s, B: Backend>(
     mut x: B::Tensor,
     seqs: &[BatchPos],
     io: &crate::longhaul::IoScope<'s>,
+    steps: bool,
 ) -> Result<B::Tensor, ModelError> {
-    let p = Pass { m, seqs, io };
+    let p = Pass {
+        m,
+        seqs,
+        io,
+        steps,
+    };
     let b = &m.backend;
     for (il, layer) in m.layers.iter().enumerate() {
         let h = p.norm(&x, &layer.attn_norm)?;
@@ -127,9 +133,9 @@ pub(super) fn forward_multi<B: Backend>(
         .collect();
     let x = b.get_rows(&m.tok_embd, &tokens)?;
     // Longhaul's lookahead reads run on the I/O pool while layers compute.
-    let x = crate::longhaul::io_scope(|io| layers(m, &mut active, x, &spans, io))?;
+    let x = crate::longhaul::io_scope(|io| layers(m, &mut active, x, &spans, io, want == Logits::Steps))?;
     let rows: Vec<usize> = match want {
-        Logits::All => (0..tokens.len()).collect(),
+        Logits::All | Logits::Steps => (0..tokens.len()).collect(),
         Logits::Last => spans
             .iter()
             .scan(0, |end, s| {
@@ -152,7 +158,7 @@ pub(super) fn forward_multi<B: Backend>(
         let n = match (t.is_empty(), want) {
             (true, _) => 0,
             (false, Logits::Last) => 1,
-            (false, Logits::All) => t.len(),
+            (false, Logits::All | Logits::Steps) => t.len(),
         };
         spans.push(at * hp.n_vocab..(at + n) * hp.n_vocab);
         at += n;

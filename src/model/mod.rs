@@ -116,6 +116,10 @@ pub struct Model<B: Backend> {
 pub enum Logits {
     Last,
     All,
+    /// Every row, each computed as the decode step of that token alone
+    /// would compute it (speculative verification): see
+    /// [`crate::backend::AttnParams::rows_as_steps`].
+    Steps,
 }
 
 /// The logits of a multi-sequence batch: one block of rows per sequence

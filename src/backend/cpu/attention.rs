@@ -908,6 +908,7 @@ mod tests {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
                 flash_attn: false,
+                rows_as_steps: false,
             };
             // (pos0, n_tokens): decode rows at short and long contexts,
             // and a prompt chunk past position 0.

@@ -660,6 +660,7 @@ mod tests {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
                 flash_attn: true,
+                rows_as_steps: false,
             };
             // (pos0, n_tokens, n_ctx): decode, a short batch, a tiled batch
             // past a tile edge, and split-KV decodes (512 and 768 cells).

@@ -72,6 +72,7 @@ impl Case {
             scale: 1.0 / (self.dk as f32).sqrt(),
             window: None,
             flash_attn: self.flash_attn,
+            rows_as_steps: false,
         }
     }
     fn n_embd_k(&self) -> usize {
@@ -390,6 +391,7 @@ fn dv_below_dk_is_the_leading_dims_of_dk_eq_dv() {
                 scale: 1.0 / (dk as f32).sqrt(),
                 window: None,
                 flash_attn,
+                rows_as_steps: false,
             };
             let square = AttnParams {
                 head_dim_v: dk,

@@ -730,6 +730,25 @@ impl Backend for CpuBackend {
             r0 += pos.n_tokens;
         }
         let kvs: Vec<&CpuKv> = kvs.iter().map(|kv| &**kv).collect();
+        if p.rows_as_steps {
+            // Every row a one-token sequence over its own cache, which now
+            // holds the whole batch: the causal range of row `t` ends at
+            // its position, as in the step that evaluated it alone.
+            let (kvs, seqs): (Vec<&CpuKv>, Vec<BatchPos>) = kvs
+                .iter()
+                .zip(seqs)
+                .flat_map(|(kv, s)| {
+                    (0..s.n_tokens).map(move |t| {
+                        let one = BatchPos {
+                            pos0: s.pos0 + t,
+                            n_tokens: 1,
+                        };
+                        (*kv, one)
+                    })
+                })
+                .unzip();
+            return attention::attend(&kvs, q, sinks.as_deref(), &seqs, p);
+        }
         attention::attend(&kvs, q, sinks.as_deref(), seqs, p)
     }
 
