@@ -471,6 +471,7 @@ mod spelling_table {
             "--grammar-file" => "g.gbnf",
             "--json-schema" => "{}",
             "--json-schema-file" => "s.json",
+            "--spec-type" => "ngram-simple",
             "--host" => "0.0.0.0",
             "--port" => "9090",
             "--alias" => "m",
