@@ -516,7 +516,15 @@ impl<B: Backend> Engine<B> {
         drafter: &mut Drafter,
         on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenStats), EngineError> {
-        self.generate_with(kv, prompt, n_predict, sampler, None, Some(drafter), on_token)
+        self.generate_with(
+            kv,
+            prompt,
+            n_predict,
+            sampler,
+            None,
+            Some(drafter),
+            on_token,
+        )
     }
 
     /// The decode loop. A constrained generation does not speculate.
@@ -598,7 +606,9 @@ impl<B: Backend> Engine<B> {
                         .saturating_sub(kv.n_past() + 2)
                         .min(n_predict - out.len() - 1);
                     let mut draft = match drafter.as_deref_mut() {
-                        Some(d) if room > 0 => d.draft(&history[..history.len() - 1], pending, room),
+                        Some(d) if room > 0 => {
+                            d.draft(&history[..history.len() - 1], pending, room)
+                        }
                         _ => Vec::new(),
                     };
                     if !draft.is_empty() && !self.can_rewind(kv)? {

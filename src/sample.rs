@@ -428,14 +428,21 @@ impl Sampler {
         match self.chain(logits, history, false) {
             Chain::Greedy(id, _) => vec![(id, 1.0)],
             Chain::Draw(cands) => {
-                let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+                let max = cands
+                    .iter()
+                    .map(|c| c.logit)
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let out = if max.is_finite() {
                     let w: Vec<f64> = cands
                         .iter()
                         .map(|c| f64::from(c.logit - max).exp())
                         .collect();
                     let total: f64 = w.iter().sum();
-                    cands.iter().zip(w).map(|(c, w)| (c.id, w / total)).collect()
+                    cands
+                        .iter()
+                        .zip(w)
+                        .map(|(c, w)| (c.id, w / total))
+                        .collect()
                 } else {
                     vec![(argmax(&cands), 1.0)]
                 };
@@ -463,9 +470,8 @@ impl Sampler {
         q: &[(u32, f64)],
     ) -> (u32, bool) {
         let p = self.distribution(logits, history);
-        let prob = |d: &[(u32, f64)], id: u32| {
-            d.iter().find(|(t, _)| *t == id).map_or(0.0, |(_, w)| *w)
-        };
+        let prob =
+            |d: &[(u32, f64)], id: u32| d.iter().find(|(t, _)| *t == id).map_or(0.0, |(_, w)| *w);
         let (pd, qd) = (prob(&p, draft), prob(q, draft));
         if pd > 0.0 && (pd >= qd || self.rng.next_f64() * qd < pd) {
             return (draft, true);
@@ -496,7 +502,10 @@ impl Sampler {
             }
             u -= x;
         }
-        w.iter().rev().find(|(_, x)| *x > 0.0).map_or(0, |(id, _)| *id)
+        w.iter()
+            .rev()
+            .find(|(_, x)| *x > 0.0)
+            .map_or(0, |(id, _)| *id)
     }
 
     /// Whether the penalties change anything for `history` (llama.cpp's

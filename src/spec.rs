@@ -143,7 +143,10 @@ pub fn ngram_simple_draft(s: NgramSizes, tokens: &[u32], sampled: u32) -> Vec<u3
     pattern.push(sampled);
     // Backwards from the latest start that leaves the pattern before the
     // current position; position 0 means no match, as in llama.cpp.
-    let Some(pos) = (1..cur - n).rev().find(|&j| tokens[j..j + n] == pattern[..]) else {
+    let Some(pos) = (1..cur - n)
+        .rev()
+        .find(|&j| tokens[j..j + n] == pattern[..])
+    else {
         return Vec::new();
     };
     let copy = m.min(cur - (pos + n));
@@ -251,7 +254,11 @@ impl NgramMap {
         if pos == 0 {
             return Vec::new();
         }
-        let k = match self.keys.iter().position(|k| inp[k.idx..k.idx + n] == key[..]) {
+        let k = match self
+            .keys
+            .iter()
+            .position(|k| inp[k.idx..k.idx + n] == key[..])
+        {
             Some(k) => k,
             None => {
                 self.keys.push(MapKey {

@@ -111,8 +111,14 @@ fn check_equal(
     for kind in [SpecType::NgramSimple, SpecType::NgramMapK] {
         let (got, stats, next) = greedy(e, prompt, n, Some(spec(kind, size_n, 8)));
         assert_eq!(got.len(), n, "{label} {kind:?}");
-        assert_eq!(got, want, "{label} {kind:?}: tokens differ from plain greedy");
-        assert_eq!(next, want_next, "{label} {kind:?}: the sequence left behind differs");
+        assert_eq!(
+            got, want,
+            "{label} {kind:?}: tokens differ from plain greedy"
+        );
+        assert_eq!(
+            next, want_next,
+            "{label} {kind:?}: the sequence left behind differs"
+        );
         assert_eq!(stats.n_gen_evals, plain.n_gen_evals, "{label} {kind:?}");
         assert!(stats.spec.n_accepted <= stats.spec.n_drafted);
         eprintln!(
@@ -148,7 +154,10 @@ fn a_verification_batch_gives_the_logits_of_single_steps() {
             let single = e.eval(&mut b, &[t], Logits::Last).unwrap();
             let row = &batch[i * nv..(i + 1) * nv];
             if exact {
-                assert!(row == &single[..], "{name}: row {i} differs from its single step");
+                assert!(
+                    row == &single[..],
+                    "{name}: row {i} differs from its single step"
+                );
             } else {
                 let err = nmse(row, &single);
                 eprintln!("{name}: row {i} NMSE {err:e}");
@@ -202,7 +211,9 @@ fn verification_rows_equal_single_steps_past_256_cells_on_smollm2() {
             let mut toks = e.tokenize(CODE_EDIT).expect("tokenize");
             let mut st = e.new_kv().unwrap();
             let mut sampler = Sampler::new(SamplerParams::greedy());
-            let (more, _) = e.generate(&mut st, &toks, 120, &mut sampler, |_| true).unwrap();
+            let (more, _) = e
+                .generate(&mut st, &toks, 120, &mut sampler, |_| true)
+                .unwrap();
             toks.extend(more);
             for n_past in [40, 250, 256, 272] {
                 let extra = &toks[n_past..n_past + 7];
@@ -225,15 +236,24 @@ fn verification_rows_equal_single_steps_past_256_cells_on_smollm2() {
 
 #[test]
 fn greedy_with_each_drafter_equals_greedy_past_256_cells_on_smollm2() {
-    let e = load(&real_model("smollm2-135m-instruct-q4_1.gguf"), params(4096, None));
+    let e = load(
+        &real_model("smollm2-135m-instruct-q4_1.gguf"),
+        params(4096, None),
+    );
     let prompt = e.tokenize(CODE_EDIT).expect("tokenize");
     let (drafted, accepted) = check_equal(&e, "smollm2 code edit", &prompt, 160, 3);
-    assert!(accepted > drafted / 4, "drafted {drafted}, accepted {accepted}");
+    assert!(
+        accepted > drafted / 4,
+        "drafted {drafted}, accepted {accepted}"
+    );
 }
 
 #[test]
 fn greedy_with_each_drafter_equals_greedy_on_smollm2() {
-    let e = load(&real_model("smollm2-135m-instruct-q4_1.gguf"), params(512, None));
+    let e = load(
+        &real_model("smollm2-135m-instruct-q4_1.gguf"),
+        params(512, None),
+    );
     let text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n\
                 Repeat the code above exactly, then stop.\n\n";
     let prompt = e.tokenize(text).expect("tokenize");
@@ -255,7 +275,13 @@ fn greedy_with_each_drafter_equals_greedy_on_qwen3moe_resident_and_longhaul() {
         let budget = (slots * n_layers) as u64 * expert_bytes;
         let e = load(&path, params(256, Some(budget)));
         assert_eq!(e.model.n_slots(), slots);
-        check_equal(&e, &format!("qwen3moe longhaul {slots} slots"), &prompt, 40, 1);
+        check_equal(
+            &e,
+            &format!("qwen3moe longhaul {slots} slots"),
+            &prompt,
+            40,
+            1,
+        );
     }
 }
 
@@ -265,7 +291,10 @@ fn greedy_with_each_drafter_equals_greedy_on_a_recurrent_hybrid() {
     let e = load(&path, params(256, None));
     let prompt = repetitive(e.model.hp.n_vocab);
     let (d, a) = check_equal(&e, "qwen3next resident", &prompt, 40, 1);
-    assert!(a < d, "no draft was rejected, so no checkpoint was gone back to");
+    assert!(
+        a < d,
+        "no draft was rejected, so no checkpoint was gone back to"
+    );
     // A prompt of five token ids, after which this model accepts a draft:
     // the accepted tokens are evaluated again after the checkpoint.
     let five: Vec<u32> = (0..24u32).map(|i| (i * 37 + 11) % 5).collect();
@@ -283,7 +312,6 @@ fn greedy_with_each_drafter_equals_greedy_on_a_recurrent_hybrid() {
     assert_eq!(got, want);
     assert_eq!(stats.spec.n_drafted, 0);
 }
-
 
 /// Chi-square statistic of `counts` against probabilities `p` over `n`
 /// draws, and its critical value at significance 1e-3 for `p.len() - 1`
@@ -305,7 +333,9 @@ fn chi_square(counts: &[usize], p: &[f64], n: usize) -> (f64, f64) {
 /// Logits of 12 tokens and the distribution llama.cpp's default chain
 /// (temp 0.8, top-k 40, top-p 0.95, min-p 0.05) draws from for them.
 fn target() -> (Vec<f32>, Vec<(u32, f64)>) {
-    let logits = vec![2.0, 1.4, 0.3, 1.9, -1.0, 0.9, 2.2, -3.0, 0.1, 1.0, -0.5, 0.6];
+    let logits = vec![
+        2.0, 1.4, 0.3, 1.9, -1.0, 0.9, 2.2, -3.0, 0.1, 1.0, -0.5, 0.6,
+    ];
     let mut s = Sampler::new(SamplerParams::default());
     let p = s.distribution(&logits, &[]);
     (logits, p)
@@ -327,7 +357,10 @@ fn tally(p: &[(u32, f64)], n: usize, mut draw: impl FnMut() -> u32) -> Vec<usize
 fn rejection_sampling_keeps_the_target_distribution() {
     let (logits, p) = target();
     let probs: Vec<f64> = p.iter().map(|(_, w)| *w).collect();
-    assert!(p.len() >= 5 && p.len() < 12, "the chain cut some tokens: {p:?}");
+    assert!(
+        p.len() >= 5 && p.len() < 12,
+        "the chain cut some tokens: {p:?}"
+    );
     let n = 40_000;
     let mut s = Sampler::new(SamplerParams {
         seed: Some(7),
@@ -335,11 +368,16 @@ fn rejection_sampling_keeps_the_target_distribution() {
     });
     // Deterministic drafters: a likely token, an unlikely one, and one the
     // chain removed (probability 0, always rejected).
-    let cut = (0..12u32).find(|t| p.iter().all(|(id, _)| id != t)).unwrap();
+    let cut = (0..12u32)
+        .find(|t| p.iter().all(|(id, _)| id != t))
+        .unwrap();
     for draft in [p[0].0, p[p.len() - 1].0, cut] {
         let counts = tally(&p, n, || s.verify(&logits, &[], draft, &[(draft, 1.0)]).0);
         let (stat, crit) = chi_square(&counts, &probs, n);
-        assert!(stat < crit, "draft {draft}: chi-square {stat:.1} >= {crit:.1}");
+        assert!(
+            stat < crit,
+            "draft {draft}: chi-square {stat:.1} >= {crit:.1}"
+        );
     }
     // A drafter that samples from its own (bad) distribution q: uniform over
     // four tokens, one of them outside p's support.
@@ -353,7 +391,10 @@ fn rejection_sampling_keeps_the_target_distribution() {
         s.verify(&logits, &[], d, &q).0
     });
     let (stat, crit) = chi_square(&counts, &probs, n);
-    assert!(stat < crit, "drafts from q: chi-square {stat:.1} >= {crit:.1}");
+    assert!(
+        stat < crit,
+        "drafts from q: chi-square {stat:.1} >= {crit:.1}"
+    );
 }
 
 #[test]
@@ -388,7 +429,10 @@ fn a_broken_acceptance_rule_fails_the_same_test() {
     });
     for (name, counts) in [("always accept", always), ("no residual", no_residual)] {
         let (stat, crit) = chi_square(&counts, &probs, n);
-        assert!(stat > crit, "{name}: chi-square {stat:.1} <= {crit:.1} did not see it");
+        assert!(
+            stat > crit,
+            "{name}: chi-square {stat:.1} <= {crit:.1} did not see it"
+        );
     }
     // And the sampler's own rule on the same draft passes it.
     let mut s = Sampler::new(SamplerParams {
@@ -407,4 +451,3 @@ fn greedy_verification_accepts_exactly_the_argmax() {
     assert_eq!(s.verify(&logits, &[], 6, &[(6, 1.0)]), (6, true));
     assert_eq!(s.verify(&logits, &[], 0, &[(0, 1.0)]), (6, false));
 }
-

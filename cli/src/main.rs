@@ -286,7 +286,9 @@ fn run_on<B: Backend>(
     let spec = a.spec.params();
     let mut drafter = spec.drafter();
     if drafter.is_some() && constraint.is_some() {
-        anyhow::bail!("--spec-type with a grammar or JSON schema is not supported yet; drop one of them");
+        anyhow::bail!(
+            "--spec-type with a grammar or JSON schema is not supported yet; drop one of them"
+        );
     }
     let mut kv = engine.new_kv()?;
     let (_, stats) = stream_kv(

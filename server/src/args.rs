@@ -577,7 +577,11 @@ pub struct SpecArgs {
 
 fn parse_spec_type(s: &str) -> Result<SpecType, String> {
     // llama.cpp takes a comma-separated list; longhaul runs one drafter.
-    let kinds: Vec<&str> = s.split(',').map(str::trim).filter(|k| *k != "none").collect();
+    let kinds: Vec<&str> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|k| *k != "none")
+        .collect();
     match kinds[..] {
         [] => Ok(SpecType::None),
         [k] => k.parse(),

@@ -39,12 +39,7 @@ fn layers<'s, B: Backend>(
     io: &crate::longhaul::IoScope<'s>,
     steps: bool,
 ) -> Result<B::Tensor, ModelError> {
-    let p = Pass {
-        m,
-        seqs,
-        io,
-        steps,
-    };
+    let p = Pass { m, seqs, io, steps };
     let b = &m.backend;
     for (il, layer) in m.layers.iter().enumerate() {
         let h = p.norm(&x, &layer.attn_norm)?;
@@ -133,7 +128,9 @@ pub(super) fn forward_multi<B: Backend>(
         .collect();
     let x = b.get_rows(&m.tok_embd, &tokens)?;
     // Longhaul's lookahead reads run on the I/O pool while layers compute.
-    let x = crate::longhaul::io_scope(|io| layers(m, &mut active, x, &spans, io, want == Logits::Steps))?;
+    let x = crate::longhaul::io_scope(|io| {
+        layers(m, &mut active, x, &spans, io, want == Logits::Steps)
+    })?;
     let rows: Vec<usize> = match want {
         Logits::All | Logits::Steps => (0..tokens.len()).collect(),
         Logits::Last => spans
