@@ -428,21 +428,9 @@ impl Sampler {
         match self.chain(logits, history, false) {
             Chain::Greedy(id, _) => vec![(id, 1.0)],
             Chain::Draw(cands) => {
-                let max = cands
-                    .iter()
-                    .map(|c| c.logit)
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let out = if max.is_finite() {
-                    let w: Vec<f64> = cands
-                        .iter()
-                        .map(|c| f64::from(c.logit - max).exp())
-                        .collect();
-                    let total: f64 = w.iter().sum();
-                    cands
-                        .iter()
-                        .zip(w)
-                        .map(|(c, w)| (c.id, w / total))
-                        .collect()
+                // Best first (top-k sorts); a -inf best leaves the argmax.
+                let out = if cands[0].logit.is_finite() {
+                    cands.iter().map(|c| c.id).zip(probs(&cands)).collect()
                 } else {
                     vec![(argmax(&cands), 1.0)]
                 };
@@ -502,6 +490,7 @@ impl Sampler {
             }
             u -= x;
         }
+        // Rounding left `u` past the end: the last candidate with weight.
         w.iter()
             .rev()
             .find(|(_, x)| *x > 0.0)
@@ -556,25 +545,11 @@ impl Sampler {
         if !max.is_finite() {
             return argmax(cands);
         }
-        let weights: Vec<f64> = cands
+        let weights: Vec<(u32, f64)> = cands
             .iter()
-            .map(|c| f64::from(c.logit - max).exp())
+            .map(|c| (c.id, f64::from(c.logit - max).exp()))
             .collect();
-        let total: f64 = weights.iter().sum();
-        let mut u = self.rng.next_f64() * total;
-        for (c, w) in cands.iter().zip(&weights) {
-            if u < *w {
-                return c.id;
-            }
-            u -= w;
-        }
-        // Rounding left `u` past the end: the last candidate with weight.
-        cands
-            .iter()
-            .zip(&weights)
-            .rev()
-            .find(|(_, w)| **w > 0.0)
-            .map_or(cands[0].id, |(c, _)| c.id)
+        self.draw_weighted(&weights)
     }
 }
 
