@@ -43,6 +43,10 @@ pub enum EngineError {
     State(#[from] StateFileError),
     #[error("cannot hash the model's headers for a state file: {0}")]
     Identity(GgufError),
+    #[error("the sequence holds {n_past} positions but {n_held} held tokens were given")]
+    HeldTokens { n_held: usize, n_past: usize },
+    #[error("the draft model (-md) does not share the target's vocabulary: {0}; pick a draft model of the same family")]
+    DraftVocab(String),
 }
 
 /// Engine settings, named as llama.cpp's.
@@ -516,15 +520,32 @@ impl<B: Backend> Engine<B> {
         drafter: &mut Drafter,
         on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenStats), EngineError> {
-        self.generate_with(
-            kv,
-            prompt,
-            n_predict,
-            sampler,
-            None,
-            Some(drafter),
-            on_token,
-        )
+        self.generate_spec_after(kv, &[], prompt, n_predict, sampler, drafter, on_token)
+    }
+
+    /// [`Engine::generate_spec`] on a sequence that already holds `held`
+    /// (a conversation's earlier turns): the drafter sees them before
+    /// `prompt`; the sampler's penalties, as without speculation, see the
+    /// prompt and the reply only.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_spec_after(
+        &self,
+        kv: &mut SeqState<B>,
+        held: &[u32],
+        prompt: &[u32],
+        n_predict: usize,
+        sampler: &mut Sampler,
+        drafter: &mut Drafter,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenStats), EngineError> {
+        if held.len() != kv.n_past() {
+            return Err(EngineError::HeldTokens {
+                n_held: held.len(),
+                n_past: kv.n_past(),
+            });
+        }
+        let d = Some((held, drafter));
+        self.generate_with(kv, prompt, n_predict, sampler, None, d, on_token)
     }
 
     /// The decode loop. A constrained generation does not speculate.
@@ -536,15 +557,16 @@ impl<B: Backend> Engine<B> {
         n_predict: usize,
         sampler: &mut Sampler,
         mut constraint: Option<&mut Constraint>,
-        mut drafter: Option<&mut Drafter>,
+        drafter: Option<(&[u32], &mut Drafter)>,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenStats), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        if constraint.is_some() {
-            drafter = None;
-        }
+        let (held, mut drafter) = match drafter {
+            Some((held, d)) if constraint.is_none() => (held, Some(d)),
+            _ => (&[][..], None),
+        };
         let mut stats = GenStats {
             n_prompt: prompt.len(),
             ..Default::default()
@@ -556,11 +578,14 @@ impl<B: Backend> Engine<B> {
         stats.prompt_time = t0.elapsed();
         let io1 = io();
         let n_decode0 = kv.n_past();
+        // `held` then the prompt and the reply: what the drafter sees; the
+        // sampler sees `history[n_held..]`.
+        let n_held = held.len();
+        let mut history: Vec<u32> = [held, prompt].concat();
         if let Some(d) = drafter.as_deref_mut() {
-            d.begin(prompt);
+            d.begin(&history);
         }
         let n_vocab = self.model.hp.n_vocab;
-        let mut history: Vec<u32> = prompt.to_vec();
         let mut out = Vec::new();
         let t1 = Instant::now();
         // Each emitted token goes to the caller; `false` ends the generation.
@@ -587,11 +612,11 @@ impl<B: Backend> Engine<B> {
                 let tok = match constraint.as_deref_mut() {
                     Some(c) => {
                         c.apply(&mut logits)?;
-                        let tok = sampler.sample(&logits, &history);
+                        let tok = sampler.sample(&logits, &history[n_held..]);
                         complete = c.commit(tok)?;
                         tok
                     }
-                    None => sampler.sample(&logits, &history),
+                    None => sampler.sample(&logits, &history[n_held..]),
                 };
                 if !emit(tok, complete, kv.n_past(), &mut out, &mut history) {
                     break;
@@ -607,7 +632,7 @@ impl<B: Backend> Engine<B> {
                         .min(n_predict - out.len() - 1);
                     let mut draft = match drafter.as_deref_mut() {
                         Some(d) if room > 0 => {
-                            d.draft(&history[..history.len() - 1], pending, room)
+                            d.draft(&history[..history.len() - 1], pending, room)?
                         }
                         _ => Vec::new(),
                     };
@@ -628,7 +653,7 @@ impl<B: Backend> Engine<B> {
                     let row = |i: usize| &rows[i * n_vocab..(i + 1) * n_vocab];
                     let (mut n_emitted, mut n_accepted, mut go_on) = (0, 0, true);
                     for (i, &d) in draft.iter().enumerate() {
-                        let (t, ok) = sampler.verify(row(i), &history, d, &[(d, 1.0)]);
+                        let (t, ok) = sampler.verify(row(i), &history[n_held..], d, &[(d, 1.0)]);
                         n_emitted += 1;
                         n_accepted += usize::from(ok);
                         go_on = emit(t, false, n0 + 1 + i, &mut out, &mut history);
@@ -638,7 +663,7 @@ impl<B: Backend> Engine<B> {
                         }
                     }
                     if go_on && n_accepted == draft.len() {
-                        let t = sampler.sample(row(draft.len()), &history);
+                        let t = sampler.sample(row(draft.len()), &history[n_held..]);
                         n_emitted += 1;
                         go_on = emit(t, false, n0 + 1 + draft.len(), &mut out, &mut history);
                         pending = t;

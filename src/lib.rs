@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod backend;
 pub mod clock;
 pub mod constrain;
+pub mod draft;
 pub mod engine;
 pub mod errors;
 pub mod gguf;

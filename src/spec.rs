@@ -5,10 +5,12 @@
 //! verifies them in one batch ([`crate::engine::Engine::generate_spec`]) and
 //! the sampler accepts or rejects each ([`crate::sample::Sampler::verify`]).
 //!
-//! This module knows token ids only: nothing of models, caches or sampling.
-//! Every drafter here is deterministic (the draft distribution `q` is a point
-//! mass on the proposed token), which is what llama.cpp's n-gram drafters
-//! are too.
+//! This module knows token ids only: nothing of models, caches or sampling;
+//! a draft model ([`crate::draft::ModelDrafter`]) comes in through
+//! [`DraftSource`]. Every drafter is deterministic (the draft distribution
+//! `q` is a point mass on the proposed token), as llama.cpp's are.
+
+use crate::engine::EngineError;
 
 /// `--spec-type`: which drafter proposes tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,6 +23,9 @@ pub enum SpecType {
     /// llama.cpp's `ngram-map-k`: the same lookup through a hash map of
     /// n-grams, the draft cut to what was accepted of the key's last draft.
     NgramMapK,
+    /// llama.cpp's `draft-simple`: a small draft model (`-md`) proposes its
+    /// most likely tokens.
+    DraftSimple,
 }
 
 impl SpecType {
@@ -29,6 +34,7 @@ impl SpecType {
             Self::None => "none",
             Self::NgramSimple => "ngram-simple",
             Self::NgramMapK => "ngram-map-k",
+            Self::DraftSimple => "draft-simple",
         }
     }
 }
@@ -40,12 +46,13 @@ impl std::str::FromStr for SpecType {
             "none" => Ok(Self::None),
             "ngram-simple" => Ok(Self::NgramSimple),
             "ngram-map-k" => Ok(Self::NgramMapK),
-            "draft-simple" | "draft-eagle3" | "draft-mtp" | "draft-dflash" | "draft-dspark"
+            "draft-simple" => Ok(Self::DraftSimple),
+            "draft-eagle3" | "draft-mtp" | "draft-dflash" | "draft-dspark"
             | "ngram-map-k4v" | "ngram-mod" | "ngram-cache" => Err(format!(
-                "--spec-type {s} is not supported yet; longhaul drafts with ngram-simple or ngram-map-k"
+                "--spec-type {s} is not supported yet; longhaul drafts with ngram-simple, ngram-map-k or draft-simple (-md)"
             )),
             _ => Err(format!(
-                "`{s}` is not a --spec-type; use none, ngram-simple or ngram-map-k"
+                "`{s}` is not a --spec-type; use none, ngram-simple, ngram-map-k or draft-simple"
             )),
         }
     }
@@ -74,30 +81,76 @@ impl Default for NgramSizes {
     }
 }
 
+/// A draft model's sizes (llama.cpp's `common_params_speculative_draft`,
+/// with its defaults).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DraftParams {
+    /// Most tokens drafted per step (`--spec-draft-n-max`, default 3).
+    pub n_max: usize,
+    /// Fewer drafted tokens than this are dropped (`--spec-draft-n-min`, 0).
+    pub n_min: usize,
+    /// Drafting stops below this probability (`--spec-draft-p-min`, 0.0).
+    pub p_min: f32,
+}
+
+impl Default for DraftParams {
+    fn default() -> Self {
+        Self {
+            n_max: 3,
+            n_min: 0,
+            p_min: 0.0,
+        }
+    }
+}
+
 /// Speculative decoding settings of a generation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SpecParams {
     pub kind: SpecType,
     pub ngram_simple: NgramSizes,
     pub ngram_map_k: NgramSizes,
+    pub draft: DraftParams,
 }
 
 impl SpecParams {
-    /// The drafter these settings name, or `None` without speculation.
+    /// The n-gram drafter these settings name; `None` without speculation
+    /// and for `draft-simple`, whose model the caller loads
+    /// ([`crate::draft::ModelDrafter`], then [`Drafter::Model`]).
     pub fn drafter(&self) -> Option<Drafter> {
         match self.kind {
-            SpecType::None => None,
+            SpecType::None | SpecType::DraftSimple => None,
             SpecType::NgramSimple => Some(Drafter::Simple(self.ngram_simple)),
             SpecType::NgramMapK => Some(Drafter::MapK(NgramMap::new(self.ngram_map_k))),
         }
     }
 }
 
+/// A drafter that needs more than token ids: a draft model.
+pub trait DraftSource: Send {
+    /// As [`Drafter::draft`].
+    fn draft(
+        &mut self,
+        tokens: &[u32],
+        sampled: u32,
+        n_max: usize,
+    ) -> Result<Vec<u32>, EngineError>;
+}
+
 /// A drafter with its state for one sequence.
-#[derive(Clone, Debug)]
 pub enum Drafter {
     Simple(NgramSizes),
     MapK(NgramMap),
+    Model(Box<dyn DraftSource>),
+}
+
+impl std::fmt::Debug for Drafter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Simple(s) => f.debug_tuple("Simple").field(s).finish(),
+            Self::MapK(m) => f.debug_tuple("MapK").field(m).finish(),
+            Self::Model(_) => f.write_str("Model"),
+        }
+    }
 }
 
 impl Drafter {
@@ -110,14 +163,21 @@ impl Drafter {
 
     /// Tokens expected after `tokens` (every token the sequence holds) and
     /// `sampled` (the token just sampled, not yet in `tokens`), at most
-    /// `n_max` of them; empty when the drafter has nothing.
-    pub fn draft(&mut self, tokens: &[u32], sampled: u32, n_max: usize) -> Vec<u32> {
+    /// `n_max` of them; empty when the drafter has nothing. Only a draft
+    /// model can fail (its forward pass).
+    pub fn draft(
+        &mut self,
+        tokens: &[u32],
+        sampled: u32,
+        n_max: usize,
+    ) -> Result<Vec<u32>, EngineError> {
         let mut d = match self {
             Self::Simple(s) => ngram_simple_draft(*s, tokens, sampled),
             Self::MapK(m) => m.draft(tokens, sampled),
+            Self::Model(m) => m.draft(tokens, sampled, n_max)?,
         };
         d.truncate(n_max);
-        d
+        Ok(d)
     }
 
     /// `n` tokens of the last draft were accepted.

@@ -23,10 +23,12 @@ use std::path::Path;
 
 use common::{fixture, nmse, real_model};
 use longhaul::backend::cpu::CpuBackend;
+use longhaul::draft::ModelDrafter;
+use longhaul::engine::EngineError;
 use longhaul::engine::{CacheBudget, Engine, EngineParams, FlashAttn, GenStats, LonghaulParams};
 use longhaul::model::Logits;
 use longhaul::sample::{Sampler, SamplerParams};
-use longhaul::spec::{NgramSizes, SpecParams, SpecType};
+use longhaul::spec::{DraftParams, DraftSource, Drafter, NgramSizes, SpecParams, SpecType};
 use longhaul::tensor::GgmlType;
 
 fn params(n_ctx: usize, budget: Option<u64>) -> EngineParams {
@@ -65,6 +67,7 @@ fn spec(kind: SpecType, n: u16, m: u16) -> SpecParams {
         kind,
         ngram_simple: sizes,
         ngram_map_k: sizes,
+        draft: DraftParams::default(),
     }
 }
 
@@ -74,6 +77,16 @@ fn greedy(
     prompt: &[u32],
     n: usize,
     sp: Option<SpecParams>,
+) -> (Vec<u32>, GenStats, Vec<f32>) {
+    greedy_with(e, prompt, n, sp.and_then(|s| s.drafter()))
+}
+
+/// [`greedy`] with a drafter given.
+fn greedy_with(
+    e: &Engine<CpuBackend>,
+    prompt: &[u32],
+    n: usize,
+    drafter: Option<Drafter>,
 ) -> (Vec<u32>, GenStats, Vec<f32>) {
     let mut kv = e.new_kv().expect("kv");
     // End-of-generation tokens are banned so that every run is n long.
@@ -85,7 +98,7 @@ fn greedy(
         .map(|id| (id, f32::NEG_INFINITY))
         .collect();
     let mut sampler = Sampler::new(sp_greedy);
-    let (out, stats) = match sp.and_then(|s| s.drafter()) {
+    let (out, stats) = match drafter {
         Some(mut d) => e.generate_spec(&mut kv, prompt, n, &mut sampler, &mut d, |_| true),
         None => e.generate(&mut kv, prompt, n, &mut sampler, |_| true),
     }
@@ -311,6 +324,220 @@ fn greedy_with_each_drafter_equals_greedy_on_a_recurrent_hybrid() {
     let (got, stats, _) = greedy(&e, &prompt, 24, Some(spec(SpecType::NgramSimple, 1, 8)));
     assert_eq!(got, want);
     assert_eq!(stats.spec.n_drafted, 0);
+}
+
+/// A draft model on the CPU for `target`, with the target's context.
+fn draft_model(target: &Engine<CpuBackend>, name: &str, dp: DraftParams) -> Drafter {
+    let d = ModelDrafter::load(
+        &fixture(name),
+        CpuBackend::new(),
+        params(target.params.n_ctx, None),
+        &target.tokenizer,
+        dp,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    Drafter::Model(Box::new(d))
+}
+
+/// Greedy with the draft model `draft` equals plain greedy, the sequence
+/// left behind included; returns (drafted, accepted).
+fn check_equal_draft(
+    e: &Engine<CpuBackend>,
+    label: &str,
+    prompt: &[u32],
+    n: usize,
+    draft: Drafter,
+) -> (usize, usize) {
+    let (want, plain, want_next) = greedy(e, prompt, n, None);
+    let (got, stats, next) = greedy_with(e, prompt, n, Some(draft));
+    assert_eq!(got, want, "{label}: tokens differ from plain greedy");
+    assert_eq!(next, want_next, "{label}: the sequence left behind differs");
+    assert_eq!(stats.n_gen_evals, plain.n_gen_evals, "{label}");
+    eprintln!(
+        "{label}: {} tokens, {} batches, drafted {}, accepted {}",
+        got.len(),
+        stats.spec.n_batches,
+        stats.spec.n_drafted,
+        stats.spec.n_accepted
+    );
+    (stats.spec.n_drafted, stats.spec.n_accepted)
+}
+
+/// A draft model whose every draft is checked against a fresh drafter's
+/// (one that evaluates the whole sequence from the start): following the
+/// sequence by common prefix and rewinds must not change what it drafts.
+struct Checked {
+    inc: ModelDrafter<CpuBackend>,
+    path: std::path::PathBuf,
+    params: EngineParams,
+    /// (drafts checked, drafts after the sequence went back).
+    counts: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+    last: Vec<u32>,
+}
+
+impl DraftSource for Checked {
+    fn draft(
+        &mut self,
+        tokens: &[u32],
+        sampled: u32,
+        n_max: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        // The sequence went back past part of what the drafter had seen.
+        let went_back =
+            tokens.len() < self.last.len() || tokens[..self.last.len()] != self.last[..];
+        let got = self.inc.draft(tokens, sampled, n_max)?;
+        let tok = &self.inc.engine().tokenizer;
+        let mut fresh = ModelDrafter::load(
+            &self.path,
+            CpuBackend::new(),
+            self.params.clone(),
+            tok,
+            DraftParams::default(),
+        )?;
+        let want = fresh.draft(tokens, sampled, n_max)?;
+        let mut c = self.counts.lock().expect("counts");
+        assert_eq!(got, want, "draft {} after {} tokens", c.0, tokens.len());
+        c.0 += 1;
+        c.1 += usize::from(went_back);
+        self.last = tokens
+            .iter()
+            .copied()
+            .chain([sampled])
+            .chain(got.iter().copied())
+            .collect();
+        Ok(got)
+    }
+}
+
+#[test]
+fn a_draft_model_drafts_what_a_fresh_one_would_after_every_rewind() {
+    let e = load(&fixture("qwen3moe-q4_k_m.gguf"), params(256, None));
+    let prompt = repetitive(e.model.hp.n_vocab);
+    // F32 weights and cache, exact attention: the same logits whether the
+    // sequence is evaluated at once or step by step, up to the last bits.
+    let mut p = params(256, None);
+    p.kv_type = GgmlType::F32;
+    p.flash_attn = FlashAttn::Off;
+    let path = fixture("qwen3moe-f32.gguf");
+    let inc = ModelDrafter::load(
+        &path,
+        CpuBackend::new(),
+        p.clone(),
+        &e.tokenizer,
+        DraftParams::default(),
+    )
+    .expect("draft model");
+    let counts = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
+    let checked = Checked {
+        inc,
+        path,
+        params: p,
+        counts: counts.clone(),
+        last: Vec::new(),
+    };
+    let (got, stats, _) = greedy_with(&e, &prompt, 40, Some(Drafter::Model(Box::new(checked))));
+    assert_eq!(got.len(), 40);
+    let (n_checked, n_went_back) = *counts.lock().expect("counts");
+    eprintln!(
+        "checked {n_checked} drafts ({n_went_back} after going back): {} batches, drafted {}, accepted {}",
+        stats.spec.n_batches, stats.spec.n_drafted, stats.spec.n_accepted
+    );
+    assert_eq!(n_checked, stats.spec.n_batches);
+    assert!(
+        n_went_back > 3,
+        "the sequence went back {n_went_back} times"
+    );
+}
+
+#[test]
+fn a_draft_model_equal_to_the_target_has_every_draft_accepted() {
+    // The same file drafts for itself: its one-token steps give the logits
+    // of the target's verification rows (bit for bit, as the first test
+    // shows), so every greedy draft is accepted, which holds only if the
+    // drafter's positions follow the target's. (Going back past rejected
+    // drafts is the next test's: breaking the drafter's rewind fails it.)
+    let e = load(&fixture("qwen3moe-q8_0.gguf"), params(256, None));
+    let prompt = repetitive(e.model.hp.n_vocab);
+    for n_max in [1, 3, 5] {
+        let dp = DraftParams {
+            n_max,
+            ..DraftParams::default()
+        };
+        let d = draft_model(&e, "qwen3moe-q8_0.gguf", dp);
+        let (drafted, accepted) =
+            check_equal_draft(&e, &format!("self-draft n_max {n_max}"), &prompt, 40, d);
+        assert_eq!(accepted, drafted, "n_max {n_max}");
+        // Each batch drafts n_max (or what is left of the 40 tokens).
+        assert!(drafted >= 39 * n_max / (n_max + 1) - 1, "drafted {drafted}");
+    }
+}
+
+#[test]
+fn greedy_with_a_draft_model_equals_greedy_resident_longhaul_and_recurrent() {
+    // Another quantisation of the same model drafts: most drafts hold,
+    // some do not.
+    let path = fixture("qwen3moe-q4_k_m.gguf");
+    let resident = load(&path, params(256, None));
+    let prompt = repetitive(resident.model.hp.n_vocab);
+    let d = draft_model(&resident, "qwen3moe-f16.gguf", DraftParams::default());
+    let (drafted, accepted) = check_equal_draft(&resident, "qwen3moe resident", &prompt, 40, d);
+    assert!(
+        accepted > 0 && drafted > 0,
+        "drafted {drafted}, accepted {accepted}"
+    );
+    let (n_layers, expert_bytes) = resident.model.expert_slot_cost().expect("cost");
+    for slots in [1, resident.model.hp.n_expert / 2] {
+        let e = load(
+            &path,
+            params(256, Some((slots * n_layers) as u64 * expert_bytes)),
+        );
+        let d = draft_model(&e, "qwen3moe-f16.gguf", DraftParams::default());
+        let label = format!("qwen3moe longhaul {slots} slots");
+        check_equal_draft(&e, &label, &prompt, 40, d);
+    }
+    // A recurrent target with a recurrent drafter: both go back through
+    // their checkpoints.
+    let e = load(&fixture("qwen3next-q8_0.gguf"), params(256, None));
+    let prompt = repetitive(e.model.hp.n_vocab);
+    let d = draft_model(&e, "qwen3next-q4_k_m.gguf", DraftParams::default());
+    let (drafted, accepted) = check_equal_draft(&e, "qwen3next", &prompt, 40, d);
+    assert!(accepted > 0, "drafted {drafted}, accepted {accepted}");
+}
+
+#[test]
+fn draft_model_sizes_and_vocabulary_follow_llama_cpp() {
+    let e = load(&fixture("qwen3moe-q8_0.gguf"), params(256, None));
+    let prompt = repetitive(e.model.hp.n_vocab);
+    // p_min 1.0: no top-10 softmax reaches it, so nothing is drafted.
+    let strict = DraftParams {
+        p_min: 1.0,
+        ..DraftParams::default()
+    };
+    let d = draft_model(&e, "qwen3moe-q8_0.gguf", strict);
+    assert_eq!(check_equal_draft(&e, "p_min 1", &prompt, 12, d), (0, 0));
+    // n_min above n_max: every draft is dropped.
+    let short = DraftParams {
+        n_max: 2,
+        n_min: 3,
+        p_min: 0.0,
+    };
+    let d = draft_model(&e, "qwen3moe-q8_0.gguf", short);
+    assert_eq!(check_equal_draft(&e, "n_min 3", &prompt, 12, d), (0, 0));
+    // SmolLM2's vocabulary is not the fixture's: refused, with a reason.
+    let err = ModelDrafter::load(
+        &real_model("smollm2-135m-instruct-q4_1.gguf"),
+        CpuBackend::new(),
+        params(256, None),
+        &e.tokenizer,
+        DraftParams::default(),
+    )
+    .err()
+    .expect("a draft model of another vocabulary is refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("does not share the target's vocabulary"),
+        "{msg}"
+    );
 }
 
 /// Chi-square statistic of `counts` against probabilities `p` over `n`

@@ -30,6 +30,7 @@ use longhaul::backend::Backend;
 use longhaul::constrain::Constraint;
 use longhaul::engine::{Engine, EngineError, GenStats};
 use longhaul::sample::Sampler;
+use longhaul::spec::Drafter;
 use longhaul::state::SeqState;
 use longhaul::tokenizer::{ChatMessage, StreamDecoder};
 use rustyline::error::ReadlineError;
@@ -56,6 +57,7 @@ pub fn chat_loop<B: Backend>(
     engine: &Engine<B>,
     opts: &ChatOptions,
     sampler: &mut Sampler,
+    mut drafter: Option<&mut Drafter>,
     model_name: &str,
 ) -> anyhow::Result<()> {
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -134,13 +136,22 @@ pub fn chat_loop<B: Backend>(
                 None
             }
         };
-        match conv.reply(engine, opts, sampler, &interrupted) {
+        match conv.reply(engine, opts, sampler, drafter.as_deref_mut(), &interrupted) {
             Ok((stats, stopped)) => {
                 if stopped {
                     eprint!("\n[ stopped after {} tokens ]", stats.n_gen);
                 }
+                let spec = match stats.spec {
+                    sp if sp.n_drafted > 0 => format!(
+                        " | Draft acceptance: {:.1}% ({} / {})",
+                        100.0 * sp.acceptance(),
+                        sp.n_accepted,
+                        sp.n_drafted
+                    ),
+                    _ => String::new(),
+                };
                 eprintln!(
-                    "\n[ Prompt: {:.1} t/s | Generation: {:.1} t/s ]",
+                    "\n[ Prompt: {:.1} t/s | Generation: {:.1} t/s{spec} ]",
                     stats.prompt_tps(),
                     stats.gen_tps()
                 );
@@ -317,6 +328,7 @@ impl<B: Backend> Conversation<B> {
         engine: &Engine<B>,
         opts: &ChatOptions,
         sampler: &mut Sampler,
+        drafter: Option<&mut Drafter>,
         interrupted: &AtomicBool,
     ) -> Result<(GenStats, bool), TurnError> {
         let text = engine
@@ -357,23 +369,37 @@ impl<B: Backend> Conversation<B> {
         let mut io_err = None;
         let mut stopped = false;
         let mut constraint = opts.constraint.cloned();
-        let res = engine.generate_constrained(
-            &mut self.kv,
-            &tokens[common..],
-            opts.n_predict,
-            sampler,
-            constraint.as_mut(),
-            |tok| {
-                let piece = dec.push(&engine.tokenizer, tok);
-                shown += &piece;
-                if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-                    io_err = Some(e);
-                    return false;
-                }
-                stopped = interrupted.load(Ordering::Relaxed);
-                !stopped
-            },
-        );
+        let on_token = |tok| {
+            let piece = dec.push(&engine.tokenizer, tok);
+            shown += &piece;
+            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                io_err = Some(e);
+                return false;
+            }
+            stopped = interrupted.load(Ordering::Relaxed);
+            !stopped
+        };
+        let prompt = &tokens[common..];
+        let res = match drafter {
+            // The drafter sees the earlier turns the cache holds.
+            Some(d) if constraint.is_none() => engine.generate_spec_after(
+                &mut self.kv,
+                &self.cached,
+                prompt,
+                opts.n_predict,
+                sampler,
+                d,
+                on_token,
+            ),
+            _ => engine.generate_constrained(
+                &mut self.kv,
+                prompt,
+                opts.n_predict,
+                sampler,
+                constraint.as_mut(),
+                on_token,
+            ),
+        };
         // A failed evaluation may have filled part of the cache past
         // `cached`; the next turn truncates to the common prefix again.
         let (reply, stats) = res.map_err(TurnError::Engine)?;

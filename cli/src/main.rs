@@ -23,9 +23,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use longhaul::backend::Backend;
 use longhaul::constrain::Constraint;
+use longhaul::draft::ModelDrafter;
 use longhaul::engine::{Engine, EngineParams, GenStats};
 use longhaul::sample::{Sampler, SamplerParams};
-use longhaul::spec::{Drafter, SpecType};
+use longhaul::spec::{Drafter, SpecParams, SpecType};
 use longhaul::state::SeqState;
 use longhaul::tokenizer::StreamDecoder;
 
@@ -139,6 +140,8 @@ struct ChatArgs {
     model: ModelArgs,
     #[command(flatten)]
     sample: SampleArgs,
+    #[command(flatten)]
+    spec: longhaul_server::args::SpecArgs,
     /// A system message at the start of the conversation (-sys).
     #[arg(long = "system-prompt")]
     pub system_prompt: Option<String>,
@@ -222,10 +225,8 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     } else {
         args::process_escapes(&prompt)?
     };
+    let spec = a.spec.params()?;
     if a.conversation {
-        if a.spec.spec_type != SpecType::None {
-            anyhow::bail!("--spec-type applies to `run` without -cnv (conversation mode does not speculate yet)");
-        }
         return run_conversation(a, prompt);
     }
     if a.system_prompt.is_some() {
@@ -242,22 +243,28 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     }
     a.model.with_threads(|| {
         longhaul::with_backend!(placed.placement, |backend| run_on(
-            backend, &a, params, sampling, &prompt
+            backend, &a, params, sampling, spec, &prompt
         ))
     })?
 }
 
 /// `run` on one backend.
-fn run_on<B: Backend>(
+fn run_on<B: Backend + 'static>(
     backend: B,
     a: &RunArgs,
     params: EngineParams,
     sampling: SamplerParams,
+    spec: SpecParams,
     prompt: &str,
 ) -> anyhow::Result<()> {
     let info = a.model.log.info();
-    let mut engine =
-        Engine::load_with_progress(&a.model.model, backend, params, info.then(report::load_bar))?;
+    let draft_params = params.clone();
+    let mut engine = Engine::load_with_progress(
+        &a.model.model,
+        backend.clone(),
+        params,
+        info.then(report::load_bar),
+    )?;
     a.model.lock_memory();
     a.trace.attach(&mut engine)?;
     check_bias(&sampling, &engine)?;
@@ -283,8 +290,7 @@ fn run_on<B: Backend>(
         None => None,
     };
     let mut sampler = Sampler::new(sampling);
-    let spec = a.spec.params();
-    let mut drafter = spec.drafter();
+    let mut drafter = load_drafter(&a.spec, spec, backend, draft_params, &engine, info)?;
     if drafter.is_some() && constraint.is_some() {
         anyhow::bail!(
             "--spec-type with a grammar or JSON schema is not supported yet; drop one of them"
@@ -312,6 +318,28 @@ fn run_on<B: Backend>(
     Ok(())
 }
 
+/// The drafter `spec` names: an n-gram one, or the draft model of
+/// `-md`, loaded on `backend` with the target's settings and context size.
+fn load_drafter<B: Backend + 'static>(
+    args: &longhaul_server::args::SpecArgs,
+    spec: SpecParams,
+    backend: B,
+    mut params: EngineParams,
+    engine: &Engine<B>,
+    info: bool,
+) -> anyhow::Result<Option<Drafter>> {
+    let (SpecType::DraftSimple, Some(path)) = (spec.kind, &args.draft_model) else {
+        return Ok(spec.drafter());
+    };
+    params.n_ctx = engine.params.n_ctx;
+    let d = ModelDrafter::load(path, backend, params, &engine.tokenizer, spec.draft)
+        .with_context(|| format!("draft model {}", path.display()))?;
+    if info {
+        report::draft_model_start(&d);
+    }
+    Ok(Some(Drafter::Model(Box::new(d))))
+}
+
 /// `--logit-bias` ids must be in the loaded model's vocabulary.
 fn check_bias<B: Backend>(sampling: &SamplerParams, engine: &Engine<B>) -> anyhow::Result<()> {
     sampling
@@ -328,6 +356,7 @@ fn run_conversation(a: RunArgs, prompt: String) -> anyhow::Result<()> {
     let chat_args = ChatArgs {
         model: a.model,
         sample: a.sample,
+        spec: a.spec,
         system_prompt: a.system_prompt,
         color: a.color,
         n_predict: usize::try_from(a.n_predict).unwrap_or(usize::MAX),
@@ -345,6 +374,7 @@ fn run_conversation(a: RunArgs, prompt: String) -> anyhow::Result<()> {
 fn chat(a: ChatArgs, first: Option<String>, single_turn: bool) -> anyhow::Result<()> {
     let params = a.model.engine_params()?;
     let sampling = a.sample.params()?;
+    let spec = a.spec.params()?;
     let placed = a.model.placement.resolve(&a.model.model)?;
     if a.model.log.info() {
         eprintln!("placement: {}", placed.summary);
@@ -355,6 +385,7 @@ fn chat(a: ChatArgs, first: Option<String>, single_turn: bool) -> anyhow::Result
             &a,
             params,
             sampling,
+            spec,
             first.clone(),
             single_turn
         ))
@@ -362,17 +393,23 @@ fn chat(a: ChatArgs, first: Option<String>, single_turn: bool) -> anyhow::Result
 }
 
 /// `chat` on one backend.
-fn chat_on<B: Backend>(
+fn chat_on<B: Backend + 'static>(
     backend: B,
     a: &ChatArgs,
     params: EngineParams,
     sampling: SamplerParams,
+    spec: SpecParams,
     mut first: Option<String>,
     single_turn: bool,
 ) -> anyhow::Result<()> {
     let info = a.model.log.info();
-    let engine =
-        Engine::load_with_progress(&a.model.model, backend, params, info.then(report::load_bar))?;
+    let draft_params = params.clone();
+    let engine = Engine::load_with_progress(
+        &a.model.model,
+        backend.clone(),
+        params,
+        info.then(report::load_bar),
+    )?;
     a.model.lock_memory();
     check_bias(&sampling, &engine)?;
     if info {
@@ -384,6 +421,12 @@ fn chat_on<B: Backend>(
         Some(spec) => Some(engine.constraint(&spec)?),
         None => None,
     };
+    let mut drafter = load_drafter(&a.spec, spec, backend, draft_params, &engine, info)?;
+    if drafter.is_some() && constraint.is_some() {
+        anyhow::bail!(
+            "--spec-type with a grammar or JSON schema is not supported yet; drop one of them"
+        );
+    }
     let opts = chat::ChatOptions {
         system_prompt: a.system_prompt.as_deref(),
         n_predict: a.n_predict,
@@ -397,6 +440,7 @@ fn chat_on<B: Backend>(
         &engine,
         &opts,
         &mut sampler,
+        drafter.as_mut(),
         &a.model.model.display().to_string(),
     )
 }
@@ -474,6 +518,8 @@ mod spelling_table {
             "--json-schema" => "{}",
             "--json-schema-file" => "s.json",
             "--spec-type" => "ngram-simple",
+            "--spec-draft-n-max" => "5",
+            "--spec-draft-p-min" => "0.5",
             "--host" => "0.0.0.0",
             "--port" => "9090",
             "--alias" => "m",

@@ -316,3 +316,93 @@ fn mlock_locks_the_loaded_model_or_says_why_not() {
         fails_with(&run_fixture(&args), &["--mlock", "--longhaul"]);
     }
 }
+
+/// `run -cnv` over two turns (the prompt, then one line on stdin), greedy.
+fn converse(m: &str, extra: &[&str]) -> (String, String) {
+    let mut child = bin()
+        .args([
+            "run",
+            "-m",
+            m,
+            "-ngl",
+            "0",
+            "-cnv",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "-p",
+            "Write the line 'the cat sat on the mat' three times.",
+        ])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"Once more, please.\n")
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    (text(&out.stdout), err)
+}
+
+#[test]
+fn a_draft_model_speculates_in_run_and_chat_as_llama_cpp_spells_it() {
+    let m = smollm2();
+    // The model drafts for itself: every draft is accepted (its one-token
+    // steps equal the verification rows), and the replies of both turns
+    // are those without speculation. The second turn's drafter follows
+    // the whole conversation, not only the new message.
+    let (want, plain_err) = converse(&m, &[]);
+    assert!(!plain_err.contains("Draft acceptance"), "{plain_err}");
+    let (got, err) = converse(&m, &["-md", &m]);
+    assert_eq!(got, want, "replies with -md differ: {err}");
+    assert_eq!(err.matches("Draft acceptance: 100.0%").count(), 2, "{err}");
+    assert!(err.contains("draft model: 30 layers"), "{err}");
+    // run: llama.cpp's line, with --spec-draft-n-max and the env variable.
+    let out = bin()
+        .args([
+            "run",
+            "-m",
+            &m,
+            "-ngl",
+            "0",
+            "-p",
+            "1, 2, 3, 4,",
+            "-n",
+            "12",
+            "--temp",
+            "0",
+        ])
+        .args(["--spec-type", "draft-simple", "--spec-draft-n-max", "5"])
+        .env("LLAMA_ARG_SPEC_DRAFT_MODEL", &m)
+        .output()
+        .expect("spawn");
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("speculative: draft-simple"), "{err}");
+    assert!(err.contains("draft acceptance rate = 1.00000"), "{err}");
+    // What is refused, and why.
+    let out = run(&["run", "-m", &m, "-p", "x", "--spec-type", "draft-simple"]);
+    fails_with(&out, &["draft-simple needs a draft model", "-md FILE"]);
+    let out = run(&[
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "x",
+        "-md",
+        &m,
+        "--spec-type",
+        "ngram-simple",
+    ]);
+    fails_with(&out, &["one drafter at a time"]);
+    let out = run(&["run", "-m", &m, "-p", "x", "-n", "1", "-md", &fixture()]);
+    fails_with(&out, &["does not share the target's vocabulary"]);
+}

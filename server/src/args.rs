@@ -11,7 +11,7 @@ use longhaul::engine::{CacheBudget, EngineParams, LonghaulParams};
 use longhaul::longhaul::Policy;
 use longhaul::placement::{self, Placed};
 use longhaul::sample::{SampleParamError, SamplerParams};
-use longhaul::spec::{NgramSizes, SpecParams, SpecType};
+use longhaul::spec::{DraftParams, NgramSizes, SpecParams, SpecType};
 use longhaul::tensor::GgmlType;
 
 /// The standalone server's command line (`args` with the program name
@@ -549,12 +549,28 @@ pub struct SampleArgs {
 /// Speculative decoding, with llama.cpp's `--spec-*` flags and defaults
 /// (`common/arg.cpp`): the n-gram drafters look for the last `size-n`
 /// tokens earlier in the sequence and draft up to `size-m` tokens that
-/// followed them; the target verifies them in one batch.
+/// followed them; a draft model (`-md`) proposes up to `--spec-draft-n-max`
+/// tokens of its own; the target verifies them in one batch.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SpecArgs {
-    /// Speculative decoding: none, ngram-simple or ngram-map-k.
+    /// Speculative decoding: none, ngram-simple, ngram-map-k or draft-simple
+    /// (with -md; -md alone implies it).
     #[arg(long = "spec-type", default_value = "none", value_parser = parse_spec_type)]
     pub spec_type: SpecType,
+    /// Draft model for speculative decoding (-md): a small GGUF model with
+    /// the target's vocabulary, kept resident on the target's backend.
+    #[arg(long = "spec-draft-model", value_name = "FNAME")]
+    pub draft_model: Option<PathBuf>,
+    /// Draft model: most tokens drafted per step.
+    #[arg(long = "spec-draft-n-max", default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub draft_n_max: u16,
+    /// Draft model: drafts shorter than this are dropped.
+    #[arg(long = "spec-draft-n-min", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub draft_n_min: u16,
+    /// Draft model: stop drafting when the best token's probability (over the
+    /// draft's top 10) is below this.
+    #[arg(long = "spec-draft-p-min", default_value_t = 0.0)]
+    pub draft_p_min: f32,
     /// ngram-simple: length of the n-gram looked up.
     #[arg(long = "spec-ngram-simple-size-n", default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub simple_size_n: u16,
@@ -592,9 +608,28 @@ fn parse_spec_type(s: &str) -> Result<SpecType, String> {
 }
 
 impl SpecArgs {
-    pub fn params(&self) -> SpecParams {
-        SpecParams {
-            kind: self.spec_type,
+    /// The settings, checked: `draft-simple` needs `-md`, a draft model needs
+    /// `draft-simple` (or no `--spec-type`, which then means it).
+    pub fn params(&self) -> anyhow::Result<SpecParams> {
+        let kind = match (self.spec_type, &self.draft_model) {
+            (SpecType::None, Some(_)) => SpecType::DraftSimple,
+            (SpecType::DraftSimple, None) => {
+                anyhow::bail!("--spec-type draft-simple needs a draft model: add -md FILE")
+            }
+            (SpecType::NgramSimple | SpecType::NgramMapK, Some(_)) => anyhow::bail!(
+                "-md gives a draft model, which --spec-type {} does not use; longhaul runs one drafter at a time",
+                self.spec_type.name()
+            ),
+            (k, _) => k,
+        };
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            anyhow::bail!(
+                "--spec-draft-p-min {} is not a probability; give a value in [0, 1]",
+                self.draft_p_min
+            );
+        }
+        Ok(SpecParams {
+            kind,
             ngram_simple: NgramSizes {
                 size_n: self.simple_size_n,
                 size_m: self.simple_size_m,
@@ -605,7 +640,12 @@ impl SpecArgs {
                 size_m: self.map_k_size_m,
                 min_hits: self.map_k_min_hits,
             },
-        }
+            draft: DraftParams {
+                n_max: self.draft_n_max.into(),
+                n_min: self.draft_n_min.into(),
+                p_min: self.draft_p_min,
+            },
+        })
     }
 }
 

@@ -89,8 +89,10 @@ const ONE_DEVICE: &str =
     "longhaul runs every repeating layer on one device: `-ngl 0` (CPU) or `-ngl all` with `-dev NAME` (one GPU)";
 const FIT: &str =
     "longhaul does not split layers to fit device memory: `--longhaul --longhaul-cache auto` sizes the expert cache to the memory available";
-const DRAFT: &str = "draft models are not supported yet; longhaul speculates with n-gram drafters: --spec-type ngram-simple or ngram-map-k";
-const DRAFT_SIZE: &str = "llama.cpp removed this flag; n-gram drafts are sized by --spec-ngram-simple-size-m and --spec-ngram-map-k-size-m (draft models, which --spec-draft-n-max sizes, are not supported yet)";
+const DRAFT: &str = "not supported yet: the draft model (-md) runs resident on the target's backend, with its threads and KV cache type";
+const DRAFT_HUB: &str =
+    "longhaul does not download models: download the draft GGUF file and pass `-md FILE`";
+const DRAFT_SIZE: &str = "llama.cpp removed this flag; a draft model's drafts are sized by --spec-draft-n-max and --spec-draft-n-min, n-gram drafts by --spec-ngram-simple-size-m and --spec-ngram-map-k-size-m";
 const LORA: &str = "LoRA adapters and control vectors are not supported yet";
 const TEXT: &str = "longhaul runs text models only (no multimodal projector)";
 const SAMPLER: &str = "this sampler is not supported yet; longhaul samples with --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n and --seed";
@@ -361,12 +363,12 @@ pub const SPELLINGS: &[Spelling] = &[
     refused("--control-vector", LORA),
     refused("--control-vector-scaled", LORA),
     refused("--control-vector-layer-range", LORA),
-    refused("-md", DRAFT),
-    refused("--model-draft", DRAFT),
-    refused("--spec-draft-model", DRAFT),
-    refused("-hfd", DRAFT),
-    refused("-hfrd", DRAFT),
-    refused("--hf-repo-draft", DRAFT),
+    alias("-md", "--spec-draft-model"),
+    alias("--model-draft", "--spec-draft-model"),
+    same("--spec-draft-model").env("LLAMA_ARG_SPEC_DRAFT_MODEL"),
+    refused("-hfd", DRAFT_HUB),
+    refused("-hfrd", DRAFT_HUB),
+    refused("--hf-repo-draft", DRAFT_HUB),
     refused("-ngld", DRAFT),
     refused("--gpu-layers-draft", DRAFT),
     refused("--n-gpu-layers-draft", DRAFT),
@@ -385,11 +387,28 @@ pub const SPELLINGS: &[Spelling] = &[
     refused("--draft-max", DRAFT_SIZE),
     refused("--draft-min", DRAFT_SIZE),
     refused("--draft-n-min", DRAFT_SIZE),
-    refused("--draft-p-min", DRAFT),
-    refused("--spec-draft-n-max", DRAFT),
-    refused("--spec-draft-n-min", DRAFT),
-    refused("--spec-draft-p-min", DRAFT),
+    alias("--draft-p-min", "--spec-draft-p-min"),
+    same("--spec-draft-n-max").env("LLAMA_ARG_SPEC_DRAFT_N_MAX"),
+    same("--spec-draft-n-min").env("LLAMA_ARG_SPEC_DRAFT_N_MIN"),
+    same("--spec-draft-p-min").env("LLAMA_ARG_SPEC_DRAFT_P_MIN"),
     refused("--spec-draft-p-split", DRAFT),
+    refused("--spec-draft-hf", DRAFT_HUB),
+    refused("--spec-draft-threads", DRAFT),
+    refused("--spec-draft-threads-batch", DRAFT),
+    refused("--threads-batch-draft", DRAFT),
+    refused("--spec-draft-ngl", DRAFT),
+    refused("--spec-draft-device", DRAFT),
+    refused("--spec-draft-type-k", DRAFT),
+    refused("--spec-draft-type-v", DRAFT),
+    refused("--cache-type-k-draft", DRAFT),
+    refused("--cache-type-v-draft", DRAFT),
+    refused("--spec-draft-override-tensor", DRAFT),
+    refused("--override-tensor-draft", DRAFT),
+    refused("--spec-draft-cpu-moe", DRAFT),
+    refused("--cpu-moe-draft", DRAFT),
+    refused("--spec-draft-n-cpu-moe", DRAFT),
+    refused("--spec-draft-ncmoe", DRAFT),
+    refused("--n-cpu-moe-draft", DRAFT),
     refused("--draft-p-split", DRAFT),
     same("--spec-type").env("LLAMA_ARG_SPEC_TYPE"),
     same("--spec-ngram-simple-size-n"),

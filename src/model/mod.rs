@@ -314,6 +314,17 @@ impl<B: Backend> Model<B> {
             .sum()
     }
 
+    /// Bytes of every tensor loaded, the routed experts included (what a
+    /// resident model holds).
+    pub fn loaded_bytes(&self) -> u64 {
+        self.file
+            .tensors()
+            .iter()
+            .filter(|t| !self.hp.is_skipped(&t.name))
+            .map(|t| t.len)
+            .sum()
+    }
+
     /// `(dense-FFN layers, MoE layers)` of the trunk.
     pub fn layer_counts(&self) -> (usize, usize) {
         let moe = self

@@ -1,0 +1,230 @@
+//! A draft model for speculative decoding: llama.cpp's `draft-simple`
+//! (`common/speculative.cpp`, `-md/--spec-draft-model`). A small model that
+//! shares the target's vocabulary follows the sequence in its own state and
+//! proposes its most likely next tokens, one forward pass each; the target
+//! verifies them in one batch as it does n-gram drafts.
+//!
+//! As in llama.cpp, the drafter picks the best of its top 10 candidates and
+//! stops when that candidate's probability (a softmax over the ten) falls
+//! under `p_min`, after `n_max` tokens, or at the end of the context; a draft
+//! shorter than `n_min` is dropped. The proposal is deterministic (a point
+//! mass), so [`crate::sample::Sampler::verify`] keeps the target's
+//! distribution exactly.
+//!
+//! The drafter is resident: it never takes a share of the target's expert
+//! budget, and [`ModelDrafter::bytes`] is its own memory.
+
+use std::path::Path;
+
+use crate::backend::Backend;
+use crate::engine::{Engine, EngineError, EngineParams};
+use crate::model::Logits;
+use crate::spec::{DraftParams, DraftSource};
+use crate::state::SeqState;
+use crate::tokenizer::Tokenizer;
+
+/// Candidates the drafter's probabilities are taken over (llama.cpp's
+/// draft sampler: `top_k = 10`, then a softmax over them).
+const DRAFT_TOP_K: usize = 10;
+
+/// A draft model and its sequence.
+pub struct ModelDrafter<B: Backend> {
+    engine: Engine<B>,
+    kv: SeqState<B>,
+    /// The tokens `kv` holds.
+    tokens: Vec<u32>,
+    params: DraftParams,
+    /// The target's vocabulary size: a drafted id past it ends the draft.
+    n_vocab_target: usize,
+}
+
+impl<B: Backend> ModelDrafter<B> {
+    /// Loads the draft model at `path` on `backend`, resident, with the
+    /// target's context size (`params.n_ctx`, as llama.cpp sizes the draft
+    /// context), and checks that its vocabulary is the target's.
+    pub fn load(
+        path: &Path,
+        backend: B,
+        mut params: EngineParams,
+        target: &Tokenizer,
+        draft: DraftParams,
+    ) -> Result<Self, EngineError> {
+        params.longhaul = None;
+        let engine = Engine::load(path, backend, params)?;
+        check_vocab(target, &engine.tokenizer)?;
+        let kv = engine.new_kv()?;
+        Ok(Self {
+            engine,
+            kv,
+            tokens: Vec::new(),
+            params: draft,
+            n_vocab_target: target.n_vocab(),
+        })
+    }
+
+    /// Memory the drafter holds: its weights and its sequence state.
+    pub fn bytes(&self) -> u64 {
+        let e = &self.engine;
+        let kv = crate::kv::kv_cache_bytes(&e.model.hp, self.kv.n_ctx(), 1, e.params.kv_type);
+        e.model.loaded_bytes() + kv + e.model.hp.recurrent_bytes()
+    }
+
+    /// The draft model.
+    pub fn engine(&self) -> &Engine<B> {
+        &self.engine
+    }
+
+    /// Brings the drafter's sequence to `tokens` + `sampled` and returns
+    /// the logits after it: the common prefix stays, the rest is evaluated.
+    fn follow(&mut self, tokens: &[u32], sampled: u32) -> Result<Vec<f32>, EngineError> {
+        let n = tokens.len() + 1;
+        let at = |i: usize| if i < tokens.len() { tokens[i] } else { sampled };
+        let common = self
+            .tokens
+            .iter()
+            .enumerate()
+            .take_while(|&(i, &t)| i < n && at(i) == t)
+            .count();
+        // At least the last token is evaluated again, for its logits.
+        let keep = common.min(n - 1);
+        let held = self.kv.rewind(&self.engine.model.backend, keep)?;
+        self.tokens.truncate(held);
+        let rest: Vec<u32> = (held..n).map(at).collect();
+        let logits = self.engine.eval(&mut self.kv, &rest, Logits::Last);
+        if logits.is_err() {
+            // What the state holds past `held` is unknown: start over next time.
+            self.kv.reset(&self.engine.model.backend)?;
+            self.tokens.clear();
+        } else {
+            self.tokens.extend_from_slice(&rest);
+        }
+        logits
+    }
+}
+
+impl<B: Backend> DraftSource for ModelDrafter<B> {
+    fn draft(
+        &mut self,
+        tokens: &[u32],
+        sampled: u32,
+        n_max: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        let n_max = n_max.min(self.params.n_max);
+        if n_max == 0 {
+            return Ok(Vec::new());
+        }
+        let mut logits = self.follow(tokens, sampled)?;
+        // A recurrent drafter goes back through a checkpoint at the draft's start.
+        if self.kv.is_recurrent() {
+            self.kv.checkpoint(&self.engine.model.backend)?;
+        }
+        let mut out = Vec::new();
+        loop {
+            let (id, p) = best_of_top_k(&logits, DRAFT_TOP_K);
+            if p < self.params.p_min || id as usize >= self.n_vocab_target {
+                break;
+            }
+            out.push(id);
+            if out.len() >= n_max || self.kv.n_past() + 1 > self.kv.n_ctx() {
+                break;
+            }
+            match self.engine.eval(&mut self.kv, &[id], Logits::Last) {
+                Ok(l) => {
+                    self.tokens.push(id);
+                    logits = l;
+                }
+                Err(e) => {
+                    self.kv.reset(&self.engine.model.backend)?;
+                    self.tokens.clear();
+                    return Err(e);
+                }
+            }
+        }
+        if out.len() < self.params.n_min {
+            out.clear();
+        }
+        Ok(out)
+    }
+}
+
+/// The best candidate (highest logit, lowest id on ties) and its
+/// probability under a softmax over the `k` best logits.
+fn best_of_top_k(logits: &[f32], k: usize) -> (u32, f32) {
+    let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() || top.len() == k && !(l > top[k - 1].0) {
+            continue;
+        }
+        let at = top.partition_point(|&(tl, _)| tl >= l);
+        top.insert(at, (l, i as u32));
+        top.truncate(k);
+    }
+    let Some(&(max, id)) = top.first() else {
+        return (0, 0.0);
+    };
+    let sum: f32 = top.iter().map(|&(l, _)| (l - max).exp()).sum();
+    (id, 1.0 / sum)
+}
+
+/// llama.cpp's `common_speculative_are_compatible`: the same vocabulary
+/// type, the same BOS/EOS handling, sizes within 128 tokens, and the same
+/// token texts from id 5 on.
+pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<(), EngineError> {
+    let bad = |why: String| Err(EngineError::DraftVocab(why));
+    if target.vocab_type() != draft.vocab_type() {
+        return bad(format!(
+            "vocabulary types differ ({:?} vs {:?})",
+            target.vocab_type(),
+            draft.vocab_type()
+        ));
+    }
+    let specials = |t: &Tokenizer| (t.add_bos(), t.add_bos().then(|| t.bos()).flatten());
+    if specials(target) != specials(draft) {
+        return bad("BOS tokens differ".into());
+    }
+    let eos = |t: &Tokenizer| (t.add_eos(), t.add_eos().then(|| t.eos()).flatten());
+    if eos(target) != eos(draft) {
+        return bad("EOS tokens differ".into());
+    }
+    let (nt, nd) = (target.n_vocab(), draft.n_vocab());
+    if nt.abs_diff(nd) > 128 {
+        return bad(format!(
+            "vocabulary sizes differ by more than 128 ({nt} vs {nd})"
+        ));
+    }
+    for id in 5..nt.min(nd) as u32 {
+        if target.token_text(id) != draft.token_text(id) {
+            return bad(format!(
+                "token {id} is {:?} in the target and {:?} in the draft",
+                target.token_text(id),
+                draft.token_text(id)
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_of_top_k_softmaxes_the_ten_best_only() {
+        // Eleven logits: the worst one is outside the ten and does not count.
+        let mut logits = vec![0.0f32; 11];
+        logits[3] = 2.0;
+        logits[10] = -50.0;
+        let (id, p) = best_of_top_k(&logits, 10);
+        assert_eq!(id, 3);
+        let e = 2.0f32.exp();
+        assert!((p - e / (e + 9.0)).abs() < 1e-6, "{p}");
+    }
+
+    #[test]
+    fn best_of_top_k_breaks_ties_by_lower_id() {
+        let logits = [1.0f32, 3.0, 3.0, -1.0];
+        assert_eq!(best_of_top_k(&logits, 10).0, 1);
+        let (_, p) = best_of_top_k(&[5.0f32, 5.0], 10);
+        assert!((p - 0.5).abs() < 1e-6);
+    }
+}
