@@ -16,6 +16,11 @@
 //!   slots per layer, and the Qwen3-Next hybrid, whose recurrent layers go
 //!   back through a checkpoint. The sequence left behind is the same too:
 //!   the next logits after either run are identical.
+//! - A draft model (`-md`, llama.cpp's `draft-simple`) drafts what a fresh
+//!   drafter evaluating the whole sequence would, after every rewind; the
+//!   same file drafting for itself has every draft accepted; greedy with a
+//!   draft model equals greedy resident, longhaul and recurrent; `p_min`,
+//!   `n_min` and the vocabulary check behave as llama.cpp's.
 
 mod common;
 
