@@ -166,7 +166,6 @@ fn attention<P: Placement>(b: Bencher, pos0: usize, t: usize) {
         scale: 1.0 / (128f32).sqrt(),
         window: None,
         flash_attn: false,
-        rows_as_steps: false,
     };
     let mut setup = P::backend().and_then(|be| {
         let kv = be.new_kv(2048, 512, 512, GgmlType::F16).ok()?;
@@ -174,7 +173,11 @@ fn attention<P: Placement>(b: Bencher, pos0: usize, t: usize) {
         let k = be.from_host(randn(t * 512, 6), t, 512).ok()?;
         Some((kv, q, k))
     });
-    let pos = BatchPos { pos0, n_tokens: t };
+    let pos = BatchPos {
+        pos0,
+        n_tokens: t,
+        steps: false,
+    };
     bench(b, P::backend(), |be| {
         let (kv, q, k) = setup.as_mut()?;
         done(be, be.attention(kv, &*q, &*k, &*k, None, pos, &p).ok()?)
@@ -209,6 +212,7 @@ fn elementwise<P: Placement>(b: Bencher, op: &str) {
     let pos = BatchPos {
         pos0: 100,
         n_tokens: rows,
+        steps: false,
     };
     let setup = P::backend().and_then(|be| {
         let x = be.from_host(randn(rows * cols, 8), rows, cols).ok()?;

@@ -15,6 +15,7 @@
 //! budget, and [`ModelDrafter::bytes`] is its own memory.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::engine::{Engine, EngineError, EngineParams};
@@ -27,9 +28,10 @@ use crate::tokenizer::Tokenizer;
 /// draft sampler: `top_k = 10`, then a softmax over them).
 const DRAFT_TOP_K: usize = 10;
 
-/// A draft model and its sequence.
+/// A draft model and its sequence (the model may be shared: each server
+/// slot drafts with its own sequence).
 pub struct ModelDrafter<B: Backend> {
-    engine: Engine<B>,
+    engine: Arc<Engine<B>>,
     kv: SeqState<B>,
     /// The tokens `kv` holds.
     tokens: Vec<u32>,
@@ -45,12 +47,32 @@ impl<B: Backend> ModelDrafter<B> {
     pub fn load(
         path: &Path,
         backend: B,
-        mut params: EngineParams,
+        params: EngineParams,
         target: &Tokenizer,
         draft: DraftParams,
     ) -> Result<Self, EngineError> {
+        let engine = Arc::new(Self::load_model(path, backend, params)?);
+        Self::new(engine, target, draft)
+    }
+
+    /// Loads a draft model to share: resident, whatever `params` says of
+    /// longhaul.
+    pub fn load_model(
+        path: &Path,
+        backend: B,
+        mut params: EngineParams,
+    ) -> Result<Engine<B>, EngineError> {
         params.longhaul = None;
-        let engine = Engine::load(path, backend, params)?;
+        Engine::load(path, backend, params)
+    }
+
+    /// A drafter with a sequence of its own over the loaded `engine`,
+    /// checked against the target's vocabulary.
+    pub fn new(
+        engine: Arc<Engine<B>>,
+        target: &Tokenizer,
+        draft: DraftParams,
+    ) -> Result<Self, EngineError> {
         check_vocab(target, &engine.tokenizer)?;
         let kv = engine.new_kv()?;
         Ok(Self {

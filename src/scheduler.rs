@@ -20,9 +20,12 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::backend::Backend;
 use crate::constrain::Constraint;
+use crate::draft::ModelDrafter;
 use crate::engine::Engine;
 use crate::longhaul::CacheStats;
+use crate::model::Logits;
 use crate::sample::{ProbsRequest, Sampler, SamplerParams, TokenProbs};
+use crate::spec::{Drafter, SpecParams, SpecStats, SpecType};
 use crate::state::SeqState;
 use crate::tokenizer::StreamDecoder;
 
@@ -68,6 +71,8 @@ pub struct GenSummary {
     pub prompt_ms: f64,
     pub gen_ms: f64,
     pub stopped_word: Option<String>,
+    /// Speculative decoding's counters (zero without a drafter).
+    pub spec: SpecStats,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -113,6 +118,29 @@ pub struct SchedulerMetrics {
     /// Prompt tokens a request did not evaluate because a restored state
     /// held them.
     pub state_tokens_reused: u64,
+    /// Speculative decoding: tokens drafted, drafted tokens accepted, and
+    /// verification batches (llama-server's `spec_decode_num_*_total`).
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_drafts: u64,
+}
+
+/// How the slots speculate (`--spec-type`, `-md`): each slot has a drafter
+/// of its own; a draft model is shared, with a sequence per slot.
+pub struct Speculation<B: Backend> {
+    pub params: SpecParams,
+    /// The draft model of `draft-simple`, loaded resident.
+    pub draft: Option<Arc<Engine<B>>>,
+}
+
+impl<B: Backend> Speculation<B> {
+    /// No speculation.
+    pub fn none() -> Self {
+        Self {
+            params: SpecParams::default(),
+            draft: None,
+        }
+    }
 }
 
 /// Where sequence states go on disk (see [`crate::statefile`]).
@@ -326,6 +354,24 @@ impl Scheduler {
     where
         B::Kv: 'static,
     {
+        Self::spawn_speculative(engine, n_slots, n_threads, states, Speculation::none())
+    }
+
+    /// [`Scheduler::spawn_with_state`] with every slot speculating as
+    /// `spec` says: a decoding slot without a grammar or token
+    /// probabilities evaluates its pending token and its draft in the
+    /// step's batch, beside the other slots' tokens, and goes back past
+    /// what the sampler rejects.
+    pub fn spawn_speculative<B: Backend + 'static>(
+        engine: Arc<Engine<B>>,
+        n_slots: usize,
+        n_threads: usize,
+        states: StateConfig,
+        spec: Speculation<B>,
+    ) -> Scheduler
+    where
+        B::Kv: 'static,
+    {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             tx: Mutex::new(Some(tx)),
@@ -342,7 +388,7 @@ impl Scheduler {
         let (up_tx, up_rx) = mpsc::sync_channel::<()>(1);
         let run = move || {
             let shared = s2.clone();
-            let mut w = Worker::new(engine, n_slots.max(1), s2, states);
+            let mut w = Worker::new(engine, n_slots.max(1), s2, states, spec);
             w.publish();
             let _ = up_tx.send(());
             w.run(rx);
@@ -500,6 +546,7 @@ struct Active {
     /// The summary of a finished request, sent once the slot shows idle in
     /// `/slots` (a client that asks right after its answer sees it free).
     done: Option<GenSummary>,
+    spec: SpecStats,
 }
 
 struct Slot<B: Backend> {
@@ -510,6 +557,8 @@ struct Slot<B: Backend> {
     /// reused yet (counted as prefill avoided by the next one).
     restored: usize,
     active: Option<Active>,
+    /// This slot's drafter (`None` without speculation).
+    drafter: Option<Drafter>,
 }
 
 /// A conversation in the context cache directory.
@@ -536,6 +585,7 @@ struct Worker<B: Backend> {
     shared: Arc<Shared>,
     states: StateConfig,
     cache: Option<ContextCache>,
+    spec: Speculation<B>,
 }
 
 /// The file the persistent slot `i` is kept in.
@@ -556,12 +606,13 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-impl<B: Backend> Worker<B> {
+impl<B: Backend + 'static> Worker<B> {
     fn new(
         engine: Arc<Engine<B>>,
         n_slots: usize,
         shared: Arc<Shared>,
         states: StateConfig,
+        spec: Speculation<B>,
     ) -> Self {
         let mut w = Self {
             engine,
@@ -571,6 +622,7 @@ impl<B: Backend> Worker<B> {
             shared,
             states,
             cache: None,
+            spec,
         }
         .with_slots(n_slots);
         w.shared
@@ -590,6 +642,7 @@ impl<B: Backend> Worker<B> {
                     cached: Vec::new(),
                     restored: 0,
                     active: None,
+                    drafter: self.new_drafter(),
                 }),
                 Err(e) => {
                     eprintln!("cannot allocate a KV cache slot: {e}");
@@ -989,6 +1042,27 @@ impl<B: Backend> Worker<B> {
 
     /// Puts `job` on slot `i`: keeps the slot's reusable prefix and queues
     /// the rest of the prompt for the next steps.
+    /// A slot's drafter, as `spec` says. A draft model's sequence that
+    /// cannot be allocated leaves the slot without one (it decodes plainly).
+    fn new_drafter(&self) -> Option<Drafter> {
+        match (self.spec.params.kind, &self.spec.draft) {
+            (SpecType::DraftSimple, Some(model)) => {
+                match ModelDrafter::new(
+                    model.clone(),
+                    &self.engine.tokenizer,
+                    self.spec.params.draft,
+                ) {
+                    Ok(d) => Some(Drafter::Model(Box::new(d))),
+                    Err(e) => {
+                        eprintln!("a slot decodes without its draft model: {e}");
+                        None
+                    }
+                }
+            }
+            _ => self.spec.params.drafter(),
+        }
+    }
+
     fn start(&mut self, i: usize, job: Job) {
         let slot = &mut self.slots[i];
         let prompt = &job.req.prompt;
@@ -1032,6 +1106,9 @@ impl<B: Backend> Worker<B> {
         let checkpoint_at = (slot.kv.is_recurrent() && prompt.len() > 4)
             .then(|| prompt.len() - 4)
             .filter(|&p| p > reuse);
+        if let Some(d) = slot.drafter.as_mut() {
+            d.begin(prompt);
+        }
         let now = Instant::now();
         slot.active = Some(Active {
             sampler: Sampler::new(job.req.sampler.clone()),
@@ -1050,6 +1127,7 @@ impl<B: Backend> Worker<B> {
             t_prompt: now,
             t_gen: now,
             done: None,
+            spec: SpecStats::default(),
             job,
         });
     }
@@ -1071,16 +1149,30 @@ impl<B: Backend> Worker<B> {
             }
         }
         let n_ubatch = engine.params.n_ubatch.max(1);
-        // (slot, tokens of this step), in slot order.
+        // (slot, tokens of this step), in slot order, and the logits each
+        // returns: a speculating slot's pending token and draft are
+        // verified row by row.
         let mut batch: Vec<(usize, Vec<u32>)> = Vec::new();
-        let (mut n_prompt_toks, mut n_gen_toks) = (0, 0);
-        for (i, s) in self.slots.iter().enumerate() {
+        let mut wants: Vec<Logits> = Vec::new();
+        let (mut n_prompt_toks, mut n_gen_toks, mut n_gen_slots) = (0, 0, 0);
+        for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(a) = &s.active else {
                 continue;
             };
             if a.prefill.is_empty() {
-                batch.push((i, vec![a.pending]));
-                n_gen_toks += 1;
+                let draft = Self::draft(&engine, s);
+                let want = if draft.is_empty() {
+                    Logits::Last
+                } else {
+                    Logits::Steps
+                };
+                let Some(a) = &s.active else { continue };
+                // The step's time is shared by rows; a speculating slot's
+                // generated tokens are counted once verified.
+                n_gen_toks += 1 + draft.len();
+                n_gen_slots += 1;
+                batch.push((i, [&[a.pending][..], &draft].concat()));
+                wants.push(want);
                 continue;
             }
             let mut n = a.prefill.len().min(n_ubatch);
@@ -1094,6 +1186,7 @@ impl<B: Backend> Worker<B> {
             if n_prompt_toks + n <= n_ubatch {
                 n_prompt_toks += n;
                 batch.push((i, a.prefill[..n].to_vec()));
+                wants.push(Logits::Last);
             }
         }
         if batch.is_empty() {
@@ -1109,7 +1202,7 @@ impl<B: Backend> Worker<B> {
             }
         }
         let t0 = Instant::now();
-        let res = SeqState::eval_multi(&engine.model, &mut kvs, &tok_refs);
+        let res = SeqState::eval_multi_with(&engine.model, &mut kvs, &tok_refs, &wants);
         drop(kvs);
         {
             // The step's time is shared by its prompt and generated tokens
@@ -1123,7 +1216,7 @@ impl<B: Backend> Worker<B> {
                 .unwrap_or_else(|p| p.into_inner());
             m.prompt_tokens_total += n_prompt_toks as u64;
             m.prompt_seconds_total += dt * n_prompt_toks as f64 / n;
-            m.gen_tokens_total += n_gen_toks as u64;
+            m.gen_tokens_total += n_gen_slots as u64;
             m.gen_seconds_total += dt * n_gen_toks as f64 / n;
         }
         match res {
@@ -1131,11 +1224,41 @@ impl<B: Backend> Worker<B> {
                 // Slots that sample now: decoding ones, and those whose
                 // prompt's last chunk just ran, with their row of `all`.
                 let mut ready: Vec<(usize, usize, Active)> = Vec::with_capacity(batch.len());
+                let mut finished = Vec::new();
                 for (k, (i, toks)) in batch.into_iter().enumerate() {
                     let s = &mut self.slots[i];
                     let Some(mut a) = s.active.take() else {
                         continue;
                     };
+                    if wants[k] == Logits::Steps {
+                        let before = a.spec;
+                        let res = Self::verify(&engine, s, &mut a, &toks, all.seq(k));
+                        {
+                            let mut m = self
+                                .shared
+                                .metrics
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner());
+                            m.spec_drafts += (a.spec.n_batches - before.n_batches) as u64;
+                            m.spec_draft_tokens += (a.spec.n_drafted - before.n_drafted) as u64;
+                            m.spec_accepted_tokens +=
+                                (a.spec.n_accepted - before.n_accepted) as u64;
+                            if let Ok((_, n)) = res {
+                                // One of them was counted with the step.
+                                m.gen_tokens_total += n.saturating_sub(1) as u64;
+                            }
+                        }
+                        match res {
+                            Ok((false, _)) => s.active = Some(a),
+                            Ok((true, _)) => finished.push(a),
+                            Err(e) => {
+                                let _ = a.job.events.send(GenEvent::Error(e));
+                                let _ = s.kv.reset(&engine.model.backend);
+                                s.cached.clear();
+                            }
+                        }
+                        continue;
+                    }
                     if a.prefill.is_empty() {
                         s.cached.push(a.pending);
                     } else {
@@ -1166,7 +1289,6 @@ impl<B: Backend> Worker<B> {
                     .par_iter_mut()
                     .map(|(_, k, a)| Self::sample(a, all.seq(*k)))
                     .collect();
-                let mut finished = Vec::new();
                 for ((i, _, mut a), tok) in ready.into_iter().zip(toks) {
                     let s = &mut self.slots[i];
                     let (tok, probs, complete) = match tok {
@@ -1205,6 +1327,97 @@ impl<B: Backend> Worker<B> {
                 }
             }
         }
+    }
+
+    /// The draft of a decoding slot: none without a drafter, with a grammar
+    /// or token probabilities to report, without room in the context or
+    /// the request, or where a recurrent state cannot checkpoint.
+    fn draft(engine: &Engine<B>, s: &mut Slot<B>) -> Vec<u32> {
+        let (Some(a), Some(d)) = (&s.active, s.drafter.as_mut()) else {
+            return Vec::new();
+        };
+        if a.constraint.is_some() || a.job.req.probs.is_some() {
+            return Vec::new();
+        }
+        // As Engine::generate_spec: the context keeps one position free and
+        // the draft and the token after it stay within n_predict.
+        let room =
+            s.kv.n_ctx()
+                .saturating_sub(s.kv.n_past() + 2)
+                .min(a.job.req.n_predict.saturating_sub(a.n_gen + 1));
+        if room == 0 {
+            return Vec::new();
+        }
+        let draft = match d.draft(&s.cached, a.pending, room) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("a draft failed (the slot decodes without it): {e}");
+                return Vec::new();
+            }
+        };
+        if draft.is_empty() || !s.kv.is_recurrent() {
+            return draft;
+        }
+        match s.kv.checkpoint(&engine.model.backend) {
+            Ok(true) => draft,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Verifies a slot's draft: `toks` (the pending token, then the draft)
+    /// were evaluated with `rows` of logits, one per token. Emits the
+    /// accepted prefix and the token after it, as
+    /// [`Engine::generate_spec`] does, and takes the sequence back past the
+    /// rest. Returns whether the request is finished and how many tokens
+    /// it emitted.
+    fn verify(
+        engine: &Engine<B>,
+        s: &mut Slot<B>,
+        a: &mut Active,
+        toks: &[u32],
+        rows: &[f32],
+    ) -> Result<(bool, usize), String> {
+        let n_vocab = engine.model.hp.n_vocab;
+        let row = |j: usize| &rows[j * n_vocab..(j + 1) * n_vocab];
+        let n_ctx = s.kv.n_ctx();
+        let n0 = s.kv.n_past() - toks.len();
+        s.cached.extend_from_slice(toks);
+        let draft = &toks[1..];
+        let (mut n_emitted, mut n_accepted, mut finished) = (0, 0, false);
+        for (j, &d) in draft.iter().enumerate() {
+            let (t, ok) = a.sampler.verify(row(j), &a.history, d, &[(d, 1.0)]);
+            n_emitted += 1;
+            n_accepted += usize::from(ok);
+            finished = Self::accept(engine, a, t, None, false, n0 + 1 + j, n_ctx);
+            if finished || !ok {
+                break;
+            }
+        }
+        if !finished && n_accepted == draft.len() {
+            let t = a.sampler.sample(row(draft.len()), &a.history);
+            n_emitted += 1;
+            finished = Self::accept(engine, a, t, None, false, n0 + 1 + draft.len(), n_ctx);
+        }
+        a.spec.n_batches += 1;
+        a.spec.n_drafted += draft.len();
+        a.spec.n_accepted += n_accepted;
+        if let Some(d) = a.done.as_mut() {
+            d.spec = a.spec;
+        }
+        if let Some(d) = s.drafter.as_mut() {
+            d.accept(n_accepted);
+        }
+        // Keep the pending token and every emitted token but the last.
+        let keep = n0 + n_emitted;
+        s.cached.truncate(keep);
+        let backend = &engine.model.backend;
+        let held = s.kv.rewind(backend, keep).map_err(|e| e.to_string())?;
+        if held < keep {
+            // A recurrent state went back to its checkpoint at n0.
+            s.kv.eval(&engine.model, &s.cached[held..keep], Logits::Last)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok((finished, n_emitted))
     }
 
     /// Samples the next token of `a` from its row of logits, within its
@@ -1321,6 +1534,7 @@ impl<B: Backend> Worker<B> {
             prompt_ms: a.prompt_ms,
             gen_ms: a.t_gen.elapsed().as_secs_f64() * 1e3,
             stopped_word,
+            spec: a.spec,
         });
         true
     }

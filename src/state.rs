@@ -346,6 +346,19 @@ impl<B: Backend> SeqState<B> {
         states: &mut [&mut SeqState<B>],
         tokens: &[&[u32]],
     ) -> Result<BatchLogits, ModelError> {
+        let wants = vec![Logits::Last; tokens.len()];
+        Self::eval_multi_with(model, states, tokens, &wants)
+    }
+
+    /// [`SeqState::eval_multi`] with the logits of each sequence as
+    /// `wants[i]` asks: a speculative verification (`Steps`) beside
+    /// decode steps and prompt chunks (`Last`).
+    pub fn eval_multi_with(
+        model: &Model<B>,
+        states: &mut [&mut SeqState<B>],
+        tokens: &[&[u32]],
+        wants: &[Logits],
+    ) -> Result<BatchLogits, ModelError> {
         for st in states.iter_mut() {
             st.usable(&model.backend)?;
         }
@@ -356,7 +369,7 @@ impl<B: Backend> SeqState<B> {
             .collect();
         let mut layers: Vec<&mut [LayerState<B>]> =
             states.iter_mut().map(|c| c.layers.as_mut_slice()).collect();
-        let out = model.forward_multi(&mut layers, &seqs, Logits::Last);
+        let out = model.forward_multi(&mut layers, &seqs, wants);
         match out {
             Ok(out) => {
                 for (c, t) in states.iter_mut().zip(tokens) {

@@ -48,7 +48,6 @@ impl Config {
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             window: self.window,
             flash_attn: false,
-            rows_as_steps: false,
         }
     }
     fn n_embd_k(&self) -> usize {
@@ -144,7 +143,11 @@ fn run(gpu: GpuBackend, c: &Config, steps: &[usize], seed: u64, label: &str) -> 
         let q = randn(t * c.n_head * c.head_dim, s, c.q_scale);
         let k = randn(t * c.n_embd_k(), s ^ 0xA5A5, 1.0);
         let v = randn(t * c.n_embd_v(), s ^ 0x5A5A, 1.0);
-        let pos = BatchPos { pos0, n_tokens: t };
+        let pos = BatchPos {
+            pos0,
+            n_tokens: t,
+            steps: false,
+        };
         let want = cpu.step(c, pos, &q, &k, &v).expect("cpu attention");
         let got = gpu.step(c, pos, &q, &k, &v).expect("gpu attention");
         let e = nmse(&got, &want);
@@ -329,6 +332,7 @@ fn context_full_and_bad_inputs() {
     let pos = BatchPos {
         pos0: 37,
         n_tokens: 4,
+        steps: false,
     };
     match side.step(&c, pos, &q, &k, &v) {
         Err(BackendError::ContextFull { pos: 40, n_ctx: 40 }) => {}
@@ -338,6 +342,7 @@ fn context_full_and_bad_inputs() {
     let pos = BatchPos {
         pos0: 37,
         n_tokens: 3,
+        steps: false,
     };
     let got = side.step(&c, pos, &q[..3 * 256], &k[..3 * 128], &v[..3 * 128]);
     assert!(got.is_ok_and(|o| o.iter().all(|x| x.is_finite())));
@@ -351,6 +356,7 @@ fn context_full_and_bad_inputs() {
     let pos = BatchPos {
         pos0: 0,
         n_tokens: 1,
+        steps: false,
     };
     assert!(matches!(
         side.step(&bad, pos, &q[..128], &k[..64], &v[..64]),
@@ -455,7 +461,11 @@ fn mla_k_only_attention_multi() {
     for (i, batch) in batches.iter().enumerate() {
         let seqs: Vec<BatchPos> = batch
             .iter()
-            .map(|&(pos0, n_tokens)| BatchPos { pos0, n_tokens })
+            .map(|&(pos0, n_tokens)| BatchPos {
+                pos0,
+                n_tokens,
+                steps: false,
+            })
             .collect();
         let t: usize = seqs.iter().map(|s| s.n_tokens).sum();
         let q = randn(t * c.n_head * c.head_dim, 60 + i as u64, c.q_scale);

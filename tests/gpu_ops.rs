@@ -99,6 +99,7 @@ fn elementwise_ops_match_cpu() {
             let pos = BatchPos {
                 pos0,
                 n_tokens: rows,
+                steps: false,
             };
             g.rope(&mut gx, 32, pos, &p).unwrap();
             c.rope(&mut cx, 32, pos, &p).unwrap();

@@ -79,6 +79,7 @@ fn positions(lens: &[usize]) -> Vec<BatchPos> {
         .map(|&n| BatchPos {
             pos0: 0,
             n_tokens: n,
+            steps: false,
         })
         .collect()
 }

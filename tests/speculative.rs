@@ -25,6 +25,7 @@
 mod common;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use common::{fixture, nmse, real_model};
 use longhaul::backend::cpu::CpuBackend;
@@ -33,6 +34,7 @@ use longhaul::engine::EngineError;
 use longhaul::engine::{CacheBudget, Engine, EngineParams, FlashAttn, GenStats, LonghaulParams};
 use longhaul::model::Logits;
 use longhaul::sample::{Sampler, SamplerParams};
+use longhaul::scheduler::{GenEvent, GenRequest, Scheduler, Speculation, StateConfig};
 use longhaul::spec::{DraftParams, DraftSource, Drafter, NgramSizes, SpecParams, SpecType};
 use longhaul::tensor::GgmlType;
 
@@ -188,34 +190,7 @@ fn a_verification_batch_gives_the_logits_of_single_steps() {
 /// A code-editing request in SmolLM2's chat format: 187 prompt tokens, so
 /// that decode runs past 256 cells, where ggml's attention kernel for one
 /// token (split KV) differs from the one for a batch (one chunk).
-const CODE_EDIT: &str = r#"<|im_start|>user
-Here is a Python file:
-
-```python
-import math
-
-def area_of_circle(radius):
-    return math.pi * radius * radius
-
-def perimeter_of_circle(radius):
-    return 2 * math.pi * radius
-
-def area_of_square(side):
-    return side * side
-
-def perimeter_of_square(side):
-    return 4 * side
-
-def main():
-    for r in [1, 2, 3]:
-        print(area_of_circle(r), perimeter_of_circle(r))
-    for s in [1, 2, 3]:
-        print(area_of_square(s), perimeter_of_square(s))
-```
-
-Repeat the whole file exactly, but rename area_of_square to square_area.<|im_end|>
-<|im_start|>assistant
-"#;
+const CODE_EDIT: &str = include_str!("fixtures/prompts/code-edit.txt");
 
 #[test]
 fn verification_rows_equal_single_steps_past_256_cells_on_smollm2() {
@@ -682,4 +657,115 @@ fn greedy_verification_accepts_exactly_the_argmax() {
     let mut s = Sampler::new(SamplerParams::greedy());
     assert_eq!(s.verify(&logits, &[], 6, &[(6, 1.0)]), (6, true));
     assert_eq!(s.verify(&logits, &[], 0, &[(0, 1.0)]), (6, false));
+}
+
+/// Requests served by slots that speculate, three on two slots with prompts
+/// evaluated four tokens a step beside the speculating slots: each gives
+/// exactly its plain greedy tokens, drafts are accepted and rejected, and
+/// the counters (`/metrics`' `spec_decode_*`, each request's `draft_n`)
+/// agree.
+fn slots_speculate(name: &str, spec: Speculation<CpuBackend>, n_ids: u32, n: usize) {
+    let mut p = params(256, None);
+    p.n_ubatch = 4;
+    let e = Arc::new(load(&fixture(name), p));
+    assert!(30 + n < 256, "the context holds each request");
+    // Prompts of `n_ids` distinct tokens at most.
+    let n_ids = n_ids.min(e.model.hp.n_vocab as u32);
+    let prompts: Vec<Vec<u32>> = (0..3u32)
+        .map(|i| {
+            let phrase: Vec<u32> = (0..6 + i).map(|j| (j * 37 + 11 * i + 5) % n_ids).collect();
+            phrase.iter().cycle().take(30).copied().collect()
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = prompts.iter().map(|pr| greedy(&e, pr, n, None).0).collect();
+    let sched = Scheduler::spawn_speculative(e.clone(), 2, 2, StateConfig::default(), spec);
+    let mut streams: Vec<_> = prompts
+        .iter()
+        .map(|pr| {
+            let eog = e
+                .tokenizer
+                .eog_ids()
+                .into_iter()
+                .map(|id| (id, f32::NEG_INFINITY));
+            let mut sp = SamplerParams::greedy();
+            sp.logit_bias = eog.collect();
+            let r = GenRequest {
+                prompt: pr.clone(),
+                n_predict: n,
+                sampler: sp,
+                stop: Vec::new(),
+                cache_prompt: true,
+                ignore_eos: false,
+                probs: None,
+                constraint: None,
+                special: false,
+            };
+            sched.submit(r).expect("submit")
+        })
+        .collect();
+    let mut drafted = 0;
+    let mut accepted = 0;
+    for (k, (s, w)) in streams.iter_mut().zip(&want).enumerate() {
+        let mut ids = Vec::new();
+        while let Some(ev) = s.next_blocking() {
+            match ev {
+                GenEvent::Token { id, .. } => ids.push(id),
+                GenEvent::Done(d) => {
+                    assert_eq!(d.n_gen, n);
+                    drafted += d.spec.n_drafted;
+                    accepted += d.spec.n_accepted;
+                    break;
+                }
+                GenEvent::Error(e) => panic!("request {k}: {e}"),
+            }
+        }
+        assert_eq!(
+            &ids, w,
+            "{name} request {k}: speculating slot vs plain greedy alone"
+        );
+    }
+    let m = sched.metrics();
+    eprintln!(
+        "{name}: drafted {drafted}, accepted {accepted}, {} verification batches",
+        m.spec_drafts
+    );
+    assert_eq!(m.spec_draft_tokens, drafted as u64);
+    assert_eq!(m.spec_accepted_tokens, accepted as u64);
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "{name}: drafted {drafted}, accepted {accepted}"
+    );
+    // As without speculation: every generated token but each request's
+    // first, which its prompt's step gives.
+    assert_eq!(m.gen_tokens_total, (3 * (n - 1)) as u64);
+    sched.shutdown();
+}
+
+#[test]
+fn slots_speculate_with_n_grams_and_a_draft_model_and_equal_plain_greedy() {
+    let ngram = |m: u16| Speculation {
+        params: spec(SpecType::NgramSimple, 1, m),
+        draft: None,
+    };
+    slots_speculate("qwen3moe-f32.gguf", ngram(8), u32::MAX, 24);
+    // Recurrent layers go back through a checkpoint in the slot (prompts
+    // of five ids, after which this model's output repeats).
+    slots_speculate("qwen3next-q8_0.gguf", ngram(8), 5, 120);
+    let draft = ModelDrafter::load_model(
+        &fixture("qwen3moe-q4_k_m.gguf"),
+        CpuBackend::new(),
+        params(256, None),
+    )
+    .expect("draft model");
+    let mut sp = spec(SpecType::DraftSimple, 1, 1);
+    sp.draft.n_max = 4;
+    slots_speculate(
+        "qwen3moe-f32.gguf",
+        Speculation {
+            params: sp,
+            draft: Some(Arc::new(draft)),
+        },
+        u32::MAX,
+        24,
+    );
 }

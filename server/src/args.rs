@@ -38,6 +38,8 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Address to listen on.
     #[arg(long = "host", default_value = "127.0.0.1")]
     pub host: String,

@@ -54,6 +54,7 @@ pub fn start(ready: &Ready, req: GenRequest) -> Result<Started, ApiError> {
             prompt_ms: 0.0,
             gen_ms: 0.0,
             stopped_word: None,
+            spec: Default::default(),
         }));
     }
     Ok(Started::Running(ready.scheduler.submit(req)?))
@@ -170,7 +171,7 @@ pub fn timings(s: &GenSummary) -> serde_json::Value {
     let n_eval = s.n_prompt.saturating_sub(s.n_cached);
     let per_tok = |ms: f64, n: usize| if n == 0 { 0.0 } else { ms / n as f64 };
     let per_sec = |ms: f64, n: usize| if ms <= 0.0 { 0.0 } else { 1e3 * n as f64 / ms };
-    serde_json::json!({
+    let mut t = serde_json::json!({
         "cache_n": s.n_cached,
         "prompt_n": n_eval,
         "prompt_ms": s.prompt_ms,
@@ -180,5 +181,11 @@ pub fn timings(s: &GenSummary) -> serde_json::Value {
         "predicted_ms": s.gen_ms,
         "predicted_per_token_ms": per_tok(s.gen_ms, s.n_gen),
         "predicted_per_second": per_sec(s.gen_ms, s.n_gen),
-    })
+    });
+    // As llama-server: the draft counts when the request speculated.
+    if s.spec.n_drafted > 0 {
+        t["draft_n"] = s.spec.n_drafted.into();
+        t["draft_n_accepted"] = s.spec.n_accepted.into();
+    }
+    t
 }

@@ -42,9 +42,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use longhaul::backend::Backend;
 use longhaul::constrain::{ConstrainError, Constraint, ConstraintSpec};
+use longhaul::draft::ModelDrafter;
 use longhaul::engine::{Engine, EngineError};
 use longhaul::sample::SamplerParams;
-use longhaul::scheduler::Scheduler;
+use longhaul::scheduler::{Scheduler, Speculation};
+use longhaul::spec::SpecType;
 use longhaul::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::json;
 use tokio::sync::watch;
@@ -391,6 +393,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let default_constraint = args.sample.constraint()?;
     let http = args.http_config()?;
     let states = args.state_config()?;
+    let spec = args.spec.params()?;
+    let draft_path = args.spec.draft_model.clone();
     let slots_endpoint = !args.no_slots;
     let n_threads = args.model.n_threads();
     let placed = args.model.placement.resolve(&args.model.model)?;
@@ -433,11 +437,34 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let loaded: Result<(Scheduler, Arc<dyn EngineInfo>), EngineError> =
                 longhaul::with_backend!(placed.placement, |backend| {
                     // Every slot's KV cache is checked against memory in the load.
-                    Engine::load_parallel(&model_path, backend, params, n_slots, None).map(|engine| {
+                    let draft_params = params.clone();
+                    let draft_backend = backend.clone();
+                    Engine::load_parallel(&model_path, backend, params, n_slots, None).and_then(|engine| {
                         let engine = Arc::new(engine);
-                        let scheduler =
-                            Scheduler::spawn_with_state(engine.clone(), n_slots, n_threads, states);
-                        (scheduler, engine as Arc<dyn EngineInfo>)
+                        let draft = match (spec.kind, &draft_path) {
+                            (SpecType::DraftSimple, Some(path)) => {
+                                let mut p = draft_params;
+                                p.n_ctx = engine.params.n_ctx;
+                                let d = ModelDrafter::load_model(path, draft_backend, p)?;
+                                longhaul::draft::check_vocab(&engine.tokenizer, &d.tokenizer)?;
+                                eprintln!(
+                                    "longhaul-server: draft model {} ({} layers, resident, one sequence per slot)",
+                                    path.display(),
+                                    d.model.hp.n_layer
+                                );
+                                Some(Arc::new(d))
+                            }
+                            _ => None,
+                        };
+                        let spec = Speculation { params: spec, draft };
+                        let scheduler = Scheduler::spawn_speculative(
+                            engine.clone(),
+                            n_slots,
+                            n_threads,
+                            states,
+                            spec,
+                        );
+                        Ok((scheduler, engine as Arc<dyn EngineInfo>))
                     })
                 });
             // A default grammar that does not compile fails the start.

@@ -71,6 +71,24 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, Api
     );
     put("n_slots", "gauge", "Parallel slots.", r.n_slots.to_string());
     put(
+        "spec_decode_num_draft_tokens_total",
+        "counter",
+        "Speculative: Total draft tokens generated",
+        m.spec_draft_tokens.to_string(),
+    );
+    put(
+        "spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Speculative: Total draft tokens accepted by the target model",
+        m.spec_accepted_tokens.to_string(),
+    );
+    put(
+        "spec_decode_num_drafts_total",
+        "counter",
+        "Speculative: Total speculative decoding verification steps",
+        m.spec_drafts.to_string(),
+    );
+    put(
         "checkpoints_created_total",
         "counter",
         "Recurrent-state checkpoints made while processing prompts (hybrid models).",

@@ -192,3 +192,80 @@ async fn sigterm_ends_streams_cleanly_and_exits() {
     };
     assert!(status.success(), "{status}");
 }
+
+/// `/completion` on a server started with `extra`: the content, the
+/// timings, and `/metrics`.
+async fn complete_with(
+    extra: &[&str],
+    prompts: &[&str],
+) -> Vec<(String, serde_json::Value, String)> {
+    let model = smollm2();
+    let mut args = vec!["-m", model.to_str().unwrap(), "-c", "1024", "-np", "2"];
+    args.extend_from_slice(extra);
+    let s = spawn_bin(&args);
+    let c = client();
+    wait_ready(&c, &s.url).await;
+    // Both requests at once: the two slots decode in the same batches.
+    let reqs = prompts.iter().map(|p| {
+        let body = json!({"prompt": p, "n_predict": 48, "temperature": 0, "cache_prompt": false});
+        let c = c.clone();
+        let url = format!("{}/completion", s.url);
+        async move { post(&c, &url, &body).await }
+    });
+    let outs = futures_util::future::join_all(reqs).await;
+    let (_, metrics) = get(&c, &format!("{}/metrics", s.url)).await;
+    outs.into_iter()
+        .map(|(status, v)| {
+            assert_eq!(status, 200, "{v}");
+            (
+                v["content"].as_str().unwrap_or_default().to_string(),
+                v["timings"].clone(),
+                metrics.clone(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_requests_speculate_per_slot_and_equal_plain_greedy() {
+    // A code file to repeat with one change (SmolLM2 copies most of it),
+    // twice at once: both slots speculate in the same batches.
+    let code = include_str!("../../tests/fixtures/prompts/code-edit.txt");
+    let prompts = [code, code];
+    let plain = complete_with(&[], &prompts).await;
+    for extra in [
+        &[
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-n",
+            "3",
+        ][..],
+        &["-md", smollm2().to_str().unwrap()][..],
+    ] {
+        let spec = complete_with(extra, &prompts).await;
+        let (mut drafted, mut accepted) = (0.0, 0.0);
+        for ((want, t0, _), (got, t, _)) in plain.iter().zip(&spec) {
+            assert_eq!(got, want, "{extra:?}: the reply differs from plain greedy");
+            assert!(t0.get("draft_n").is_none(), "{t0}");
+            drafted += t["draft_n"].as_f64().unwrap_or(0.0);
+            accepted += t["draft_n_accepted"].as_f64().unwrap_or(0.0);
+        }
+        let metrics = &spec[0].2;
+        assert!(
+            drafted > 0.0 && accepted > 0.0,
+            "{extra:?}: {:?}",
+            spec.iter().map(|s| &s.1).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            metric(metrics, "spec_decode_num_draft_tokens_total"),
+            drafted,
+            "{extra:?}"
+        );
+        assert_eq!(
+            metric(metrics, "spec_decode_num_accepted_tokens_total"),
+            accepted,
+            "{extra:?}"
+        );
+        assert!(metric(metrics, "spec_decode_num_drafts_total") > 0.0);
+    }
+}

@@ -192,14 +192,6 @@ pub struct AttnParams {
     /// Q and the softmax weights rounded to f16 over an f16 cache as ggml's
     /// f16 `mul_mat` converts them. The GPU runs its own kernels either way.
     pub flash_attn: bool,
-    /// Each query row attends exactly as a one-token batch at its position
-    /// would (a decode step), instead of with the kernel ggml picks for the
-    /// whole batch: the CPU's kernel choice depends on the number of
-    /// tokens (flash attention's one-chunk vs split-KV; tinyBLAS vs
-    /// `vec_dot` without it), so without this a speculative verification
-    /// batch would not give the logits of the steps it replaces. The GPU
-    /// ignores it.
-    pub rows_as_steps: bool,
 }
 
 /// One sequence's positions in the batch: token `t` sits at `pos0 + t`.
@@ -207,6 +199,14 @@ pub struct AttnParams {
 pub struct BatchPos {
     pub pos0: usize,
     pub n_tokens: usize,
+    /// Each of this sequence's rows attends exactly as a one-token batch at
+    /// its position would (a decode step), instead of with the kernel ggml
+    /// picks for the whole batch: the CPU's kernel choice depends on the
+    /// number of tokens (flash attention's one-chunk vs split-KV; tinyBLAS
+    /// vs `vec_dot` without it), so without this a speculative verification
+    /// batch would not give the logits of the steps it replaces. Other
+    /// sequences of the batch keep their batch kernels. The GPU ignores it.
+    pub steps: bool,
 }
 
 /// The shape of one layer's KV cache, as [`Backend::new_kv`] made it:

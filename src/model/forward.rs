@@ -37,9 +37,8 @@ fn layers<'s, B: Backend>(
     mut x: B::Tensor,
     seqs: &[BatchPos],
     io: &crate::longhaul::IoScope<'s>,
-    steps: bool,
 ) -> Result<B::Tensor, ModelError> {
-    let p = Pass { m, seqs, io, steps };
+    let p = Pass { m, seqs, io };
     let b = &m.backend;
     for (il, layer) in m.layers.iter().enumerate() {
         let h = p.norm(&x, &layer.attn_norm)?;
@@ -74,20 +73,24 @@ pub(super) fn forward<B: Backend>(
     pos0: usize,
     want: Logits,
 ) -> Result<Vec<f32>, ModelError> {
-    Ok(forward_multi(m, &mut [kv], &[(tokens, pos0)], want)?.into_first())
+    Ok(forward_multi(m, &mut [kv], &[(tokens, pos0)], &[want])?.into_first())
 }
 
 /// Runs several sequences in one batch: `seqs[i] = (tokens, pos0)` with
-/// states `kvs[i]`. Returns each sequence's logits (last row or all rows).
+/// states `kvs[i]`. Returns each sequence's logits as `wants[i]` asks
+/// (last row or all rows; `Steps` rows attend as decode steps).
 pub(super) fn forward_multi<B: Backend>(
     m: &Model<B>,
     kvs: &mut [&mut [LayerState<B>]],
     seqs: &[(&[u32], usize)],
-    want: Logits,
+    wants: &[Logits],
 ) -> Result<BatchLogits, ModelError> {
     let b = &m.backend;
     let hp = &m.hp;
-    if kvs.len() != seqs.len() || kvs.iter().any(|kv| kv.len() != m.layers.len()) {
+    if kvs.len() != seqs.len()
+        || wants.len() != seqs.len()
+        || kvs.iter().any(|kv| kv.len() != m.layers.len())
+    {
         return Err(ModelError::BadHparam {
             key: "kv".into(),
             reason: format!(
@@ -100,7 +103,7 @@ pub(super) fn forward_multi<B: Backend>(
     }
     let mut tokens = Vec::new();
     let mut spans = Vec::new();
-    for &(t, pos0) in seqs.iter().filter(|(t, _)| !t.is_empty()) {
+    for (&(t, pos0), &want) in seqs.iter().zip(wants).filter(|((t, _), _)| !t.is_empty()) {
         if let Some(&id) = t.iter().find(|&&id| id as usize >= hp.n_vocab) {
             return Err(ModelError::BadToken {
                 id,
@@ -111,6 +114,7 @@ pub(super) fn forward_multi<B: Backend>(
         spans.push(BatchPos {
             pos0,
             n_tokens: t.len(),
+            steps: want == Logits::Steps,
         });
     }
     if tokens.is_empty() {
@@ -128,19 +132,23 @@ pub(super) fn forward_multi<B: Backend>(
         .collect();
     let x = b.get_rows(&m.tok_embd, &tokens)?;
     // Longhaul's lookahead reads run on the I/O pool while layers compute.
-    let x = crate::longhaul::io_scope(|io| {
-        layers(m, &mut active, x, &spans, io, want == Logits::Steps)
-    })?;
-    let rows: Vec<usize> = match want {
-        Logits::All | Logits::Steps => (0..tokens.len()).collect(),
-        Logits::Last => spans
+    let x = crate::longhaul::io_scope(|io| layers(m, &mut active, x, &spans, io))?;
+    // The rows each sequence returns: its last, or all of them.
+    let mut rows: Vec<usize> = Vec::with_capacity(tokens.len());
+    let mut start = 0;
+    for (s, &want) in spans.iter().zip(
+        wants
             .iter()
-            .scan(0, |end, s| {
-                *end += s.n_tokens;
-                Some(*end - 1)
-            })
-            .collect(),
-    };
+            .zip(seqs)
+            .filter(|(_, (t, _))| !t.is_empty())
+            .map(|(w, _)| w),
+    ) {
+        match want {
+            Logits::Last => rows.push(start + s.n_tokens - 1),
+            Logits::All | Logits::Steps => rows.extend(start..start + s.n_tokens),
+        }
+        start += s.n_tokens;
+    }
     let x = if rows.len() == tokens.len() {
         x
     } else {
@@ -151,7 +159,7 @@ pub(super) fn forward_multi<B: Backend>(
     // Each sequence's rows of the one buffer.
     let mut spans = Vec::with_capacity(seqs.len());
     let mut at = 0;
-    for (t, _) in seqs {
+    for ((t, _), &want) in seqs.iter().zip(wants) {
         let n = match (t.is_empty(), want) {
             (true, _) => 0,
             (false, Logits::Last) => 1,

@@ -118,7 +118,7 @@ pub enum Logits {
     All,
     /// Every row, each computed as the decode step of that token alone
     /// would compute it (speculative verification): see
-    /// [`crate::backend::AttnParams::rows_as_steps`].
+    /// [`crate::backend::BatchPos::steps`].
     Steps,
 }
 
@@ -441,12 +441,13 @@ impl<B: Backend> Model<B> {
     }
 
     /// Runs several sequences in one batch (`seqs[i] = (tokens, pos0)` with
-    /// states `kvs[i]`); each sequence's logits equal a run of it alone.
+    /// states `kvs[i]`, logits `wants[i]`); each sequence's logits equal a
+    /// run of it alone.
     pub fn forward_multi(
         &self,
         kvs: &mut [&mut [LayerState<B>]],
         seqs: &[(&[u32], usize)],
-        want: Logits,
+        want: &[Logits],
     ) -> Result<BatchLogits, ModelError> {
         self.file.check_files()?;
         forward::forward_multi(self, kvs, seqs, want)

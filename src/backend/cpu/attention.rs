@@ -908,7 +908,6 @@ mod tests {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
                 flash_attn: false,
-                rows_as_steps: false,
             };
             // (pos0, n_tokens): decode rows at short and long contexts,
             // and a prompt chunk past position 0.
@@ -916,18 +915,22 @@ mod tests {
                 BatchPos {
                     pos0: 0,
                     n_tokens: 1,
+                    steps: false,
                 },
                 BatchPos {
                     pos0: 150,
                     n_tokens: 1,
+                    steps: false,
                 },
                 BatchPos {
                     pos0: 60,
                     n_tokens: 5,
+                    steps: false,
                 },
                 BatchPos {
                     pos0: 63,
                     n_tokens: 1,
+                    steps: false,
                 },
             ];
             let n_embd = n_head_kv * hd;

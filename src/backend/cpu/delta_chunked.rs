@@ -536,6 +536,7 @@ mod tests {
         let seqs = [BatchPos {
             pos0: 0,
             n_tokens: b.q.rows,
+            steps: false,
         }];
         gated_delta_net_as(
             &b.q,
@@ -771,6 +772,7 @@ mod tests {
             .map(|&n| BatchPos {
                 pos0: 10,
                 n_tokens: n,
+                steps: false,
             })
             .collect();
         let mut refs: Vec<&mut CpuTensor> = states.iter_mut().collect();

@@ -660,7 +660,6 @@ mod tests {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
                 flash_attn: true,
-                rows_as_steps: false,
             };
             // (pos0, n_tokens, n_ctx): decode, a short batch, a tiled batch
             // past a tile edge, and split-KV decodes (512 and 768 cells).
@@ -697,7 +696,11 @@ mod tests {
                     rows: n_tokens,
                     cols: n_head * hd,
                 };
-                let pos = BatchPos { pos0, n_tokens };
+                let pos = BatchPos {
+                    pos0,
+                    n_tokens,
+                    steps: false,
+                };
                 let out = attend_all(&[&kv], &q, sinks.as_deref(), &[pos], &p).unwrap();
                 let n_kv = n_kv_cells(n_ctx, pos0 + n_tokens);
                 for t in 0..n_tokens {

@@ -72,7 +72,6 @@ impl Case {
             scale: 1.0 / (self.dk as f32).sqrt(),
             window: None,
             flash_attn: self.flash_attn,
-            rows_as_steps: false,
         }
     }
     fn n_embd_k(&self) -> usize {
@@ -172,7 +171,11 @@ fn run(c: &Case, steps: &[usize], seed: u64) -> Vec<Vec<f32>> {
         } else {
             b.from_host(v, t, c.n_embd_v()).unwrap()
         };
-        let pos = BatchPos { pos0, n_tokens: t };
+        let pos = BatchPos {
+            pos0,
+            n_tokens: t,
+            steps: false,
+        };
         let out = b
             .attention(&mut kv, &qt, &kt, &vt, None, pos, &p)
             .expect("attention");
@@ -299,7 +302,11 @@ fn k_only_cache_equals_explicit_values_bit_for_bit() {
                 let qt = b.from_host(q, t, c.n_head * c.dk).unwrap();
                 let kt = b.from_host(k, t, n_embd_k).unwrap();
                 let vt = b.from_host(v, t, n_embd_v).unwrap();
-                let pos = BatchPos { pos0, n_tokens: t };
+                let pos = BatchPos {
+                    pos0,
+                    n_tokens: t,
+                    steps: false,
+                };
                 let a = b
                     .attention(&mut k_only, &qt, &kt, &kt, None, pos, &p)
                     .unwrap();
@@ -339,6 +346,7 @@ fn k_only_contract_errors() {
     let pos = BatchPos {
         pos0: 0,
         n_tokens: 9,
+        steps: false,
     };
     match b.attention(&mut kv, &q, &k, &k, None, pos, &c.params()) {
         Err(BackendError::ContextFull { pos: 8, n_ctx: 8 }) => {}
@@ -349,6 +357,7 @@ fn k_only_contract_errors() {
     let pos = BatchPos {
         pos0: 0,
         n_tokens: 1,
+        steps: false,
     };
     let wide = AttnParams {
         head_dim_v: 80,
@@ -391,7 +400,6 @@ fn dv_below_dk_is_the_leading_dims_of_dk_eq_dv() {
                 scale: 1.0 / (dk as f32).sqrt(),
                 window: None,
                 flash_attn,
-                rows_as_steps: false,
             };
             let square = AttnParams {
                 head_dim_v: dk,
@@ -415,7 +423,11 @@ fn dv_below_dk_is_the_leading_dims_of_dk_eq_dv() {
                 let qt = b.from_host(q, t, n_head * dk).unwrap();
                 let kt = b.from_host(k, t, n_head_kv * dk).unwrap();
                 let vt = b.from_host(v, t, n_head_kv * dk).unwrap();
-                let pos = BatchPos { pos0, n_tokens: t };
+                let pos = BatchPos {
+                    pos0,
+                    n_tokens: t,
+                    steps: false,
+                };
                 let a = b
                     .attention(&mut narrow, &qt, &kt, &kt, None, pos, &p)
                     .unwrap();

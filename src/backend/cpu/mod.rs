@@ -730,18 +730,25 @@ impl Backend for CpuBackend {
             r0 += pos.n_tokens;
         }
         let kvs: Vec<&CpuKv> = kvs.iter().map(|kv| &**kv).collect();
-        if p.rows_as_steps {
-            // Every row a one-token sequence over its own cache, which now
-            // holds the whole batch: the causal range of row `t` ends at
-            // its position, as in the step that evaluated it alone.
+        if seqs.iter().any(|s| s.steps && s.n_tokens > 1) {
+            // Every row of a `steps` sequence a one-token sequence over its
+            // own cache, which now holds the whole batch: the causal range
+            // of row `t` ends at its position, as in the step that
+            // evaluated it alone.
             let (kvs, seqs): (Vec<&CpuKv>, Vec<BatchPos>) = kvs
                 .iter()
                 .zip(seqs)
                 .flat_map(|(kv, s)| {
-                    (0..s.n_tokens).map(move |t| {
+                    let (n, rows) = if s.steps {
+                        (s.n_tokens, 1)
+                    } else {
+                        (1, s.n_tokens)
+                    };
+                    (0..n).map(move |t| {
                         let one = BatchPos {
                             pos0: s.pos0 + t,
-                            n_tokens: 1,
+                            n_tokens: rows,
+                            steps: false,
                         };
                         (*kv, one)
                     })

@@ -266,6 +266,7 @@ mod tests {
             BatchPos {
                 pos0: 0,
                 n_tokens: 2,
+                steps: false,
             },
             &p,
         )

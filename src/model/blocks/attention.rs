@@ -247,7 +247,6 @@ fn gqa<B: Backend>(
         scale: 1.0 / (a.head_dim as f32).sqrt(),
         window: a.window,
         flash_attn: p.m.flash_attn,
-        rows_as_steps: p.steps,
     };
     b.rope_multi(&mut q, a.head_dim, p.seqs, &a.rope)?;
     b.rope_multi(&mut k, a.head_dim, p.seqs, &a.rope)?;

@@ -178,7 +178,6 @@ pub fn forward<B: Backend>(
         scale: a.scale,
         window: None,
         flash_attn: p.m.flash_attn,
-        rows_as_steps: p.steps,
     };
     let attn = b.attention_multi(kvs, &q, &k, &kv_c, None, p.seqs, &params)?;
     let o = per_head(b, &a.wv_b, attn, nh, kvl)?;

@@ -36,9 +36,6 @@ pub struct Pass<'a, 's, B: Backend> {
     pub seqs: &'a [BatchPos],
     /// Where longhaul's lookahead reads run while the layers compute.
     pub io: &'a crate::longhaul::IoScope<'s>,
-    /// Attention computes each row as a decode step would
-    /// ([`crate::backend::AttnParams::rows_as_steps`]; [`super::Logits::Steps`]).
-    pub steps: bool,
 }
 
 impl<B: Backend> Pass<'_, '_, B> {
