@@ -246,24 +246,12 @@ fn run_cnv_is_the_chat_loop_with_the_prompt_as_first_message() {
     // -st: one reply, then the end (no second prompt).
     assert_eq!(err.matches("Generation:").count(), 1, "{err}");
     // Without -st the loop goes on reading stdin after the first reply.
-    let mut child = bin()
-        .args([
+    let (_, err) = run_with_stdin(
+        &[
             "run", "-m", &m, "-ngl", "0", "-cnv", "-p", "Say hi.", "-n", "4", "--temp", "0",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"And again.\n")
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    let err = text(&out.stderr);
-    assert!(out.status.success(), "{err}");
+        ],
+        b"And again.\n",
+    );
     // Two replies, each followed by its speed line.
     assert_eq!(err.matches("Generation:").count(), 2, "{err}");
     // chat -sys parses (and the conversation starts) instead of `-s ys`.
@@ -317,24 +305,11 @@ fn mlock_locks_the_loaded_model_or_says_why_not() {
     }
 }
 
-/// `run -cnv` over two turns (the prompt, then one line on stdin), greedy.
-fn converse(m: &str, extra: &[&str]) -> (String, String) {
+/// `longhaul ARGS` with `input` on stdin: stdout and stderr of a
+/// successful run.
+fn run_with_stdin(args: &[&str], input: &[u8]) -> (String, String) {
     let mut child = bin()
-        .args([
-            "run",
-            "-m",
-            m,
-            "-ngl",
-            "0",
-            "-cnv",
-            "-n",
-            "24",
-            "--temp",
-            "0",
-            "-p",
-            "Write the line 'the cat sat on the mat' three times.",
-        ])
-        .args(extra)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -344,12 +319,32 @@ fn converse(m: &str, extra: &[&str]) -> (String, String) {
         .stdin
         .take()
         .expect("stdin")
-        .write_all(b"Once more, please.\n")
+        .write_all(input)
         .expect("write");
     let out = child.wait_with_output().expect("wait");
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     (text(&out.stdout), err)
+}
+
+/// `run -cnv` over two turns (the prompt, then one line on stdin), greedy.
+fn converse(m: &str, extra: &[&str]) -> (String, String) {
+    let mut args = vec![
+        "run",
+        "-m",
+        m,
+        "-ngl",
+        "0",
+        "-cnv",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "-p",
+        "Write the line 'the cat sat on the mat' three times.",
+    ];
+    args.extend_from_slice(extra);
+    run_with_stdin(&args, b"Once more, please.\n")
 }
 
 #[test]
