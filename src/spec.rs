@@ -359,6 +359,13 @@ pub struct SpecStats {
 }
 
 impl SpecStats {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &SpecStats) {
+        self.n_batches += o.n_batches;
+        self.n_drafted += o.n_drafted;
+        self.n_accepted += o.n_accepted;
+    }
+
     pub fn acceptance(&self) -> f64 {
         self.n_accepted as f64 / self.n_drafted.max(1) as f64
     }

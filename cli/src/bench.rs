@@ -12,10 +12,13 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use longhaul::backend::Backend;
+use longhaul::draft::ModelDrafter;
 use longhaul::engine::{CacheBudget, Engine, EngineParams, FlashAttn, LonghaulParams};
 use longhaul::longhaul::{CacheStats, Policy};
 use longhaul::model::Logits;
 use longhaul::placement::{self, GpuLayers, Placed};
+use longhaul::sample::{Sampler, SamplerParams};
+use longhaul::spec::{DraftParams, Drafter, SpecParams, SpecStats, SpecType};
 use longhaul::tensor::GgmlType;
 
 use crate::bench_out;
@@ -110,6 +113,90 @@ pub struct BenchArgs {
     pub output: String,
     #[command(flatten)]
     pub survey: crate::survey::SurveyArgs,
+    #[command(flatten)]
+    pub spec: BenchSpecArgs,
+}
+
+/// Speculative rows. llama-bench has none: a `--spec-type` list gives one
+/// row per value beside each generation test, and those tests become real
+/// greedy decodes (end of generation ignored) after the text of `-f`, in
+/// every row of the list, `none` too, so that the rows compare.
+#[derive(Args, Debug)]
+pub struct BenchSpecArgs {
+    /// Speculative decoding, one row per value (comma-separated): none,
+    /// ngram-simple, ngram-map-k, draft-simple (needs -md; -md alone means
+    /// none,draft-simple). Prompt tests (-p) run in the none rows only.
+    #[arg(long = "spec-type", value_delimiter = ',')]
+    pub spec_type: Vec<String>,
+    /// Draft model of the draft-simple rows (-md), resident on the row's backend.
+    #[arg(long = "spec-draft-model", value_name = "FNAME")]
+    pub draft_model: Option<std::path::PathBuf>,
+    /// Draft model: most tokens drafted per step.
+    #[arg(long = "spec-draft-n-max", default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub draft_n_max: u16,
+    /// Draft model: drafts shorter than this are dropped.
+    #[arg(long = "spec-draft-n-min", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub draft_n_min: u16,
+    /// Draft model: drafting stops below this probability of the best token.
+    #[arg(long = "spec-draft-p-min", default_value_t = 0.0)]
+    pub draft_p_min: f32,
+    /// The text speculative rows' generations follow, as a raw prompt
+    /// (default: a short code file to repeat with one change, in ChatML).
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<std::path::PathBuf>,
+}
+
+/// The default text of speculative rows: repetitive output, where drafts pay.
+const SPEC_TEXT: &str = include_str!("../../tests/fixtures/prompts/code-edit.txt");
+
+impl BenchSpecArgs {
+    /// The drafters of the rows, in order; empty without `--spec-type` or
+    /// `-md` (llama-bench's generation tests).
+    fn kinds(&self) -> anyhow::Result<Vec<SpecType>> {
+        let mut kinds: Vec<SpecType> = Vec::new();
+        for k in self.spec_type.iter().map(|k| k.trim()) {
+            let kind = k.parse::<SpecType>().map_err(anyhow::Error::msg)?;
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        if kinds.is_empty() && self.draft_model.is_some() {
+            kinds = vec![SpecType::None, SpecType::DraftSimple];
+        }
+        let wants_model = kinds.contains(&SpecType::DraftSimple);
+        match (wants_model, &self.draft_model) {
+            (true, None) => anyhow::bail!("--spec-type draft-simple needs a draft model: add -md FILE"),
+            (false, Some(_)) => anyhow::bail!("-md gives a draft model, which only draft-simple rows use: add draft-simple to --spec-type"),
+            _ => {}
+        }
+        if kinds == [SpecType::None] && self.file.is_none() {
+            // `--spec-type none` alone is llama-bench's generation test.
+            return Ok(Vec::new());
+        }
+        if kinds.is_empty() && self.file.is_some() {
+            kinds.push(SpecType::None);
+        }
+        Ok(kinds)
+    }
+
+    fn params(&self, kind: SpecType) -> SpecParams {
+        SpecParams {
+            kind,
+            draft: DraftParams {
+                n_max: self.draft_n_max as usize,
+                n_min: self.draft_n_min as usize,
+                p_min: self.draft_p_min,
+            },
+            ..SpecParams::default()
+        }
+    }
+
+    fn text(&self) -> anyhow::Result<String> {
+        match &self.file {
+            Some(f) => std::fs::read_to_string(f).with_context(|| format!("-f {}", f.display())),
+            None => Ok(SPEC_TEXT.to_string()),
+        }
+    }
 }
 
 /// How the model's weights are held for one group of rows.
@@ -192,6 +279,8 @@ pub(crate) struct Row {
     pub(crate) samples_ns: Vec<u64>,
     /// Longhaul counters over the timed part of every repetition.
     pub(crate) cache: Option<CacheStats>,
+    /// Speculative rows: the drafter and its counters over every repetition.
+    pub(crate) spec: Option<(SpecType, SpecStats)>,
     pub(crate) test_time: String,
 }
 
@@ -403,6 +492,59 @@ fn run_once<B: Backend>(
     Ok((ns, delta))
 }
 
+/// One repetition of a speculative row: the depth, then the text (both
+/// untimed, the draft model's sequence too), then `t.n_gen` tokens decoded
+/// greedily past the first (end of generation ignored, as `--ignore-eos`
+/// does), drafting with `sp`. Returns the decode's nanoseconds, its
+/// longhaul counters and the drafter's.
+fn run_spec<B: Backend + 'static>(
+    engine: &Engine<B>,
+    t: &Test,
+    n_vocab: u32,
+    text: &[u32],
+    sp: &SpecParams,
+    draft: Option<&std::sync::Arc<Engine<B>>>,
+) -> anyhow::Result<(u64, Option<CacheStats>, SpecStats)> {
+    let mut kv = engine.new_kv()?;
+    let held = tokens(t.n_depth, 7, n_vocab);
+    if !held.is_empty() {
+        engine.eval(&mut kv, &held, Logits::Last)?;
+    }
+    let mut drafter = match (sp.kind, draft) {
+        (SpecType::DraftSimple, Some(e)) => {
+            let mut d = ModelDrafter::new(e.clone(), &engine.tokenizer, sp.draft)?;
+            d.prime(&[&held[..], text].concat())?;
+            Some(Drafter::Model(Box::new(d)))
+        }
+        _ => sp.drafter(),
+    };
+    let no_eog = engine
+        .tokenizer
+        .eog_ids()
+        .into_iter()
+        .map(|id| (id, f32::NEG_INFINITY))
+        .collect();
+    let mut sampler = Sampler::new(SamplerParams {
+        logit_bias: no_eog,
+        ..SamplerParams::greedy()
+    });
+    let n_predict = t.n_gen + 1;
+    let (_, st) = match drafter.as_mut() {
+        Some(d) => {
+            engine
+                .generate_spec_after(&mut kv, &held, text, n_predict, &mut sampler, d, |_| true)?
+        }
+        None => engine.generate(&mut kv, text, n_predict, &mut sampler, |_| true)?,
+    };
+    if st.n_gen != n_predict {
+        anyhow::bail!(
+            "a speculative row generated {} of {n_predict} tokens; the context ran out (a shorter -f text or -n)",
+            st.n_gen
+        );
+    }
+    Ok((st.gen_time.as_nanos() as u64, st.gen_io, st.spec))
+}
+
 /// What the runs of every placement add to.
 struct Out {
     rows: Vec<Row>,
@@ -420,6 +562,10 @@ struct Settings<'a> {
     tests: &'a [Test],
     threads: &'a [usize],
     n_ctx: usize,
+    /// The drafters of speculative rows (empty: llama-bench's tests).
+    spec: &'a [SpecType],
+    /// The text speculative generations follow.
+    spec_text: &'a str,
 }
 
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
@@ -445,6 +591,15 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     }
     let modes = load_modes(&a)?;
     let tests = tests(&a)?;
+    let spec = a.spec.kinds()?;
+    let spec_text = if spec.is_empty() {
+        String::new()
+    } else {
+        if !a.pg.is_empty() {
+            anyhow::bail!("-pg with --spec-type: speculative rows time generation alone; give -p and -n instead");
+        }
+        a.spec.text()?
+    };
     let ngl: Vec<&str> = a.n_gpu_layers.iter().map(String::as_str).collect();
     let placements = placement::resolve_all(&model, &ngl, a.device.as_deref())?;
     let threads = if a.threads.is_empty() {
@@ -455,9 +610,18 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             .map(|&t| longhaul::threads::capped(Some(t)))
             .collect()
     };
+    // A speculative generation follows the text: at most a token per byte
+    // and BOS, then its tokens and the one sampled after them.
+    let text_room = if spec.is_empty() {
+        0
+    } else {
+        spec_text.len() + 4
+    };
     let n_ctx = tests
         .iter()
-        .map(|t| t.n_depth + t.n_prompt + t.n_gen)
+        .map(|t| {
+            t.n_depth + (t.n_prompt + t.n_gen).max(text_room * usize::from(t.n_gen > 0) + t.n_gen)
+        })
         .max()
         .unwrap_or(1)
         .max(1);
@@ -468,6 +632,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         tests: &tests,
         threads: &threads,
         n_ctx,
+        spec: &spec,
+        spec_text: &spec_text,
     };
     let mut out = Out {
         rows: Vec::new(),
@@ -500,28 +666,48 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
 
 /// Every row of one placement: load modes, then ubatch sizes, thread
 /// counts and tests, as llama-bench nests them.
-fn bench_on<B: Backend>(
+fn bench_on<B: Backend + 'static>(
     backend: B,
     p: &Settings,
     rp: &RowPlacement,
     out: &mut Out,
 ) -> anyhow::Result<()> {
     let a = p.a;
+    let draft = match &a.spec.draft_model {
+        Some(path) if p.spec.contains(&SpecType::DraftSimple) => {
+            let params = EngineParams {
+                n_ctx: p.n_ctx,
+                n_ubatch: DEFAULT_UBATCH,
+                kv_type: GgmlType::F16,
+                ..Default::default()
+            };
+            let e = ModelDrafter::load_model(path, backend.clone(), params)
+                .with_context(|| format!("draft model {}", path.display()))?;
+            eprintln!(
+                "draft model: {} layers, resident, {:.2} MiB of weights (not in the expert budget)",
+                e.model.hp.n_layer,
+                e.model.loaded_bytes() as f64 / (1u64 << 20) as f64
+            );
+            Some(std::sync::Arc::new(e))
+        }
+        _ => None,
+    };
     for mode in p.modes {
         for &fa in &a.flash_attn {
-            bench_mode(backend.clone(), p, rp, mode, fa, out)?;
+            bench_mode(backend.clone(), p, rp, mode, fa, draft.as_ref(), out)?;
         }
     }
     Ok(())
 }
 
 /// The rows of one load mode and attention path (one engine).
-fn bench_mode<B: Backend>(
+fn bench_mode<B: Backend + 'static>(
     backend: B,
     p: &Settings,
     rp: &RowPlacement,
     mode: &LoadMode,
     flash_attn: FlashAttn,
+    draft: Option<&std::sync::Arc<Engine<B>>>,
     out: &mut Out,
 ) -> anyhow::Result<()> {
     let a = p.a;
@@ -558,6 +744,14 @@ fn bench_mode<B: Backend>(
         }
         let n_vocab = engine.model.hp.n_vocab as u32;
         let n_slots = engine.longhaul.as_ref().map(|i| i.n_slots);
+        let spec_text = if p.spec.is_empty() {
+            Vec::new()
+        } else {
+            engine.tokenize(p.spec_text)?
+        };
+        if let Some(d) = draft {
+            longhaul::draft::check_vocab(&engine.tokenizer, &d.tokenizer)?;
+        }
         for &ub in &a.ubatch {
             engine.params.n_ubatch = ub.max(1);
             for &t in p.threads {
@@ -565,38 +759,58 @@ fn bench_mode<B: Backend>(
                     .num_threads(t.max(1))
                     .build()?;
                 for test in p.tests {
-                    let row = pool.install(|| -> anyhow::Result<Row> {
-                        if warmup {
-                            run_once(&engine, test, n_vocab)?;
-                        }
-                        let test_time = longhaul::clock::utc_rfc3339_now();
-                        let mut samples_ns = Vec::new();
-                        let mut cache: Option<CacheStats> = None;
-                        for _ in 0..a.reps {
-                            let (ns, c) = run_once(&engine, test, n_vocab)?;
-                            samples_ns.push(ns);
-                            if let Some(c) = c {
-                                cache.get_or_insert_with(CacheStats::default).add(&c);
+                    // llama-bench's test, or one speculative row per drafter
+                    // (a prompt test once, in a `none` row).
+                    let kinds: Vec<Option<SpecType>> = match (p.spec, test.n_gen) {
+                        ([], _) => vec![None],
+                        (_, 0) => vec![Some(SpecType::None)],
+                        (kinds, _) => kinds.iter().copied().map(Some).collect(),
+                    };
+                    for kind in kinds {
+                        let once = || match kind {
+                            Some(k) if test.n_gen > 0 => {
+                                let sp = p.a.spec.params(k);
+                                run_spec(&engine, test, n_vocab, &spec_text, &sp, draft)
                             }
+                            _ => run_once(&engine, test, n_vocab)
+                                .map(|(ns, c)| (ns, c, SpecStats::default())),
+                        };
+                        let row = pool.install(|| -> anyhow::Result<Row> {
+                            if warmup {
+                                once()?;
+                            }
+                            let test_time = longhaul::clock::utc_rfc3339_now();
+                            let mut samples_ns = Vec::new();
+                            let mut cache: Option<CacheStats> = None;
+                            let mut spec = SpecStats::default();
+                            for _ in 0..a.reps {
+                                let (ns, c, sp) = once()?;
+                                samples_ns.push(ns);
+                                if let Some(c) = c {
+                                    cache.get_or_insert_with(CacheStats::default).add(&c);
+                                }
+                                spec.add(&sp);
+                            }
+                            Ok(Row {
+                                placement: rp.clone(),
+                                mode: mode.clone(),
+                                flash_attn,
+                                n_slots,
+                                n_ubatch: ub,
+                                n_threads: t,
+                                test: *test,
+                                samples_ns,
+                                cache,
+                                spec: kind.map(|k| (k, spec)),
+                                test_time,
+                            })
+                        })?;
+                        if let (Some(d), "jsonl") = (&out.desc, a.output.as_str()) {
+                            // Like llama-bench: each row as soon as it is measured.
+                            println!("{}", bench_out::to_json(&bench_out::fields(d, &row), false));
                         }
-                        Ok(Row {
-                            placement: rp.clone(),
-                            mode: mode.clone(),
-                            flash_attn,
-                            n_slots,
-                            n_ubatch: ub,
-                            n_threads: t,
-                            test: *test,
-                            samples_ns,
-                            cache,
-                            test_time,
-                        })
-                    })?;
-                    if let (Some(d), "jsonl") = (&out.desc, a.output.as_str()) {
-                        // Like llama-bench: each row as soon as it is measured.
-                        println!("{}", bench_out::to_json(&bench_out::fields(d, &row), false));
+                        out.rows.push(row);
                     }
-                    out.rows.push(row);
                 }
             }
         }

@@ -3,6 +3,7 @@
 
 use longhaul::engine::FlashAttn;
 use longhaul::longhaul::Policy;
+use longhaul::spec::SpecType;
 use serde_json::{json, Value};
 
 use crate::bench::{LoadMode, ModelDesc, Row, DEFAULT_UBATCH};
@@ -116,6 +117,24 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
             opt(c
                 .filter(|c| c.prefetched > 0)
                 .map(|c| json!(c.prefetch_recall()))),
+        ),
+    ]);
+    let sp = r.spec;
+    let n_tok = (r.test.n_prompt + r.test.n_gen) * r.samples_ns.len();
+    f.extend([
+        ("spec_type", opt(sp.map(|(k, _)| json!(k.name())))),
+        ("spec_n_batches", opt(sp.map(|(_, s)| json!(s.n_batches)))),
+        ("spec_n_drafted", opt(sp.map(|(_, s)| json!(s.n_drafted)))),
+        ("spec_n_accepted", opt(sp.map(|(_, s)| json!(s.n_accepted)))),
+        (
+            "spec_acceptance",
+            opt(sp
+                .filter(|(_, s)| s.n_drafted > 0)
+                .map(|(_, s)| json!(s.acceptance()))),
+        ),
+        (
+            "longhaul_bytes_per_token",
+            opt(c.map(|c| json!(c.bytes_read as f64 / n_tok.max(1) as f64))),
         ),
     ]);
     f
@@ -255,6 +274,17 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
             }),
         ));
     }
+    let any_spec = rows.iter().any(|r| r.spec.is_some());
+    if any_spec {
+        cols.push((
+            "spec",
+            false,
+            Box::new(|r: &Row| match r.spec {
+                Some((k, _)) => k.name().to_string(),
+                None => "-".into(),
+            }),
+        ));
+    }
     cols.push(("test", true, Box::new(|r: &Row| r.test.name())));
     cols.push((
         "t/s",
@@ -289,6 +319,38 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
                 None => "-".into(),
             }),
         ));
+    }
+    if any_spec {
+        cols.push((
+            "accepted",
+            true,
+            Box::new(|r: &Row| match r.spec {
+                Some((_, s)) if s.n_drafted > 0 => format!(
+                    "{}/{} {:.1}%",
+                    s.n_accepted,
+                    s.n_drafted,
+                    100.0 * s.acceptance()
+                ),
+                Some((k, _)) if k != SpecType::None => "0/0".into(),
+                _ => "-".into(),
+            }),
+        ));
+        if any_lh {
+            cols.push((
+                "expert MiB/tok",
+                true,
+                Box::new(|r: &Row| {
+                    let n = (r.test.n_prompt + r.test.n_gen) * r.samples_ns.len();
+                    match r.cache {
+                        Some(c) => format!(
+                            "{:.2}",
+                            c.bytes_read as f64 / (1u64 << 20) as f64 / n.max(1) as f64
+                        ),
+                        None => "-".into(),
+                    }
+                }),
+            ));
+        }
     }
     let cells: Vec<Vec<String>> = rows
         .iter()

@@ -354,3 +354,103 @@ fn read_load_mode_gives_its_own_rows() {
         assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
     }
 }
+
+/// `--spec-type` gives a row per drafter beside each generation test (a
+/// prompt test once, as `none`), with the drafter's counters; the model
+/// drafting for itself has every draft accepted (greedy verification of
+/// its own greedy tokens), and the expert bytes per token are the bytes
+/// read over the tokens generated.
+#[test]
+fn speculative_rows_count_drafts_per_drafter() {
+    let m = fixture("qwen3moe-q8_0.gguf");
+    let reps = 2;
+    let out = bench_ok(&[
+        "-m",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "6",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "-ngl",
+        "0",
+        "--load-mode",
+        "longhaul",
+        "--longhaul-cache",
+        "0.0004",
+        "--spec-type",
+        "none,ngram-map-k,draft-simple",
+        "-md",
+        &m,
+        "-o",
+        "json",
+    ]);
+    let rows: Vec<Value> = serde_json::from_str(&out).expect("json");
+    let got: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().unwrap().to_string(),
+                r["spec_type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("pp8", "none"),
+        ("tg6", "none"),
+        ("tg6", "ngram-map-k"),
+        ("tg6", "draft-simple"),
+    ]
+    .iter()
+    .map(|(t, s)| (t.to_string(), s.to_string()))
+    .collect();
+    assert_eq!(got, want);
+    for r in &rows {
+        let n_tok = r["n_prompt"].as_u64().unwrap() + r["n_gen"].as_u64().unwrap();
+        let bytes = r["longhaul_bytes_read"].as_u64().unwrap() as f64;
+        let per_tok = r["longhaul_bytes_per_token"].as_f64().unwrap();
+        assert!(
+            (per_tok - bytes / (n_tok as f64 * reps as f64)).abs() <= 1e-9 * per_tok.max(1.0),
+            "{r}"
+        );
+        let (drafted, accepted, batches) = (
+            r["spec_n_drafted"].as_u64().unwrap(),
+            r["spec_n_accepted"].as_u64().unwrap(),
+            r["spec_n_batches"].as_u64().unwrap(),
+        );
+        assert!(accepted <= drafted && drafted <= 48 * batches, "{r}");
+        match r["spec_type"].as_str().unwrap() {
+            "none" => assert_eq!((drafted, batches), (0, 0), "{r}"),
+            "draft-simple" => {
+                // Six tokens past the first each repetition, at most three
+                // drafted per batch (--spec-draft-n-max's default).
+                assert!(drafted > 0 && drafted <= 6 * reps as u64, "{r}");
+                assert_eq!(accepted, drafted, "a model drafting for itself: {r}");
+                assert!(drafted <= 3 * batches, "{r}");
+                assert_eq!(r["spec_acceptance"].as_f64(), Some(1.0), "{r}");
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn speculative_flag_errors_say_what_to_do() {
+    let m = fixture("qwen3moe-f32.gguf");
+    let err = |a: &[&str]| {
+        let (ok, _, e) = bench(a);
+        assert!(!ok, "{a:?} should fail");
+        e
+    };
+    let e = err(&["-m", &m, "--spec-type", "none,draft-simple"]);
+    assert!(e.contains("add -md FILE"), "{e}");
+    let e = err(&["-m", &m, "--spec-type", "ngram-simple", "-md", &m]);
+    assert!(e.contains("add draft-simple to --spec-type"), "{e}");
+    let e = err(&["-m", &m, "--spec-type", "ngram-mod"]);
+    assert!(e.contains("not supported yet"), "{e}");
+    let e = err(&["-m", &m, "--spec-type", "ngram-simple", "-pg", "8,2"]);
+    assert!(e.contains("give -p and -n instead"), "{e}");
+}
