@@ -14,6 +14,9 @@
 pub mod contract;
 pub mod cpu;
 pub mod gpu;
+pub mod routing;
+
+pub use routing::DeviceRoute;
 pub(crate) mod rope_math;
 
 use crate::quant::QuantError;
@@ -727,6 +730,40 @@ pub trait Backend: Send + Sync + Clone {
         w: &[f32],
         n_used: usize,
     ) -> Result<Self::Tensor, BackendError>;
+
+    /// Routes `logits [t, n_expert]` on the device: the experts and weights
+    /// [`crate::model::blocks::router::route`] gives (the same steps; the
+    /// same choice up to the last bit of the scores' `exp`), kept there.
+    /// `None`, the default: this backend routes on the host.
+    fn route_on_device(
+        &self,
+        _logits: &Self::Tensor,
+        _r: &routing::Routing,
+        _select_bias: Option<&[f32]>,
+    ) -> Result<Option<DeviceRoute<Self::Tensor>>, BackendError> {
+        Ok(None)
+    }
+    /// A device route's expert ids on the host (a read-back).
+    fn route_ids(&self, _r: &DeviceRoute<Self::Tensor>) -> Result<Vec<u32>, BackendError> {
+        Err(self.unsupported_op("route_ids"))
+    }
+    /// [`Backend::mul_mat_id`] with the ids of a device route.
+    fn mul_mat_id_routed(
+        &self,
+        _w: &Self::Weight,
+        _x: &Self::Tensor,
+        _r: &DeviceRoute<Self::Tensor>,
+    ) -> Result<Self::Tensor, BackendError> {
+        Err(self.unsupported_op("mul_mat_id_routed"))
+    }
+    /// [`Backend::weighted_sum`] with the weights of a device route.
+    fn weighted_sum_routed(
+        &self,
+        _x: &Self::Tensor,
+        _r: &DeviceRoute<Self::Tensor>,
+    ) -> Result<Self::Tensor, BackendError> {
+        Err(self.unsupported_op("weighted_sum_routed"))
+    }
 
     /// A KV cache for `n_ctx` positions of `n_embd_k` keys and `n_embd_v`
     /// values (`n_head_kv * head_dim` and `n_head_kv * head_dim_v`).

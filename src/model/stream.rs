@@ -56,6 +56,11 @@ impl<S: SlotStore> Runtime<S> {
     }
 
     /// Records layer `il`'s routing, when tracing.
+    /// Whether a routing trace is attached.
+    pub(crate) fn traced(&self) -> bool {
+        self.trace.is_some()
+    }
+
     pub(super) fn record(&self, il: usize, ids: &[u32], k: usize) {
         if let Some(t) = &self.trace {
             // A trace is a diagnostic: a failed write must not stop generation.

@@ -77,6 +77,8 @@ pub struct Ctx {
     /// validation): wgpu's default handler would panic; we report it as a
     /// [`GpuError`] at the next allocation or read-back.
     failed: Arc<Mutex<Option<String>>>,
+    /// Read-backs so far ([`Ctx::read`]), each a wait for the device.
+    readbacks: std::sync::atomic::AtomicU64,
 }
 
 /// The bind group entries of `args`: binding `i` is `args[i]`.
@@ -117,6 +119,7 @@ impl Ctx {
         Self {
             device,
             queue,
+            readbacks: Default::default(),
             caps,
             pipelines: Mutex::new(HashMap::new()),
             tables: Mutex::new(HashMap::new()),
@@ -387,7 +390,15 @@ impl Ctx {
 
     /// Reads `len` bytes at `offset` of `buf` back to the host, after every
     /// recorded command has run.
+    /// How many read-backs this device has made: each one submits the
+    /// work recorded so far and waits for it (a test counts them per step).
+    pub fn readbacks(&self) -> u64 {
+        self.readbacks.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn read(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, GpuError> {
+        self.readbacks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let size = len.next_multiple_of(4).max(4);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),

@@ -30,7 +30,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::{Arg, GpuBackend, GpuError, GpuTensor, GpuWeight, KernelKey};
-use crate::backend::{contract, BackendError};
+use crate::backend::{contract, BackendError, DeviceRoute};
 use crate::tensor::GgmlType;
 
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
@@ -38,6 +38,7 @@ const PRODUCT_IO: &str = include_str!("../../../shaders/product_io.wgsl");
 const MATVEC: &str = include_str!("../../../shaders/matvec.wgsl");
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
 const MUL_MAT_ID: &str = include_str!("../../../shaders/mul_mat_id.wgsl");
+const MUL_MAT_ID_ROUTED: &str = include_str!("../../../shaders/mul_mat_id_routed.wgsl");
 const GET_ROWS: &str = include_str!("../../../shaders/get_rows.wgsl");
 const ACT_ROUND: &str = include_str!("../../../shaders/act_round.wgsl");
 const IQ_TABLES: &str = include_str!("../../../shaders/iq_tables.wgsl");
@@ -286,13 +287,35 @@ fn matvec_wg(b: &GpuBackend) -> u32 {
     b.caps().subgroup_max.clamp(64, 256).next_power_of_two()
 }
 
+/// Which rows a mat-vec multiplies: its own, or MUL_MAT_ID's pairs listed
+/// by the host or read from a device route.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MvRows {
+    Plain,
+    Listed,
+    Routed,
+}
+
 fn matvec_pipeline(
     b: &GpuBackend,
     ty: GgmlType,
     id: bool,
 ) -> Result<Arc<wgpu::ComputePipeline>, BackendError> {
+    matvec_pipeline_for(b, ty, if id { MvRows::Listed } else { MvRows::Plain })
+}
+
+fn matvec_pipeline_for(
+    b: &GpuBackend,
+    ty: GgmlType,
+    rows: MvRows,
+) -> Result<Arc<wgpu::ComputePipeline>, BackendError> {
     let ctx = b.ctx();
-    let name = if id { "matvec_id" } else { "matvec" };
+    let id = rows != MvRows::Plain;
+    let name = match rows {
+        MvRows::Plain => "matvec",
+        MvRows::Listed => "matvec_id",
+        MvRows::Routed => "matvec_routed",
+    };
     let mut consts = type_consts(ty);
     consts.extend([
         ("WG", matvec_wg(b)),
@@ -301,10 +324,10 @@ fn matvec_pipeline(
         ("MUL_MAT_ID", id as u32),
         ("TILE_F16", TILE_F16 as u32),
     ]);
-    let parts: &[&str] = if id {
-        &[QUANT, PRODUCT_IO, MUL_MAT_ID, MATVEC]
-    } else {
-        &[QUANT, PRODUCT_IO, MATVEC]
+    let parts: &[&str] = match rows {
+        MvRows::Plain => &[QUANT, PRODUCT_IO, MATVEC],
+        MvRows::Listed => &[QUANT, PRODUCT_IO, MUL_MAT_ID, MATVEC],
+        MvRows::Routed => &[QUANT, PRODUCT_IO, MUL_MAT_ID_ROUTED, MATVEC],
     };
     Ok(ctx.pipeline(&KernelKey::new(name).ty(ty), || ctx.source(parts, &consts))?)
 }
@@ -603,6 +626,80 @@ pub(super) fn mul_mat_id(
             let groups = word(OP, "workgroups", pp.mm.len() as u64 * blocks as u64)?;
             ctx.dispatch_with(pipe, &args, &p.words(), ctx.grid(groups), g1);
         }
+    }
+    Ok(out)
+}
+
+/// [`mul_mat_id`] with the ids of a device route: one mat-vec work item
+/// per pair, per weight part, no list built on the host.
+pub(super) fn mul_mat_id_routed(
+    b: &GpuBackend,
+    w: &GpuWeight,
+    x: &GpuTensor,
+    r: &DeviceRoute<GpuTensor>,
+) -> Result<GpuTensor, BackendError> {
+    const OP: &str = "mul_mat_id_routed";
+    let [k, n, _n_exp] = w.ne;
+    let pairs = r.n_tok * r.n_used;
+    let x_per_tok = match x.rows {
+        rows if rows == r.n_tok => 1,
+        rows if rows == pairs => r.n_used,
+        rows => {
+            return Err(shape(
+                OP,
+                format!(
+                    "x has {rows} rows for {} tokens of {} experts",
+                    r.n_tok, r.n_used
+                ),
+            ))
+        }
+    };
+    if x.cols != k {
+        return Err(shape(
+            OP,
+            format!("x has {} columns, the weight rows {k}", x.cols),
+        ));
+    }
+    check_weight(OP, w)?;
+    let out = b.tensor(pairs, n)?;
+    if pairs == 0 || n == 0 {
+        return Ok(out);
+    }
+    let rounded = act_rounded(b, w.ty, x)?;
+    let x = rounded.as_ref().unwrap_or(x);
+    let ctx = b.ctx();
+    let grid = grid_buffer(b, w.ty)?;
+    let g1 = grid.as_deref().map(Arg::Buf);
+    let g1 = g1.as_slice();
+    let pipe = matvec_pipeline_for(b, w.ty, MvRows::Routed)?;
+    let blocks = (n as u32).div_ceil(MV_ROWS);
+    let p = Params {
+        k: word(OP, "row length", k as u64)?,
+        n: word(OP, "rows", n as u64)?,
+        rows: word(OP, "rows", n as u64)?,
+        row_bytes: word(OP, "row bytes", w.row_bytes as u64)?,
+        expert_stride: word(OP, "expert stride", w.expert_stride)?,
+        n_items: word(OP, "pairs", pairs as u64)?,
+        blocks,
+        ..Params::default()
+    };
+    let groups = word(OP, "workgroups", pairs as u64 * blocks as u64)?;
+    for part in &w.parts {
+        let info = [
+            word(OP, "first expert", part.first as u64)?,
+            word(OP, "experts", part.count as u64)?,
+            r.n_used as u32,
+            x_per_tok as u32,
+        ];
+        let info = ctx.upload(bytemuck::cast_slice(&info), "mul_mat_id_routed part")?;
+        let args = [
+            Arg::Buf(&part.buf),
+            Arg::Buf(&x.buf),
+            Arg::Buf(&out.buf),
+            Arg::Buf(&r.ids.buf),
+            Arg::Buf(&info),
+        ];
+        ctx.dispatch_with(&pipe, &args, &p.words(), ctx.grid(groups), g1);
     }
     Ok(out)
 }

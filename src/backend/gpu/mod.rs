@@ -11,6 +11,7 @@ mod device;
 mod matmul;
 mod ops;
 mod recurrent;
+mod route;
 mod slots;
 
 use std::sync::Arc;
@@ -21,8 +22,8 @@ pub use device::{default_adapter, list_adapters, named_adapter, AdapterSummary, 
 pub use slots::GpuSlots;
 
 use super::{
-    Act, AttnParams, Backend, BackendError, BatchPos, DeltaNetParams, Glu, KvShape, RopeParams,
-    SlotTensor,
+    Act, AttnParams, Backend, BackendError, BatchPos, DeltaNetParams, DeviceRoute, Glu, KvShape,
+    RopeParams, SlotTensor,
 };
 use crate::gguf;
 use crate::tensor::GgmlType;
@@ -512,6 +513,36 @@ impl Backend for GpuBackend {
         n_used: usize,
     ) -> Result<GpuTensor, BackendError> {
         ops::weighted_sum(self, x, w, n_used)
+    }
+
+    fn route_on_device(
+        &self,
+        logits: &GpuTensor,
+        r: &crate::backend::routing::Routing,
+        select_bias: Option<&[f32]>,
+    ) -> Result<Option<DeviceRoute<GpuTensor>>, BackendError> {
+        route::route(self, logits, r, select_bias)
+    }
+
+    fn route_ids(&self, r: &DeviceRoute<GpuTensor>) -> Result<Vec<u32>, BackendError> {
+        route::ids(self, r)
+    }
+
+    fn mul_mat_id_routed(
+        &self,
+        w: &GpuWeight,
+        x: &GpuTensor,
+        r: &DeviceRoute<GpuTensor>,
+    ) -> Result<GpuTensor, BackendError> {
+        matmul::mul_mat_id_routed(self, w, x, r)
+    }
+
+    fn weighted_sum_routed(
+        &self,
+        x: &GpuTensor,
+        r: &DeviceRoute<GpuTensor>,
+    ) -> Result<GpuTensor, BackendError> {
+        route::weighted_sum(self, x, r)
     }
 
     fn new_kv(

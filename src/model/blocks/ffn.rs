@@ -5,7 +5,7 @@
 use super::attention::Want;
 use super::router::{Router, Routing};
 use super::{matmuls, Loader, Pass};
-use crate::backend::{Backend, Glu};
+use crate::backend::{Backend, DeviceRoute, Glu};
 use crate::model::ModelError;
 
 /// The routed-expert tensors of a MoE layer (`blk.N.<name>`), in the order
@@ -259,6 +259,25 @@ pub(crate) fn expert_outputs<B: Backend>(
     Ok(down)
 }
 
+/// [`expert_outputs`] with the ids of a device route, which stay there.
+fn routed_outputs<B: Backend>(
+    b: &B,
+    ex: &Experts<B::Weight>,
+    x: &B::Tensor,
+    r: &DeviceRoute<B::Tensor>,
+    glu: Glu,
+) -> Result<B::Tensor, ModelError> {
+    let up = b.mul_mat_id_routed(&ex.up, x, r)?;
+    let gate = b.mul_mat_id_routed(&ex.gate, x, r)?;
+    let h = b.glu(&gate, &up, glu)?;
+    Ok(b.mul_mat_id_routed(&ex.down, &h, r)?)
+}
+
+/// Most tokens a MoE layer routes on the device (decode steps,
+/// verification batches); a prompt's ubatch is routed on the host, which
+/// groups its pairs by expert for the tiled kernels.
+pub const DEVICE_ROUTE_MAX_TOK: usize = 8;
+
 fn moe_ffn<'s, B: Backend>(
     p: &Pass<'_, 's, B>,
     il: usize,
@@ -266,15 +285,44 @@ fn moe_ffn<'s, B: Backend>(
     x: &B::Tensor,
 ) -> Result<B::Tensor, ModelError> {
     let b = p.b();
-    let logits = f.router.logits(b, x)?;
-    let (ids, weights) = f.router.route(&logits);
     let k = f.router.routing.n_used;
-    p.m.runtime.record(il, &ids, k);
-    let down = match p.m.runtime.streamed(il) {
-        None => expert_outputs(b, &f.experts, x, &ids, k, f.glu)?,
-        Some(layer) => crate::model::stream::expert_outputs(p, il, layer, f, x, &ids)?,
+    let logits = f.router.logits_on(b, x)?;
+    // A routing trace needs every layer's ids on the host.
+    let route = if b.shape(x).0 <= DEVICE_ROUTE_MAX_TOK && !p.m.runtime.traced() {
+        f.router.route_on(b, &logits)?
+    } else {
+        None
     };
-    let mut out = b.weighted_sum(&down, &weights, k)?;
+    let streamed = p.m.runtime.streamed(il);
+    let ex = &f.experts;
+    let has_bias = ex.gate_b.is_some() || ex.up_b.is_some() || ex.down_b.is_some();
+    let mut out = match route {
+        // Resident: nothing leaves the device.
+        Some(r) if streamed.is_none() && !has_bias => {
+            let down = routed_outputs(b, ex, x, &r, f.glu)?;
+            b.weighted_sum_routed(&down, &r)?
+        }
+        // The chosen ids read back (longhaul maps them to slots), the
+        // weights stay.
+        Some(r) => {
+            let ids = b.route_ids(&r)?;
+            let down = match streamed {
+                None => expert_outputs(b, ex, x, &ids, k, f.glu)?,
+                Some(layer) => crate::model::stream::expert_outputs(p, il, layer, f, x, &ids)?,
+            };
+            b.weighted_sum_routed(&down, &r)?
+        }
+        None => {
+            let logits = b.to_host(&logits)?;
+            let (ids, weights) = f.router.route(&logits);
+            p.m.runtime.record(il, &ids, k);
+            let down = match streamed {
+                None => expert_outputs(b, ex, x, &ids, k, f.glu)?,
+                Some(layer) => crate::model::stream::expert_outputs(p, il, layer, f, x, &ids)?,
+            };
+            b.weighted_sum(&down, &weights, k)?
+        }
+    };
     if let Some(sh) = &f.shared {
         let mut s = dense(b, sh, x)?;
         if let Some(g) = &f.shared_gate {

@@ -4,36 +4,10 @@
 //! (group-limited top-k), take the top k, then weigh the chosen by their
 //! unbiased scores, renormalised and scaled as the model says.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, DeviceRoute};
 use crate::model::ModelError;
 
-/// How the router's logits become expert scores (llama.cpp's
-/// `llama_expert_gating_func_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scoring {
-    /// softmax over all experts, then top-k of the probabilities.
-    Softmax,
-    /// top-k of the raw logits, then softmax over the chosen ones (gpt-oss).
-    SoftmaxWeight,
-    /// sigmoid of each logit (DeepSeek-V3, GLM-4.5, Laguna).
-    Sigmoid,
-}
-
-/// A router's choices, all from metadata or the architecture.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Routing {
-    pub scoring: Scoring,
-    pub n_expert: usize,
-    pub n_used: usize,
-    /// Renormalise the chosen experts' weights to sum to one.
-    pub norm: bool,
-    /// Multiplies the weights (`expert_weights_scale`; 0 and 1: none).
-    pub scale: f32,
-    /// Expert groups (`expert_group_count`; 1: no grouping) and how many of
-    /// them a token may choose from (`expert_group_used_count`).
-    pub n_group: usize,
-    pub n_group_used: usize,
-}
+pub use crate::backend::routing::{Routing, Scoring};
 
 /// A MoE layer's router weights.
 pub struct Router<W> {
@@ -53,11 +27,29 @@ impl<W> Router<W> {
         b: &B,
         x: &B::Tensor,
     ) -> Result<Vec<f32>, ModelError> {
+        Ok(b.to_host(&self.logits_on(b, x)?)?)
+    }
+
+    /// The router logits of `x` `[t, n_expert]`, where `b` computes.
+    pub fn logits_on<B: Backend<Weight = W>>(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+    ) -> Result<B::Tensor, ModelError> {
         let mut logits = b.matmul(&self.w, x)?;
         if let Some(rb) = &self.bias {
             b.add_bias(&mut logits, rb)?;
         }
-        Ok(b.to_host(&logits)?)
+        Ok(logits)
+    }
+
+    /// Routes `logits` on `b`'s device when it can ([`Backend::route_on_device`]).
+    pub fn route_on<B: Backend<Weight = W>>(
+        &self,
+        b: &B,
+        logits: &B::Tensor,
+    ) -> Result<Option<DeviceRoute<B::Tensor>>, ModelError> {
+        Ok(b.route_on_device(logits, &self.routing, self.select_bias.as_deref())?)
     }
 
     /// Expert ids `[t, n_used]` and weights for the rows of `logits`.
