@@ -173,6 +173,26 @@ fn routed_mul_mat_id_equals_mul_mat_id_over_host_lists() {
                         ty.name()
                     );
                 }
+                // Per-expert bias rows by the route's ids.
+                let bias: Vec<f32> = randn(n * n_exp, seed ^ 7, 1.0);
+                let bw = g
+                    .upload_weight(
+                        "bias",
+                        GgmlType::F32,
+                        &[n as u64, n_exp as u64],
+                        bytemuck::cast_slice(&bias),
+                    )
+                    .unwrap();
+                let y = randn(n_tok * n_used * n, seed ^ 11, 1.0);
+                let mut a = g.from_host(y.clone(), n_tok * n_used, n).unwrap();
+                let mut b = g.from_host(y, n_tok * n_used, n).unwrap();
+                g.add_bias_id(&mut a, &bw, &ids).unwrap();
+                g.add_bias_id_routed(&mut b, &bw, &dr).unwrap();
+                assert_eq!(
+                    g.to_host(&b).unwrap(),
+                    g.to_host(&a).unwrap(),
+                    "{vname}: add_bias_id t={n_tok}"
+                );
                 let down = g
                     .from_host(
                         randn(n_tok * n_used * 16, seed ^ 5, 1.0),
@@ -193,6 +213,27 @@ fn routed_mul_mat_id_equals_mul_mat_id_over_host_lists() {
     }
 }
 
+/// The shared experts' gate on the device against the CPU's (the trait's
+/// host default): the device's exp against the host's, a few ulps.
+#[test]
+fn gated_row_scales_equal_the_cpu() {
+    use longhaul::backend::cpu::CpuBackend;
+    let seed = base_seed();
+    let g = gpu_util::gpu();
+    let c = CpuBackend::new();
+    let (rows, cols) = (5, 40);
+    let x = randn(rows * cols, seed, 1.0);
+    let gate = randn(rows, seed ^ 1, 4.0);
+    let mut gx = g.from_host(x.clone(), rows, cols).unwrap();
+    let mut cx = c.from_host(x, rows, cols).unwrap();
+    g.scale_rows_gated(&mut gx, &g.from_host(gate.clone(), rows, 1).unwrap())
+        .unwrap();
+    c.scale_rows_gated(&mut cx, &c.from_host(gate, rows, 1).unwrap())
+        .unwrap();
+    let e = gpu_util::nmse(&g.to_host(&gx).unwrap(), &c.to_host(&cx).unwrap());
+    assert!(e <= 1e-12, "nmse {e:e}, seed {seed}");
+}
+
 /// Read-backs of one decode step after a prompt.
 fn readbacks_of_a_step(g: &GpuBackend, m: &Model<GpuBackend>) -> (u64, Vec<f32>) {
     let mut kv = SeqState::new(m, 64, GgmlType::F16).expect("kv");
@@ -205,13 +246,43 @@ fn readbacks_of_a_step(g: &GpuBackend, m: &Model<GpuBackend>) -> (u64, Vec<f32>)
     (g.ctx().readbacks() - before, logits)
 }
 
+/// Every MoE family, hybrid ones too: a resident decode step reads back
+/// the logits and nothing else.
+#[test]
+fn every_family_decodes_resident_with_one_read_back() {
+    let g = gpu_util::gpu();
+    let names = ["llama-moe", "qwen2moe", "qwen3moe", "gpt-oss"]
+        .into_iter()
+        .chain(common::NEW_FAMILIES)
+        .chain(common::HYBRID_FAMILIES)
+        .map(|a| format!("{a}-q4_k_m.gguf"))
+        .chain(["iqmoe-mix.gguf".to_string()]);
+    let mut bad = Vec::new();
+    for name in names {
+        let file = Arc::new(gguf::Model::open(fixture(&name)).expect("fixture"));
+        let m = Model::load(g.clone(), file).expect("gpu load");
+        let (n, _) = readbacks_of_a_step(&g, &m);
+        if n != 1 {
+            bad.push(format!("{name}: {n}"));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "read-backs of a resident decode step: {bad:?}"
+    );
+}
+
 #[test]
 fn a_decode_step_reads_back_the_logits_and_longhaul_the_ids_of_each_moe_layer() {
     let g = gpu_util::gpu();
+    // Shared experts and their gate (qwen2moe), expert biases (gpt-oss),
+    // group-limited sigmoid routing after a dense layer (deepseek3).
     for name in [
         "qwen3moe-q8_0.gguf",
         "deepseek3-q8_0.gguf",
         "llama-moe-q4_k_m.gguf",
+        "qwen2moe-q8_0.gguf",
+        "gpt-oss-q8_0.gguf",
     ] {
         let file = Arc::new(gguf::Model::open(fixture(name)).expect("fixture"));
         let resident = Model::load(g.clone(), file.clone()).expect("gpu load");

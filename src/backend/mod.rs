@@ -756,6 +756,25 @@ pub trait Backend: Send + Sync + Clone {
     ) -> Result<Self::Tensor, BackendError> {
         Err(self.unsupported_op("mul_mat_id_routed"))
     }
+    /// [`Backend::add_bias_id`] with the ids of a device route (by
+    /// default read back).
+    fn add_bias_id_routed(
+        &self,
+        x: &mut Self::Tensor,
+        b: &Self::Weight,
+        r: &DeviceRoute<Self::Tensor>,
+    ) -> Result<(), BackendError> {
+        let ids = self.route_ids(r)?;
+        self.add_bias_id(x, b, &ids)
+    }
+    /// Scales row `t` of `x` by the sigmoid of `g [t, 1]` computed as
+    /// llama.cpp computes the shared experts' gate, `silu(g) / g` (by
+    /// default on the host).
+    fn scale_rows_gated(&self, x: &mut Self::Tensor, g: &Self::Tensor) -> Result<(), BackendError> {
+        let gl = self.to_host(g)?;
+        let gates: Vec<f32> = gl.iter().map(|&v| (v / (1.0 + (-v).exp())) / v).collect();
+        self.scale_rows(x, &gates)
+    }
     /// [`Backend::weighted_sum`] with the weights of a device route.
     fn weighted_sum_routed(
         &self,

@@ -537,6 +537,19 @@ impl Backend for GpuBackend {
         matmul::mul_mat_id_routed(self, w, x, r)
     }
 
+    fn add_bias_id_routed(
+        &self,
+        x: &mut GpuTensor,
+        b: &GpuWeight,
+        r: &DeviceRoute<GpuTensor>,
+    ) -> Result<(), BackendError> {
+        route::add_bias(self, x, b, r)
+    }
+
+    fn scale_rows_gated(&self, x: &mut GpuTensor, g: &GpuTensor) -> Result<(), BackendError> {
+        ops::scale_rows_gated(self, x, g)
+    }
+
     fn weighted_sum_routed(
         &self,
         x: &GpuTensor,

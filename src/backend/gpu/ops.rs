@@ -108,6 +108,8 @@ pub(super) fn scatter_rows(
     copy_rows(b, src, dst, &map)
 }
 
+pub(super) const ADD_BIAS_SRC: &str = ADD_BIAS;
+
 pub(super) fn add_bias(
     b: &GpuBackend,
     x: &mut GpuTensor,
@@ -176,11 +178,35 @@ pub(super) fn add(b: &GpuBackend, a: &mut GpuTensor, x: &GpuTensor) -> Result<()
 pub(super) fn scale_rows(b: &GpuBackend, x: &mut GpuTensor, s: &[f32]) -> Result<(), BackendError> {
     contract::scale_rows(x.rows, s.len())?;
     let ctx = b.ctx();
-    let pipe = simple(b, "scale_rows", SCALE_ROWS, &[], 0)?;
+    let pipe = simple(b, "scale_rows", SCALE_ROWS, &[("GATE", 0)], 0)?;
     let sb = ctx.upload(f32s(s), "row scales")?;
     ctx.dispatch(
         &pipe,
         &[Arg::Buf(&x.buf), Arg::Buf(&sb)],
+        &[x.rows as u32, x.cols as u32],
+        groups(b, x.rows * x.cols),
+    );
+    Ok(())
+}
+
+/// [`scale_rows`] by the gate `g [rows, 1]` as llama.cpp's shared-expert
+/// gate: `silu(g) / g` (`shaders/scale_rows.wgsl` with GATE).
+pub(super) fn scale_rows_gated(
+    b: &GpuBackend,
+    x: &mut GpuTensor,
+    g: &GpuTensor,
+) -> Result<(), BackendError> {
+    if g.cols != 1 {
+        return Err(shape(
+            "scale_rows_gated",
+            format!("gate of {} columns: give one per row", g.cols),
+        ));
+    }
+    contract::scale_rows(x.rows, g.rows)?;
+    let pipe = simple(b, "scale_rows_gated", SCALE_ROWS, &[("GATE", 1)], 1)?;
+    b.ctx().dispatch(
+        &pipe,
+        &[Arg::Buf(&x.buf), Arg::Buf(&g.buf)],
         &[x.rows as u32, x.cols as u32],
         groups(b, x.rows * x.cols),
     );

@@ -3,9 +3,10 @@
 //! take a route ([`super::matmul::mul_mat_id_routed`], [`weighted_sum`]).
 
 use super::ops::{groups, simple};
-use super::{Arg, GpuBackend, GpuTensor};
+use super::{Arg, GpuBackend, GpuTensor, GpuWeight};
 use crate::backend::routing::{Routing, Scoring};
 use crate::backend::{BackendError, DeviceRoute};
+use crate::tensor::GgmlType;
 
 const ROUTE: &str = include_str!("../../../shaders/route.wgsl");
 const WEIGHTED_SUM: &str = include_str!("../../../shaders/weighted_sum.wgsl");
@@ -120,4 +121,39 @@ pub(super) fn weighted_sum(
         groups(b, n_tok * x.cols),
     );
     Ok(out)
+}
+
+/// [`super::ops::add_bias`]'s per-expert rows with the route's ids: row `r`
+/// of `x` (pair `r`) gets bias row `ids[r]`.
+pub(super) fn add_bias(
+    b: &GpuBackend,
+    x: &mut GpuTensor,
+    w: &GpuWeight,
+    r: &DeviceRoute<GpuTensor>,
+) -> Result<(), BackendError> {
+    let pairs = r.n_tok * r.n_used;
+    if x.rows != pairs || x.cols != w.ne[0] || w.ty != GgmlType::F32 || w.parts.len() != 1 {
+        return Err(BackendError::Shape {
+            op: "add_bias_id_routed",
+            detail: format!(
+                "x [{}, {}] for {pairs} pairs and bias {:?} of {} (f32 in one part)",
+                x.rows,
+                x.cols,
+                w.ne,
+                w.ty.name()
+            ),
+        });
+    }
+    let pipe = simple(b, "add_bias_id", super::ops::ADD_BIAS_SRC, &[("IDS", 1)], 1)?;
+    b.ctx().dispatch(
+        &pipe,
+        &[
+            Arg::Buf(&x.buf),
+            Arg::Buf(&w.parts[0].buf),
+            Arg::Buf(&r.ids.buf),
+        ],
+        &[x.rows as u32, x.cols as u32],
+        groups(b, x.rows * x.cols),
+    );
+    Ok(())
 }

@@ -267,10 +267,20 @@ fn routed_outputs<B: Backend>(
     r: &DeviceRoute<B::Tensor>,
     glu: Glu,
 ) -> Result<B::Tensor, ModelError> {
-    let up = b.mul_mat_id_routed(&ex.up, x, r)?;
-    let gate = b.mul_mat_id_routed(&ex.gate, x, r)?;
+    let mut up = b.mul_mat_id_routed(&ex.up, x, r)?;
+    if let Some(ub) = &ex.up_b {
+        b.add_bias_id_routed(&mut up, ub, r)?;
+    }
+    let mut gate = b.mul_mat_id_routed(&ex.gate, x, r)?;
+    if let Some(gb) = &ex.gate_b {
+        b.add_bias_id_routed(&mut gate, gb, r)?;
+    }
     let h = b.glu(&gate, &up, glu)?;
-    Ok(b.mul_mat_id_routed(&ex.down, &h, r)?)
+    let mut down = b.mul_mat_id_routed(&ex.down, &h, r)?;
+    if let Some(db) = &ex.down_b {
+        b.add_bias_id_routed(&mut down, db, r)?;
+    }
+    Ok(down)
 }
 
 /// Most tokens a MoE layer routes on the device (decode steps,
@@ -295,24 +305,20 @@ fn moe_ffn<'s, B: Backend>(
     };
     let streamed = p.m.runtime.streamed(il);
     let ex = &f.experts;
-    let has_bias = ex.gate_b.is_some() || ex.up_b.is_some() || ex.down_b.is_some();
-    let mut out = match route {
+    let mut out = match (route, streamed) {
         // Resident: nothing leaves the device.
-        Some(r) if streamed.is_none() && !has_bias => {
+        (Some(r), None) => {
             let down = routed_outputs(b, ex, x, &r, f.glu)?;
             b.weighted_sum_routed(&down, &r)?
         }
-        // The chosen ids read back (longhaul maps them to slots), the
-        // weights stay.
-        Some(r) => {
+        // Longhaul: the chosen ids read back (mapped to slots on the
+        // host), the weights stay.
+        (Some(r), Some(layer)) => {
             let ids = b.route_ids(&r)?;
-            let down = match streamed {
-                None => expert_outputs(b, ex, x, &ids, k, f.glu)?,
-                Some(layer) => crate::model::stream::expert_outputs(p, il, layer, f, x, &ids)?,
-            };
+            let down = crate::model::stream::expert_outputs(p, il, layer, f, x, &ids)?;
             b.weighted_sum_routed(&down, &r)?
         }
-        None => {
+        (None, streamed) => {
             let logits = b.to_host(&logits)?;
             let (ids, weights) = f.router.route(&logits);
             p.m.runtime.record(il, &ids, k);
@@ -327,9 +333,7 @@ fn moe_ffn<'s, B: Backend>(
         let mut s = dense(b, sh, x)?;
         if let Some(g) = &f.shared_gate {
             // llama.cpp computes the gate as silu(x) / x, i.e. sigmoid(x).
-            let gl = b.to_host(&b.matmul(g, x)?)?;
-            let gates: Vec<f32> = gl.iter().map(|&v| (v / (1.0 + (-v).exp())) / v).collect();
-            b.scale_rows(&mut s, &gates)?;
+            b.scale_rows_gated(&mut s, &b.matmul(g, x)?)?;
         }
         b.add(&mut out, &s)?;
     }
