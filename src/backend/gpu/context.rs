@@ -5,8 +5,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use wgpu::util::DeviceExt;
-
 use super::GpuError;
 use crate::tensor::GgmlType;
 
@@ -59,6 +57,8 @@ impl KernelKey {
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: usize,
+    /// Bytes of [`Ctx::params`] taken by the dispatches recorded so far.
+    params_used: u64,
 }
 
 /// Submit after this many recorded dispatches, so memory held by finished
@@ -79,6 +79,14 @@ pub struct Ctx {
     failed: Arc<Mutex<Option<String>>>,
     /// Read-backs so far ([`Ctx::read`]), each a wait for the device.
     readbacks: std::sync::atomic::AtomicU64,
+    /// Submissions so far, and commands recorded (dispatches and copies).
+    submits: std::sync::atomic::AtomicU64,
+    recorded: std::sync::atomic::AtomicU64,
+    /// The uniform parameters of every dispatch of a submission, each at its
+    /// own aligned offset (written by the queue before the submission runs;
+    /// reused from offset 0 by the next, which runs after it).
+    params: wgpu::Buffer,
+    params_align: u64,
 }
 
 /// The bind group entries of `args`: binding `i` is `args[i]`.
@@ -116,16 +124,30 @@ impl Ctx {
                 *f = Some(e.to_string());
             }
         }));
+        let params_align = (device.limits().min_uniform_buffer_offset_alignment as u64).max(16);
+        let params = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dispatch params"),
+            // Room for a submission's dispatches with up to 256 bytes of
+            // parameters each (the largest take under 128).
+            size: params_align.max(256) * MAX_PENDING as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         Self {
             device,
             queue,
             readbacks: Default::default(),
+            submits: Default::default(),
+            recorded: Default::default(),
+            params,
+            params_align,
             caps,
             pipelines: Mutex::new(HashMap::new()),
             tables: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending {
                 encoder: None,
                 dispatches: 0,
+                params_used: 0,
             }),
             failed,
         }
@@ -236,21 +258,28 @@ impl Ctx {
         if groups.contains(&0) {
             return;
         }
-        let uniform = (!params.is_empty()).then(|| {
+        // Everything under one lock: the parameters' offset belongs to the
+        // submission the dispatch is recorded into.
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = bind_entries(args);
+        if !params.is_empty() {
             let mut words = params.to_vec();
             words.resize(params.len().div_ceil(4) * 4, 0);
-            self.device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("params"),
-                    contents: bytemuck::cast_slice(&words),
-                    usage: wgpu::BufferUsages::UNIFORM,
-                })
-        });
-        let mut entries = bind_entries(args);
-        if let Some(u) = &uniform {
+            let size = (words.len() * 4) as u64;
+            if p.params_used + size.next_multiple_of(self.params_align) > self.params.size() {
+                self.submit_locked(&mut p);
+            }
+            let offset = p.params_used;
+            p.params_used += size.next_multiple_of(self.params_align);
+            self.queue
+                .write_buffer(&self.params, offset, bytemuck::cast_slice(&words));
             entries.push(wgpu::BindGroupEntry {
                 binding: args.len() as u32,
-                resource: u.as_entire_binding(),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &self.params,
+                    offset,
+                    size: wgpu::BufferSize::new(size),
+                }),
             });
         }
         let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -265,7 +294,7 @@ impl Ctx {
                 entries: &bind_entries(group1),
             })
         });
-        self.record(|enc| {
+        self.record_locked(&mut p, |enc| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             pass.set_pipeline(pipe);
             pass.set_bind_group(0, &bg, &[]);
@@ -280,28 +309,52 @@ impl Ctx {
     /// every dispatch recorded before and after).
     pub fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        self.record_locked(&mut p, f);
+    }
+
+    fn record_locked(&self, p: &mut Pending, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let enc = p.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
         });
         f(enc);
         p.dispatches += 1;
+        self.recorded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if p.dispatches >= MAX_PENDING {
-            let enc = p.encoder.take();
-            p.dispatches = 0;
-            if let Some(enc) = enc {
-                self.queue.submit([enc.finish()]);
-            }
+            self.submit_locked(p);
         }
     }
+
+    /// Submits the pending encoder; the parameter buffer starts over.
+    fn submit_locked(&self, p: &mut Pending) {
+        p.dispatches = 0;
+        p.params_used = 0;
+        if let Some(enc) = p.encoder.take() {
+            self.submits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// How many submissions this device has made.
+    pub fn submits(&self) -> u64 {
+        self.submits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many commands (dispatches and copies) this device has recorded.
+    pub fn recorded(&self) -> u64 {
+        self.recorded.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Most commands one submission holds: longer runs are submitted in
+    /// pieces, so that memory held by finished temporaries comes back.
+    pub const MAX_PENDING: usize = MAX_PENDING;
 
     /// Submits everything recorded so far.
     pub fn flush(&self) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.dispatches = 0;
-        if let Some(enc) = p.encoder.take() {
-            self.queue.submit([enc.finish()]);
-        }
+        self.submit_locked(&mut p);
     }
 
     /// Blocks until the device has finished all submitted work.
