@@ -166,12 +166,28 @@ fn routed_mul_mat_id_equals_mul_mat_id_over_host_lists() {
                     let got = g
                         .to_host(&g.mul_mat_id_routed(&w, &x, &dr).unwrap())
                         .unwrap();
-                    assert_eq!(
-                        got,
-                        want,
-                        "{vname}: {} t={n_tok} x rows {x_rows}, seed {seed}",
-                        ty.name()
-                    );
+                    // Host lists run an expert of more than MV_TOK pairs
+                    // through the tiled kernel, which sums in another
+                    // order; otherwise both are the same mat-vec.
+                    let most = (0..n_exp as u32)
+                        .map(|e| ids.iter().filter(|&&i| i == e).count())
+                        .max()
+                        .unwrap_or(0);
+                    if most <= longhaul::backend::gpu::MV_TOK {
+                        assert_eq!(
+                            got,
+                            want,
+                            "{vname}: {} t={n_tok} x rows {x_rows}, seed {seed}",
+                            ty.name()
+                        );
+                    } else {
+                        let e = gpu_util::nmse(&got, &want);
+                        assert!(
+                            e <= 1e-10,
+                            "{vname}: {} t={n_tok} x rows {x_rows}: nmse {e:e}, seed {seed}",
+                            ty.name()
+                        );
+                    }
                 }
                 // Per-expert bias rows by the route's ids.
                 let bias: Vec<f32> = randn(n * n_exp, seed ^ 7, 1.0);

@@ -290,9 +290,7 @@ fn prompt_tiles(dk: usize, dv: usize, elt: usize) -> Option<(usize, usize)> {
 /// Workgroup size of the decode kernel: a power of two of at least 64 and
 /// of the adapter's largest subgroup.
 fn decode_wg(ctx: &Ctx) -> usize {
-    (ctx.caps.subgroup_max.max(1) as usize)
-        .next_power_of_two()
-        .clamp(64, 256)
+    super::select::decode_wg(&ctx.caps)
 }
 
 fn log2(x: usize) -> u32 {
@@ -497,7 +495,7 @@ fn write_kv(
 fn prompt(c: &Common) -> Result<(), BackendError> {
     let ctx = c.ctx;
     let (p, t, hd, dv) = (c.p, c.pos.n_tokens, c.p.head_dim, c.p.head_dim_v);
-    let tile_f16 = ctx.caps.f16 && c.kv_f16;
+    let tile_f16 = super::select::prompt_tile_f16(&ctx.caps, c.kv_f16);
     let (br, bc) = prompt_tiles(hd, dv, if tile_f16 { 2 } else { 4 }).ok_or_else(|| {
         shape(format!(
             "heads of {hd} (K) / {dv} (V) need more workgroup memory than the prompt kernel has"
@@ -601,12 +599,7 @@ fn decode(c: &Common) -> Result<bool, BackendError> {
         chunk_len *= 2;
     }
     let n_chunks = count(chunk_len);
-    let sg_min = ctx
-        .caps
-        .subgroup_min
-        .max(1)
-        .next_power_of_two()
-        .min(wg as u32);
+    let sg_min = super::select::decode_sg_min(&ctx.caps, wg);
     let spec = Spec {
         head_dim: hd,
         head_dim_v: dv,

@@ -174,10 +174,9 @@ impl Ctx {
         for (k, v) in consts {
             out.push_str(&format!("const {k}: u32 = {v}u;\n"));
         }
-        let defined = |name: &str| match name {
-            "F16" => self.caps.f16,
-            "SUBGROUPS" => self.caps.subgroups,
-            _ => consts.iter().any(|(k, v)| *k == name && *v != 0),
+        let defined = |name: &str| {
+            super::select::defined(&self.caps, name)
+                || consts.iter().any(|(k, v)| *k == name && *v != 0)
         };
         out.push_str(include_str!("../../../shaders/f16.wgsl"));
         for p in parts {

@@ -284,7 +284,7 @@ impl Params {
 /// Mat-vec threads per workgroup: a power of two holding whole subgroups of
 /// the largest size the adapter may run.
 fn matvec_wg(b: &GpuBackend) -> u32 {
-    b.caps().subgroup_max.clamp(64, 256).next_power_of_two()
+    super::select::matvec_wg(b.caps())
 }
 
 /// Which rows a mat-vec multiplies: its own, or MUL_MAT_ID's pairs listed

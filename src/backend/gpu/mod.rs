@@ -12,6 +12,7 @@ mod matmul;
 mod ops;
 mod recurrent;
 mod route;
+mod select;
 mod slots;
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 pub use attention::GpuKv;
 pub use context::{Arg, Caps, Ctx, KernelKey};
 pub use device::{default_adapter, list_adapters, named_adapter, AdapterSummary, DeviceChoice};
+pub use matmul::MV_TOK;
 pub use slots::GpuSlots;
 
 use super::{
