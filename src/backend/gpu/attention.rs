@@ -350,9 +350,43 @@ pub(super) fn attention(
     if t == 0 {
         return b.tensor(0, p.n_head * dv);
     }
-    let kv_f16 = kv.dtype == GgmlType::F16;
     write_kv(b.ctx(), kv, k, v, pos)?;
+    if !pos.steps || t == 1 {
+        return attend(b, kv, q, sinks, pos, p);
+    }
+    // Verification rows as the decode steps they stand for: row `i` sees
+    // the cache up to its own position through the decode step's kernels,
+    // so that it computes what that step would, to the bit.
+    let ctx = b.ctx();
+    let out = b.tensor(t, p.n_head * dv)?;
+    let (q_row, o_row) = ((q.cols * 4) as u64, (p.n_head * dv * 4) as u64);
+    for i in 0..t {
+        let qi = b.tensor(1, q.cols)?;
+        ctx.record(|enc| enc.copy_buffer_to_buffer(&q.buf, i as u64 * q_row, &qi.buf, 0, q_row));
+        let step = BatchPos {
+            pos0: pos.pos0 + i,
+            n_tokens: 1,
+            steps: false,
+        };
+        let oi = attend(b, kv, &qi, sinks, step, p)?;
+        ctx.record(|enc| enc.copy_buffer_to_buffer(&oi.buf, 0, &out.buf, i as u64 * o_row, o_row));
+    }
+    Ok(out)
+}
 
+/// Attention of the batch `q` at `pos` over a cache that already holds its
+/// keys and values.
+fn attend(
+    b: &GpuBackend,
+    kv: &GpuKv,
+    q: &GpuTensor,
+    sinks: Option<&wgpu::Buffer>,
+    pos: BatchPos,
+    p: &AttnParams,
+) -> Result<GpuTensor, BackendError> {
+    let (t, dv) = (pos.n_tokens, p.head_dim_v);
+    let end = pos.pos0 + t;
+    let kv_f16 = kv.dtype == GgmlType::F16;
     let out = b.tensor(t, p.n_head * dv)?;
     // Keys the first query may see: nothing before `lo` is read.
     let lo = p
