@@ -198,6 +198,25 @@ fn best_of_top_k(logits: &[f32], k: usize) -> (u32, f32) {
     (id, 1.0 / sum)
 }
 
+/// What a draft model at `path` will hold, read from its file before it is
+/// loaded: its weights and `n_seq` sequences of `n_ctx` positions of
+/// `kv_type` ([`ModelDrafter::bytes`] per sequence once loaded).
+pub fn draft_bytes<B: Backend>(
+    path: &Path,
+    backend: &B,
+    n_ctx: usize,
+    n_seq: usize,
+    kv_type: crate::tensor::GgmlType,
+) -> Result<u64, EngineError> {
+    let file = crate::gguf::Model::open(path).map_err(|err| EngineError::Load {
+        path: path.display().to_string(),
+        err,
+    })?;
+    let shapes = crate::model::Model::load_shapes(backend.clone(), Arc::new(file))?;
+    let kv = crate::kv::kv_cache_bytes(&shapes.hp, n_ctx, n_seq, kv_type);
+    Ok(shapes.loaded_bytes() + kv + shapes.hp.recurrent_bytes() * n_seq as u64)
+}
+
 /// llama.cpp's `common_speculative_are_compatible`: the same vocabulary
 /// type, the same BOS/EOS handling, sizes within 128 tokens, and the same
 /// token texts from id 5 on.

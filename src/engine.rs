@@ -71,6 +71,10 @@ pub struct EngineParams {
     /// A chat template that replaces the file's (`--chat-template`,
     /// `--chat-template-file`): the Jinja source.
     pub chat_template: Option<String>,
+    /// A draft model loaded beside this engine (`-md`): with `--longhaul-cache
+    /// auto`, its weights and KV cache (one sequence of `n_ctx` per
+    /// sequence of this engine) are left out of the expert budget.
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 /// `-fa/--flash-attn`, as llama.cpp spells it. `Auto` (the default) is what
@@ -143,6 +147,13 @@ pub struct LonghaulInfo {
 
 pub use crate::mem::mem_available;
 
+/// `--longhaul-cache auto`: half of what `avail` leaves after the resident
+/// weights, the KV caches and a draft model, the other half staying free
+/// for the OS page cache and workspaces.
+pub fn auto_budget(avail: u64, resident: u64, kv: u64, draft: u64) -> u64 {
+    avail.saturating_sub(resident.saturating_add(kv).saturating_add(draft)) / 2
+}
+
 impl Default for EngineParams {
     fn default() -> Self {
         Self {
@@ -154,6 +165,7 @@ impl Default for EngineParams {
             no_mmap: false,
             flash_attn: FlashAttn::Auto,
             chat_template: None,
+            draft_model: None,
         }
     }
 }
@@ -253,7 +265,13 @@ impl<B: Backend> Engine<B> {
         }
         let (mut model, longhaul) = match params.longhaul {
             Some(lp) => {
-                let (cfg, mut info) = Self::plan_longhaul(&shapes, kv_bytes, lp)?;
+                let draft = match (&params.draft_model, lp.budget) {
+                    (Some(p), CacheBudget::Auto) => {
+                        crate::draft::draft_bytes(p, &backend, params.n_ctx, n_seq, params.kv_type)?
+                    }
+                    _ => 0,
+                };
+                let (cfg, mut info) = Self::plan_longhaul(&shapes, kv_bytes, draft, lp)?;
                 drop(shapes);
                 // Resident tensors copied into memory, experts streamed.
                 let model = Model::load_with_progress(backend, file, Some(cfg), progress)?;
@@ -285,10 +303,12 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    /// `kv_bytes`: the KV caches of every sequence ([`crate::kv::kv_bytes`]).
+    /// `kv_bytes`: the KV caches of every sequence ([`crate::kv::kv_bytes`]);
+    /// `draft_bytes`: a draft model's ([`crate::draft::draft_bytes`]).
     fn plan_longhaul(
         model: &Model<B>,
         kv_bytes: u64,
+        draft_bytes: u64,
         lp: LonghaulParams,
     ) -> Result<(LonghaulConfig, LonghaulInfo), EngineError> {
         let (n_moe_layers, expert_bytes) = model.expert_slot_cost()?;
@@ -298,9 +318,13 @@ impl<B: Backend> Engine<B> {
             CacheBudget::Bytes(b) => (b, format!("{:.3} GiB as asked", gib(b))),
             CacheBudget::Auto => {
                 let avail = mem_available().ok_or(EngineError::NoMemInfo)?;
-                let free = avail.saturating_sub(resident_bytes.saturating_add(kv_bytes));
-                let b = free / 2;
-                (b, format!("auto: {:.2} GiB = half of MemAvailable {:.2} GiB minus resident weights and KV cache", gib(b), gib(avail)))
+                let b = auto_budget(avail, resident_bytes, kv_bytes, draft_bytes);
+                let draft = if draft_bytes > 0 {
+                    format!(" and the draft model ({:.2} GiB)", gib(draft_bytes))
+                } else {
+                    String::new()
+                };
+                (b, format!("auto: {:.2} GiB = half of MemAvailable {:.2} GiB minus resident weights, KV cache{draft}", gib(b), gib(avail)))
             }
         };
         let cfg = LonghaulConfig {

@@ -769,3 +769,52 @@ fn slots_speculate_with_n_grams_and_a_draft_model_and_equal_plain_greedy() {
         24,
     );
 }
+
+/// `--longhaul-cache auto` leaves the draft model out: the budget's note
+/// names it, and what the file says a draft will hold is what a loaded one
+/// holds (weights, and one sequence's cache per target sequence).
+#[test]
+fn the_auto_expert_budget_leaves_out_the_draft_model() {
+    let (target, draft) = (fixture("qwen3moe-q8_0.gguf"), fixture("qwen3moe-f32.gguf"));
+    let mut p = params(256, None);
+    p.longhaul = Some(LonghaulParams {
+        budget: CacheBudget::Auto,
+        policy: "lru".parse().expect("policy"),
+        prefetch: false,
+        verify: false,
+        direct_io: true,
+    });
+    let plain = load(&target, p.clone());
+    p.draft_model = Some(draft.clone());
+    let with = load(&target, p);
+    let note = |e: &Engine<CpuBackend>| e.longhaul.as_ref().expect("longhaul").budget_note.clone();
+    assert!(
+        note(&with).contains("and the draft model ("),
+        "{}",
+        note(&with)
+    );
+    assert!(!note(&plain).contains("draft"), "{}", note(&plain));
+    let d = ModelDrafter::load(
+        &draft,
+        CpuBackend::new(),
+        params(256, None),
+        &with.tokenizer,
+        DraftParams::default(),
+    )
+    .expect("draft");
+    let b = |n_seq| {
+        longhaul::draft::draft_bytes(&draft, &CpuBackend::new(), 256, n_seq, GgmlType::F16)
+            .expect("draft bytes")
+    };
+    assert_eq!(b(1), d.bytes());
+    let kv = longhaul::kv::kv_cache_bytes(&d.engine().model.hp, 256, 1, GgmlType::F16);
+    assert!(kv > 0);
+    assert_eq!(
+        b(3),
+        d.bytes() + 2 * kv,
+        "three target sequences, three draft sequences"
+    );
+    // Half of what is left after resident weights, KV caches and the draft.
+    assert_eq!(longhaul::engine::auto_budget(100, 10, 20, 30), 20);
+    assert_eq!(longhaul::engine::auto_budget(50, 10, 20, 30), 0);
+}

@@ -252,13 +252,14 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
 fn run_on<B: Backend + 'static>(
     backend: B,
     a: &RunArgs,
-    params: EngineParams,
+    mut params: EngineParams,
     sampling: SamplerParams,
     spec: SpecParams,
     prompt: &str,
 ) -> anyhow::Result<()> {
     let info = a.model.log.info();
     let draft_params = params.clone();
+    params.draft_model = draft_path(&a.spec, spec);
     let mut engine = Engine::load_with_progress(
         &a.model.model,
         backend.clone(),
@@ -316,6 +317,17 @@ fn run_on<B: Backend + 'static>(
         report::longhaul_phases(&stats);
     }
     Ok(())
+}
+
+/// The draft model `spec` loads beside the target, if any (its memory
+/// stays out of `--longhaul-cache auto`).
+fn draft_path(
+    args: &longhaul_server::args::SpecArgs,
+    spec: SpecParams,
+) -> Option<std::path::PathBuf> {
+    (spec.kind == SpecType::DraftSimple)
+        .then(|| args.draft_model.clone())
+        .flatten()
 }
 
 /// The drafter `spec` names: an n-gram one, or the draft model of
@@ -396,7 +408,7 @@ fn chat(a: ChatArgs, first: Option<String>, single_turn: bool) -> anyhow::Result
 fn chat_on<B: Backend + 'static>(
     backend: B,
     a: &ChatArgs,
-    params: EngineParams,
+    mut params: EngineParams,
     sampling: SamplerParams,
     spec: SpecParams,
     mut first: Option<String>,
@@ -404,6 +416,7 @@ fn chat_on<B: Backend + 'static>(
 ) -> anyhow::Result<()> {
     let info = a.model.log.info();
     let draft_params = params.clone();
+    params.draft_model = draft_path(&a.spec, spec);
     let engine = Engine::load_with_progress(
         &a.model.model,
         backend.clone(),

@@ -429,6 +429,8 @@ impl ModelArgs {
                 }
                 (None, None) => None,
             },
+            // Set by the command that loads one (-md).
+            draft_model: None,
         })
     }
 

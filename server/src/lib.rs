@@ -439,6 +439,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     // Every slot's KV cache is checked against memory in the load.
                     let draft_params = params.clone();
                     let draft_backend = backend.clone();
+                    // A draft model's weights and slots stay out of an auto expert budget.
+                    let mut params = params;
+                    if spec.kind == SpecType::DraftSimple {
+                        params.draft_model = draft_path.clone();
+                    }
                     Engine::load_parallel(&model_path, backend, params, n_slots, None).and_then(|engine| {
                         let engine = Arc::new(engine);
                         let draft = match (spec.kind, &draft_path) {
