@@ -756,6 +756,16 @@ pub trait Backend: Send + Sync + Clone {
     ) -> Result<Self::Tensor, BackendError> {
         Err(self.unsupported_op("mul_mat_id_routed"))
     }
+    /// [`Backend::mul_mat_id_routed`] for every `w` of `ws` (one input:
+    /// an expert FFN's up and gate); backends may share its preparation.
+    fn mul_mat_id_routed_many(
+        &self,
+        ws: &[&Self::Weight],
+        x: &Self::Tensor,
+        r: &DeviceRoute<Self::Tensor>,
+    ) -> Result<Vec<Self::Tensor>, BackendError> {
+        ws.iter().map(|w| self.mul_mat_id_routed(w, x, r)).collect()
+    }
     /// [`Backend::add_bias_id`] with the ids of a device route (by
     /// default read back).
     fn add_bias_id_routed(

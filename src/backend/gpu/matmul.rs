@@ -481,17 +481,57 @@ pub(super) fn matmul(
     w: &GpuWeight,
     x: &GpuTensor,
 ) -> Result<GpuTensor, BackendError> {
-    const OP: &str = "matmul";
-    let [k, n, n_mat] = w.ne;
-    contract::matmul(k, n_mat, x.cols)?;
-    check_weight(OP, w)?;
-    let t = x.rows;
-    let out = b.tensor(t, n)?;
-    if t == 0 || n == 0 {
-        return Ok(out);
+    check_matmul(w, x)?;
+    if x.rows == 0 || w.ne[1] == 0 {
+        return b.tensor(x.rows, w.ne[1]);
     }
     let rounded = act_rounded(b, w.ty, x)?;
-    let x = rounded.as_ref().unwrap_or(x);
+    matmul_on(b, w, rounded.as_ref().unwrap_or(x))
+}
+
+fn check_matmul(w: &GpuWeight, x: &GpuTensor) -> Result<(), BackendError> {
+    let [k, _, n_mat] = w.ne;
+    contract::matmul(k, n_mat, x.cols)?;
+    check_weight("matmul", w)
+}
+
+/// `matmul(w, x)` for every `w` of `ws` with `x` rounded once per
+/// activation type the weights take (the attention projections, an FFN's
+/// gate and up share one rounding).
+pub(super) fn matmul_many(
+    b: &GpuBackend,
+    ws: &[&GpuWeight],
+    x: &GpuTensor,
+) -> Result<Vec<GpuTensor>, BackendError> {
+    for w in ws {
+        check_matmul(w, x)?;
+    }
+    let mut rounded: Vec<(GgmlType, Option<GpuTensor>)> = Vec::new();
+    ws.iter()
+        .map(|w| {
+            if x.rows == 0 || w.ne[1] == 0 {
+                return b.tensor(x.rows, w.ne[1]);
+            }
+            let act = crate::quant::ops(w.ty)?.act_type();
+            let i = match rounded.iter().position(|(a, _)| *a == act) {
+                Some(i) => i,
+                None => {
+                    rounded.push((act, act_rounded(b, w.ty, x)?));
+                    rounded.len() - 1
+                }
+            };
+            matmul_on(b, w, rounded[i].1.as_ref().unwrap_or(x))
+        })
+        .collect()
+}
+
+/// The product of a checked `w` and `x` as `w`'s kernels take it (rounded
+/// already where they need it).
+fn matmul_on(b: &GpuBackend, w: &GpuWeight, x: &GpuTensor) -> Result<GpuTensor, BackendError> {
+    const OP: &str = "matmul";
+    let [k, n, _] = w.ne;
+    let t = x.rows;
+    let out = b.tensor(t, n)?;
     let ctx = b.ctx();
     let grid = grid_buffer(b, w.ty)?;
     let g1 = grid.as_deref().map(Arg::Buf);
@@ -638,6 +678,48 @@ pub(super) fn mul_mat_id_routed(
     x: &GpuTensor,
     r: &DeviceRoute<GpuTensor>,
 ) -> Result<GpuTensor, BackendError> {
+    Ok(mul_mat_id_routed_many(b, &[w], x, r)?.remove(0))
+}
+
+/// [`mul_mat_id_routed`] for every `w` of `ws` (an expert FFN's up and
+/// gate) with `x` rounded once per activation type they take.
+pub(super) fn mul_mat_id_routed_many(
+    b: &GpuBackend,
+    ws: &[&GpuWeight],
+    x: &GpuTensor,
+    r: &DeviceRoute<GpuTensor>,
+) -> Result<Vec<GpuTensor>, BackendError> {
+    let mut rounded: Vec<(GgmlType, Option<GpuTensor>)> = Vec::new();
+    let mut out = Vec::with_capacity(ws.len());
+    for w in ws {
+        let act = crate::quant::ops(w.ty)?.act_type();
+        let i = match rounded.iter().position(|(a, _)| *a == act) {
+            Some(i) => i,
+            None => {
+                let pairs = r.n_tok * r.n_used;
+                let rx = if pairs == 0 || w.ne[1] == 0 || x.cols != w.ne[0] {
+                    None
+                } else {
+                    act_rounded(b, w.ty, x)?
+                };
+                rounded.push((act, rx));
+                rounded.len() - 1
+            }
+        };
+        out.push(mul_mat_id_routed_on(b, w, x, rounded[i].1.as_ref(), r)?);
+    }
+    Ok(out)
+}
+
+/// [`mul_mat_id_routed`] with `x` already rounded for `w` (`rx`) where its
+/// kernels need that.
+fn mul_mat_id_routed_on(
+    b: &GpuBackend,
+    w: &GpuWeight,
+    x: &GpuTensor,
+    rx: Option<&GpuTensor>,
+    r: &DeviceRoute<GpuTensor>,
+) -> Result<GpuTensor, BackendError> {
     const OP: &str = "mul_mat_id_routed";
     let [k, n, _n_exp] = w.ne;
     let pairs = r.n_tok * r.n_used;
@@ -665,8 +747,7 @@ pub(super) fn mul_mat_id_routed(
     if pairs == 0 || n == 0 {
         return Ok(out);
     }
-    let rounded = act_rounded(b, w.ty, x)?;
-    let x = rounded.as_ref().unwrap_or(x);
+    let x = rx.unwrap_or(x);
     let ctx = b.ctx();
     let grid = grid_buffer(b, w.ty)?;
     let g1 = grid.as_deref().map(Arg::Buf);

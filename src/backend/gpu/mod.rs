@@ -453,6 +453,14 @@ impl Backend for GpuBackend {
         matmul::matmul(self, w, x)
     }
 
+    fn matmul_many(
+        &self,
+        ws: &[&GpuWeight],
+        x: &GpuTensor,
+    ) -> Result<Vec<GpuTensor>, BackendError> {
+        matmul::matmul_many(self, ws, x)
+    }
+
     fn mul_mat_id(
         &self,
         w: &GpuWeight,
@@ -537,6 +545,15 @@ impl Backend for GpuBackend {
         r: &DeviceRoute<GpuTensor>,
     ) -> Result<GpuTensor, BackendError> {
         matmul::mul_mat_id_routed(self, w, x, r)
+    }
+
+    fn mul_mat_id_routed_many(
+        &self,
+        ws: &[&GpuWeight],
+        x: &GpuTensor,
+        r: &DeviceRoute<GpuTensor>,
+    ) -> Result<Vec<GpuTensor>, BackendError> {
+        matmul::mul_mat_id_routed_many(self, ws, x, r)
     }
 
     fn add_bias_id_routed(

@@ -267,11 +267,19 @@ fn routed_outputs<B: Backend>(
     r: &DeviceRoute<B::Tensor>,
     glu: Glu,
 ) -> Result<B::Tensor, ModelError> {
-    let mut up = b.mul_mat_id_routed(&ex.up, x, r)?;
+    let mut ug = b.mul_mat_id_routed_many(&[&ex.up, &ex.gate], x, r)?;
+    let (mut gate, mut up) = match (ug.pop(), ug.pop()) {
+        (Some(g), Some(u)) => (g, u),
+        _ => {
+            return Err(ModelError::from(crate::backend::BackendError::Shape {
+                op: "mul_mat_id_routed_many",
+                detail: "two weights gave fewer than two outputs".into(),
+            }))
+        }
+    };
     if let Some(ub) = &ex.up_b {
         b.add_bias_id_routed(&mut up, ub, r)?;
     }
-    let mut gate = b.mul_mat_id_routed(&ex.gate, x, r)?;
     if let Some(gb) = &ex.gate_b {
         b.add_bias_id_routed(&mut gate, gb, r)?;
     }
