@@ -118,7 +118,7 @@ run() {
   } >>"$md"
   local m=/tmp/qwen3-30b-a3b-q4_k.gguf
   time "$bin/longhaul" gen-model --preset qwen3-30b-a3b --type q4_K -o "$m" --force
-  timeout 240 "$bin/longhaul" bench -m "$m" -ngl 99 -p 512 -n 128 -r 3 | tee -a "$md"
+  timeout 240 "$bin/longhaul" bench -m "$m" -ngl 99 -p 512 -n 128 -r 3 --gpu-bw 4800 | tee -a "$md"
   timeout 60 "$bin/longhaul" bench -m "$m" -ngl 0 -p 0 -n 16 -r 1 | tee -a "$md"
   cat "$md"
 }

@@ -115,6 +115,11 @@ pub struct BenchArgs {
     pub survey: crate::survey::SurveyArgs,
     #[command(flatten)]
     pub spec: BenchSpecArgs,
+    /// Memory bandwidth of the device the rows run on, decimal GB/s (e.g.
+    /// 4800 for an H200): generation rows then show the weight bytes they
+    /// read per second as a share of it (`GB/s`, `% bw`).
+    #[arg(long = "gpu-bw", value_name = "GBPS")]
+    pub gpu_bw: Option<f64>,
 }
 
 /// Speculative rows. llama-bench has none: a `--spec-type` list gives one
@@ -285,6 +290,16 @@ pub(crate) struct Row {
 }
 
 impl Row {
+    /// Generation rows without speculation: the weight bytes a decode
+    /// token reads ([`ModelDesc::decode_bytes`]) times tokens per second.
+    pub(crate) fn decode_gbs(&self, d: &ModelDesc) -> Option<f64> {
+        let plain = !matches!(self.spec, Some((k, _)) if k != SpecType::None);
+        (self.test.n_prompt == 0 && self.test.n_gen > 0 && plain).then(|| {
+            let (ts, _) = bench_out::mean_sd(&self.samples_ts());
+            d.decode_bytes as f64 * ts / 1e9
+        })
+    }
+
     /// Longhaul rows: the I/O floor over all repetitions (see
     /// [`CacheStats::io_floor_tps`]), in the test's tokens per second.
     pub(crate) fn io_floor_tps(&self) -> Option<f64> {
@@ -308,6 +323,11 @@ pub(crate) struct ModelDesc {
     pub(crate) model_type: String,
     pub(crate) size: u64,
     pub(crate) n_params: u64,
+    /// Weight bytes one decode token reads: every tensor but the routed
+    /// experts and the embedding table (one row is read; all of it where
+    /// the output projection is tied to it), plus `n_used / n_expert` of
+    /// the routed experts.
+    pub(crate) decode_bytes: u64,
 }
 
 /// llama.cpp's name for a `general.file_type`.
@@ -582,6 +602,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.reps == 0 {
         anyhow::bail!("-r 0: give at least one repetition");
     }
+    if let Some(bw) = a.gpu_bw.filter(|b| !(*b > 0.0 && b.is_finite())) {
+        anyhow::bail!("--gpu-bw {bw}: give the device's memory bandwidth in GB/s (e.g. 4800)");
+    }
     for v in &a.no_repack {
         match v.trim() {
             "1" => {}
@@ -836,10 +859,25 @@ fn describe<B: Backend>(path: &std::path::Path, engine: &Engine<B>) -> ModelDesc
     } else {
         format!("{:.0}M", n_params as f64 / 1e6)
     };
+    let hp = &engine.model.hp;
+    let tied = file.tensor("output.weight").is_none();
+    let (mut dense, mut routed) = (0u64, 0u64);
+    for t in file.tensors().iter().filter(|t| !hp.is_skipped(&t.name)) {
+        if longhaul::model::blocks::ffn::is_routed(&t.name) {
+            routed += t.len;
+        } else if t.name != "token_embd.weight" || tied {
+            dense += t.len;
+        }
+    }
+    let decode_bytes = match hp.n_expert {
+        0 => dense + routed,
+        n => dense + routed * hp.n_expert_used as u64 / n as u64,
+    };
     ModelDesc {
         filename: path.display().to_string(),
         model_type: format!("{} {label} {ftype}", engine.model.hp.arch),
         size: file.total_tensor_bytes(),
         n_params,
+        decode_bytes,
     }
 }

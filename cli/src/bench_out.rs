@@ -132,6 +132,8 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
                 .filter(|(_, s)| s.n_drafted > 0)
                 .map(|(_, s)| json!(s.acceptance()))),
         ),
+        ("decode_weight_bytes", json!(d.decode_bytes)),
+        ("decode_weight_gbs", opt(r.decode_gbs(d).map(|g| json!(g)))),
         (
             "longhaul_bytes_per_token",
             opt(c.map(|c| json!(c.bytes_read as f64 / n_tok.max(1) as f64))),
@@ -351,6 +353,24 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
                 }),
             ));
         }
+    }
+    if let Some(bw) = a.gpu_bw {
+        cols.push((
+            "GB/s",
+            true,
+            Box::new(move |r: &Row| match r.decode_gbs(d) {
+                Some(g) => format!("{g:.1}"),
+                None => "-".into(),
+            }),
+        ));
+        cols.push((
+            "% bw",
+            true,
+            Box::new(move |r: &Row| match r.decode_gbs(d) {
+                Some(g) => format!("{:.1}%", 100.0 * g / bw),
+                None => "-".into(),
+            }),
+        ));
     }
     let cells: Vec<Vec<String>> = rows
         .iter()

@@ -454,3 +454,54 @@ fn speculative_flag_errors_say_what_to_do() {
     let e = err(&["-m", &m, "--spec-type", "ngram-simple", "-pg", "8,2"]);
     assert!(e.contains("give -p and -n instead"), "{e}");
 }
+
+/// Generation rows carry the weight bytes a decode token reads (every
+/// tensor but the embedding table, and `expert_used_count / expert_count`
+/// of the routed experts, summed here from the file itself) times their
+/// tokens per second; `--gpu-bw` shows that as a share of the bandwidth.
+#[test]
+fn generation_rows_report_the_weight_bandwidth_they_reach() {
+    let m = fixture("qwen3moe-q8_0.gguf");
+    let file = longhaul::gguf::Model::open(&m).expect("fixture");
+    let md = file.metadata();
+    let arch = md.get_str("general.architecture").unwrap().to_string();
+    let n_exp = md.get_u64(&format!("{arch}.expert_count")).unwrap();
+    let n_used = md.get_u64(&format!("{arch}.expert_used_count")).unwrap();
+    let tied = file.tensor("output.weight").is_none();
+    let (mut dense, mut routed) = (0u64, 0u64);
+    for t in file.tensors() {
+        if t.name.contains("_exps.") {
+            routed += t.len;
+        } else if t.name != "token_embd.weight" || tied {
+            dense += t.len;
+        }
+    }
+    let want = dense + routed * n_used / n_exp;
+    assert!(want > 0 && want < file.total_tensor_bytes());
+    let out = bench_ok(&[
+        "-m", &m, "-p", "8", "-n", "4", "-r", "2", "-t", "1", "-ngl", "0", "-o", "json",
+    ]);
+    let rows: Vec<Value> = serde_json::from_str(&out).expect("json");
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(r["decode_weight_bytes"].as_u64(), Some(want), "{r}");
+        match r["test"].as_str().unwrap() {
+            "tg4" => {
+                let gbs = r["decode_weight_gbs"].as_f64().expect("a generation row");
+                let ts = r["avg_ts"].as_f64().unwrap();
+                assert!((gbs - want as f64 * ts / 1e9).abs() <= 1e-9 * gbs, "{r}");
+            }
+            _ => assert!(r["decode_weight_gbs"].is_null(), "{r}"),
+        }
+    }
+    let md_out = bench_ok(&[
+        "-m", &m, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-ngl", "0", "--gpu-bw", "100",
+    ]);
+    let header = md_out.lines().next().unwrap();
+    assert!(
+        header.contains("| GB/s |") && header.contains("% bw"),
+        "{md_out}"
+    );
+    let (ok, _, e) = bench(&["-m", &m, "--gpu-bw", "0"]);
+    assert!(!ok && e.contains("memory bandwidth in GB/s"), "{e}");
+}
