@@ -18,7 +18,7 @@ use longhaul::longhaul::{CacheStats, Policy};
 use longhaul::model::Logits;
 use longhaul::placement::{self, GpuLayers, Placed};
 use longhaul::sample::{Sampler, SamplerParams};
-use longhaul::spec::{DraftParams, Drafter, SpecParams, SpecStats, SpecType};
+use longhaul::spec::{Drafter, SpecParams, SpecStats, SpecType};
 use longhaul::tensor::GgmlType;
 
 use crate::bench_out;
@@ -133,18 +133,10 @@ pub struct BenchSpecArgs {
     /// none,draft-simple). Prompt tests (-p) run in the none rows only.
     #[arg(long = "spec-type", value_delimiter = ',')]
     pub spec_type: Vec<String>,
-    /// Draft model of the draft-simple rows (-md), resident on the row's backend.
-    #[arg(long = "spec-draft-model", value_name = "FNAME")]
-    pub draft_model: Option<std::path::PathBuf>,
-    /// Draft model: most tokens drafted per step.
-    #[arg(long = "spec-draft-n-max", default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=1024))]
-    pub draft_n_max: u16,
-    /// Draft model: drafts shorter than this are dropped.
-    #[arg(long = "spec-draft-n-min", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
-    pub draft_n_min: u16,
-    /// Draft model: drafting stops below this probability of the best token.
-    #[arg(long = "spec-draft-p-min", default_value_t = 0.0)]
-    pub draft_p_min: f32,
+    /// The draft model of draft-simple rows (-md), resident on the rows'
+    /// backend, and its sizes.
+    #[command(flatten)]
+    pub draft: longhaul_server::args::DraftArgs,
     /// The text speculative rows' generations follow, as a raw prompt
     /// (default: a short code file to repeat with one change, in ChatML).
     #[arg(short = 'f', long = "file")]
@@ -158,6 +150,7 @@ impl BenchSpecArgs {
     /// The drafters of the rows, in order; empty without `--spec-type` or
     /// `-md` (llama-bench's generation tests).
     fn kinds(&self) -> anyhow::Result<Vec<SpecType>> {
+        self.draft.params()?;
         let mut kinds: Vec<SpecType> = Vec::new();
         for k in self.spec_type.iter().map(|k| k.trim()) {
             let kind = k.parse::<SpecType>().map_err(anyhow::Error::msg)?;
@@ -165,11 +158,11 @@ impl BenchSpecArgs {
                 kinds.push(kind);
             }
         }
-        if kinds.is_empty() && self.draft_model.is_some() {
+        if kinds.is_empty() && self.draft.draft_model.is_some() {
             kinds = vec![SpecType::None, SpecType::DraftSimple];
         }
         let wants_model = kinds.contains(&SpecType::DraftSimple);
-        match (wants_model, &self.draft_model) {
+        match (wants_model, &self.draft.draft_model) {
             (true, None) => anyhow::bail!("--spec-type draft-simple needs a draft model: add -md FILE"),
             (false, Some(_)) => anyhow::bail!("-md gives a draft model, which only draft-simple rows use: add draft-simple to --spec-type"),
             _ => {}
@@ -184,16 +177,12 @@ impl BenchSpecArgs {
         Ok(kinds)
     }
 
-    fn params(&self, kind: SpecType) -> SpecParams {
-        SpecParams {
+    fn params(&self, kind: SpecType) -> anyhow::Result<SpecParams> {
+        Ok(SpecParams {
             kind,
-            draft: DraftParams {
-                n_max: self.draft_n_max as usize,
-                n_min: self.draft_n_min as usize,
-                p_min: self.draft_p_min,
-            },
+            draft: self.draft.params()?,
             ..SpecParams::default()
-        }
+        })
     }
 
     fn text(&self) -> anyhow::Result<String> {
@@ -696,7 +685,7 @@ fn bench_on<B: Backend + 'static>(
     out: &mut Out,
 ) -> anyhow::Result<()> {
     let a = p.a;
-    let draft = match &a.spec.draft_model {
+    let draft = match &a.spec.draft.draft_model {
         Some(path) if p.spec.contains(&SpecType::DraftSimple) => {
             let params = EngineParams {
                 n_ctx: p.n_ctx,
@@ -792,7 +781,7 @@ fn bench_mode<B: Backend + 'static>(
                     for kind in kinds {
                         let once = || match kind {
                             Some(k) if test.n_gen > 0 => {
-                                let sp = p.a.spec.params(k);
+                                let sp = p.a.spec.params(k)?;
                                 run_spec(&engine, test, n_vocab, &spec_text, &sp, draft)
                             }
                             _ => run_once(&engine, test, n_vocab)

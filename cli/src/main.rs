@@ -326,7 +326,7 @@ fn draft_path(
     spec: SpecParams,
 ) -> Option<std::path::PathBuf> {
     (spec.kind == SpecType::DraftSimple)
-        .then(|| args.draft_model.clone())
+        .then(|| args.draft.draft_model.clone())
         .flatten()
 }
 
@@ -340,7 +340,7 @@ fn load_drafter<B: Backend + 'static>(
     engine: &Engine<B>,
     info: bool,
 ) -> anyhow::Result<Option<Drafter>> {
-    let (SpecType::DraftSimple, Some(path)) = (spec.kind, &args.draft_model) else {
+    let (SpecType::DraftSimple, Some(path)) = (spec.kind, &args.draft.draft_model) else {
         return Ok(spec.drafter());
     };
     params.n_ctx = engine.params.n_ctx;

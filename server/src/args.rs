@@ -561,20 +561,8 @@ pub struct SpecArgs {
     /// (with -md; -md alone implies it).
     #[arg(long = "spec-type", default_value = "none", value_parser = parse_spec_type)]
     pub spec_type: SpecType,
-    /// Draft model for speculative decoding (-md): a small GGUF model with
-    /// the target's vocabulary, kept resident on the target's backend.
-    #[arg(long = "spec-draft-model", value_name = "FNAME")]
-    pub draft_model: Option<PathBuf>,
-    /// Draft model: most tokens drafted per step.
-    #[arg(long = "spec-draft-n-max", default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=1024))]
-    pub draft_n_max: u16,
-    /// Draft model: drafts shorter than this are dropped.
-    #[arg(long = "spec-draft-n-min", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
-    pub draft_n_min: u16,
-    /// Draft model: stop drafting when the best token's probability (over the
-    /// draft's top 10) is below this.
-    #[arg(long = "spec-draft-p-min", default_value_t = 0.0)]
-    pub draft_p_min: f32,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// ngram-simple: length of the n-gram looked up.
     #[arg(long = "spec-ngram-simple-size-n", default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub simple_size_n: u16,
@@ -611,11 +599,48 @@ fn parse_spec_type(s: &str) -> Result<SpecType, String> {
     }
 }
 
+/// A draft model and its sizes (`-md`, `--spec-draft-*`), as `run`, `chat`,
+/// `serve` and `bench` take them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DraftArgs {
+    /// Draft model for speculative decoding (-md): a small GGUF model with
+    /// the target's vocabulary, kept resident on the target's backend.
+    #[arg(long = "spec-draft-model", value_name = "FNAME")]
+    pub draft_model: Option<PathBuf>,
+    /// Draft model: most tokens drafted per step.
+    #[arg(long = "spec-draft-n-max", default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub draft_n_max: u16,
+    /// Draft model: drafts shorter than this are dropped.
+    #[arg(long = "spec-draft-n-min", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub draft_n_min: u16,
+    /// Draft model: stop drafting when the best token's probability (over the
+    /// draft's top 10) is below this.
+    #[arg(long = "spec-draft-p-min", default_value_t = 0.0)]
+    pub draft_p_min: f32,
+}
+
+impl DraftArgs {
+    /// The draft sizes, checked.
+    pub fn params(&self) -> anyhow::Result<DraftParams> {
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            anyhow::bail!(
+                "--spec-draft-p-min {} is not a probability; give a value in [0, 1]",
+                self.draft_p_min
+            );
+        }
+        Ok(DraftParams {
+            n_max: self.draft_n_max.into(),
+            n_min: self.draft_n_min.into(),
+            p_min: self.draft_p_min,
+        })
+    }
+}
+
 impl SpecArgs {
     /// The settings, checked: `draft-simple` needs `-md`, a draft model needs
     /// `draft-simple` (or no `--spec-type`, which then means it).
     pub fn params(&self) -> anyhow::Result<SpecParams> {
-        let kind = match (self.spec_type, &self.draft_model) {
+        let kind = match (self.spec_type, &self.draft.draft_model) {
             (SpecType::None, Some(_)) => SpecType::DraftSimple,
             (SpecType::DraftSimple, None) => {
                 anyhow::bail!("--spec-type draft-simple needs a draft model: add -md FILE")
@@ -626,12 +651,7 @@ impl SpecArgs {
             ),
             (k, _) => k,
         };
-        if !(0.0..=1.0).contains(&self.draft_p_min) {
-            anyhow::bail!(
-                "--spec-draft-p-min {} is not a probability; give a value in [0, 1]",
-                self.draft_p_min
-            );
-        }
+        let draft = self.draft.params()?;
         Ok(SpecParams {
             kind,
             ngram_simple: NgramSizes {
@@ -644,11 +664,7 @@ impl SpecArgs {
                 size_m: self.map_k_size_m,
                 min_hits: self.map_k_min_hits,
             },
-            draft: DraftParams {
-                n_max: self.draft_n_max.into(),
-                n_min: self.draft_n_min.into(),
-                p_min: self.draft_p_min,
-            },
+            draft,
         })
     }
 }

@@ -394,7 +394,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http = args.http_config()?;
     let states = args.state_config()?;
     let spec = args.spec.params()?;
-    let draft_path = args.spec.draft_model.clone();
+    let draft_path = args.spec.draft.draft_model.clone();
     let slots_endpoint = !args.no_slots;
     let n_threads = args.model.n_threads();
     let placed = args.model.placement.resolve(&args.model.model)?;
