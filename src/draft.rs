@@ -87,8 +87,7 @@ impl<B: Backend> ModelDrafter<B> {
     /// Memory the drafter holds: its weights and its sequence state.
     pub fn bytes(&self) -> u64 {
         let e = &self.engine;
-        let kv = crate::kv::kv_cache_bytes(&e.model.hp, self.kv.n_ctx(), 1, e.params.kv_type);
-        e.model.loaded_bytes() + kv + e.model.hp.recurrent_bytes()
+        held_bytes(&e.model, self.kv.n_ctx(), 1, e.params.kv_type)
     }
 
     /// Evaluates `tokens` into the drafter's sequence before its first
@@ -213,8 +212,19 @@ pub fn draft_bytes<B: Backend>(
         err,
     })?;
     let shapes = crate::model::Model::load_shapes(backend.clone(), Arc::new(file))?;
-    let kv = crate::kv::kv_cache_bytes(&shapes.hp, n_ctx, n_seq, kv_type);
-    Ok(shapes.loaded_bytes() + kv + shapes.hp.recurrent_bytes() * n_seq as u64)
+    Ok(held_bytes(&shapes, n_ctx, n_seq, kv_type))
+}
+
+/// What a resident draft model `m` holds with `n_seq` sequences of `n_ctx`
+/// positions: its weights, KV caches and recurrent states.
+pub fn held_bytes<B: Backend>(
+    m: &crate::model::Model<B>,
+    n_ctx: usize,
+    n_seq: usize,
+    kv_type: crate::tensor::GgmlType,
+) -> u64 {
+    let kv = crate::kv::kv_cache_bytes(&m.hp, n_ctx, n_seq, kv_type);
+    m.loaded_bytes() + kv + m.hp.recurrent_bytes() * n_seq as u64
 }
 
 /// llama.cpp's `common_speculative_are_compatible`: the same vocabulary

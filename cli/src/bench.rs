@@ -695,11 +695,8 @@ fn bench_on<B: Backend + 'static>(
             };
             let e = ModelDrafter::load_model(path, backend.clone(), params)
                 .with_context(|| format!("draft model {}", path.display()))?;
-            eprintln!(
-                "draft model: {} layers, resident, {:.2} MiB of weights (not in the expert budget)",
-                e.model.hp.n_layer,
-                e.model.loaded_bytes() as f64 / (1u64 << 20) as f64
-            );
+            let bytes = longhaul::draft::held_bytes(&e.model, p.n_ctx, 1, GgmlType::F16);
+            crate::report::draft_model_start(&e, bytes);
             Some(std::sync::Arc::new(e))
         }
         _ => None,
@@ -779,12 +776,13 @@ fn bench_mode<B: Backend + 'static>(
                         (kinds, _) => kinds.iter().copied().map(Some).collect(),
                     };
                     for kind in kinds {
-                        let once = || match kind {
-                            Some(k) if test.n_gen > 0 => {
-                                let sp = p.a.spec.params(k)?;
-                                run_spec(&engine, test, n_vocab, &spec_text, &sp, draft)
-                            }
-                            _ => run_once(&engine, test, n_vocab)
+                        let sp = match kind {
+                            Some(k) if test.n_gen > 0 => Some(p.a.spec.params(k)?),
+                            _ => None,
+                        };
+                        let once = || match &sp {
+                            Some(sp) => run_spec(&engine, test, n_vocab, &spec_text, sp, draft),
+                            None => run_once(&engine, test, n_vocab)
                                 .map(|(ns, c)| (ns, c, SpecStats::default())),
                         };
                         let row = pool.install(|| -> anyhow::Result<Row> {

@@ -259,7 +259,8 @@ fn run_on<B: Backend + 'static>(
 ) -> anyhow::Result<()> {
     let info = a.model.log.info();
     let draft_params = params.clone();
-    params.draft_model = draft_path(&a.spec, spec);
+    // Its memory stays out of `--longhaul-cache auto`.
+    params.draft_model = a.spec.draft_model(&spec);
     let mut engine = Engine::load_with_progress(
         &a.model.model,
         backend.clone(),
@@ -319,17 +320,6 @@ fn run_on<B: Backend + 'static>(
     Ok(())
 }
 
-/// The draft model `spec` loads beside the target, if any (its memory
-/// stays out of `--longhaul-cache auto`).
-fn draft_path(
-    args: &longhaul_server::args::SpecArgs,
-    spec: SpecParams,
-) -> Option<std::path::PathBuf> {
-    (spec.kind == SpecType::DraftSimple)
-        .then(|| args.draft.draft_model.clone())
-        .flatten()
-}
-
 /// The drafter `spec` names: an n-gram one, or the draft model of
 /// `-md`, loaded on `backend` with the target's settings and context size.
 fn load_drafter<B: Backend + 'static>(
@@ -347,7 +337,7 @@ fn load_drafter<B: Backend + 'static>(
     let d = ModelDrafter::load(path, backend, params, &engine.tokenizer, spec.draft)
         .with_context(|| format!("draft model {}", path.display()))?;
     if info {
-        report::draft_model_start(&d);
+        report::draft_model_start(d.engine(), d.bytes());
     }
     Ok(Some(Drafter::Model(Box::new(d))))
 }
@@ -416,7 +406,8 @@ fn chat_on<B: Backend + 'static>(
 ) -> anyhow::Result<()> {
     let info = a.model.log.info();
     let draft_params = params.clone();
-    params.draft_model = draft_path(&a.spec, spec);
+    // Its memory stays out of `--longhaul-cache auto`.
+    params.draft_model = a.spec.draft_model(&spec);
     let engine = Engine::load_with_progress(
         &a.model.model,
         backend.clone(),

@@ -111,13 +111,13 @@ pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
 /// line, and the expert bytes each generated token cost under longhaul.
 /// The draft model's line: its size and the memory it holds apart from
 /// the target's (and from its expert budget).
-pub fn draft_model_start<B: Backend>(d: &longhaul::draft::ModelDrafter<B>) {
-    let e = d.engine();
+/// `bytes`: what it holds with its sequences.
+pub fn draft_model_start<B: Backend>(e: &longhaul::engine::Engine<B>, bytes: u64) {
     eprintln!(
         "draft model: {} layers, {} vocabulary tokens, resident, {} of weights and KV cache (not in the expert budget)",
         e.model.hp.n_layer,
         e.tokenizer.n_vocab(),
-        mib(d.bytes()),
+        mib(bytes),
     );
 }
 

@@ -637,6 +637,14 @@ impl DraftArgs {
 }
 
 impl SpecArgs {
+    /// The draft model `spec` (these flags' [`SpecArgs::params`]) loads
+    /// beside the target, if any.
+    pub fn draft_model(&self, spec: &SpecParams) -> Option<PathBuf> {
+        (spec.kind == SpecType::DraftSimple)
+            .then(|| self.draft.draft_model.clone())
+            .flatten()
+    }
+
     /// The settings, checked: `draft-simple` needs `-md`, a draft model needs
     /// `draft-simple` (or no `--spec-type`, which then means it).
     pub fn params(&self) -> anyhow::Result<SpecParams> {

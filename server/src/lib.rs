@@ -394,7 +394,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http = args.http_config()?;
     let states = args.state_config()?;
     let spec = args.spec.params()?;
-    let draft_path = args.spec.draft.draft_model.clone();
+    let draft_path = args.spec.draft_model(&spec);
     let slots_endpoint = !args.no_slots;
     let n_threads = args.model.n_threads();
     let placed = args.model.placement.resolve(&args.model.model)?;
@@ -441,9 +441,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     let draft_backend = backend.clone();
                     // A draft model's weights and slots stay out of an auto expert budget.
                     let mut params = params;
-                    if spec.kind == SpecType::DraftSimple {
-                        params.draft_model = draft_path.clone();
-                    }
+                    params.draft_model = draft_path.clone();
                     Engine::load_parallel(&model_path, backend, params, n_slots, None).and_then(|engine| {
                         let engine = Arc::new(engine);
                         let draft = match (spec.kind, &draft_path) {

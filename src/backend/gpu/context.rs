@@ -440,14 +440,14 @@ impl Ctx {
         Ok(buf)
     }
 
-    /// Reads `len` bytes at `offset` of `buf` back to the host, after every
-    /// recorded command has run.
     /// How many read-backs this device has made: each one submits the
     /// work recorded so far and waits for it (a test counts them per step).
     pub fn readbacks(&self) -> u64 {
         self.readbacks.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Reads `len` bytes at `offset` of `buf` back to the host, after every
+    /// recorded command has run.
     pub fn read(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, GpuError> {
         self.readbacks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

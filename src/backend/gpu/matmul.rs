@@ -506,23 +506,39 @@ pub(super) fn matmul_many(
     for w in ws {
         check_matmul(w, x)?;
     }
-    let mut rounded: Vec<(GgmlType, Option<GpuTensor>)> = Vec::new();
+    let mut rounded = RoundedOnce::default();
     ws.iter()
         .map(|w| {
             if x.rows == 0 || w.ne[1] == 0 {
                 return b.tensor(x.rows, w.ne[1]);
             }
-            let act = crate::quant::ops(w.ty)?.act_type();
-            let i = match rounded.iter().position(|(a, _)| *a == act) {
-                Some(i) => i,
-                None => {
-                    rounded.push((act, act_rounded(b, w.ty, x)?));
-                    rounded.len() - 1
-                }
-            };
-            matmul_on(b, w, rounded[i].1.as_ref().unwrap_or(x))
+            let rx = rounded.get(b, w.ty, x)?;
+            matmul_on(b, w, rx.as_ref().unwrap_or(x))
         })
         .collect()
+}
+
+/// One input's roundings ([`act_rounded`]), each made once per activation
+/// type for the products that share the input.
+#[derive(Default)]
+struct RoundedOnce(Vec<(GgmlType, Option<GpuTensor>)>);
+
+impl RoundedOnce {
+    /// `x` rounded for `ty`'s kernels (`None`: they take it as it is).
+    fn get(
+        &mut self,
+        b: &GpuBackend,
+        ty: GgmlType,
+        x: &GpuTensor,
+    ) -> Result<Option<GpuTensor>, BackendError> {
+        let act = crate::quant::ops(ty)?.act_type();
+        if let Some((_, r)) = self.0.iter().find(|(a, _)| *a == act) {
+            return Ok(r.clone());
+        }
+        let r = act_rounded(b, ty, x)?;
+        self.0.push((act, r.clone()));
+        Ok(r)
+    }
 }
 
 /// The product of a checked `w` and `x` as `w`'s kernels take it (rounded
@@ -689,26 +705,19 @@ pub(super) fn mul_mat_id_routed_many(
     x: &GpuTensor,
     r: &DeviceRoute<GpuTensor>,
 ) -> Result<Vec<GpuTensor>, BackendError> {
-    let mut rounded: Vec<(GgmlType, Option<GpuTensor>)> = Vec::new();
-    let mut out = Vec::with_capacity(ws.len());
-    for w in ws {
-        let act = crate::quant::ops(w.ty)?.act_type();
-        let i = match rounded.iter().position(|(a, _)| *a == act) {
-            Some(i) => i,
-            None => {
-                let pairs = r.n_tok * r.n_used;
-                let rx = if pairs == 0 || w.ne[1] == 0 || x.cols != w.ne[0] {
-                    None
-                } else {
-                    act_rounded(b, w.ty, x)?
-                };
-                rounded.push((act, rx));
-                rounded.len() - 1
-            }
-        };
-        out.push(mul_mat_id_routed_on(b, w, x, rounded[i].1.as_ref(), r)?);
-    }
-    Ok(out)
+    let mut rounded = RoundedOnce::default();
+    ws.iter()
+        .map(|w| {
+            // Shapes are checked before anything is rounded.
+            let ready = r.n_tok * r.n_used > 0 && w.ne[1] > 0 && x.cols == w.ne[0];
+            let rx = if ready {
+                rounded.get(b, w.ty, x)?
+            } else {
+                None
+            };
+            mul_mat_id_routed_on(b, w, x, rx.as_ref(), r)
+        })
+        .collect()
 }
 
 /// [`mul_mat_id_routed`] with `x` already rounded for `w` (`rx`) where its

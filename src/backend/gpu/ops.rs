@@ -108,25 +108,40 @@ pub(super) fn scatter_rows(
     copy_rows(b, src, dst, &map)
 }
 
-pub(super) const ADD_BIAS_SRC: &str = ADD_BIAS;
-
 pub(super) fn add_bias(
     b: &GpuBackend,
     x: &mut GpuTensor,
     w: &GpuWeight,
     ids: Option<&[u32]>,
 ) -> Result<(), BackendError> {
-    let ctx = b.ctx();
     let (n, rows) = (w.ne[0], w.ne[1]);
-    let op = if ids.is_some() {
-        "add_bias_id"
-    } else {
-        "add_bias"
-    };
     match ids {
-        None => contract::add_bias(x.cols, w.ne.iter().product())?,
-        Some(ids) => contract::add_bias_id((x.rows, x.cols), (n, rows), ids)?,
+        None => {
+            contract::add_bias(x.cols, w.ne.iter().product())?;
+            let bias = bias_buffer("add_bias", w)?;
+            let pipe = simple(b, "add_bias", ADD_BIAS, &[("IDS", 0)], 0)?;
+            b.ctx().dispatch(
+                &pipe,
+                &[Arg::Buf(&x.buf), Arg::Buf(bias)],
+                &[x.rows as u32, x.cols as u32],
+                groups(b, x.rows * x.cols),
+            );
+        }
+        Some(ids) => {
+            contract::add_bias_id((x.rows, x.cols), (n, rows), ids)?;
+            let bias = bias_buffer("add_bias_id", w)?;
+            let idb = b.ctx().upload(bytemuck::cast_slice(ids), "bias ids")?;
+            add_bias_rows(b, x, bias, &idb)?;
+        }
     }
+    Ok(())
+}
+
+/// The buffer of a bias the kernels read: f32 in one part.
+pub(super) fn bias_buffer<'w>(
+    op: &'static str,
+    w: &'w GpuWeight,
+) -> Result<&'w wgpu::Buffer, BackendError> {
     if w.ty != crate::tensor::GgmlType::F32 || w.parts.len() != 1 {
         return Err(shape(
             op,
@@ -137,28 +152,24 @@ pub(super) fn add_bias(
             ),
         ));
     }
-    let bias = &w.parts[0].buf;
-    match ids {
-        None => {
-            let pipe = simple(b, "add_bias", ADD_BIAS, &[("IDS", 0)], 0)?;
-            ctx.dispatch(
-                &pipe,
-                &[Arg::Buf(&x.buf), Arg::Buf(bias)],
-                &[x.rows as u32, x.cols as u32],
-                groups(b, x.rows * x.cols),
-            );
-        }
-        Some(ids) => {
-            let pipe = simple(b, "add_bias_id", ADD_BIAS, &[("IDS", 1)], 1)?;
-            let idb = ctx.upload(bytemuck::cast_slice(ids), "bias ids")?;
-            ctx.dispatch(
-                &pipe,
-                &[Arg::Buf(&x.buf), Arg::Buf(bias), Arg::Buf(&idb)],
-                &[x.rows as u32, x.cols as u32],
-                groups(b, x.rows * x.cols),
-            );
-        }
-    }
+    Ok(&w.parts[0].buf)
+}
+
+/// ggml's add_id over checked shapes: row `r` of `x` gets row `ids[r]` of
+/// `bias` (`ids` u32 on the device).
+pub(super) fn add_bias_rows(
+    b: &GpuBackend,
+    x: &mut GpuTensor,
+    bias: &wgpu::Buffer,
+    ids: &wgpu::Buffer,
+) -> Result<(), BackendError> {
+    let pipe = simple(b, "add_bias_id", ADD_BIAS, &[("IDS", 1)], 1)?;
+    b.ctx().dispatch(
+        &pipe,
+        &[Arg::Buf(&x.buf), Arg::Buf(bias), Arg::Buf(ids)],
+        &[x.rows as u32, x.cols as u32],
+        groups(b, x.rows * x.cols),
+    );
     Ok(())
 }
 
@@ -332,13 +343,24 @@ pub(super) fn weighted_sum(
     n_used: usize,
 ) -> Result<GpuTensor, BackendError> {
     let n_tok = contract::weighted_sum(x.rows, w.len(), n_used)?;
-    let ctx = b.ctx();
+    let wb = b.ctx().upload(f32s(w), "pair weights")?;
+    weighted_sum_rows(b, x, &wb, n_tok, n_used)
+}
+
+/// `shaders/weighted_sum.wgsl` over checked shapes: `n_tok` groups of
+/// `n_used` rows of `x`, weighted by `w` (one f32 per row, on the device).
+pub(super) fn weighted_sum_rows(
+    b: &GpuBackend,
+    x: &GpuTensor,
+    w: &wgpu::Buffer,
+    n_tok: usize,
+    n_used: usize,
+) -> Result<GpuTensor, BackendError> {
     let out = b.tensor(n_tok, x.cols)?;
     let pipe = simple(b, "weighted_sum", WEIGHTED_SUM, &[], 0)?;
-    let wb = ctx.upload(f32s(w), "pair weights")?;
-    ctx.dispatch(
+    b.ctx().dispatch(
         &pipe,
-        &[Arg::Buf(&x.buf), Arg::Buf(&wb), Arg::Buf(&out.buf)],
+        &[Arg::Buf(&x.buf), Arg::Buf(w), Arg::Buf(&out.buf)],
         &[n_tok as u32, x.cols as u32, n_used as u32],
         groups(b, n_tok * x.cols),
     );

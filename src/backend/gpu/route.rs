@@ -2,14 +2,12 @@
 //! become expert ids and weights without leaving the GPU, for the ops that
 //! take a route ([`super::matmul::mul_mat_id_routed`], [`weighted_sum`]).
 
-use super::ops::{groups, simple};
+use super::ops::simple;
 use super::{Arg, GpuBackend, GpuTensor, GpuWeight};
 use crate::backend::routing::{Routing, Scoring};
 use crate::backend::{BackendError, DeviceRoute};
-use crate::tensor::GgmlType;
 
 const ROUTE: &str = include_str!("../../../shaders/route.wgsl");
-const WEIGHTED_SUM: &str = include_str!("../../../shaders/weighted_sum.wgsl");
 
 /// Most expert groups route.wgsl ranks (its `MAX_GROUPS`).
 const MAX_GROUPS: usize = 64;
@@ -101,26 +99,14 @@ pub(super) fn ids(b: &GpuBackend, r: &DeviceRoute<GpuTensor>) -> Result<Vec<u32>
     Ok(bytemuck::pod_collect_to_vec(&bytes))
 }
 
-/// `shaders/weighted_sum.wgsl` with the route's weights.
+/// The weighted sum of the expert outputs with the route's weights.
 pub(super) fn weighted_sum(
     b: &GpuBackend,
     x: &GpuTensor,
     r: &DeviceRoute<GpuTensor>,
 ) -> Result<GpuTensor, BackendError> {
     let n_tok = crate::backend::contract::weighted_sum(x.rows, r.n_tok * r.n_used, r.n_used)?;
-    let out = b.tensor(n_tok, x.cols)?;
-    let pipe = simple(b, "weighted_sum", WEIGHTED_SUM, &[], 0)?;
-    b.ctx().dispatch(
-        &pipe,
-        &[
-            Arg::Buf(&x.buf),
-            Arg::Buf(&r.weights.buf),
-            Arg::Buf(&out.buf),
-        ],
-        &[n_tok as u32, x.cols as u32, r.n_used as u32],
-        groups(b, n_tok * x.cols),
-    );
-    Ok(out)
+    super::ops::weighted_sum_rows(b, x, &r.weights.buf, n_tok, r.n_used)
 }
 
 /// [`super::ops::add_bias`]'s per-expert rows with the route's ids: row `r`
@@ -131,29 +117,17 @@ pub(super) fn add_bias(
     w: &GpuWeight,
     r: &DeviceRoute<GpuTensor>,
 ) -> Result<(), BackendError> {
+    const OP: &str = "add_bias_id_routed";
     let pairs = r.n_tok * r.n_used;
-    if x.rows != pairs || x.cols != w.ne[0] || w.ty != GgmlType::F32 || w.parts.len() != 1 {
+    if x.rows != pairs || x.cols != w.ne[0] {
         return Err(BackendError::Shape {
-            op: "add_bias_id_routed",
+            op: OP,
             detail: format!(
-                "x [{}, {}] for {pairs} pairs and bias {:?} of {} (f32 in one part)",
-                x.rows,
-                x.cols,
-                w.ne,
-                w.ty.name()
+                "x [{}, {}] for {pairs} pairs and a bias of {:?}",
+                x.rows, x.cols, w.ne
             ),
         });
     }
-    let pipe = simple(b, "add_bias_id", super::ops::ADD_BIAS_SRC, &[("IDS", 1)], 1)?;
-    b.ctx().dispatch(
-        &pipe,
-        &[
-            Arg::Buf(&x.buf),
-            Arg::Buf(&w.parts[0].buf),
-            Arg::Buf(&r.ids.buf),
-        ],
-        &[x.rows as u32, x.cols as u32],
-        groups(b, x.rows * x.cols),
-    );
-    Ok(())
+    let bias = super::ops::bias_buffer(OP, w)?;
+    super::ops::add_bias_rows(b, x, bias, &r.ids.buf)
 }

@@ -267,16 +267,10 @@ fn routed_outputs<B: Backend>(
     r: &DeviceRoute<B::Tensor>,
     glu: Glu,
 ) -> Result<B::Tensor, ModelError> {
-    let mut ug = b.mul_mat_id_routed_many(&[&ex.up, &ex.gate], x, r)?;
-    let (mut gate, mut up) = match (ug.pop(), ug.pop()) {
-        (Some(g), Some(u)) => (g, u),
-        _ => {
-            return Err(ModelError::from(crate::backend::BackendError::Shape {
-                op: "mul_mat_id_routed_many",
-                detail: "two weights gave fewer than two outputs".into(),
-            }))
-        }
-    };
+    let [mut up, mut gate] = super::outputs(
+        "mul_mat_id_routed_many",
+        b.mul_mat_id_routed_many(&[&ex.up, &ex.gate], x, r)?,
+    )?;
     if let Some(ub) = &ex.up_b {
         b.add_bias_id_routed(&mut up, ub, r)?;
     }

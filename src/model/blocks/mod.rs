@@ -60,11 +60,18 @@ pub fn matmuls<B: Backend, const N: usize>(
     ws: [&B::Weight; N],
     x: &B::Tensor,
 ) -> Result<[B::Tensor; N], ModelError> {
-    let out = b.matmul_many(&ws, x)?;
+    outputs("matmul_many", b.matmul_many(&ws, x)?)
+}
+
+/// The outputs of a backend op over `N` matrices as an array.
+pub(crate) fn outputs<T, const N: usize>(
+    op: &'static str,
+    out: Vec<T>,
+) -> Result<[T; N], ModelError> {
     let n = out.len();
     out.try_into().map_err(|_| {
         ModelError::from(crate::backend::BackendError::Shape {
-            op: "matmul_many",
+            op,
             detail: format!("{n} outputs for {N} matrices"),
         })
     })
