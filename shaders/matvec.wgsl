@@ -1,20 +1,47 @@
 // Quantised mat-vec for decode: y[t, r] = sum_j w[r, j] x[t, j] for up to
 // MV_TOK tokens at once (each weight value is dequantised once and dotted
 // with every token's row). A workgroup of WG threads owns MV_ROWS output rows;
-// its threads split K in units of 4 values (adjacent threads read adjacent
-// bytes), then the MV_ROWS x MV_TOK partial sums are reduced with subgroupAdd
-// and one workgroup-memory pass over the subgroups (SUBGROUPS), or a
-// workgroup-memory tree. No subgroup size or layout is assumed: each
+// its threads split K in units of 4 values (16 with MV_WIDE, below; adjacent
+// threads read adjacent bytes), then the MV_ROWS x MV_TOK partial sums are
+// reduced with subgroupAdd and one workgroup-memory pass over the subgroups
+// (SUBGROUPS), or a workgroup-memory tree. No subgroup size or layout is assumed: each
 // subgroup's sum goes to slot `subgroup_id` and `num_subgroups` are added
 // (builtins naga provides with subgroups; a browser needs WGSL's
 // `subgroup_id` extension for this path, the tree path is plain WGSL).
 //
+// With MV_WIDE the unit is 16 values (`deq16`: the block's scales decoded
+// once per 16 values, the weight bytes read 16 at a time) for the formats
+// that define it; K is then a multiple of 16 (their blocks are 32 or 256).
+//
 // Host constants: WG (a power of two, a multiple of the largest subgroup),
-// MV_ROWS, MV_TOK, MUL_MAT_ID, and quant.wgsl's type constants.
+// MV_ROWS, MV_TOK, MV_WIDE, MUL_MAT_ID, and quant.wgsl's type constants.
 
 // Params, X, Y, xrow and yrow: product_io.wgsl.
 
 const NV: u32 = MV_ROWS * MV_TOK;
+
+#if MV_WIDE
+const UNIT: u32 = 16u;
+
+fn wload(b: u32, i: u32) -> mat4x4<f32> {
+    return deq16(b, i);
+}
+
+// The unit's dot product with X's 4 vec4s from `x0` on.
+fn wdot(w: mat4x4<f32>, x0: u32) -> f32 {
+    return dot(w[0], X[x0]) + dot(w[1], X[x0 + 1u]) + dot(w[2], X[x0 + 2u]) + dot(w[3], X[x0 + 3u]);
+}
+#else
+const UNIT: u32 = 4u;
+
+fn wload(b: u32, i: u32) -> vec4<f32> {
+    return deq4(b, i);
+}
+
+fn wdot(w: vec4<f32>, x0: u32) -> f32 {
+    return dot(w, X[x0]);
+}
+#endif
 
 var<workgroup> red: array<f32, WG * NV>;
 
@@ -53,6 +80,7 @@ fn main(
 #endif
     let r0 = rb * MV_ROWS;
     let nu = p.k / 4u;
+    let nw = p.k / UNIT;
 
     var acc: array<f32, NV>;
     for (var v = 0u; v < NV; v++) {
@@ -62,12 +90,12 @@ fn main(
         let row = r0 + r;
         if (row < p.rows) {
             let base = wbase + row * p.row_bytes;
-            for (var u = tid; u < nu; u += WG) {
-                let kk = u * 4u;
-                let w = deq4(base + (kk / BLK) * BLK_BYTES, kk % BLK);
+            for (var u = tid; u < nw; u += WG) {
+                let kk = u * UNIT;
+                let w = wload(base + (kk / BLK) * BLK_BYTES, kk % BLK);
                 for (var t = 0u; t < MV_TOK; t++) {
                     if (t < ntok) {
-                        acc[r * MV_TOK + t] += dot(w, X[xrow(tok0 + t) * nu + u]);
+                        acc[r * MV_TOK + t] += wdot(w, xrow(tok0 + t) * nu + kk / 4u);
                     }
                 }
             }

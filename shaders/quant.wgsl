@@ -12,6 +12,12 @@
 // and kernels call `deq4(blk, i)`: the 4 consecutive values `i..i+4` (i a
 // multiple of 4) of the block starting at byte `blk`. For the float types a
 // "block" is one element and `deq4` returns 4 consecutive elements.
+// The formats of most expert and attention weights also define
+// `deq16(blk, i)`: the 16 values `i..i+16` (i a multiple of 16) as the four
+// columns of a mat4x4, each value computed exactly as `deq4` computes it, but
+// with the block's scales decoded once and its bytes read 16 at a time
+// (`ld128`). The mat-vec uses it where the host sets MV_WIDE
+// (select.rs: matvec_wide).
 // Byte layouts and arithmetic follow src/quant/*.rs (byte-exact to ggml).
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -40,6 +46,31 @@ fn ld32(b: u32) -> u32 {
     }
     return (W[i] >> s) | (W[i + 1u] << (32u - s));
 }
+
+// The 16 bytes at byte offset `b` as four little-endian words. With W_VEC4
+// (a type whose 16-byte runs all start 16-aligned, see deq16) this is one
+// vec4<u32> load through `W4`, the same buffer bound a second time as
+// 16-byte words (binding 0 of group 1, read-only aliasing WebGPU allows);
+// otherwise four or five word loads and shifts.
+#if W_VEC4
+@group(1) @binding(0) var<storage, read> W4: array<vec4<u32>>;
+
+fn ld128(b: u32) -> vec4<u32> {
+    return W4[b >> 4u];
+}
+#else
+fn ld128(b: u32) -> vec4<u32> {
+    let i = b >> 2u;
+    let s = (b & 3u) * 8u;
+    let a = vec4<u32>(W[i], W[i + 1u], W[i + 2u], W[i + 3u]);
+    if (s == 0u) {
+        return a;
+    }
+    // Byte b + 15 lies in word i + 4 when b is not word-aligned.
+    let n = vec4<u32>(W[i + 1u], W[i + 2u], W[i + 3u], W[i + 4u]);
+    return (a >> vec4<u32>(s)) | (n << vec4<u32>(32u - s));
+}
+#endif
 
 // IEEE half at byte offset `b` (core WGSL: no shader-f16 needed).
 fn f16at(b: u32) -> f32 {
@@ -121,6 +152,12 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
 fn deq4(b: u32, i: u32) -> vec4<f32> {
     return f16at(b) * sbytes4(ld32(b + 2u + i));
 }
+
+fn deq16(b: u32, i: u32) -> mat4x4<f32> {
+    let d = f16at(b);
+    let q = ld128(b + 2u + i);
+    return mat4x4<f32>(d * sbytes4(q.x), d * sbytes4(q.y), d * sbytes4(q.z), d * sbytes4(q.w));
+}
 #endif
 
 #if T_Q4_0
@@ -128,6 +165,18 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
 fn deq4(b: u32, i: u32) -> vec4<f32> {
     let q = nibs4(ld32(b + 2u + (i & 15u)), (i >> 4u) * 4u);
     return f16at(b) * (vec4<f32>(q) - 8.0);
+}
+
+fn deq16(b: u32, i: u32) -> mat4x4<f32> {
+    let d = f16at(b);
+    let q = ld128(b + 2u);
+    let s = (i >> 4u) * 4u;
+    return mat4x4<f32>(
+        d * (vec4<f32>(nibs4(q.x, s)) - 8.0),
+        d * (vec4<f32>(nibs4(q.y, s)) - 8.0),
+        d * (vec4<f32>(nibs4(q.z, s)) - 8.0),
+        d * (vec4<f32>(nibs4(q.w, s)) - 8.0),
+    );
 }
 #endif
 
@@ -164,6 +213,18 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
     let q = nibs4(ld32(b + 2u + (i & 15u)), (i >> 4u) * 4u);
     return f16at(b) * kv_iq4nl(q);
 }
+
+fn deq16(b: u32, i: u32) -> mat4x4<f32> {
+    let d = f16at(b);
+    let q = ld128(b + 2u);
+    let s = (i >> 4u) * 4u;
+    return mat4x4<f32>(
+        d * kv_iq4nl(nibs4(q.x, s)),
+        d * kv_iq4nl(nibs4(q.y, s)),
+        d * kv_iq4nl(nibs4(q.z, s)),
+        d * kv_iq4nl(nibs4(q.w, s)),
+    );
+}
 #endif
 
 #if T_IQ4_XS
@@ -187,6 +248,19 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
     let d = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
     let q = nibs4(ld32(b + 1u + (i & 15u)), (i >> 4u) * 4u);
     return d * kv_mxfp4(q);
+}
+
+fn deq16(b: u32, i: u32) -> mat4x4<f32> {
+    let e = ld8(b);
+    let d = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
+    let q = ld128(b + 1u);
+    let s = (i >> 4u) * 4u;
+    return mat4x4<f32>(
+        d * kv_mxfp4(nibs4(q.x, s)),
+        d * kv_mxfp4(nibs4(q.y, s)),
+        d * kv_mxfp4(nibs4(q.z, s)),
+        d * kv_mxfp4(nibs4(q.w, s)),
+    );
 }
 #endif
 
@@ -234,6 +308,23 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
     let q = nibs4(ld32(b + 16u + 32u * c + l), 4u * hi);
     return f16at(b) * sm.x * vec4<f32>(q) - f16at(b + 2u) * sm.y;
 }
+
+// The 16 values share one sub-block (one scale and min) and 16 bytes of qs.
+fn deq16(b: u32, i: u32) -> mat4x4<f32> {
+    let c = i >> 6u;
+    let hi = (i >> 5u) & 1u;
+    let sm = scale_min_k4(b + 4u, 2u * c + hi);
+    let a = f16at(b) * sm.x;
+    let m = f16at(b + 2u) * sm.y;
+    let q = ld128(b + 16u + 32u * c + (i & 31u));
+    let s = 4u * hi;
+    return mat4x4<f32>(
+        a * vec4<f32>(nibs4(q.x, s)) - m,
+        a * vec4<f32>(nibs4(q.y, s)) - m,
+        a * vec4<f32>(nibs4(q.z, s)) - m,
+        a * vec4<f32>(nibs4(q.w, s)) - m,
+    );
+}
 #endif
 
 #if T_Q5_K
@@ -248,6 +339,31 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
     let h = (bytes4(ld32(b + 16u + l)) >> vec4<u32>(2u * c + hi)) & vec4<u32>(1u);
     let q = lo | (h << vec4<u32>(4u));
     return f16at(b) * sm.x * vec4<f32>(q) - f16at(b + 2u) * sm.y;
+}
+
+fn q5k4(lo: u32, h: u32, s: u32, sh: u32, a: f32, m: f32) -> vec4<f32> {
+    let q = nibs4(lo, s) | (((bytes4(h) >> vec4<u32>(sh)) & vec4<u32>(1u)) << vec4<u32>(4u));
+    return a * vec4<f32>(q) - m;
+}
+
+// One sub-block, 16 bytes of qs and 16 of qh.
+fn deq16(b: u32, i: u32) -> mat4x4<f32> {
+    let c = i >> 6u;
+    let hi = (i >> 5u) & 1u;
+    let l = i & 31u;
+    let sm = scale_min_k4(b + 4u, 2u * c + hi);
+    let a = f16at(b) * sm.x;
+    let m = f16at(b + 2u) * sm.y;
+    let lo = ld128(b + 48u + 32u * c + l);
+    let h = ld128(b + 16u + l);
+    let s = 4u * hi;
+    let sh = 2u * c + hi;
+    return mat4x4<f32>(
+        q5k4(lo.x, h.x, s, sh, a, m),
+        q5k4(lo.y, h.y, s, sh, a, m),
+        q5k4(lo.z, h.z, s, sh, a, m),
+        q5k4(lo.w, h.w, s, sh, a, m),
+    );
 }
 #endif
 
@@ -264,6 +380,29 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
     let q = vec4<f32>(lo | (hb << vec4<u32>(4u))) - 32.0;
     let sc = f32(bitcast<i32>(ld8(b + 192u + (i >> 4u)) << 24u) >> 24u);
     return f16at(b + 208u) * sc * q;
+}
+
+fn q6k4(lo: u32, h: u32, s: u32, sh: u32, a: f32) -> vec4<f32> {
+    let q = nibs4(lo, s) | (((bytes4(h) >> vec4<u32>(sh)) & vec4<u32>(3u)) << vec4<u32>(4u));
+    return a * (vec4<f32>(q) - 32.0);
+}
+
+// One 16-value scale, 16 bytes of ql and 16 of qh.
+fn deq16(b: u32, i: u32) -> mat4x4<f32> {
+    let h = i >> 7u;
+    let s = (i >> 5u) & 3u;
+    let l = i & 31u;
+    let lo = ld128(b + 64u * h + 32u * (s & 1u) + l);
+    let hb = ld128(b + 128u + 32u * h + l);
+    let sc = f32(bitcast<i32>(ld8(b + 192u + (i >> 4u)) << 24u) >> 24u);
+    let a = f16at(b + 208u) * sc;
+    let n = 4u * (s >> 1u);
+    return mat4x4<f32>(
+        q6k4(lo.x, hb.x, n, 2u * s, a),
+        q6k4(lo.y, hb.y, n, 2u * s, a),
+        q6k4(lo.z, hb.z, n, 2u * s, a),
+        q6k4(lo.w, hb.w, n, 2u * s, a),
+    );
 }
 #endif
 

@@ -321,6 +321,8 @@ fn matvec_pipeline_for(
         ("WG", matvec_wg(b)),
         ("MV_ROWS", MV_ROWS),
         ("MV_TOK", MV_TOK as u32),
+        ("MV_WIDE", super::select::matvec_wide(ty) as u32),
+        ("W_VEC4", super::select::matvec_vec4(ty) as u32),
         ("MUL_MAT_ID", id as u32),
         ("TILE_F16", TILE_F16 as u32),
     ]);
@@ -330,6 +332,21 @@ fn matvec_pipeline_for(
         MvRows::Routed => &[QUANT, PRODUCT_IO, MUL_MAT_ID_ROUTED, MATVEC],
     };
     Ok(ctx.pipeline(&KernelKey::new(name).ty(ty), || ctx.source(parts, &consts))?)
+}
+
+/// Bind group 1 of a mat-vec over the weight part `part`: the part again as
+/// 16-byte words where the kernel loads them so (W_VEC4), else the i-quant
+/// grid, if the type has one.
+fn matvec_group1<'a>(
+    ty: GgmlType,
+    grid: Option<&'a wgpu::Buffer>,
+    part: &'a wgpu::Buffer,
+) -> Option<Arg<'a>> {
+    if super::select::matvec_vec4(ty) {
+        Some(Arg::Buf(part))
+    } else {
+        grid.map(Arg::Buf)
+    }
 }
 
 fn matmul_pipeline(
@@ -569,12 +586,13 @@ fn matmul_on(b: &GpuBackend, w: &GpuWeight, x: &GpuTensor) -> Result<GpuTensor, 
                 blocks,
                 ..base
             };
+            let mv1 = matvec_group1(w.ty, grid.as_deref(), &part.buf);
             ctx.dispatch_with(
                 &pipe,
                 &[Arg::Buf(&part.buf), Arg::Buf(&x.buf), Arg::Buf(&out.buf)],
                 &p.words(),
                 ctx.grid(blocks),
-                g1,
+                mv1.as_slice(),
             );
         }
     } else {
@@ -669,7 +687,8 @@ pub(super) fn mul_mat_id(
                 ..base
             };
             let groups = word(OP, "workgroups", pp.mv.len() as u64 * blocks as u64)?;
-            ctx.dispatch_with(pipe, &args, &p.words(), ctx.grid(groups), g1);
+            let mv1 = matvec_group1(w.ty, grid.as_deref(), &part.buf);
+            ctx.dispatch_with(pipe, &args, &p.words(), ctx.grid(groups), mv1.as_slice());
         }
         if let (Some(pipe), false) = (&mm_pipe, pp.mm.is_empty()) {
             let blocks = (n as u32).div_ceil(tile.bm);
@@ -759,8 +778,6 @@ fn mul_mat_id_routed_on(
     let x = rx.unwrap_or(x);
     let ctx = b.ctx();
     let grid = grid_buffer(b, w.ty)?;
-    let g1 = grid.as_deref().map(Arg::Buf);
-    let g1 = g1.as_slice();
     let pipe = matvec_pipeline_for(b, w.ty, MvRows::Routed)?;
     let blocks = (n as u32).div_ceil(MV_ROWS);
     let p = Params {
@@ -789,7 +806,8 @@ fn mul_mat_id_routed_on(
             Arg::Buf(&r.ids.buf),
             Arg::Buf(&info),
         ];
-        ctx.dispatch_with(&pipe, &args, &p.words(), ctx.grid(groups), g1);
+        let mv1 = matvec_group1(w.ty, grid.as_deref(), &part.buf);
+        ctx.dispatch_with(&pipe, &args, &p.words(), ctx.grid(groups), mv1.as_slice());
     }
     Ok(out)
 }
