@@ -183,7 +183,7 @@ impl<B: Backend> DraftSource for ModelDrafter<B> {
 fn best_of_top_k(logits: &[f32], k: usize) -> (u32, f32) {
     let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
     for (i, &l) in logits.iter().enumerate() {
-        if l.is_nan() || top.len() == k && !(l > top[k - 1].0) {
+        if l.is_nan() || top.len() == k && l <= top[k - 1].0 {
             continue;
         }
         let at = top.partition_point(|&(tl, _)| tl >= l);

@@ -438,6 +438,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 longhaul::with_backend!(placed.placement, |backend| {
                     // Every slot's KV cache is checked against memory in the load.
                     let draft_params = params.clone();
+                    // Copy for the CPU, a shared device handle for the GPU.
+                    #[allow(clippy::clone_on_copy)]
                     let draft_backend = backend.clone();
                     // A draft model's weights and slots stay out of an auto expert budget.
                     let mut params = params;

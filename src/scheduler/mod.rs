@@ -236,7 +236,7 @@ struct SlotJob {
 }
 
 enum Msg {
-    Gen(Job),
+    Gen(Box<Job>),
     Slot(SlotJob),
 }
 
@@ -432,7 +432,9 @@ impl Scheduler {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         match tx.as_ref() {
-            Some(tx) if tx.send(Msg::Gen(job)).is_ok() => Ok(GenStream { rx: erx, cancel }),
+            Some(tx) if tx.send(Msg::Gen(Box::new(job))).is_ok() => {
+                Ok(GenStream { rx: erx, cancel })
+            }
             _ => Err(SchedulerError::ShuttingDown),
         }
     }
@@ -673,7 +675,7 @@ impl<B: Backend + 'static> Worker<B> {
 
     fn take(&mut self, msg: Msg) {
         match msg {
-            Msg::Gen(job) => self.queue.push_back(job),
+            Msg::Gen(job) => self.queue.push_back(*job),
             Msg::Slot(job) => self.slot_jobs.push_back(job),
         }
     }
