@@ -335,3 +335,52 @@ fn a_decode_step_reads_back_the_logits_and_longhaul_the_ids_of_each_moe_layer() 
         }
     }
 }
+
+/// Activation buffers come back to the device's pool and are reused: once
+/// a decode step has run, the next one creates no buffer (no allocation, no
+/// zero-fill), resident and longhaul; and a second sequence, run on the
+/// buffers the first left in the pool, gives the first one's logits. Every
+/// test device NaN-poisons a reused buffer as it does a new one, so a kernel
+/// reading what it did not write fails the GPU tests.
+#[test]
+fn a_warm_decode_step_creates_no_activation_buffers() {
+    let g = gpu_util::gpu();
+    for name in [
+        "qwen3moe-q4_k_m.gguf",
+        "qwen35moe-q4_k_m.gguf",
+        "deepseek3-q8_0.gguf",
+    ] {
+        let file = Arc::new(gguf::Model::open(fixture(name)).expect("fixture"));
+        let resident = Model::load(g.clone(), file.clone()).expect("gpu load");
+        let (layers, per_slot) = resident.expert_slot_cost().expect("cost");
+        let longhaul = Model::load_with(
+            g.clone(),
+            file.clone(),
+            Some(LonghaulConfig {
+                budget_bytes: layers as u64 * per_slot,
+                policy: Policy::Lru,
+                prefetch: false,
+                verify: false,
+                direct_io: true,
+            }),
+        )
+        .expect("longhaul load");
+        for (mode, m) in [("resident", &resident), ("longhaul, 1 slot", &longhaul)] {
+            let prompt: Vec<u32> = (0..12u32)
+                .map(|i| (i * 37 + 11) % m.hp.n_vocab as u32)
+                .collect();
+            let run = || {
+                let mut kv = SeqState::new(m, 64, GgmlType::F16).expect("kv");
+                kv.eval(m, &prompt, Logits::Last).expect("prompt");
+                kv.eval(m, &[5], Logits::Last).expect("step 1");
+                let before = g.ctx().activations_created();
+                let logits = kv.eval(m, &[9], Logits::Last).expect("step 2");
+                (g.ctx().activations_created() - before, logits)
+            };
+            let (created, first) = run();
+            assert_eq!(created, 0, "{name} {mode}: buffers created by a warm step");
+            let (_, again) = run();
+            assert_eq!(first, again, "{name} {mode}: logits on reused buffers");
+        }
+    }
+}

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::pool::{Pool, Pooled};
 use super::GpuError;
 use crate::tensor::GgmlType;
 
@@ -87,6 +88,10 @@ pub struct Ctx {
     /// reused from offset 0 by the next, which runs after it).
     params: wgpu::Buffer,
     params_align: u64,
+    /// Activation buffers for reuse (see pool.rs).
+    pool: Arc<Mutex<Pool>>,
+    /// Activation buffers created so far (a test counts them per step).
+    created: std::sync::atomic::AtomicU64,
 }
 
 /// The bind group entries of `args`: binding `i` is `args[i]`.
@@ -141,6 +146,8 @@ impl Ctx {
             recorded: Default::default(),
             params,
             params_align,
+            pool: Arc::default(),
+            created: Default::default(),
             caps,
             pipelines: Mutex::new(HashMap::new()),
             tables: Mutex::new(HashMap::new()),
@@ -334,6 +341,10 @@ impl Ctx {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.queue.submit([enc.finish()]);
         }
+        self.pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release();
     }
 
     /// How many submissions this device has made.
@@ -427,6 +438,39 @@ impl Ctx {
             buf.unmap();
         }
         Ok(buf)
+    }
+
+    /// An activation buffer of at least `bytes` (rounded up to 16): a free
+    /// one of that size from the pool, else a new one; NaN-filled when the
+    /// caps ask for it either way.
+    pub fn activation(&self, bytes: u64, label: &str) -> Result<Arc<Pooled>, GpuError> {
+        let size = bytes.max(16).next_multiple_of(16);
+        let reused = {
+            let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            if p.encoder.is_none() {
+                // Everything recorded has been submitted.
+                pool.release();
+            }
+            pool.take(size)
+        };
+        let Some(buf) = reused else {
+            self.created
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(Pooled::new(self.storage(size, label)?, &self.pool));
+        };
+        if self.caps.poison {
+            // Runs before the next submission, after every earlier one.
+            let nan = f32::NAN.to_le_bytes();
+            let bytes: Vec<u8> = (0..size as usize).map(|i| nan[i % 4]).collect();
+            self.queue.write_buffer(&buf, 0, &bytes);
+        }
+        Ok(Pooled::new(buf, &self.pool))
+    }
+
+    /// How many activation buffers this device has created (not reused).
+    pub fn activations_created(&self) -> u64 {
+        self.created.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A storage buffer holding `data` (padded to a multiple of 16 bytes).

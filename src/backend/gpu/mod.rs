@@ -10,6 +10,7 @@ mod context;
 mod device;
 mod matmul;
 mod ops;
+mod pool;
 mod recurrent;
 mod route;
 mod select;
@@ -21,6 +22,7 @@ pub use attention::GpuKv;
 pub use context::{Arg, Caps, Ctx, KernelKey};
 pub use device::{default_adapter, list_adapters, named_adapter, AdapterSummary, DeviceChoice};
 pub use matmul::MV_TOK;
+pub use pool::{Pooled, POOL_MAX_BYTES};
 pub use slots::GpuSlots;
 
 use super::{
@@ -93,7 +95,9 @@ impl GpuOptions {
 /// An activation `[rows, cols]` of f32 in a storage buffer.
 #[derive(Clone, Debug)]
 pub struct GpuTensor {
-    pub buf: wgpu::Buffer,
+    /// Its storage, shared by the tensor's clones and returned to the
+    /// device's pool after the last one (derefs to `wgpu::Buffer`).
+    pub buf: Arc<Pooled>,
     pub rows: usize,
     pub cols: usize,
 }
@@ -279,7 +283,9 @@ impl GpuBackend {
 
     /// A new activation `[rows, cols]` (poisoned when the options ask).
     pub fn tensor(&self, rows: usize, cols: usize) -> Result<GpuTensor, BackendError> {
-        let buf = self.ctx.storage((rows * cols * 4) as u64, "activation")?;
+        let buf = self
+            .ctx
+            .activation((rows * cols * 4) as u64, "activation")?;
         Ok(GpuTensor { buf, rows, cols })
     }
 }
@@ -367,7 +373,7 @@ impl Backend for GpuBackend {
                 format!("{} floats for [{rows}, {cols}]", data.len()),
             ));
         }
-        let buf = self.ctx.upload(bytemuck::cast_slice(&data), "input")?;
+        let buf = Pooled::unpooled(self.ctx.upload(bytemuck::cast_slice(&data), "input")?);
         Ok(GpuTensor { buf, rows, cols })
     }
 
