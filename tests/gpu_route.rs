@@ -336,14 +336,16 @@ fn a_decode_step_reads_back_the_logits_and_longhaul_the_ids_of_each_moe_layer() 
     }
 }
 
-/// Activation buffers come back to the device's pool and are reused: once
-/// a decode step has run, the next one creates no buffer (no allocation, no
-/// zero-fill), resident and longhaul; and a second sequence, run on the
+/// Activation buffers and a step's uploaded lists and tables come back to
+/// the device's pool and are reused: once a decode step has run, the next
+/// one creates none (no allocation, no zero-fill; what remains is the
+/// step's input and its read-back), resident and longhaul; and a second
+/// sequence, run on the
 /// buffers the first left in the pool, gives the first one's logits. Every
 /// test device NaN-poisons a reused buffer as it does a new one, so a kernel
 /// reading what it did not write fails the GPU tests.
 #[test]
-fn a_warm_decode_step_creates_no_activation_buffers() {
+fn a_warm_decode_step_creates_no_pooled_buffers() {
     let g = gpu_util::gpu();
     for name in [
         "qwen3moe-q4_k_m.gguf",
@@ -373,9 +375,9 @@ fn a_warm_decode_step_creates_no_activation_buffers() {
                 let mut kv = SeqState::new(m, 64, GgmlType::F16).expect("kv");
                 kv.eval(m, &prompt, Logits::Last).expect("prompt");
                 kv.eval(m, &[5], Logits::Last).expect("step 1");
-                let before = g.ctx().activations_created();
+                let before = g.ctx().buffers_created();
                 let logits = kv.eval(m, &[9], Logits::Last).expect("step 2");
-                (g.ctx().activations_created() - before, logits)
+                (g.ctx().buffers_created() - before, logits)
             };
             let (created, first) = run();
             assert_eq!(created, 0, "{name} {mode}: buffers created by a warm step");

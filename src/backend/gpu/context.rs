@@ -90,7 +90,8 @@ pub struct Ctx {
     params_align: u64,
     /// Activation buffers for reuse (see pool.rs).
     pool: Arc<Mutex<Pool>>,
-    /// Activation buffers created so far (a test counts them per step).
+    /// Pooled buffers created so far, not reused (a test counts them per
+    /// step).
     created: std::sync::atomic::AtomicU64,
 }
 
@@ -430,14 +431,27 @@ impl Ctx {
     pub fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer, GpuError> {
         let buf = self.buffer(bytes, label, self.caps.poison)?;
         if self.caps.poison {
-            let nan = f32::NAN.to_le_bytes();
-            let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
-            let bytes: Vec<u8> = (0..buf.size() as usize).map(|i| nan[i % 4]).collect();
-            view.copy_from_slice(&bytes);
-            drop(view);
-            buf.unmap();
+            poison_mapped(&buf)?;
         }
         Ok(buf)
+    }
+
+    /// A free pooled buffer of `size` bytes, if the pool keeps one.
+    fn reuse(&self, size: u64) -> Option<wgpu::Buffer> {
+        let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if p.encoder.is_none() {
+            // Everything recorded has been submitted.
+            pool.release();
+        }
+        pool.take(size)
+    }
+
+    /// A new buffer for the pool, counted.
+    fn pooled_new(&self, size: u64, label: &str, mapped: bool) -> Result<wgpu::Buffer, GpuError> {
+        self.created
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.buffer(size, label, mapped)
     }
 
     /// An activation buffer of at least `bytes` (rounded up to 16): a free
@@ -445,31 +459,58 @@ impl Ctx {
     /// caps ask for it either way.
     pub fn activation(&self, bytes: u64, label: &str) -> Result<Arc<Pooled>, GpuError> {
         let size = bytes.max(16).next_multiple_of(16);
-        let reused = {
-            let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-            if p.encoder.is_none() {
-                // Everything recorded has been submitted.
-                pool.release();
+        let buf = match self.reuse(size) {
+            Some(buf) => {
+                if self.caps.poison {
+                    // Lands after every earlier submission (see pool.rs).
+                    let nan = f32::NAN.to_le_bytes();
+                    let bytes: Vec<u8> = (0..size as usize).map(|i| nan[i % 4]).collect();
+                    self.queue.write_buffer(&buf, 0, &bytes);
+                }
+                buf
             }
-            pool.take(size)
+            None => {
+                let buf = self.pooled_new(size, label, self.caps.poison)?;
+                if self.caps.poison {
+                    poison_mapped(&buf)?;
+                }
+                buf
+            }
         };
-        let Some(buf) = reused else {
-            self.created
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Ok(Pooled::new(self.storage(size, label)?, &self.pool));
-        };
-        if self.caps.poison {
-            // Runs before the next submission, after every earlier one.
-            let nan = f32::NAN.to_le_bytes();
-            let bytes: Vec<u8> = (0..size as usize).map(|i| nan[i % 4]).collect();
-            self.queue.write_buffer(&buf, 0, &bytes);
-        }
         Ok(Pooled::new(buf, &self.pool))
     }
 
-    /// How many activation buffers this device has created (not reused).
-    pub fn activations_created(&self) -> u64 {
+    /// A pooled storage buffer holding `data` (a step's small lists and
+    /// tables): reused like an activation and written through the queue,
+    /// after every earlier submission (see pool.rs) and before the commands
+    /// recorded next.
+    pub fn upload_temp(&self, data: &[u8], label: &str) -> Result<Arc<Pooled>, GpuError> {
+        let size = (data.len() as u64).max(16).next_multiple_of(16);
+        let buf = match self.reuse(size) {
+            Some(buf) => {
+                let mut words = data.to_vec();
+                words.resize(data.len().next_multiple_of(4), 0);
+                if !words.is_empty() {
+                    self.queue.write_buffer(&buf, 0, &words);
+                }
+                buf
+            }
+            None => {
+                let buf = self.pooled_new(size, label, true)?;
+                {
+                    let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
+                    view.slice(..data.len()).copy_from_slice(data);
+                }
+                buf.unmap();
+                buf
+            }
+        };
+        Ok(Pooled::new(buf, &self.pool))
+    }
+
+    /// How many pooled buffers (activations and [`Ctx::upload_temp`]'s)
+    /// this device has created rather than reused.
+    pub fn buffers_created(&self) -> u64 {
         self.created.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -516,6 +557,17 @@ impl Ctx {
         let view = staging.slice(..).get_mapped_range().map_err(map_err)?;
         Ok(view[..len as usize].to_vec())
     }
+}
+
+/// Fills a buffer mapped at creation with NaN and unmaps it.
+fn poison_mapped(buf: &wgpu::Buffer) -> Result<(), GpuError> {
+    let nan = f32::NAN.to_le_bytes();
+    let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
+    let bytes: Vec<u8> = (0..buf.size() as usize).map(|i| nan[i % 4]).collect();
+    view.copy_from_slice(&bytes);
+    drop(view);
+    buf.unmap();
+    Ok(())
 }
 
 fn map_err(e: impl std::fmt::Display) -> GpuError {

@@ -410,7 +410,7 @@ pub(super) fn get_rows(
     }
     let pairs: Vec<[u32; 2]> = per_part.concat();
     let ctx = b.ctx();
-    let pairs_buf = ctx.upload(bytemuck::cast_slice(&pairs), "get_rows pairs")?;
+    let pairs_buf = ctx.upload_temp(bytemuck::cast_slice(&pairs), "get_rows pairs")?;
     let pipe = ctx.pipeline(&KernelKey::new("get_rows").ty(w.ty), || {
         ctx.source(&[QUANT, GET_ROWS], &type_consts(w.ty))
     })?;
@@ -651,8 +651,8 @@ pub(super) fn mul_mat_id(
     } = IdPlan::new(ids, n_used, x_per_tok, n_exp, &parts)?;
 
     let ctx = b.ctx();
-    let toks_buf = ctx.upload(bytemuck::cast_slice(&toks), "mul_mat_id pairs")?;
-    let items_buf = ctx.upload(bytemuck::cast_slice(&items), "mul_mat_id items")?;
+    let toks_buf = ctx.upload_temp(bytemuck::cast_slice(&toks), "mul_mat_id pairs")?;
+    let items_buf = ctx.upload_temp(bytemuck::cast_slice(&items), "mul_mat_id items")?;
     let grid = grid_buffer(b, w.ty)?;
     let g1 = grid.as_deref().map(Arg::Buf);
     let g1 = g1.as_slice();
@@ -798,7 +798,7 @@ fn mul_mat_id_routed_on(
             r.n_used as u32,
             x_per_tok as u32,
         ];
-        let info = ctx.upload(bytemuck::cast_slice(&info), "mul_mat_id_routed part")?;
+        let info = ctx.upload_temp(bytemuck::cast_slice(&info), "mul_mat_id_routed part")?;
         let args = [
             Arg::Buf(&part.buf),
             Arg::Buf(&x.buf),

@@ -67,7 +67,7 @@ fn copy_rows(
     }
     let ctx = b.ctx();
     let pipe = simple(b, "copy_rows", COPY_ROWS, &[], 0)?;
-    let m = ctx.upload(bytemuck::cast_slice(map), "row map")?;
+    let m = ctx.upload_temp(bytemuck::cast_slice(map), "row map")?;
     ctx.dispatch(
         &pipe,
         &[Arg::Buf(&src.buf), Arg::Buf(&dst.buf), Arg::Buf(&m)],
@@ -130,7 +130,7 @@ pub(super) fn add_bias(
         Some(ids) => {
             contract::add_bias_id((x.rows, x.cols), (n, rows), ids)?;
             let bias = bias_buffer("add_bias_id", w)?;
-            let idb = b.ctx().upload(bytemuck::cast_slice(ids), "bias ids")?;
+            let idb = b.ctx().upload_temp(bytemuck::cast_slice(ids), "bias ids")?;
             add_bias_rows(b, x, bias, &idb)?;
         }
     }
@@ -190,7 +190,7 @@ pub(super) fn scale_rows(b: &GpuBackend, x: &mut GpuTensor, s: &[f32]) -> Result
     contract::scale_rows(x.rows, s.len())?;
     let ctx = b.ctx();
     let pipe = simple(b, "scale_rows", SCALE_ROWS, &[("GATE", 0)], 0)?;
-    let sb = ctx.upload(f32s(s), "row scales")?;
+    let sb = ctx.upload_temp(f32s(s), "row scales")?;
     ctx.dispatch(
         &pipe,
         &[Arg::Buf(&x.buf), Arg::Buf(&sb)],
@@ -295,7 +295,7 @@ pub(super) fn rope(
     }
     let flat: Vec<f32> = table.iter().flat_map(|&(c, s)| [c, s]).collect();
     let ctx = b.ctx();
-    let cs = ctx.upload(f32s(&flat), "rope table")?;
+    let cs = ctx.upload_temp(f32s(&flat), "rope table")?;
     let pipe = simple(b, "rope", ROPE, &[], 0)?;
     let n = x.rows * (x.cols / head_dim) * half;
     ctx.dispatch(
@@ -343,7 +343,7 @@ pub(super) fn weighted_sum(
     n_used: usize,
 ) -> Result<GpuTensor, BackendError> {
     let n_tok = contract::weighted_sum(x.rows, w.len(), n_used)?;
-    let wb = b.ctx().upload(f32s(w), "pair weights")?;
+    let wb = b.ctx().upload_temp(f32s(w), "pair weights")?;
     weighted_sum_rows(b, x, &wb, n_tok, n_used)
 }
 

@@ -1,6 +1,7 @@
-//! Activation buffers reused across ops and decode steps, so that a step
-//! of a warm model creates no buffers: no allocation, and none of the
-//! zero-fill wgpu records before a new buffer's first use.
+//! Activation buffers, and the small lists and tables a step uploads
+//! ([`super::Ctx::upload_temp`]), reused across ops and decode steps, so
+//! that a step of a warm model creates none of them: no allocation, and none
+//! of the zero-fill wgpu records before a new buffer's first use.
 //!
 //! A buffer whose last [`Pooled`] handle is dropped is *retired*: commands
 //! recorded but not yet submitted may still read or write it. Retired

@@ -50,7 +50,7 @@ pub(super) fn route(
     let sel = b.tensor(n_tok, n)?;
     let ids = b.tensor(n_tok, r.n_used)?;
     let weights = b.tensor(n_tok, r.n_used)?;
-    let bias = ctx.upload(
+    let bias = ctx.upload_temp(
         bytemuck::cast_slice(select_bias.unwrap_or(&[0.0])),
         "selection bias",
     )?;
