@@ -243,16 +243,20 @@ fn deq4(b: u32, i: u32) -> vec4<f32> {
 
 #if T_MXFP4
 // e: u8 (E8M0), qs: [u8; 16] as Q4_0. x = kv[q] * 2^(e - 128) (doubled grid).
-fn deq4(b: u32, i: u32) -> vec4<f32> {
+// The block's scale 2^(e - 128) from its E8M0 byte at `b` (the grid is
+// doubled).
+fn mxfp4_scale(b: u32) -> f32 {
     let e = ld8(b);
-    let d = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
+    return bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
+}
+
+fn deq4(b: u32, i: u32) -> vec4<f32> {
     let q = nibs4(ld32(b + 1u + (i & 15u)), (i >> 4u) * 4u);
-    return d * kv_mxfp4(q);
+    return mxfp4_scale(b) * kv_mxfp4(q);
 }
 
 fn deq16(b: u32, i: u32) -> mat4x4<f32> {
-    let e = ld8(b);
-    let d = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
+    let d = mxfp4_scale(b);
     let q = ld128(b + 1u);
     let s = (i >> 4u) * 4u;
     return mat4x4<f32>(
