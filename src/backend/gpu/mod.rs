@@ -8,6 +8,7 @@ mod attention;
 mod cols;
 mod context;
 mod device;
+mod id_plan;
 mod matmul;
 mod ops;
 mod pool;
