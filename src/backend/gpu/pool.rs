@@ -10,9 +10,11 @@
 //! nothing is pending). The queue then orders any later use after every
 //! earlier one, for recorded commands and `queue.write_buffer` alike, so
 //! reuse needs no fence; and a reused buffer NaN-filled for tests holds NaN,
-//! not an earlier tensor's values, when the next kernel runs. Free buffers are kept by exact size (activations
-//! of one model recur at the same sizes every step), up to
-//! [`POOL_MAX_BYTES`]; past that, retired buffers are dropped.
+//! not an earlier tensor's values, when the next kernel runs.
+//!
+//! Free buffers are kept by exact size (activations of one model recur at
+//! the same sizes every step), up to [`POOL_MAX_BYTES`]; past that, retired
+//! buffers are dropped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
