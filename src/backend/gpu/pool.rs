@@ -50,7 +50,7 @@ impl Pool {
     }
 }
 
-/// A storage buffer that goes back to its device's [`Pool`] when dropped
+/// A storage buffer that goes back to its device's pool when dropped
 /// (a tensor's clones share one through an `Arc`); it derefs to the
 /// buffer. A buffer from elsewhere (an upload) is wrapped with no pool.
 #[derive(Debug)]
