@@ -294,6 +294,17 @@ fn every_family_decodes_resident_with_one_read_back() {
     assert!(bad.is_empty(), "a resident decode step: {bad:?}");
 }
 
+/// Longhaul with LRU slots under `budget_bytes`, no lookahead, direct reads.
+fn longhaul_lru(budget_bytes: u64) -> LonghaulConfig {
+    LonghaulConfig {
+        budget_bytes,
+        policy: Policy::Lru,
+        prefetch: false,
+        verify: false,
+        direct_io: true,
+    }
+}
+
 #[test]
 fn a_decode_step_reads_back_the_logits_and_longhaul_the_ids_of_each_moe_layer() {
     let g = gpu_util::gpu();
@@ -314,13 +325,7 @@ fn a_decode_step_reads_back_the_logits_and_longhaul_the_ids_of_each_moe_layer() 
         let n_moe = resident.hp.n_layer - resident.hp.n_layer_dense_lead;
         assert_eq!(layers, n_moe, "{name}");
         for slots in [1, resident.hp.n_expert] {
-            let cfg = LonghaulConfig {
-                budget_bytes: (slots * layers) as u64 * per_slot,
-                policy: Policy::Lru,
-                prefetch: false,
-                verify: false,
-                direct_io: true,
-            };
+            let cfg = longhaul_lru((slots * layers) as u64 * per_slot);
             let m = Model::load_with(g.clone(), file.clone(), Some(cfg)).expect("longhaul load");
             let (n, _, got) = readbacks_of_a_step(&g, &m);
             assert_eq!(
@@ -358,13 +363,7 @@ fn a_warm_decode_step_creates_no_pooled_buffers() {
         let longhaul = Model::load_with(
             g.clone(),
             file.clone(),
-            Some(LonghaulConfig {
-                budget_bytes: layers as u64 * per_slot,
-                policy: Policy::Lru,
-                prefetch: false,
-                verify: false,
-                direct_io: true,
-            }),
+            Some(longhaul_lru(layers as u64 * per_slot)),
         )
         .expect("longhaul load");
         for (mode, m) in [("resident", &resident), ("longhaul, 1 slot", &longhaul)] {

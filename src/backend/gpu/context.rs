@@ -431,7 +431,12 @@ impl Ctx {
     pub fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer, GpuError> {
         let buf = self.buffer(bytes, label, self.caps.poison)?;
         if self.caps.poison {
-            poison_mapped(&buf)?;
+            let nan = f32::NAN.to_le_bytes();
+            let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
+            let bytes: Vec<u8> = (0..buf.size() as usize).map(|i| nan[i % 4]).collect();
+            view.copy_from_slice(&bytes);
+            drop(view);
+            buf.unmap();
         }
         Ok(buf)
     }
@@ -447,11 +452,10 @@ impl Ctx {
         pool.take(size)
     }
 
-    /// A new buffer for the pool, counted.
-    fn pooled_new(&self, size: u64, label: &str, mapped: bool) -> Result<wgpu::Buffer, GpuError> {
+    /// Counts a buffer made for the pool rather than taken from it.
+    fn count_new(&self) {
         self.created
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.buffer(size, label, mapped)
     }
 
     /// An activation buffer of at least `bytes` (rounded up to 16): a free
@@ -470,11 +474,8 @@ impl Ctx {
                 buf
             }
             None => {
-                let buf = self.pooled_new(size, label, self.caps.poison)?;
-                if self.caps.poison {
-                    poison_mapped(&buf)?;
-                }
-                buf
+                self.count_new();
+                self.storage(size, label)?
             }
         };
         Ok(Pooled::new(buf, &self.pool))
@@ -496,13 +497,8 @@ impl Ctx {
                 buf
             }
             None => {
-                let buf = self.pooled_new(size, label, true)?;
-                {
-                    let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
-                    view.slice(..data.len()).copy_from_slice(data);
-                }
-                buf.unmap();
-                buf
+                self.count_new();
+                self.upload(data, label)?
             }
         };
         Ok(Pooled::new(buf, &self.pool))
@@ -557,17 +553,6 @@ impl Ctx {
         let view = staging.slice(..).get_mapped_range().map_err(map_err)?;
         Ok(view[..len as usize].to_vec())
     }
-}
-
-/// Fills a buffer mapped at creation with NaN and unmaps it.
-fn poison_mapped(buf: &wgpu::Buffer) -> Result<(), GpuError> {
-    let nan = f32::NAN.to_le_bytes();
-    let mut view = buf.slice(..).get_mapped_range_mut().map_err(map_err)?;
-    let bytes: Vec<u8> = (0..buf.size() as usize).map(|i| nan[i % 4]).collect();
-    view.copy_from_slice(&bytes);
-    drop(view);
-    buf.unmap();
-    Ok(())
 }
 
 fn map_err(e: impl std::fmt::Display) -> GpuError {
