@@ -1,5 +1,6 @@
 //! Achieved memory bandwidth of the GPU mat-vec kernels against the
-//! adapter's: `cargo bench --bench gpu_bandwidth [-- --gpu-bw GBPS] [-r N]`.
+//! adapter's: `cargo bench --bench gpu_bandwidth [-- --gpu-bw GBPS] [-r N]
+//! [--types q4_K,q8_0]`.
 //!
 //! Each row multiplies one weight by one activation row `N` times in one
 //! submission, then reads the last result back; GB/s is the weight bytes
@@ -7,7 +8,7 @@
 //! bytes at these shapes). The adapter's bandwidth is `--gpu-bw` (decimal
 //! GB/s, e.g. 4800 for an H200's HBM3e) or, without it, measured here with
 //! buffer copies (a copy reads and writes each byte: 2 x bytes over time).
-//! Shapes: Qwen3-30B-A3B's expert matrices (2048 -> 768, 768 -> 2048) and
+//! Shapes: a small one for the fixed cost of a mat-vec, Qwen3-30B-A3B's expert matrices (2048 -> 768, 768 -> 2048) and
 //! its output projection (2048 -> 151936). The adapter is the default one
 //! or `LONGHAUL_DEVICE=NAME`; a software adapter (lavapipe) only shows that
 //! the bench runs.
@@ -34,8 +35,10 @@ const TYPES: [GgmlType; 8] = [
     GgmlType::F16,
 ];
 
-/// (name, row length k, rows n).
-const SHAPES: [(&str, usize, usize); 3] = [
+/// (name, row length k, rows n). The first is small enough that its time
+/// is the fixed cost of one mat-vec (recording, dispatch, launch).
+const SHAPES: [(&str, usize, usize); 4] = [
+    ("fixed cost 256x64", 256, 64),
     ("30B-A3B gate/up 2048x768", 2048, 768),
     ("30B-A3B down 768x2048", 768, 2048),
     ("output 2048x151936", 2048, 151_936),
@@ -74,7 +77,8 @@ fn copy_bandwidth(g: &GpuBackend, reps: usize) -> Result<f64, String> {
     Ok(2.0 * bytes as f64 * reps as f64 / s / 1e9)
 }
 
-/// Seconds per mat-vec of `ty` at `k x n`, over `reps` in one submission,
+/// Seconds per mat-vec of `ty` at `k x n`, over `reps` in one submission
+/// after a warm-up,
 /// and the weight's bytes; why not, where the type cannot be made or run.
 fn matvec_seconds(
     g: &GpuBackend,
@@ -110,8 +114,47 @@ fn matvec_seconds(
         g.to_host(&last?).ok()?;
         Some(t0.elapsed().as_secs_f64())
     };
-    once(1).ok_or("unsupported")?;
+    // Warm up for 300 ms: pipelines compiled, buffers pooled, clocks up.
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < 0.3 {
+        once(reps.max(1)).ok_or("unsupported")?;
+    }
     Ok((once(reps).ok_or("unsupported")? / reps as f64, len))
+}
+
+/// Host time to record one small mat-vec (Q8_0, 256 x 64): `n` calls below
+/// one submission's limit, timed before anything is submitted or awaited.
+fn record_seconds(g: &GpuBackend, n: usize) -> Result<f64, &'static str> {
+    let (k, rows) = (256, 64);
+    let bytes = quantize_row(GgmlType::Q8_0, &gpu_util::randn(k * rows, 7, 1.0))
+        .map_err(|_| "no quantiser")?;
+    let info = gguf::TensorInfo {
+        name: "rec".into(),
+        dims: vec![k as u64, rows as u64],
+        ty: GgmlType::Q8_0,
+        shard: 0,
+        offset: 0,
+        len: bytes.len() as u64,
+    };
+    let w = g
+        .weight_from_bytes(&info, bytes)
+        .map_err(|_| "unsupported")?;
+    let x = g
+        .from_host(gpu_util::randn(k, 3, 1.0), 1, k)
+        .map_err(|_| "unsupported")?;
+    let mut outs = Vec::with_capacity(n);
+    let mut time = || -> Result<f64, &'static str> {
+        g.to_host(&g.matmul(&w, &x).map_err(|_| "unsupported")?)
+            .map_err(|_| "read-back")?;
+        outs.clear();
+        let t0 = Instant::now();
+        for _ in 0..n {
+            outs.push(g.matmul(&w, &x).map_err(|_| "unsupported")?);
+        }
+        Ok(t0.elapsed().as_secs_f64() / n as f64)
+    };
+    time()?;
+    time()
 }
 
 fn main() {
@@ -135,10 +178,20 @@ fn main() {
             }
         },
     };
-    println!("adapter bandwidth: {bw:.1} GB/s ({source})\n");
+    println!("adapter bandwidth: {bw:.1} GB/s ({source})");
+    match record_seconds(&g, 400) {
+        Ok(s) => println!("host time to record one mat-vec: {:.1} us\n", s * 1e6),
+        Err(why) => println!("host time to record one mat-vec: - ({why})\n"),
+    }
     println!("| type | shape | weight MiB | us/mat-vec | GB/s | % of bandwidth |");
     println!("| --- | --- | ---: | ---: | ---: | ---: |");
-    for ty in TYPES {
+    // --types q4_K,q8_0: only these (ggml names).
+    let only = arg("--types");
+    let wanted = |ty: GgmlType| {
+        only.as_deref()
+            .is_none_or(|l| l.split(',').any(|n| n.eq_ignore_ascii_case(ty.name())))
+    };
+    for ty in TYPES.into_iter().filter(|&t| wanted(t)) {
         for (name, k, n) in SHAPES {
             match matvec_seconds(&g, ty, k, n, reps) {
                 Ok((s, bytes)) => {

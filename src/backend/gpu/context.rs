@@ -57,9 +57,16 @@ impl KernelKey {
 
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
+    /// The compute pass consecutive dispatches are recorded into (one pass
+    /// for a run of dispatches, not one each: wgpu still orders each
+    /// dispatch after the writes of the ones before it). Ended before any
+    /// other command and before the encoder is submitted.
+    pass: Option<wgpu::ComputePass<'static>>,
     dispatches: usize,
-    /// Bytes of [`Ctx::params`] taken by the dispatches recorded so far.
-    params_used: u64,
+    /// The parameters of the dispatches recorded so far, at their offsets
+    /// in [`Ctx::params`]: written with one `write_buffer` at submission,
+    /// not one per dispatch (each write stages a buffer of its own).
+    params: Vec<u8>,
 }
 
 /// Submit after this many recorded dispatches, so memory held by finished
@@ -154,8 +161,9 @@ impl Ctx {
             tables: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending {
                 encoder: None,
+                pass: None,
                 dispatches: 0,
-                params_used: 0,
+                params: Vec::new(),
             }),
             failed,
         }
@@ -273,13 +281,13 @@ impl Ctx {
             let mut words = params.to_vec();
             words.resize(params.len().div_ceil(4) * 4, 0);
             let size = (words.len() * 4) as u64;
-            if p.params_used + size.next_multiple_of(self.params_align) > self.params.size() {
+            let offset = (p.params.len() as u64).next_multiple_of(self.params_align);
+            if offset + size > self.params.size() {
                 self.submit_locked(&mut p);
             }
-            let offset = p.params_used;
-            p.params_used += size.next_multiple_of(self.params_align);
-            self.queue
-                .write_buffer(&self.params, offset, bytemuck::cast_slice(&words));
+            let offset = (p.params.len() as u64).next_multiple_of(self.params_align);
+            p.params.resize(offset as usize, 0);
+            p.params.extend_from_slice(bytemuck::cast_slice(&words));
             entries.push(wgpu::BindGroupEntry {
                 binding: args.len() as u32,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -301,15 +309,21 @@ impl Ctx {
                 entries: &bind_entries(group1),
             })
         });
-        self.record_locked(&mut p, |enc| {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            pass.set_pipeline(pipe);
-            pass.set_bind_group(0, &bg, &[]);
-            if let Some(bg1) = &bg1 {
-                pass.set_bind_group(1, bg1, &[]);
-            }
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        });
+        let pass = match p.pass.take() {
+            Some(pass) => pass,
+            None => self
+                .encoder_locked(&mut p)
+                .begin_compute_pass(&wgpu::ComputePassDescriptor::default())
+                .forget_lifetime(),
+        };
+        let pass = p.pass.insert(pass);
+        pass.set_pipeline(pipe);
+        pass.set_bind_group(0, &bg, &[]);
+        if let Some(bg1) = &bg1 {
+            pass.set_bind_group(1, bg1, &[]);
+        }
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        self.counted_locked(&mut p);
     }
 
     /// Records commands into the pending encoder (submitted in order with
@@ -320,11 +334,22 @@ impl Ctx {
     }
 
     fn record_locked(&self, p: &mut Pending, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        let enc = p.encoder.get_or_insert_with(|| {
+        // The encoder is locked while a pass is open: end it first.
+        p.pass = None;
+        f(self.encoder_locked(p));
+        self.counted_locked(p);
+    }
+
+    /// The pending encoder, made on first use.
+    fn encoder_locked<'p>(&self, p: &'p mut Pending) -> &'p mut wgpu::CommandEncoder {
+        p.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
-        });
-        f(enc);
+        })
+    }
+
+    /// Counts a recorded command; submits after [`MAX_PENDING`].
+    fn counted_locked(&self, p: &mut Pending) {
         p.dispatches += 1;
         self.recorded
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -333,10 +358,17 @@ impl Ctx {
         }
     }
 
-    /// Submits the pending encoder; the parameter buffer starts over.
+    /// Submits the pending encoder after writing the dispatches' parameters;
+    /// the parameter buffer starts over.
     fn submit_locked(&self, p: &mut Pending) {
         p.dispatches = 0;
-        p.params_used = 0;
+        p.pass = None;
+        if !p.params.is_empty() {
+            // Lands before the submission's commands, after every earlier
+            // submission's (queue order), so offset 0 can be reused.
+            self.queue.write_buffer(&self.params, 0, &p.params);
+            p.params.clear();
+        }
         if let Some(enc) = p.encoder.take() {
             self.submits
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
