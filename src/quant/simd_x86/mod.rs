@@ -390,19 +390,9 @@ pub(super) unsafe fn dot_q4_1_with<S: LaneSums>(w: &[BlockQ4_1], a: &[BlockQ8_1]
 pub(super) unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     each_block(w, a, |x, y, d, _| {
-        let xp = x.qs.as_ptr() as *const __m128i;
-        let yp = y.qs.as_ptr() as *const __m128i;
-        let lo = _mm256_madd_epi16(
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(xp)),
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(yp)),
-        );
-        let hi = _mm256_madd_epi16(
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(xp.add(1))),
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(yp.add(1))),
-        );
-        // hadd gives bytes [0-3, 4-7, 16-19, 20-23 | 8-11, 12-15, 24-27,
-        // 28-31]; the permute puts the four 8-byte groups in order.
-        let p = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
+        // ggml's `mul_sum_i8_pairs_float(qx, qy)`: the weights may hold
+        // -128 (its magnitude is the unsigned 128); the activations do not.
+        let p = mul_sum_i8_pairs(load32(&x.qs), load32(&y.qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     });
     hsum_ps(acc)

@@ -420,24 +420,30 @@ unsafe fn dpw_avx2(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(x, y))
 }
 
-/// A Q8_0 block's bytes widened to i16 (both halves).
+/// A Q8_0 weight block for the sign trick: its magnitudes and its bytes.
+/// A byte of -128 has the magnitude 128 as an unsigned byte, and two such
+/// products with activations in `[-127, 127]` sum to at most 32512, so
+/// `maddubs` never saturates.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_widen(qs: &[i8; 32]) -> [__m256i; 2] {
-    let p = qs.as_ptr() as *const __m128i;
-    [
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(p)),
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(1))),
-    ]
+unsafe fn q8w_sign(qs: &[i8; 32]) -> [__m256i; 2] {
+    let x = load32(qs);
+    [_mm256_sign_epi8(x, x), x]
 }
 
-/// The lanes of `dot_q8_0_avx2` from widened blocks.
+/// A Q8_0 activation block (its values lie in `[-127, 127]`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_pair_avx2(x: &[__m256i; 2], y: &[__m256i; 2]) -> __m256i {
-    let lo = _mm256_madd_epi16(x[0], y[0]);
-    let hi = _mm256_madd_epi16(x[1], y[1]);
-    _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8)
+unsafe fn q8a_load(qs: &[i8; 32]) -> __m256i {
+    load32(qs)
+}
+
+/// The lanes of `dot_q8_0_avx2` (`mul_sum_i8_pairs`) from a prepared
+/// weight block: `|x| * sign(y, x)` per byte, four bytes to a lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8p_sign(x: &[__m256i; 2], y: &__m256i) -> __m256i {
+    mul_sum_u8_i8(x[0], _mm256_sign_epi8(*y, x[1]))
 }
 
 tile_kernels!(
@@ -445,9 +451,9 @@ tile_kernels!(
     "avx2,fma,f16c",
     dp_avx2,
     dpw_avx2,
-    q8_widen,
-    q8_widen,
-    q8_pair_avx2
+    q8w_sign,
+    q8a_load,
+    q8p_sign
 );
 
 macro_rules! shapes {
