@@ -564,6 +564,21 @@ unsafe fn dot_q4_k_avx2(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     hsum_ps(acc) + hsum_ps4(acc_m)
 }
 
+/// Row `i` picks Q6_K scale `2i` into bytes 0..8 and `2i + 1` into 8..16.
+const Q6K_SCALE_PICK: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut j = 0;
+        while j < 16 {
+            t[i][j] = (2 * i + j / 8) as u8;
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
@@ -576,6 +591,7 @@ unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr() as *const __m128i));
         let bias = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+        let sc8 = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
         let mut sumi = _mm256_set1_epi32(0);
         for h in 0..2 {
             let ql0 = _mm256_loadu_si256(x.ql.as_ptr().add(64 * h) as *const __m256i);
@@ -599,10 +615,10 @@ unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
             for (k, q) in q.iter().enumerate() {
                 let g = 8 * h + 2 * k;
                 let p = _mm256_maddubs_epi16(*q, load32(&y.qs[128 * h + 32 * k..]));
-                let s = _mm256_set_m128i(
-                    _mm_set1_epi16(x.scales[g + 1] as i16),
-                    _mm_set1_epi16(x.scales[g] as i16),
-                );
+                // Scales g (low half) and g + 1 (high half) as i16, picked
+                // by a byte shuffle, as ggml's `get_scale_shuffle`.
+                let pick = _mm_loadu_si128(Q6K_SCALE_PICK[g / 2].as_ptr() as *const __m128i);
+                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
