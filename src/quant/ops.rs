@@ -311,6 +311,7 @@ macro_rules! avx2_tiles {
 }
 
 avx2_tiles!(
+    BlockQ4_0 => tile_q4_0,
     BlockIQ2XXS => tile_iq2_xxs,
     BlockIQ2XS => tile_iq2_xs,
     BlockIQ2S => tile_iq2_s,
@@ -327,7 +328,6 @@ avx2_tiles!(
 impl TileKernels for f32 {}
 impl TileKernels for f16 {}
 impl TileKernels for bf16 {}
-impl TileKernels for BlockQ4_0 {}
 impl TileKernels for BlockQ5_1 {}
 impl TileKernels for BlockQ2K {}
 impl TileKernels for BlockQ3K {}

@@ -398,25 +398,6 @@ pub(super) unsafe fn dot_q8_0_avx2(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     hsum_ps(acc)
 }
 
-/// Shared kernel of the 4-bit lookup formats (MXFP4, IQ4_NL) against Q8_0.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_lut4<W: BlockScales<BlockQ8_0>>(
-    table: &[i8; 16],
-    w: &[W],
-    a: &[BlockQ8_0],
-    qs: impl Fn(&W) -> &[u8; 16],
-) -> f32 {
-    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
-    let mut acc = _mm256_setzero_ps();
-    each_block(w, a, |x, y, d, _| {
-        let vals = _mm256_shuffle_epi8(lut, nibbles_32(qs(x)));
-        let p = mul_sum_i8_pairs(vals, load32(&y.qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    });
-    hsum_ps(acc)
-}
-
 /// `ggml_vec_dot_mxfp4_q8_0`'s AVX2 path, to the bit: block pairs in two
 /// 8-lane FMA chains (even and odd blocks), `hsum(acc1 + acc2)`, then an odd
 /// last block by [`lut4_tail`].
@@ -494,26 +475,6 @@ pub(super) unsafe fn dot_iq4_nl_with<S: LaneSums>(w: &[BlockIQ4NL], a: &[BlockQ8
     let scale = |x: &BlockIQ4NL, y: &BlockQ8_0| h2f_mul(y.d.to_bits(), x.d.to_bits());
     let (s, even) = lut4_pairs::<S, _>(&KVALUES_IQ4NL, w, a, |x| &x.qs, scale);
     lut4_tail(&KVALUES_IQ4NL, s, &w[even..], &a[even..], |x| &x.qs, scale)
-}
-
-/// IQ4_NL blocks in one 8-lane FMA chain: llamafile's tinyBLAS
-/// (`tinyBLAS_Q0_AVX`, what ggml's CPU backend runs for two or more
-/// activation rows), per output.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_iq4_nl_chain_avx2(w: &[BlockIQ4NL], a: &[BlockQ8_0]) -> f32 {
-    dot_lut4(&KVALUES_IQ4NL, w, a, |x| &x.qs)
-}
-
-/// The tinyBLAS tile of IQ4_NL: [`dot_iq4_nl_chain_avx2`] for every pair
-/// (see `TileFn`; rows of `nb` blocks).
-pub(crate) fn tile_iq4_nl(nb: usize, w: &[BlockIQ4NL], a: &[BlockQ8_0], out: &mut [f32]) {
-    let n_rows = w.len() / nb;
-    for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nb)) {
-        for (o, row) in o.iter_mut().zip(w.chunks_exact(nb)) {
-            // SAFETY: only selected when CpuCaps::has_avx2() (see module docs).
-            *o = unsafe { dot_iq4_nl_chain_avx2(row, act) };
-        }
-    }
 }
 
 /// The min term of one Q4_K / Q5_K block as ggml's AVX2 kernel keeps it:
@@ -868,6 +829,6 @@ pub(crate) use iq2_tiles::{tile_iq2_s, tile_iq2_xs, tile_iq2_xxs};
 
 mod tiles;
 pub(super) use tiles::{
-    drive, prefetch_rows, shapes, tile_kernels, tile_q4_1, tile_q4_k, tile_q5_0, tile_q8_0,
-    tile_shape, tile_wrapper, Shapes, PREFETCH_ROWS,
+    drive, prefetch_rows, shapes, tile_iq4_nl, tile_kernels, tile_q4_0, tile_q4_1, tile_q4_k,
+    tile_q5_0, tile_q8_0, tile_shape, tile_wrapper, Shapes, PREFETCH_ROWS,
 };

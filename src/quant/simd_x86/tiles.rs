@@ -156,7 +156,7 @@ macro_rules! tile_kernels {
             /// Lane `r` (< 4) of both 128-bit halves, broadcast.
             #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn lane(v: __m256, r: usize) -> __m256 {
+            pub(in crate::quant) unsafe fn lane(v: __m256, r: usize) -> __m256 {
                 match r {
                     0 => _mm256_permute_ps::<0x00>(v),
                     1 => _mm256_permute_ps::<0x55>(v),
@@ -168,7 +168,7 @@ macro_rules! tile_kernels {
             /// Four halves as four floats.
             #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn halves4(h: [u16; 4]) -> __m128 {
+            pub(in crate::quant) unsafe fn halves4(h: [u16; 4]) -> __m128 {
                 let bits =
                     h[0] as u64 | (h[1] as u64) << 16 | (h[2] as u64) << 32 | (h[3] as u64) << 48;
                 _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
@@ -456,6 +456,111 @@ tile_kernels!(
     q8p_sign
 );
 
+/// The 32-weight blocks whose values decode to signed bytes, against Q8_0
+/// activations: what llamafile's `tinyBLAS_Q0_AVX` multiplies (ggml's CPU
+/// backend hands it two or more activation rows of these types).
+pub(in crate::quant) trait Q0Block {
+    /// The block's f16 scale, as bits.
+    fn d_bits(&self) -> u16;
+    /// The 32 values as signed bytes (tinyBLAS's `load`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; inlined into the AVX2 tile kernel.
+    unsafe fn values(&self) -> __m256i;
+}
+
+impl Q0Block for BlockQ4_0 {
+    #[inline(always)]
+    fn d_bits(&self) -> u16 {
+        self.d.to_bits()
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> __m256i {
+        _mm256_sub_epi8(nibbles_32(&self.qs), _mm256_set1_epi8(8))
+    }
+}
+
+impl Q0Block for BlockIQ4NL {
+    #[inline(always)]
+    fn d_bits(&self) -> u16 {
+        self.d.to_bits()
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> __m256i {
+        let lut = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(lut), nibbles_32(&self.qs))
+    }
+}
+
+/// `tinyBLAS_Q0_AVX` for `R <= 4` rows x `T` activations: per pair and
+/// block `acc = fma(dw * da, lanes, acc)`, the lanes by the sign trick,
+/// then `hsum`. Each weight block is decoded once for the `T` activations.
+pub(in crate::quant) mod q0_tiles {
+    use super::*;
+    use crate::quant::simd_x86::{h2f, hsum_ps, load32, mul_sum_u8_i8};
+    use avx2_tiles::{halves4, lane};
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q0<B: Q0Block, const R: usize, const T: usize>(
+        nb: usize,
+        w: *const B,
+        a: *const BlockQ8_0,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for b in 0..nb {
+            let mut hd = [0u16; 4];
+            let mut ax = [_mm256_setzero_si256(); R];
+            let mut x = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                let blk = &*w.add(r * nb + b);
+                hd[r] = blk.d_bits();
+                x[r] = blk.values();
+                ax[r] = _mm256_sign_epi8(x[r], x[r]);
+            }
+            let xd = halves4(hd);
+            let xd8 = _mm256_set_m128(xd, xd);
+            for t in 0..T {
+                let y = &*a.add(t * nb + b);
+                let dv = _mm256_mul_ps(xd8, _mm256_set1_ps(h2f(y.d)));
+                let yq = load32(&y.qs);
+                for r in 0..R {
+                    let p = mul_sum_u8_i8(ax[r], _mm256_sign_epi8(yq, x[r]));
+                    acc[r][t] = _mm256_fmadd_ps(lane(dv, r), _mm256_cvtepi32_ps(p), acc[r][t]);
+                }
+            }
+        }
+        for t in 0..T {
+            for r in 0..R {
+                *out.add(t * ld + r) = hsum_ps(acc[r][t]);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in crate::quant) unsafe fn q4_0<const R: usize, const T: usize>(
+        nb: usize,
+        w: *const BlockQ4_0,
+        a: *const BlockQ8_0,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        q0::<BlockQ4_0, R, T>(nb, w, a, out, ld)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in crate::quant) unsafe fn iq4_nl<const R: usize, const T: usize>(
+        nb: usize,
+        w: *const BlockIQ4NL,
+        a: *const BlockQ8_0,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        q0::<BlockIQ4NL, R, T>(nb, w, a, out, ld)
+    }
+}
+
 macro_rules! shapes {
     ($m:ident :: $k:ident, ($r:literal x $t:literal), gen $g:literal) => {
         Shapes {
@@ -507,4 +612,16 @@ tile_wrapper!(
     BlockQ4K,
     BlockQ8K,
     shapes!(avx2_tiles::q4_k, (2 x 2), gen 4)
+);
+tile_wrapper!(
+    tile_q4_0,
+    BlockQ4_0,
+    BlockQ8_0,
+    shapes!(q0_tiles::q4_0, (4 x 2), gen 4)
+);
+tile_wrapper!(
+    tile_iq4_nl,
+    BlockIQ4NL,
+    BlockQ8_0,
+    shapes!(q0_tiles::iq4_nl, (4 x 2), gen 4)
 );
