@@ -500,6 +500,9 @@ pub(in crate::quant) mod q0_tiles {
     use crate::quant::simd_x86::{h2f, hsum_ps, load32, mul_sum_u8_i8};
     use avx2_tiles::{halves4, lane};
 
+    // Indexed loops: `r` and `t` pick a register of the R x T tile in
+    // several arrays at once, as in the macro-generated kernels above.
+    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q0<B: Q0Block, const R: usize, const T: usize>(
         nb: usize,
