@@ -77,16 +77,21 @@ fn copy_bandwidth(g: &GpuBackend, reps: usize) -> Result<f64, String> {
     Ok(2.0 * bytes as f64 * reps as f64 / s / 1e9)
 }
 
-/// Seconds per mat-vec of `ty` at `k x n`, over `reps` in one submission
-/// after a warm-up,
-/// and the weight's bytes; why not, where the type cannot be made or run.
-fn matvec_seconds(
+/// A random `k x n` weight of `ty` on the GPU, a random activation row, and
+/// the weight's bytes; why not, where the type cannot be made or run.
+fn operands(
     g: &GpuBackend,
     ty: GgmlType,
     k: usize,
     n: usize,
-    reps: usize,
-) -> Result<(f64, u64), &'static str> {
+) -> Result<
+    (
+        <GpuBackend as Backend>::Weight,
+        <GpuBackend as Backend>::Tensor,
+        u64,
+    ),
+    &'static str,
+> {
     let vals = gpu_util::randn(k * n, 7, 1.0);
     // The i-quants below 4 bits have no quantiser here (llama-quantize makes them).
     let bytes = quantize_row(ty, &vals).map_err(|_| "no quantiser here")?;
@@ -105,6 +110,20 @@ fn matvec_seconds(
     let x = g
         .from_host(gpu_util::randn(k, 3, 1.0), 1, k)
         .map_err(|_| "unsupported")?;
+    Ok((w, x, len))
+}
+
+/// Seconds per mat-vec of `ty` at `k x n`, over `reps` in one submission
+/// after a warm-up, and the weight's bytes; why not, where the type cannot
+/// be made or run.
+fn matvec_seconds(
+    g: &GpuBackend,
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    reps: usize,
+) -> Result<(f64, u64), &'static str> {
+    let (w, x, len) = operands(g, ty, k, n)?;
     let once = |r: usize| -> Option<f64> {
         let t0 = Instant::now();
         let mut last = None;
@@ -125,23 +144,7 @@ fn matvec_seconds(
 /// Host time to record one small mat-vec (Q8_0, 256 x 64): `n` calls below
 /// one submission's limit, timed before anything is submitted or awaited.
 fn record_seconds(g: &GpuBackend, n: usize) -> Result<f64, &'static str> {
-    let (k, rows) = (256, 64);
-    let bytes = quantize_row(GgmlType::Q8_0, &gpu_util::randn(k * rows, 7, 1.0))
-        .map_err(|_| "no quantiser")?;
-    let info = gguf::TensorInfo {
-        name: "rec".into(),
-        dims: vec![k as u64, rows as u64],
-        ty: GgmlType::Q8_0,
-        shard: 0,
-        offset: 0,
-        len: bytes.len() as u64,
-    };
-    let w = g
-        .weight_from_bytes(&info, bytes)
-        .map_err(|_| "unsupported")?;
-    let x = g
-        .from_host(gpu_util::randn(k, 3, 1.0), 1, k)
-        .map_err(|_| "unsupported")?;
+    let (w, x, _) = operands(g, GgmlType::Q8_0, 256, 64)?;
     let mut outs = Vec::with_capacity(n);
     let mut time = || -> Result<f64, &'static str> {
         g.to_host(&g.matmul(&w, &x).map_err(|_| "unsupported")?)
