@@ -186,11 +186,10 @@ unsafe fn dpw_vnni(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
     _mm256_dpwssd_epi32(acc, x, y)
 }
 
-/// A Q8_0 weight block offset to unsigned bytes (`x + 128`).
+/// A weight block's values offset to unsigned bytes (`x + 128`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8w_vnni(qs: &[i8; 32]) -> [__m256i; 2] {
-    let x = _mm256_loadu_si256(qs.as_ptr() as *const __m256i);
+unsafe fn q8w_vnni(x: __m256i) -> [__m256i; 2] {
     [
         _mm256_xor_si256(x, _mm256_set1_epi8(-128)),
         _mm256_setzero_si256(),

@@ -281,11 +281,12 @@ impl Ctx {
             let mut words = params.to_vec();
             words.resize(params.len().div_ceil(4) * 4, 0);
             let size = (words.len() * 4) as u64;
-            let offset = (p.params.len() as u64).next_multiple_of(self.params_align);
+            let mut offset = (p.params.len() as u64).next_multiple_of(self.params_align);
             if offset + size > self.params.size() {
+                // Submitting writes the parameters so far and starts over.
                 self.submit_locked(&mut p);
+                offset = 0;
             }
-            let offset = (p.params.len() as u64).next_multiple_of(self.params_align);
             p.params.resize(offset as usize, 0);
             p.params.extend_from_slice(bytemuck::cast_slice(&words));
             entries.push(wgpu::BindGroupEntry {
@@ -473,21 +474,35 @@ impl Ctx {
         Ok(buf)
     }
 
-    /// A free pooled buffer of `size` bytes, if the pool keeps one.
-    fn reuse(&self, size: u64) -> Option<wgpu::Buffer> {
-        let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        if p.encoder.is_none() {
-            // Everything recorded has been submitted.
-            pool.release();
-        }
-        pool.take(size)
-    }
-
-    /// Counts a buffer made for the pool rather than taken from it.
-    fn count_new(&self) {
-        self.created
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// A pooled buffer of `size` bytes: a free one from the pool, passed to
+    /// `reused` to be written through the queue, else `new()`.
+    fn pooled(
+        &self,
+        size: u64,
+        reused: impl FnOnce(&wgpu::Buffer),
+        new: impl FnOnce() -> Result<wgpu::Buffer, GpuError>,
+    ) -> Result<Arc<Pooled>, GpuError> {
+        let free = {
+            let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            if p.encoder.is_none() {
+                // Everything recorded has been submitted.
+                pool.release();
+            }
+            pool.take(size)
+        };
+        let buf = match free {
+            Some(buf) => {
+                reused(&buf);
+                buf
+            }
+            None => {
+                self.created
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                new()?
+            }
+        };
+        Ok(Pooled::new(buf, &self.pool))
     }
 
     /// An activation buffer of at least `bytes` (rounded up to 16): a free
@@ -495,22 +510,15 @@ impl Ctx {
     /// caps ask for it either way.
     pub fn activation(&self, bytes: u64, label: &str) -> Result<Arc<Pooled>, GpuError> {
         let size = bytes.max(16).next_multiple_of(16);
-        let buf = match self.reuse(size) {
-            Some(buf) => {
-                if self.caps.poison {
-                    // Lands after every earlier submission (see pool.rs).
-                    let nan = f32::NAN.to_le_bytes();
-                    let bytes: Vec<u8> = (0..size as usize).map(|i| nan[i % 4]).collect();
-                    self.queue.write_buffer(&buf, 0, &bytes);
-                }
-                buf
-            }
-            None => {
-                self.count_new();
-                self.storage(size, label)?
+        let poison = |buf: &wgpu::Buffer| {
+            if self.caps.poison {
+                // Lands after every earlier submission (see pool.rs).
+                let nan = f32::NAN.to_le_bytes();
+                let bytes: Vec<u8> = (0..size as usize).map(|i| nan[i % 4]).collect();
+                self.queue.write_buffer(buf, 0, &bytes);
             }
         };
-        Ok(Pooled::new(buf, &self.pool))
+        self.pooled(size, poison, || self.storage(size, label))
     }
 
     /// A pooled storage buffer holding `data` (a step's small lists and
@@ -519,21 +527,14 @@ impl Ctx {
     /// recorded next.
     pub fn upload_temp(&self, data: &[u8], label: &str) -> Result<Arc<Pooled>, GpuError> {
         let size = (data.len() as u64).max(16).next_multiple_of(16);
-        let buf = match self.reuse(size) {
-            Some(buf) => {
-                let mut words = data.to_vec();
-                words.resize(data.len().next_multiple_of(4), 0);
-                if !words.is_empty() {
-                    self.queue.write_buffer(&buf, 0, &words);
-                }
-                buf
-            }
-            None => {
-                self.count_new();
-                self.upload(data, label)?
+        let write = |buf: &wgpu::Buffer| {
+            let mut words = data.to_vec();
+            words.resize(data.len().next_multiple_of(4), 0);
+            if !words.is_empty() {
+                self.queue.write_buffer(buf, 0, &words);
             }
         };
-        Ok(Pooled::new(buf, &self.pool))
+        self.pooled(size, write, || self.upload(data, label))
     }
 
     /// How many pooled buffers (activations and [`Ctx::upload_temp`]'s)

@@ -830,5 +830,5 @@ pub(crate) use iq2_tiles::{tile_iq2_s, tile_iq2_xs, tile_iq2_xxs};
 mod tiles;
 pub(super) use tiles::{
     drive, prefetch_rows, shapes, tile_iq4_nl, tile_kernels, tile_q4_0, tile_q4_1, tile_q4_k,
-    tile_q5_0, tile_q8_0, tile_shape, tile_wrapper, Shapes, PREFETCH_ROWS,
+    tile_q5_0, tile_q8_0, tile_shape, tile_wrapper, Q0Block, Shapes, PREFETCH_ROWS,
 };

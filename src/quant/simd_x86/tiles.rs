@@ -138,8 +138,9 @@ pub(in crate::quant) unsafe fn prefetch_rows<W>(p: *const W, n: usize) {
 /// The micro-kernels of the tile kernels, generated once per instruction
 /// set: `$dp(acc, u, s)` adds the sums of four adjacent products of unsigned
 /// `u` (small enough that `maddubs` cannot saturate) and signed `s` to the
-/// i32 lanes of `acc`; `$dpw(acc, x, y)` adds `madd_epi16(x, y)`; `$q8w`,
-/// `$q8a` prepare a Q8_0 weight and activation block and `$q8p` gives their
+/// i32 lanes of `acc`; `$dpw(acc, x, y)` adds `madd_epi16(x, y)`; `$q8w`
+/// prepares a weight block's values ([`Q0Block::values`]), `$q8a` a Q8_0
+/// activation block, and `$q8p` gives their
 /// products as i32 lanes, each the sum of four adjacent byte products.
 /// All are exact integer operations, so the lanes equal the one-row
 /// kernels' lanes whatever instructions compute them.
@@ -149,14 +150,14 @@ macro_rules! tile_kernels {
             #[allow(unused_imports)]
             use super::*;
             use $crate::quant::simd_x86::{
-                bits_32, h2f, h2f_pair, hsum_ps, hsum_ps4, load32, nibbles_32,
+                bits_32, h2f, h2f_pair, hsum_ps, hsum_ps4, load32, nibbles_32, Q0Block,
             };
             use $crate::quant::{BlockQ4K, BlockQ4_1, BlockQ5_0, BlockQ8K, BlockQ8_0, BlockQ8_1};
 
             /// Lane `r` (< 4) of both 128-bit halves, broadcast.
             #[inline]
             #[target_feature(enable = $feat)]
-            pub(in crate::quant) unsafe fn lane(v: __m256, r: usize) -> __m256 {
+            unsafe fn lane(v: __m256, r: usize) -> __m256 {
                 match r {
                     0 => _mm256_permute_ps::<0x00>(v),
                     1 => _mm256_permute_ps::<0x55>(v),
@@ -168,7 +169,7 @@ macro_rules! tile_kernels {
             /// Four halves as four floats.
             #[inline]
             #[target_feature(enable = $feat)]
-            pub(in crate::quant) unsafe fn halves4(h: [u16; 4]) -> __m128 {
+            unsafe fn halves4(h: [u16; 4]) -> __m128 {
                 let bits =
                     h[0] as u64 | (h[1] as u64) << 16 | (h[2] as u64) << 32 | (h[3] as u64) << 48;
                 _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
@@ -228,11 +229,14 @@ macro_rules! tile_kernels {
                 }
             }
 
-            /// `dot_q8_0_avx2` for `R <= 4` rows x `T` activations.
+            /// `tinyBLAS_Q0_AVX` for `R <= 4` rows x `T` activations of a
+            /// [`Q0Block`] type (for Q8_0 also `dot_q8_0_avx2`): per pair and
+            /// block `acc = fma(dw * da, lanes, acc)`, then `hsum`. Each
+            /// weight block is decoded once for the `T` activations.
             #[target_feature(enable = $feat)]
-            pub(in super::super) unsafe fn q8_0<const R: usize, const T: usize>(
+            pub(in crate::quant) unsafe fn q0<B: Q0Block, const R: usize, const T: usize>(
                 nb: usize,
-                w: *const BlockQ8_0,
+                w: *const B,
                 a: *const BlockQ8_0,
                 out: *mut f32,
                 ld: usize,
@@ -243,8 +247,8 @@ macro_rules! tile_kernels {
                     let mut q = [[_mm256_setzero_si256(); 2]; R];
                     for r in 0..R {
                         let x = &*w.add(r * nb + b);
-                        hd[r] = x.d.to_bits();
-                        q[r] = $q8w(&x.qs);
+                        hd[r] = x.d_bits();
+                        q[r] = $q8w(x.values());
                     }
                     let xd = halves4(hd);
                     let xd8 = _mm256_set_m128(xd, xd);
@@ -264,6 +268,18 @@ macro_rules! tile_kernels {
                         *out.add(t * ld + r) = hsum_ps(acc[r][t]);
                     }
                 }
+            }
+
+            /// [`q0`] for Q8_0.
+            #[target_feature(enable = $feat)]
+            pub(in super::super) unsafe fn q8_0<const R: usize, const T: usize>(
+                nb: usize,
+                w: *const BlockQ8_0,
+                a: *const BlockQ8_0,
+                out: *mut f32,
+                ld: usize,
+            ) {
+                q0::<BlockQ8_0, R, T>(nb, w, a, out, ld)
             }
 
             /// `dot_q5_0_avx2` for `R <= 4` rows x `T` activations. The
@@ -420,14 +436,13 @@ unsafe fn dpw_avx2(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(x, y))
 }
 
-/// A Q8_0 weight block for the sign trick: its magnitudes and its bytes.
-/// A byte of -128 has the magnitude 128 as an unsigned byte, and two such
+/// A weight block's values for the sign trick: magnitudes and bytes. A
+/// byte of -128 has the magnitude 128 as an unsigned byte, and two such
 /// products with activations in `[-127, 127]` sum to at most 32512, so
 /// `maddubs` never saturates.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8w_sign(qs: &[i8; 32]) -> [__m256i; 2] {
-    let x = load32(qs);
+unsafe fn q8w_sign(x: __m256i) -> [__m256i; 2] {
     [_mm256_sign_epi8(x, x), x]
 }
 
@@ -465,8 +480,19 @@ pub(in crate::quant) trait Q0Block {
     /// The 32 values as signed bytes (tinyBLAS's `load`).
     ///
     /// # Safety
-    /// The CPU must have AVX2; inlined into the AVX2 tile kernel.
+    /// The CPU must have AVX2; inlined into the tile kernels.
     unsafe fn values(&self) -> __m256i;
+}
+
+impl Q0Block for BlockQ8_0 {
+    #[inline(always)]
+    fn d_bits(&self) -> u16 {
+        self.d.to_bits()
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> __m256i {
+        _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i)
+    }
 }
 
 impl Q0Block for BlockQ4_0 {
@@ -492,54 +518,10 @@ impl Q0Block for BlockIQ4NL {
     }
 }
 
-/// `tinyBLAS_Q0_AVX` for `R <= 4` rows x `T` activations: per pair and
-/// block `acc = fma(dw * da, lanes, acc)`, the lanes by the sign trick,
-/// then `hsum`. Each weight block is decoded once for the `T` activations.
+/// The AVX2 [`avx2_tiles::q0`] of each [`Q0Block`] type but Q8_0 (whose
+/// kernel the tile macro names at both levels), for `shapes!`.
 pub(in crate::quant) mod q0_tiles {
     use super::*;
-    use crate::quant::simd_x86::{h2f, hsum_ps, load32, mul_sum_u8_i8};
-    use avx2_tiles::{halves4, lane};
-
-    // Indexed loops: `r` and `t` pick a register of the R x T tile in
-    // several arrays at once, as in the macro-generated kernels above.
-    #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q0<B: Q0Block, const R: usize, const T: usize>(
-        nb: usize,
-        w: *const B,
-        a: *const BlockQ8_0,
-        out: *mut f32,
-        ld: usize,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..nb {
-            let mut hd = [0u16; 4];
-            let mut ax = [_mm256_setzero_si256(); R];
-            let mut x = [_mm256_setzero_si256(); R];
-            for r in 0..R {
-                let blk = &*w.add(r * nb + b);
-                hd[r] = blk.d_bits();
-                x[r] = blk.values();
-                ax[r] = _mm256_sign_epi8(x[r], x[r]);
-            }
-            let xd = halves4(hd);
-            let xd8 = _mm256_set_m128(xd, xd);
-            for t in 0..T {
-                let y = &*a.add(t * nb + b);
-                let dv = _mm256_mul_ps(xd8, _mm256_set1_ps(h2f(y.d)));
-                let yq = load32(&y.qs);
-                for r in 0..R {
-                    let p = mul_sum_u8_i8(ax[r], _mm256_sign_epi8(yq, x[r]));
-                    acc[r][t] = _mm256_fmadd_ps(lane(dv, r), _mm256_cvtepi32_ps(p), acc[r][t]);
-                }
-            }
-        }
-        for t in 0..T {
-            for r in 0..R {
-                *out.add(t * ld + r) = hsum_ps(acc[r][t]);
-            }
-        }
-    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(in crate::quant) unsafe fn q4_0<const R: usize, const T: usize>(
@@ -549,7 +531,7 @@ pub(in crate::quant) mod q0_tiles {
         out: *mut f32,
         ld: usize,
     ) {
-        q0::<BlockQ4_0, R, T>(nb, w, a, out, ld)
+        avx2_tiles::q0::<BlockQ4_0, R, T>(nb, w, a, out, ld)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -560,7 +542,7 @@ pub(in crate::quant) mod q0_tiles {
         out: *mut f32,
         ld: usize,
     ) {
-        q0::<BlockIQ4NL, R, T>(nb, w, a, out, ld)
+        avx2_tiles::q0::<BlockIQ4NL, R, T>(nb, w, a, out, ld)
     }
 }
 
