@@ -21,7 +21,7 @@ use crate::backend::Backend;
 use crate::engine::{Engine, EngineError, EngineParams};
 use crate::model::Logits;
 use crate::spec::{DraftParams, DraftSource};
-use crate::state::SeqState;
+use crate::state::{HiddenRows, LayerState, SeqState};
 use crate::tokenizer::Tokenizer;
 
 /// Candidates the drafter's probabilities are taken over (llama.cpp's
@@ -139,6 +139,7 @@ impl<B: Backend> DraftSource for ModelDrafter<B> {
         tokens: &[u32],
         sampled: u32,
         n_max: usize,
+        _hidden: Option<&mut HiddenRows>,
     ) -> Result<Vec<u32>, EngineError> {
         let n_max = n_max.min(self.params.n_max);
         if n_max == 0 {
@@ -173,6 +174,141 @@ impl<B: Backend> DraftSource for ModelDrafter<B> {
         }
         if out.len() < self.params.n_min {
             out.clear();
+        }
+        Ok(out)
+    }
+}
+
+/// llama.cpp's `draft-mtp` with one trained head (`common/speculative.cpp`,
+/// its qwen35 / glm4moe mode): the target's NextN layer
+/// ([`crate::model::nextn`]) follows the sequence in a KV cache of its own,
+/// the token at each position paired with the target's final-norm row of
+/// the position before (zeros before the first), and drafts by feeding its
+/// best token and its own row back, `n_max` times (`--spec-draft-n-max`).
+/// Candidates, `p_min` and `n_min` are as [`ModelDrafter`]'s. As llama-server
+/// does after each draft, the head keeps the positions the target holds and
+/// forgets the drafted ones.
+pub struct MtpDrafter<B: Backend> {
+    engine: Arc<Engine<B>>,
+    kv: LayerState<B>,
+    n_ctx: usize,
+    /// The tokens at the head's positions `0..tokens.len()`.
+    tokens: Vec<u32>,
+    params: DraftParams,
+    /// The probability of each token of the last draft.
+    probs: Vec<f32>,
+}
+
+impl<B: Backend> MtpDrafter<B> {
+    /// A drafter over `engine`'s NextN head (loaded with
+    /// [`crate::model::LoadOptions::mtp`]), with a KV cache of `n_ctx`
+    /// positions in the engine's cache type.
+    pub fn new(engine: Arc<Engine<B>>, n_ctx: usize, params: DraftParams) -> Result<Self, EngineError> {
+        let kv = engine.model.new_nextn_state(n_ctx, engine.params.kv_type)?;
+        Ok(Self {
+            engine,
+            kv,
+            n_ctx,
+            tokens: Vec::new(),
+            params,
+            probs: Vec::new(),
+        })
+    }
+
+    /// The probability of each token of the last draft (a softmax over the
+    /// head's ten best logits, what llama.cpp's drafter logs).
+    pub fn last_probs(&self) -> &[f32] {
+        &self.probs
+    }
+
+    /// Memory the drafter holds beyond the target's: the head's KV cache.
+    pub fn bytes(&self) -> u64 {
+        let b = &self.engine.model.backend;
+        match &self.kv {
+            LayerState::Kv(kv) => {
+                let (shape, t) = b.kv_shape(kv);
+                crate::backend::kv_bytes_of(shape, t, self.n_ctx)
+                    .map(|(k, v)| (k + v) as u64)
+                    .unwrap_or(0)
+            }
+            LayerState::Recurrent { .. } => 0,
+        }
+    }
+}
+
+impl<B: Backend> DraftSource for MtpDrafter<B> {
+    fn needs_hidden(&self) -> bool {
+        true
+    }
+
+    fn draft(
+        &mut self,
+        tokens: &[u32],
+        sampled: u32,
+        n_max: usize,
+        hidden: Option<&mut HiddenRows>,
+    ) -> Result<Vec<u32>, EngineError> {
+        let n_max = n_max.min(self.params.n_max);
+        let n = tokens.len();
+        self.probs.clear();
+        let Some(h) = hidden else {
+            return Ok(Vec::new());
+        };
+        let m = &self.engine.model;
+        let e = m.hp.n_embd;
+        if n_max == 0 || n == 0 || n + 1 > self.n_ctx || h.n_embd() != e {
+            return Ok(Vec::new());
+        }
+        // Catch up: the positions the target evaluated since the last draft
+        // (or since the first token that differs).
+        let from = self
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.tokens.truncate(from);
+        let zeros = vec![0f32; e];
+        let row = |p: usize| -> Option<&[f32]> {
+            match p.checked_sub(1) {
+                None => Some(&zeros),
+                Some(q) => h.row(q),
+            }
+        };
+        // The trunk rows before positions from..=n (the last for the draft).
+        let mut rows = Vec::with_capacity((n + 1 - from) * e);
+        for p in from..=n {
+            match row(p) {
+                Some(r) => rows.extend_from_slice(r),
+                // Rows the target did not keep (a restored state): no draft.
+                None => return Ok(Vec::new()),
+            }
+        }
+        let (catch_up, last) = rows.split_at((n - from) * e);
+        if from < n {
+            m.forward_nextn(&mut self.kv, &tokens[from..], catch_up, from)?;
+            self.tokens.extend_from_slice(&tokens[from..]);
+        }
+        // Position n - 1's row is the next draft's; older ones are read.
+        h.release_before(n - 1);
+        let mut out = Vec::new();
+        let (mut tok, mut h_in, mut pos) = (sampled, last.to_vec(), n);
+        while pos < self.n_ctx {
+            let o = m.forward_nextn(&mut self.kv, &[tok], &h_in, pos)?;
+            let (id, p) = best_of_top_k(&o.logits, DRAFT_TOP_K);
+            if p < self.params.p_min || id as usize >= m.hp.n_vocab {
+                break;
+            }
+            out.push(id);
+            self.probs.push(p);
+            if out.len() >= n_max {
+                break;
+            }
+            (tok, h_in, pos) = (id, o.hidden, pos + 1);
+        }
+        if out.len() < self.params.n_min {
+            out.clear();
+            self.probs.clear();
         }
         Ok(out)
     }

@@ -75,6 +75,10 @@ pub struct EngineParams {
     /// auto`, its weights and KV cache (one sequence of `n_ctx` per
     /// sequence of this engine) are left out of the expert budget.
     pub draft_model: Option<std::path::PathBuf>,
+    /// Load the model's NextN/MTP layer for `--spec-type draft-mtp`
+    /// ([`crate::draft::MtpDrafter`]); in longhaul mode its routed experts
+    /// stream like a trunk layer's, with a share of the budget.
+    pub mtp: bool,
 }
 
 /// `-fa/--flash-attn`, as llama.cpp spells it. `Auto` (the default) is what
@@ -166,6 +170,7 @@ impl Default for EngineParams {
             flash_attn: FlashAttn::Auto,
             chat_template: None,
             draft_model: None,
+            mtp: false,
         }
     }
 }
@@ -249,7 +254,12 @@ impl<B: Backend> Engine<B> {
             ChatTemplate::from_metadata_or(file.metadata(), params.chat_template.as_deref())?;
         let file = Arc::new(file);
         // The structure alone (no weight read or uploaded) sizes longhaul.
-        let shapes = Model::load_shapes(backend.clone(), file.clone())?;
+        let shape_opts = LoadOptions {
+            shapes_only: true,
+            mtp: params.mtp,
+            ..Default::default()
+        };
+        let shapes = Model::load_opts(backend.clone(), file.clone(), shape_opts, None)?;
         let from_model = params.n_ctx == 0;
         if from_model {
             params.n_ctx = shapes.hp.n_ctx_train;
@@ -274,7 +284,12 @@ impl<B: Backend> Engine<B> {
                 let (cfg, mut info) = Self::plan_longhaul(&shapes, kv_bytes, draft, lp)?;
                 drop(shapes);
                 // Resident tensors copied into memory, experts streamed.
-                let model = Model::load_with_progress(backend, file, Some(cfg), progress)?;
+                let opts = LoadOptions {
+                    longhaul: Some(cfg),
+                    mtp: params.mtp,
+                    ..Default::default()
+                };
+                let model = Model::load_opts(backend, file, opts, progress)?;
                 info.n_slots = model.n_slots();
                 info.slot_bytes = model.slot_bytes();
                 (model, Some(info))
@@ -283,6 +298,7 @@ impl<B: Backend> Engine<B> {
                 drop(shapes);
                 let opts = LoadOptions {
                     no_mmap: params.no_mmap,
+                    mtp: params.mtp,
                     ..Default::default()
                 };
                 (Model::load_opts(backend, file, opts, progress)?, None)
@@ -591,6 +607,9 @@ impl<B: Backend> Engine<B> {
             Some((held, d)) if constraint.is_none() => (held, Some(d)),
             _ => (&[][..], None),
         };
+        if drafter.as_ref().is_some_and(|d| d.needs_hidden()) {
+            kv.keep_hidden(self.model.hp.n_embd);
+        }
         let mut stats = GenStats {
             n_prompt: prompt.len(),
             ..Default::default()
@@ -656,7 +675,7 @@ impl<B: Backend> Engine<B> {
                         .min(n_predict - out.len() - 1);
                     let mut draft = match drafter.as_deref_mut() {
                         Some(d) if room > 0 => {
-                            d.draft(&history[..history.len() - 1], pending, room)?
+                            d.draft(&history[..history.len() - 1], pending, room, kv.hidden_mut())?
                         }
                         _ => Vec::new(),
                     };

@@ -11,6 +11,7 @@
 //! `q` is a point mass on the proposed token), as llama.cpp's are.
 
 use crate::engine::EngineError;
+use crate::state::HiddenRows;
 
 /// `--spec-type`: which drafter proposes tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,6 +27,9 @@ pub enum SpecType {
     /// llama.cpp's `draft-simple`: a small draft model (`-md`) proposes its
     /// most likely tokens.
     DraftSimple,
+    /// llama.cpp's `draft-mtp`: the target's own NextN/MTP head proposes
+    /// its most likely tokens from the target's final-norm rows.
+    DraftMtp,
 }
 
 impl SpecType {
@@ -35,6 +39,7 @@ impl SpecType {
             Self::NgramSimple => "ngram-simple",
             Self::NgramMapK => "ngram-map-k",
             Self::DraftSimple => "draft-simple",
+            Self::DraftMtp => "draft-mtp",
         }
     }
 }
@@ -47,12 +52,13 @@ impl std::str::FromStr for SpecType {
             "ngram-simple" => Ok(Self::NgramSimple),
             "ngram-map-k" => Ok(Self::NgramMapK),
             "draft-simple" => Ok(Self::DraftSimple),
-            "draft-eagle3" | "draft-mtp" | "draft-dflash" | "draft-dspark"
-            | "ngram-map-k4v" | "ngram-mod" | "ngram-cache" => Err(format!(
-                "--spec-type {s} is not supported yet; longhaul drafts with ngram-simple, ngram-map-k or draft-simple (-md)"
+            "draft-mtp" => Ok(Self::DraftMtp),
+            "draft-eagle3" | "draft-dflash" | "draft-dspark" | "ngram-map-k4v" | "ngram-mod"
+            | "ngram-cache" => Err(format!(
+                "--spec-type {s} is not supported yet; longhaul drafts with ngram-simple, ngram-map-k, draft-simple (-md) or draft-mtp"
             )),
             _ => Err(format!(
-                "`{s}` is not a --spec-type; use none, ngram-simple, ngram-map-k or draft-simple"
+                "`{s}` is not a --spec-type; use none, ngram-simple, ngram-map-k, draft-simple or draft-mtp"
             )),
         }
     }
@@ -118,14 +124,15 @@ impl SpecParams {
     /// ([`crate::draft::ModelDrafter`], then [`Drafter::Model`]).
     pub fn drafter(&self) -> Option<Drafter> {
         match self.kind {
-            SpecType::None | SpecType::DraftSimple => None,
+            SpecType::None | SpecType::DraftSimple | SpecType::DraftMtp => None,
             SpecType::NgramSimple => Some(Drafter::Simple(self.ngram_simple)),
             SpecType::NgramMapK => Some(Drafter::MapK(NgramMap::new(self.ngram_map_k))),
         }
     }
 }
 
-/// A drafter that needs more than token ids: a draft model.
+/// A drafter that needs more than token ids: a draft model, or the
+/// target's own MTP head.
 pub trait DraftSource: Send {
     /// As [`Drafter::draft`].
     fn draft(
@@ -133,7 +140,15 @@ pub trait DraftSource: Send {
         tokens: &[u32],
         sampled: u32,
         n_max: usize,
+        hidden: Option<&mut HiddenRows>,
     ) -> Result<Vec<u32>, EngineError>;
+
+    /// Whether [`DraftSource::draft`] reads the target's final-norm rows
+    /// (an MTP head): the target's sequence then keeps them
+    /// ([`crate::state::SeqState::keep_hidden`]).
+    fn needs_hidden(&self) -> bool {
+        false
+    }
 }
 
 /// A drafter with its state for one sequence.
@@ -163,21 +178,28 @@ impl Drafter {
 
     /// Tokens expected after `tokens` (every token the sequence holds) and
     /// `sampled` (the token just sampled, not yet in `tokens`), at most
-    /// `n_max` of them; empty when the drafter has nothing. Only a draft
-    /// model can fail (its forward pass).
+    /// `n_max` of them; empty when the drafter has nothing. `hidden` is the
+    /// sequence's final-norm rows where [`Drafter::needs_hidden`]. Only a
+    /// model drafter can fail (its forward pass).
     pub fn draft(
         &mut self,
         tokens: &[u32],
         sampled: u32,
         n_max: usize,
+        hidden: Option<&mut HiddenRows>,
     ) -> Result<Vec<u32>, EngineError> {
         let mut d = match self {
             Self::Simple(s) => ngram_simple_draft(*s, tokens, sampled),
             Self::MapK(m) => m.draft(tokens, sampled),
-            Self::Model(m) => m.draft(tokens, sampled, n_max)?,
+            Self::Model(m) => m.draft(tokens, sampled, n_max, hidden)?,
         };
         d.truncate(n_max);
         Ok(d)
+    }
+
+    /// Whether the drafter reads the target's final-norm rows (an MTP head).
+    pub fn needs_hidden(&self) -> bool {
+        matches!(self, Self::Model(m) if m.needs_hidden())
     }
 
     /// `n` tokens of the last draft were accepted.
@@ -388,7 +410,8 @@ mod tests {
         assert_eq!("ngram-simple".parse(), Ok(SpecType::NgramSimple));
         assert_eq!("ngram-map-k".parse(), Ok(SpecType::NgramMapK));
         assert_eq!("none".parse(), Ok(SpecType::None));
-        let e = "draft-mtp".parse::<SpecType>().unwrap_err();
+        assert_eq!("draft-mtp".parse(), Ok(SpecType::DraftMtp));
+        let e = "draft-eagle3".parse::<SpecType>().unwrap_err();
         assert!(e.contains("not supported yet"), "{e}");
         assert!("ngram".parse::<SpecType>().is_err());
     }

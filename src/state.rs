@@ -59,6 +59,73 @@ impl SavedLayer {
     }
 }
 
+/// The final-norm rows (llama.cpp's `h_nextn`) of the positions a sequence
+/// evaluated, kept for an MTP drafter ([`crate::draft::MtpDrafter`]) until
+/// it has read them: row `p` is what the trunk computed for the token at
+/// position `p`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HiddenRows {
+    n_embd: usize,
+    /// Position of the first row held.
+    pos0: usize,
+    data: Vec<f32>,
+}
+
+impl HiddenRows {
+    pub fn new(n_embd: usize) -> Self {
+        Self {
+            n_embd,
+            ..Self::default()
+        }
+    }
+
+    pub fn n_embd(&self) -> usize {
+        self.n_embd
+    }
+
+    /// One past the last position held.
+    pub fn end(&self) -> usize {
+        self.pos0 + self.data.len() / self.n_embd.max(1)
+    }
+
+    /// The row of position `pos`, when held.
+    pub fn row(&self, pos: usize) -> Option<&[f32]> {
+        let i = pos.checked_sub(self.pos0)?;
+        self.data.get(i * self.n_embd..(i + 1) * self.n_embd)
+    }
+
+    /// Rows of the positions from `at` on; what was held from `at` on is
+    /// replaced (a sequence that went back and evaluated again). Rows that
+    /// would not follow the ones held replace them all.
+    pub fn record(&mut self, at: usize, rows: &[f32]) {
+        if at < self.pos0 || at > self.end() {
+            self.data.clear();
+            self.pos0 = at;
+        }
+        self.truncate(at);
+        self.data.extend_from_slice(rows);
+    }
+
+    /// Forgets the positions from `n` on.
+    pub fn truncate(&mut self, n: usize) {
+        let keep = n.saturating_sub(self.pos0).min(self.data.len() / self.n_embd.max(1));
+        self.data.truncate(keep * self.n_embd);
+    }
+
+    /// Forgets the rows before `pos` (the drafter has read them).
+    pub fn release_before(&mut self, pos: usize) {
+        let drop = pos.saturating_sub(self.pos0).min(self.data.len() / self.n_embd.max(1));
+        self.data.drain(..drop * self.n_embd);
+        self.pos0 += drop;
+    }
+
+    /// Forgets every row; the next one recorded starts anew.
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.pos0 = 0;
+    }
+}
+
 /// llama.cpp's default `--ctx-checkpoints` (`n_ctx_checkpoints`).
 pub const DEFAULT_CHECKPOINTS: usize = 32;
 
@@ -72,6 +139,9 @@ pub struct SeqState<B: Backend> {
     /// A reset did not complete: the recurrent layers hold garbage, and
     /// nothing is evaluated until a reset succeeds.
     poisoned: bool,
+    /// The final-norm rows of the positions evaluated, when an MTP drafter
+    /// reads them ([`SeqState::keep_hidden`]).
+    hidden: Option<HiddenRows>,
 }
 
 impl<B: Backend> SeqState<B> {
@@ -85,6 +155,25 @@ impl<B: Backend> SeqState<B> {
             checkpoints: Vec::new(),
             max_checkpoints: DEFAULT_CHECKPOINTS,
             poisoned: false,
+            hidden: None,
+        })
+    }
+
+    /// Keeps the final-norm rows (`n_embd` wide) of every position evaluated
+    /// from now on, for an MTP drafter ([`SeqState::hidden_mut`]).
+    pub fn keep_hidden(&mut self, n_embd: usize) {
+        if self.hidden.as_ref().is_none_or(|h| h.n_embd() != n_embd) {
+            self.hidden = Some(HiddenRows::new(n_embd));
+        }
+    }
+
+    /// The rows kept by [`SeqState::keep_hidden`], of positions below
+    /// [`SeqState::n_past`] only (a rewind drops the others).
+    pub fn hidden_mut(&mut self) -> Option<&mut HiddenRows> {
+        let n = self.n_past;
+        self.hidden.as_mut().map(|h| {
+            h.truncate(n);
+            h
         })
     }
 
@@ -332,6 +421,10 @@ impl<B: Backend> SeqState<B> {
         }
         self.poisoned = false;
         self.n_past = saved.n_past;
+        // The rows kept belong to what the state held before.
+        if let Some(h) = &mut self.hidden {
+            h.clear();
+        }
         // Without it the restored state would only rewind to the start.
         let _ = self.checkpoint(backend);
         Ok(())
@@ -367,12 +460,22 @@ impl<B: Backend> SeqState<B> {
             .zip(tokens)
             .map(|(c, t)| (*t, c.n_past))
             .collect();
+        let hidden = states.iter().any(|c| c.hidden.is_some());
         let mut layers: Vec<&mut [LayerState<B>]> =
             states.iter_mut().map(|c| c.layers.as_mut_slice()).collect();
-        let out = model.forward_multi(&mut layers, &seqs, wants);
+        let out = model.forward_multi(&mut layers, &seqs, wants, hidden);
         match out {
             Ok(out) => {
+                let e = model.hp.n_embd;
+                let mut at = 0;
                 for (c, t) in states.iter_mut().zip(tokens) {
+                    if let (Some(h), Some(rows)) =
+                        (&mut c.hidden, out.hidden().get(at * e..(at + t.len()) * e))
+                    {
+                        h.truncate(c.n_past);
+                        h.record(c.n_past, rows);
+                    }
+                    at += t.len();
                     c.n_past += t.len();
                 }
                 Ok(out)
@@ -394,6 +497,10 @@ impl<B: Backend> SeqState<B> {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        if self.hidden.is_some() {
+            let mut out = Self::eval_multi_with(model, &mut [self], &[tokens], &[want])?;
+            return Ok(std::mem::take(&mut out).into_first());
+        }
         self.usable(&model.backend)?;
         match model.forward(&mut self.layers, tokens, self.n_past, want) {
             Ok(logits) => {

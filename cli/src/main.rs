@@ -23,7 +23,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use longhaul::backend::Backend;
 use longhaul::constrain::Constraint;
-use longhaul::draft::ModelDrafter;
+use longhaul::draft::{ModelDrafter, MtpDrafter};
 use longhaul::engine::{Engine, EngineParams, GenStats};
 use longhaul::sample::{Sampler, SamplerParams};
 use longhaul::spec::{Drafter, SpecParams, SpecType};
@@ -261,6 +261,7 @@ fn run_on<B: Backend + 'static>(
     let draft_params = params.clone();
     // Its memory stays out of `--longhaul-cache auto`.
     params.draft_model = a.spec.draft_model(&spec);
+    params.mtp = spec.kind == SpecType::DraftMtp;
     let mut engine = Engine::load_with_progress(
         &a.model.model,
         backend.clone(),
@@ -269,6 +270,7 @@ fn run_on<B: Backend + 'static>(
     )?;
     a.model.lock_memory();
     a.trace.attach(&mut engine)?;
+    let engine = std::sync::Arc::new(engine);
     check_bias(&sampling, &engine)?;
     if info {
         report::model_start(&engine);
@@ -320,16 +322,24 @@ fn run_on<B: Backend + 'static>(
     Ok(())
 }
 
-/// The drafter `spec` names: an n-gram one, or the draft model of
-/// `-md`, loaded on `backend` with the target's settings and context size.
+/// The drafter `spec` names: an n-gram one, the target's MTP head
+/// (`draft-mtp`, loaded with the target), or the draft model of `-md`,
+/// loaded on `backend` with the target's settings and context size.
 fn load_drafter<B: Backend + 'static>(
     args: &longhaul_server::args::SpecArgs,
     spec: SpecParams,
     backend: B,
     mut params: EngineParams,
-    engine: &Engine<B>,
+    engine: &std::sync::Arc<Engine<B>>,
     info: bool,
 ) -> anyhow::Result<Option<Drafter>> {
+    if spec.kind == SpecType::DraftMtp {
+        let d = MtpDrafter::new(engine.clone(), engine.params.n_ctx, spec.draft)?;
+        if info {
+            report::mtp_start(engine, d.bytes());
+        }
+        return Ok(Some(Drafter::Model(Box::new(d))));
+    }
     let (SpecType::DraftSimple, Some(path)) = (spec.kind, &args.draft.draft_model) else {
         return Ok(spec.drafter());
     };
@@ -408,12 +418,13 @@ fn chat_on<B: Backend + 'static>(
     let draft_params = params.clone();
     // Its memory stays out of `--longhaul-cache auto`.
     params.draft_model = a.spec.draft_model(&spec);
-    let engine = Engine::load_with_progress(
+    params.mtp = spec.kind == SpecType::DraftMtp;
+    let engine = std::sync::Arc::new(Engine::load_with_progress(
         &a.model.model,
         backend.clone(),
         params,
         info.then(report::load_bar),
-    )?;
+    )?);
     a.model.lock_memory();
     check_bias(&sampling, &engine)?;
     if info {

@@ -112,6 +112,16 @@ pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
 /// The draft model's line: its size and the memory it holds apart from
 /// the target's (and from its expert budget).
 /// `bytes`: what it holds with its sequences.
+/// The MTP drafter's line at start: the target's NextN layer drafts.
+pub fn mtp_start<B: Backend>(e: &longhaul::engine::Engine<B>, kv_bytes: u64) {
+    let hp = &e.model.hp;
+    eprintln!(
+        "speculative: draft-mtp with NextN layer {} of the model ({} MiB of KV cache of its own; its weights load with the model)",
+        hp.n_layer,
+        kv_bytes.div_ceil(1 << 20)
+    );
+}
+
 pub fn draft_model_start<B: Backend>(e: &longhaul::engine::Engine<B>, bytes: u64) {
     eprintln!(
         "draft model: {} layers, {} vocabulary tokens, resident, {} of weights and KV cache (not in the expert budget)",

@@ -429,8 +429,9 @@ impl ModelArgs {
                 }
                 (None, None) => None,
             },
-            // Set by the command that loads one (-md).
+            // Set by the command that loads one (-md, draft-mtp).
             draft_model: None,
+            mtp: false,
         })
     }
 

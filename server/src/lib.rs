@@ -444,6 +444,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     // A draft model's weights and slots stay out of an auto expert budget.
                     let mut params = params;
                     params.draft_model = draft_path.clone();
+                    params.mtp = spec.kind == SpecType::DraftMtp;
                     Engine::load_parallel(&model_path, backend, params, n_slots, None).and_then(|engine| {
                         let engine = Arc::new(engine);
                         let draft = match (spec.kind, &draft_path) {

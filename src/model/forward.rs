@@ -2,7 +2,7 @@
 //! block and a pre-norm FFN block, each added to the residual stream), norm,
 //! and project the rows asked for to logits.
 
-use super::blocks::{attention, deltanet, ffn, Attention, Pass};
+use super::blocks::{attention, deltanet, ffn, Attention, Layer, Pass};
 use super::{BatchLogits, Logits, Model, ModelError};
 use crate::backend::{Backend, BatchPos};
 use crate::state::LayerState;
@@ -26,6 +26,42 @@ fn layer_states<'a, B: Backend, T>(
         .collect()
 }
 
+/// One repeating layer over `x`: the pre-norm attention block, then the
+/// pre-norm FFN block, each added to the residual stream. `il` names the
+/// layer's weights (and its streamed experts); `is` its part of each state.
+pub(super) fn layer_step<'s, B: Backend>(
+    p: &Pass<'_, 's, B>,
+    il: usize,
+    layer: &'s Layer<B::Weight>,
+    kvs: &mut [&mut [LayerState<B>]],
+    is: usize,
+    mut x: B::Tensor,
+) -> Result<B::Tensor, ModelError> {
+    let b = p.b();
+    let h = p.norm(&x, &layer.attn_norm)?;
+    let a = match &layer.attn {
+        Attention::DeltaNet(d) => {
+            let mut st = layer_states(kvs, is, |s| match s {
+                LayerState::Recurrent { conv, ssm } => Some((conv, ssm)),
+                LayerState::Kv(_) => None,
+            })?;
+            deltanet::forward(p, d, &mut st, &h)?
+        }
+        a => {
+            let mut layer_kvs = layer_states(kvs, is, |s| match s {
+                LayerState::Kv(kv) => Some(kv),
+                LayerState::Recurrent { .. } => None,
+            })?;
+            attention::forward(p, a, &mut layer_kvs, &h)?
+        }
+    };
+    b.add(&mut x, &a)?;
+    let h = p.norm(&x, &layer.ffn_norm)?;
+    let f = ffn::forward(p, il, &layer.ffn, &h)?;
+    b.add(&mut x, &f)?;
+    Ok(x)
+}
+
 /// The repeating layers over `x`, whose rows are the tokens of `seqs` in
 /// order (sequence `i` owns `seqs[i].n_tokens` consecutive rows and its own
 /// state `kvs[i]`). Every op runs over all rows at once; rope, attention
@@ -39,29 +75,8 @@ fn layers<'s, B: Backend>(
     io: &crate::longhaul::IoScope<'s>,
 ) -> Result<B::Tensor, ModelError> {
     let p = Pass { m, seqs, io };
-    let b = &m.backend;
     for (il, layer) in m.layers.iter().enumerate() {
-        let h = p.norm(&x, &layer.attn_norm)?;
-        let a = match &layer.attn {
-            Attention::DeltaNet(d) => {
-                let mut st = layer_states(kvs, il, |s| match s {
-                    LayerState::Recurrent { conv, ssm } => Some((conv, ssm)),
-                    LayerState::Kv(_) => None,
-                })?;
-                deltanet::forward(&p, d, &mut st, &h)?
-            }
-            a => {
-                let mut layer_kvs = layer_states(kvs, il, |s| match s {
-                    LayerState::Kv(kv) => Some(kv),
-                    LayerState::Recurrent { .. } => None,
-                })?;
-                attention::forward(&p, a, &mut layer_kvs, &h)?
-            }
-        };
-        b.add(&mut x, &a)?;
-        let h = p.norm(&x, &layer.ffn_norm)?;
-        let f = ffn::forward(&p, il, &layer.ffn, &h)?;
-        b.add(&mut x, &f)?;
+        x = layer_step(&p, il, layer, kvs, il, x)?;
     }
     Ok(x)
 }
@@ -73,17 +88,20 @@ pub(super) fn forward<B: Backend>(
     pos0: usize,
     want: Logits,
 ) -> Result<Vec<f32>, ModelError> {
-    Ok(forward_multi(m, &mut [kv], &[(tokens, pos0)], &[want])?.into_first())
+    Ok(forward_multi(m, &mut [kv], &[(tokens, pos0)], &[want], false)?.into_first())
 }
 
 /// Runs several sequences in one batch: `seqs[i] = (tokens, pos0)` with
 /// states `kvs[i]`. Returns each sequence's logits as `wants[i]` asks
-/// (last row or all rows; `Steps` rows attend as decode steps).
+/// (last row or all rows; `Steps` rows attend as decode steps). With
+/// `hidden`, also every row of the final norm's output (llama.cpp's
+/// `h_nextn`, what an MTP head reads), all sequences' rows in batch order.
 pub(super) fn forward_multi<B: Backend>(
     m: &Model<B>,
     kvs: &mut [&mut [LayerState<B>]],
     seqs: &[(&[u32], usize)],
     wants: &[Logits],
+    hidden: bool,
 ) -> Result<BatchLogits, ModelError> {
     let b = &m.backend;
     let hp = &m.hp;
@@ -121,6 +139,7 @@ pub(super) fn forward_multi<B: Backend>(
         return Ok(BatchLogits {
             data: Vec::new(),
             spans: vec![0..0; seqs.len()],
+            hidden: Vec::new(),
         });
     }
     // Sequences without tokens take no part in the batch.
@@ -149,12 +168,25 @@ pub(super) fn forward_multi<B: Backend>(
         }
         start += s.n_tokens;
     }
-    let x = if rows.len() == tokens.len() {
-        x
+    // The norm is per row: norming every row and then taking the logit rows
+    // gives the bits of taking the rows first.
+    let (x, hidden) = if hidden {
+        let x = b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?;
+        let h = b.to_host(&x)?;
+        let x = if rows.len() == tokens.len() {
+            x
+        } else {
+            b.gather_rows(&x, &rows)?
+        };
+        (x, h)
     } else {
-        b.gather_rows(&x, &rows)?
+        let x = if rows.len() == tokens.len() {
+            x
+        } else {
+            b.gather_rows(&x, &rows)?
+        };
+        (b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?, Vec::new())
     };
-    let x = b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?;
     let logits = b.take_host(b.matmul(&m.output, &x)?)?;
     // Each sequence's rows of the one buffer.
     let mut spans = Vec::with_capacity(seqs.len());
@@ -171,5 +203,6 @@ pub(super) fn forward_multi<B: Backend>(
     Ok(BatchLogits {
         data: logits,
         spans,
+        hidden,
     })
 }

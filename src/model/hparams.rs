@@ -67,8 +67,11 @@ pub struct Hparams {
     pub head_dim_k_mla: usize,
     pub head_dim_v_mla: usize,
     /// NextN/MTP layers after the repeating ones (`nextn_predict_layers`):
-    /// counted in `block_count` by llama.cpp, never loaded here.
+    /// counted in `block_count` by llama.cpp; loaded only for MTP drafting.
     pub n_nextn: usize,
+    /// Whether the first NextN layer is loaded (an MTP drafter asked for
+    /// it; see [`crate::model::LoadOptions::mtp`]).
+    pub mtp: bool,
     /// The linear-attention (gated DeltaNet) shapes, when the file has
     /// `ssm.*` keys (Qwen3-Next, Qwen3.5).
     pub ssm: Option<Ssm>,
@@ -589,6 +592,7 @@ impl Hparams {
                 "MLA value head size",
             )?,
             n_nextn,
+            mtp: false,
             ssm,
             recurrent_layers,
             rope_sections,
@@ -635,14 +639,15 @@ impl Hparams {
         })
     }
 
-    /// True for the tensors of the NextN layers after the trunk, which are
-    /// never loaded.
+    /// True for the tensors of the NextN layers after the trunk that are
+    /// not loaded (all of them, or all but the first with [`Hparams::mtp`]).
     pub fn is_skipped(&self, tensor: &str) -> bool {
+        let first = self.n_layer + usize::from(self.mtp && self.n_nextn > 0);
         tensor
             .strip_prefix("blk.")
             .and_then(|r| r.split('.').next())
             .and_then(|n| n.parse::<usize>().ok())
-            .is_some_and(|il| il >= self.n_layer)
+            .is_some_and(|il| il >= first)
     }
 
     /// The model's rope with pairing `mode`, as llama.cpp's context sets it.

@@ -6,6 +6,7 @@ pub mod arch;
 pub mod blocks;
 mod forward;
 pub mod hparams;
+pub mod nextn;
 pub(crate) mod stream;
 
 use std::sync::Arc;
@@ -87,6 +88,13 @@ pub enum ModelError {
         "--longhaul needs a MoE model; {arch} has no routed experts (run it without --longhaul)"
     )]
     NoExperts { arch: String },
+    /// MTP drafting asked of a file without NextN layers.
+    #[error("--spec-type draft-mtp needs a model with NextN/MTP layers, and this {arch} file has none (convert_hf_to_gguf.py keeps them unless given --no-mtp; or draft with -md or an n-gram --spec-type)")]
+    NoNextn { arch: String },
+    /// MTP drafting asked of an architecture whose NextN layers longhaul
+    /// does not run yet.
+    #[error("--spec-type draft-mtp is not supported for {arch} yet (longhaul runs the NextN layer of glm4moe); draft with -md or an n-gram --spec-type")]
+    NextnUnsupported { arch: String },
 }
 
 /// A loaded model on backend `B`.
@@ -99,6 +107,9 @@ pub struct Model<B: Backend> {
     pub output_norm: B::Weight,
     pub output: B::Weight,
     pub layers: Vec<Layer<B::Weight>>,
+    /// The NextN/MTP head, when loaded for an MTP drafter
+    /// ([`LoadOptions::mtp`]).
+    pub nextn: Option<nextn::Nextn<B::Weight>>,
     /// Streamed experts, prefetch and routing trace.
     pub(crate) runtime: stream::Runtime<B::Slots>,
     /// CPU attention arithmetic: ggml's flash attention (llama.cpp's `-fa
@@ -128,6 +139,9 @@ pub enum Logits {
 pub struct BatchLogits {
     data: Vec<f32>,
     spans: Vec<std::ops::Range<usize>>,
+    /// The final norm's output for every row of the batch, when asked for
+    /// (`[tokens, n_embd]`, sequences in batch order); empty otherwise.
+    hidden: Vec<f32>,
 }
 
 impl BatchLogits {
@@ -143,6 +157,12 @@ impl BatchLogits {
     /// Sequence `i`'s logits (rows of `n_vocab`); empty past the end.
     pub fn seq(&self, i: usize) -> &[f32] {
         self.spans.get(i).map_or(&[], |r| &self.data[r.clone()])
+    }
+
+    /// Every row's final-norm output when the pass was asked for it (see
+    /// [`Model::forward_multi`]), the sequences' rows in batch order.
+    pub fn hidden(&self) -> &[f32] {
+        &self.hidden
     }
 
     /// The first sequence's logits, without a copy when it is the only one.
@@ -172,6 +192,9 @@ pub struct LoadOptions {
     pub no_mmap: bool,
     /// Load no weight at all (see [`Model::load_shapes`]).
     pub shapes_only: bool,
+    /// Load the first NextN/MTP layer too (llama.cpp loads it only for
+    /// `--spec-type draft-mtp`); an error for a file without one.
+    pub mtp: bool,
 }
 
 /// The names of the routed-expert tensors of layer `il` (what longhaul streams).
@@ -276,8 +299,10 @@ impl<B: Backend> Model<B> {
             longhaul,
             no_mmap,
             shapes_only,
+            mtp,
         } = opts;
-        let (spec, hp) = read_hparams(&file)?;
+        let (spec, mut hp) = read_hparams(&file)?;
+        hp.mtp = mtp;
         let how = blocks::LoadHow {
             longhaul: longhaul.is_some(),
             shapes_only,
@@ -304,7 +329,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// Bytes of every tensor that stays resident (all but the routed experts).
-    /// NextN layers are neither resident nor streamed: they are not loaded.
+    /// NextN layers are neither resident nor streamed unless loaded for MTP.
     pub fn resident_bytes(&self) -> u64 {
         self.file
             .tensors()
@@ -440,17 +465,46 @@ impl<B: Backend> Model<B> {
         forward::forward(self, kv, tokens, pos0, want)
     }
 
+    /// A fresh KV cache of `n_ctx` positions for the NextN head (an MTP
+    /// drafter's own state).
+    pub fn new_nextn_state(
+        &self,
+        n_ctx: usize,
+        dtype: crate::tensor::GgmlType,
+    ) -> Result<LayerState<B>, ModelError> {
+        let n = self.nextn.as_ref().ok_or_else(|| ModelError::NoNextn {
+            arch: self.hp.arch.clone(),
+        })?;
+        let (k, v) = n.layer.attn.kv_widths();
+        Ok(LayerState::Kv(self.backend.new_kv(n_ctx, k, v, dtype)?))
+    }
+
+    /// Runs the NextN head over `tokens` at `pos0..` with the trunk's rows
+    /// `h` (see [`nextn`]), updating `kv`.
+    pub fn forward_nextn(
+        &self,
+        kv: &mut LayerState<B>,
+        tokens: &[u32],
+        h: &[f32],
+        pos0: usize,
+    ) -> Result<nextn::NextnOut, ModelError> {
+        self.file.check_files()?;
+        nextn::forward(self, kv, tokens, h, pos0)
+    }
+
     /// Runs several sequences in one batch (`seqs[i] = (tokens, pos0)` with
     /// states `kvs[i]`, logits `wants[i]`); each sequence's logits equal a
-    /// run of it alone.
+    /// run of it alone. With `hidden`, the result also holds every row's
+    /// final-norm output ([`BatchLogits::hidden`], what an MTP head reads).
     pub fn forward_multi(
         &self,
         kvs: &mut [&mut [LayerState<B>]],
         seqs: &[(&[u32], usize)],
         want: &[Logits],
+        hidden: bool,
     ) -> Result<BatchLogits, ModelError> {
         self.file.check_files()?;
-        forward::forward_multi(self, kvs, seqs, want)
+        forward::forward_multi(self, kvs, seqs, want, hidden)
     }
 }
 
@@ -467,7 +521,7 @@ fn load_layers<B: Backend>(
     if copy.is_some() {
         crate::longhaul::prepare_files(&file);
     }
-    let (tok_embd, output_norm, output, layers) = {
+    let (tok_embd, output_norm, output, layers, nextn) = {
         let l = blocks::Loader::new(&backend, &file, &hp, how, copy);
         let (e, v) = (hp.n_embd as u64, hp.n_vocab as u64);
         let tok_embd = l.req("token_embd.weight", &[e, v])?;
@@ -479,13 +533,14 @@ fn load_layers<B: Backend>(
         let layers = (0..hp.n_layer)
             .map(|il| arch::load_layer(&spec, &l, il))
             .collect::<Result<Vec<_>, _>>()?;
-        for il in hp.n_layer..hp.n_layer + hp.n_nextn {
+        let nextn = hp.mtp.then(|| nextn::Nextn::load(&spec, &l)).transpose()?;
+        for il in hp.n_layer + usize::from(nextn.is_some())..hp.n_layer + hp.n_nextn {
             l.skip_layer(il);
         }
         l.finish()?;
-        (tok_embd, output_norm, output, layers)
+        (tok_embd, output_norm, output, layers, nextn)
     };
-    let runtime = stream::Runtime::resident(hp.n_layer);
+    let runtime = stream::Runtime::resident(hp.n_layer + usize::from(nextn.is_some()));
     Ok(Model {
         spec,
         hp,
@@ -495,6 +550,7 @@ fn load_layers<B: Backend>(
         output_norm,
         output,
         layers,
+        nextn,
         runtime,
         flash_attn: false,
     })

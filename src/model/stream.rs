@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, TryLockError};
 
 use super::blocks::ffn::{self, Experts, Ffn, MoeFfn, ROUTED};
-use super::blocks::{Layer, Pass};
+use super::blocks::Pass;
 use super::{Model, ModelError};
 use crate::backend::{Backend, SlotStore};
 use crate::gguf::{self, TensorInfo};
@@ -112,11 +112,14 @@ fn expert_bytes(layers: &[(usize, Vec<&TensorInfo>)]) -> Result<u64, ModelError>
     Ok(sum.div_ceil(layers.len().max(1) as u64))
 }
 
-/// The routed tensors of every MoE layer.
-fn routed<'a, W>(layers: &[Layer<W>], file: &'a gguf::Model) -> Vec<(usize, Vec<&'a TensorInfo>)> {
-    layers
+/// The routed tensors of every MoE layer, the NextN head's (loaded for an
+/// MTP drafter) after the trunk's.
+fn routed<'a, B: Backend>(m: &Model<B>, file: &'a gguf::Model) -> Vec<(usize, Vec<&'a TensorInfo>)> {
+    let nextn = m.nextn.as_ref().map(|n| (n.il, &n.layer));
+    m.layers
         .iter()
         .enumerate()
+        .chain(nextn)
         .filter(|(_, l)| matches!(l.ffn, Ffn::Moe(_)))
         .map(|(il, _)| {
             (
@@ -133,14 +136,14 @@ fn routed<'a, W>(layers: &[Layer<W>], file: &'a gguf::Model) -> Vec<(usize, Vec<
 /// `(MoE layers, bytes of one expert across a layer's routed tensors)`: one
 /// slot in every MoE layer costs their product.
 pub(super) fn slot_cost<B: Backend>(m: &Model<B>) -> Result<(usize, u64), ModelError> {
-    let layers = routed(&m.layers, &m.file);
+    let layers = routed(m, &m.file);
     Ok((layers.len(), expert_bytes(&layers)?))
 }
 
 /// Switches every MoE layer of `m` to streamed experts under `cfg`'s budget.
 pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Result<(), ModelError> {
     let file = m.file.clone();
-    let layers = routed(&m.layers, &file);
+    let layers = routed(m, &file);
     if layers.is_empty() {
         return Err(ModelError::NoExperts {
             arch: m.hp.arch.clone(),

@@ -623,13 +623,19 @@ impl<B: Backend + 'static> Worker<B> {
     fn with_slots(mut self, n: usize) -> Self {
         for _ in 0..n {
             match self.engine.new_kv() {
-                Ok(kv) => self.slots.push(Slot {
-                    kv,
-                    cached: Vec::new(),
-                    restored: 0,
-                    active: None,
-                    drafter: self.new_drafter(),
-                }),
+                Ok(mut kv) => {
+                    let drafter = self.new_drafter();
+                    if drafter.as_ref().is_some_and(Drafter::needs_hidden) {
+                        kv.keep_hidden(self.engine.model.hp.n_embd);
+                    }
+                    self.slots.push(Slot {
+                        kv,
+                        cached: Vec::new(),
+                        restored: 0,
+                        active: None,
+                        drafter,
+                    })
+                }
                 Err(e) => {
                     eprintln!("cannot allocate a KV cache slot: {e}");
                     break;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{Active, Slot, Worker};
 use crate::backend::Backend;
-use crate::draft::ModelDrafter;
+use crate::draft::{ModelDrafter, MtpDrafter};
 use crate::engine::Engine;
 use crate::model::Logits;
 use crate::spec::{Drafter, SpecParams, SpecType};
@@ -47,6 +47,16 @@ impl<B: Backend + 'static> Worker<B> {
                     }
                 }
             }
+            (SpecType::DraftMtp, _) => {
+                let e = &self.engine;
+                match MtpDrafter::new(e.clone(), e.params.n_ctx, self.spec.params.draft) {
+                    Ok(d) => Some(Drafter::Model(Box::new(d))),
+                    Err(e) => {
+                        eprintln!("a slot decodes without its MTP drafter: {e}");
+                        None
+                    }
+                }
+            }
             _ => self.spec.params.drafter(),
         }
     }
@@ -70,7 +80,7 @@ impl<B: Backend + 'static> Worker<B> {
         if room == 0 {
             return Vec::new();
         }
-        let draft = match d.draft(&s.cached, a.pending, room) {
+        let draft = match d.draft(&s.cached, a.pending, room, s.kv.hidden_mut()) {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("a draft failed (the slot decodes without it): {e}");

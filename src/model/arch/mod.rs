@@ -73,6 +73,19 @@ pub fn supported_names() -> String {
 }
 
 /// Layer `il` of a `spec` model, as its family's file declares it.
+/// The decoder layer of NextN layer `il`, for the families whose MTP head
+/// longhaul runs (`None` for the others).
+pub(super) fn load_nextn_layer<B: Backend>(
+    spec: &ArchSpec,
+    l: &Loader<B>,
+    il: usize,
+) -> Option<Result<Layer<B::Weight>, ModelError>> {
+    match spec.family {
+        Family::Glm4Moe => Some(glm4moe::layer(l, il)),
+        _ => None,
+    }
+}
+
 pub(super) fn load_layer<B: Backend>(
     spec: &ArchSpec,
     l: &Loader<B>,

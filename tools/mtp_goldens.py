@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Goldens of llama.cpp's MTP drafter (`--spec-type draft-mtp`) on a model with
+a NextN layer, for tests/mtp.rs.
+
+For each prompt, llama-server (tools/build-llamacpp.sh) runs one greedy
+/completion with its MTP drafter at the exact path (-fa off -ctk f32 -ctv f32)
+and at llama.cpp's defaults; its debug log (-v) names every drafted token and
+its probability (softmax over the drafter's top 10), and the reply the
+generated tokens and the draft counts. Written as JSON:
+
+  {"model": ..., "runs": [{"path": "exact"|"default", "prompt": ...,
+    "tokens": [...], "draft_n": N, "draft_n_accepted": N,
+    "drafts": [[[id, p], ...], ...]}]}
+
+`drafts` holds each step's whole draft as the drafter made it; near the end
+of a request the server keeps only what fits n_predict (`draft_n` counts what
+was kept).
+
+usage: tools/mtp_goldens.py LLAMA_BIN_DIR MODEL.gguf OUT.json
+"""
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+PROMPTS = [
+    "Hello world, this is a test of the",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+]
+PATHS = {"exact": ["-fa", "off", "-ctk", "f32", "-ctv", "f32"], "default": []}
+N_PREDICT = 32
+# `draft candidate   0, pos   1:    283 (   0.315) 'ke'`
+CAND = re.compile(rb"draft candidate +(\d+), pos +(\d+): +(\d+) \( *([0-9.]+)\)")
+STEP_END = re.compile(rb"accepted +\d+/ *\d+ draft tokens")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(port: int, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+
+
+def one(bin_dir: str, model: str, flags: list[str], prompt: str) -> dict:
+    port = free_port()
+    log = f"/tmp/mtp-goldens-{port}.log"
+    with open(log, "wb") as f:
+        srv = subprocess.Popen([f"{bin_dir}/llama-server", "-m", model, "--spec-type", "draft-mtp",
+                                "-t", "2", "-c", "512", "-np", "1", "--port", str(port), "-v",
+                                *flags], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except Exception:
+                time.sleep(0.1)
+        r = post(port, "/completion", {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0,
+                                       "return_tokens": True, "cache_prompt": False})
+        toks = post(port, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+        time.sleep(0.5)  # the log is written by a thread of its own
+    finally:
+        srv.terminate()
+        srv.wait()
+    drafts, cur = [], []
+    for line in open(log, "rb").read().splitlines():
+        m = CAND.search(line)
+        if m and m.group(1) == b"0":
+            assert int(m.group(2)) == len(cur), line
+            cur.append([int(m.group(3)), float(m.group(4))])
+        elif STEP_END.search(line):
+            drafts.append(cur)
+            cur = []
+    if cur:
+        drafts.append(cur)
+    t = r["timings"]
+    # The drafter drafts --spec-draft-n-max tokens and the server keeps what
+    # fits the request (n_predict): the last steps' drafts are cut after the
+    # log, so `drafts` holds each step's whole draft and draft_n what was kept.
+    assert sum(len(d) for d in drafts) >= t["draft_n"], (drafts, t)
+    return {"prompt": prompt, "prompt_tokens": toks, "tokens": r["tokens"],
+            "draft_n": t["draft_n"], "draft_n_accepted": t["draft_n_accepted"], "drafts": drafts}
+
+
+def main():
+    bin_dir, model, out = sys.argv[1:4]
+    runs = []
+    for name, flags in PATHS.items():
+        for p in PROMPTS:
+            r = one(bin_dir, model, flags, p)
+            runs.append({"path": name, **r})
+            print(f"{name}: {len(r['tokens'])} tokens, {r['draft_n']} drafted, "
+                  f"{r['draft_n_accepted']} accepted", file=sys.stderr)
+    doc = {"model": model.rsplit("/", 1)[-1], "n_predict": N_PREDICT,
+           "made_by": "tools/mtp_goldens.py (llama-server --spec-type draft-mtp, llama-cpp-python 0.3.36)",
+           "runs": runs}
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
