@@ -203,7 +203,11 @@ impl<B: Backend> MtpDrafter<B> {
     /// A drafter over `engine`'s NextN head (loaded with
     /// [`crate::model::LoadOptions::mtp`]), with a KV cache of `n_ctx`
     /// positions in the engine's cache type.
-    pub fn new(engine: Arc<Engine<B>>, n_ctx: usize, params: DraftParams) -> Result<Self, EngineError> {
+    pub fn new(
+        engine: Arc<Engine<B>>,
+        n_ctx: usize,
+        params: DraftParams,
+    ) -> Result<Self, EngineError> {
         let kv = engine.model.new_nextn_state(n_ctx, engine.params.kv_type)?;
         Ok(Self {
             engine,
@@ -272,7 +276,12 @@ impl<B: Backend> DraftSource for MtpDrafter<B> {
         let row = |p: usize| -> Option<&[f32]> {
             match p.checked_sub(1) {
                 None => Some(&zeros),
-                Some(q) => h.row(q),
+                // The target went back past rows it no longer keeps (a
+                // cached prompt's prefix): as llama.cpp's `pending_h`, the
+                // first position pairs with the last row it held before.
+                Some(q) => h
+                    .row(q)
+                    .or_else(|| (p == from).then(|| h.last_dropped()).flatten()),
             }
         };
         // The trunk rows before positions from..=n (the last for the draft).

@@ -674,9 +674,12 @@ impl<B: Backend> Engine<B> {
                         .saturating_sub(kv.n_past() + 2)
                         .min(n_predict - out.len() - 1);
                     let mut draft = match drafter.as_deref_mut() {
-                        Some(d) if room > 0 => {
-                            d.draft(&history[..history.len() - 1], pending, room, kv.hidden_mut())?
-                        }
+                        Some(d) if room > 0 => d.draft(
+                            &history[..history.len() - 1],
+                            pending,
+                            room,
+                            kv.hidden_mut(),
+                        )?,
                         _ => Vec::new(),
                     };
                     if !draft.is_empty() && !self.can_rewind(kv)? {

@@ -451,11 +451,11 @@ mod tests {
         .drafter()
         .unwrap();
         d.begin(&tokens[..10]);
-        let mut draft = |s: u32, n: usize| d.draft(&tokens, s, n).expect("n-gram drafts");
+        let mut draft = |s: u32, n: usize| d.draft(&tokens, s, n, None).expect("n-gram drafts");
         assert_eq!(draft(3, 16), vec![4, 5, 6, 7]);
         // Two of those accepted: the same key drafts two next time.
         d.accept(2);
-        let mut draft = |s: u32, n: usize| d.draft(&tokens, s, n).expect("n-gram drafts");
+        let mut draft = |s: u32, n: usize| d.draft(&tokens, s, n, None).expect("n-gram drafts");
         assert_eq!(draft(3, 16), vec![4, 5]);
         // n_max caps it too.
         assert_eq!(draft(3, 1), vec![4]);

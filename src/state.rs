@@ -69,6 +69,9 @@ pub struct HiddenRows {
     /// Position of the first row held.
     pos0: usize,
     data: Vec<f32>,
+    /// The row of the last position held before the latest truncation that
+    /// dropped rows.
+    dropped: Vec<f32>,
 }
 
 impl HiddenRows {
@@ -108,13 +111,30 @@ impl HiddenRows {
 
     /// Forgets the positions from `n` on.
     pub fn truncate(&mut self, n: usize) {
-        let keep = n.saturating_sub(self.pos0).min(self.data.len() / self.n_embd.max(1));
+        let keep = n
+            .saturating_sub(self.pos0)
+            .min(self.data.len() / self.n_embd.max(1));
+        if keep * self.n_embd < self.data.len() {
+            let last = self.data.len() - self.n_embd;
+            self.dropped.clear();
+            self.dropped.extend_from_slice(&self.data[last..]);
+        }
         self.data.truncate(keep * self.n_embd);
+    }
+
+    /// The row of the last position held before the latest truncation that
+    /// dropped rows: what llama.cpp's MTP drafter still pairs the next
+    /// position with (its `pending_h`) after the sequence went back past
+    /// the rows kept.
+    pub fn last_dropped(&self) -> Option<&[f32]> {
+        (self.dropped.len() == self.n_embd && self.n_embd > 0).then_some(&self.dropped[..])
     }
 
     /// Forgets the rows before `pos` (the drafter has read them).
     pub fn release_before(&mut self, pos: usize) {
-        let drop = pos.saturating_sub(self.pos0).min(self.data.len() / self.n_embd.max(1));
+        let drop = pos
+            .saturating_sub(self.pos0)
+            .min(self.data.len() / self.n_embd.max(1));
         self.data.drain(..drop * self.n_embd);
         self.pos0 += drop;
     }
@@ -122,6 +142,7 @@ impl HiddenRows {
     /// Forgets every row; the next one recorded starts anew.
     pub fn clear(&mut self) {
         self.data.clear();
+        self.dropped.clear();
         self.pos0 = 0;
     }
 }
@@ -171,10 +192,9 @@ impl<B: Backend> SeqState<B> {
     /// [`SeqState::n_past`] only (a rewind drops the others).
     pub fn hidden_mut(&mut self) -> Option<&mut HiddenRows> {
         let n = self.n_past;
-        self.hidden.as_mut().map(|h| {
-            h.truncate(n);
-            h
-        })
+        let h = self.hidden.as_mut()?;
+        h.truncate(n);
+        Some(h)
     }
 
     /// Keeps at most `n` checkpoints (0: none, so a recurrent state only
@@ -498,8 +518,7 @@ impl<B: Backend> SeqState<B> {
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
         if self.hidden.is_some() {
-            let mut out = Self::eval_multi_with(model, &mut [self], &[tokens], &[want])?;
-            return Ok(std::mem::take(&mut out).into_first());
+            return Ok(Self::eval_multi_with(model, &mut [self], &[tokens], &[want])?.into_first());
         }
         self.usable(&model.backend)?;
         match model.forward(&mut self.layers, tokens, self.n_past, want) {

@@ -15,6 +15,8 @@
 //!   attention kernels move a softmax over the ten best logits (measured
 //!   here: at most 0.00088 exact, 0.0020 default, where f16 K/V tiles and
 //!   ggml's f16 exp enter; the test prints the worst case of each path).
+//! - `serve`'s slots (two, three requests) draft as llama-server does: the
+//!   same tokens and draft counts per request.
 //! - Longhaul streams the NextN layer's experts like a trunk layer's: the
 //!   drafts, probabilities and tokens equal the resident run's bit for bit
 //!   at 1 and all slots per layer.
@@ -34,7 +36,8 @@ use longhaul::engine::{
     CacheBudget, Engine, EngineError, EngineParams, FlashAttn, GenStats, LonghaulParams,
 };
 use longhaul::sample::{Sampler, SamplerParams};
-use longhaul::spec::{DraftParams, DraftSource, Drafter};
+use longhaul::scheduler::{GenEvent, GenRequest, Scheduler, Speculation, StateConfig};
+use longhaul::spec::{DraftParams, DraftSource, Drafter, SpecParams, SpecType};
 use longhaul::state::HiddenRows;
 use longhaul::tensor::GgmlType;
 
@@ -70,7 +73,11 @@ fn engine(exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBackend>> {
     let params = EngineParams {
         n_ctx: 512,
         kv_type: if exact { GgmlType::F32 } else { GgmlType::F16 },
-        flash_attn: if exact { FlashAttn::Off } else { FlashAttn::Auto },
+        flash_attn: if exact {
+            FlashAttn::Off
+        } else {
+            FlashAttn::Auto
+        },
         mtp: true,
         longhaul: slots.map(|n| LonghaulParams {
             budget: CacheBudget::Bytes(n),
@@ -88,7 +95,8 @@ fn engine(exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBackend>> {
 /// Greedy generation with the MTP drafter; the tokens, stats and drafts.
 fn run(e: &Arc<Engine<CpuBackend>>, prompt: &[u32], n: usize) -> (Vec<u32>, GenStats, Steps) {
     let steps: Steps = Arc::default();
-    let inner = MtpDrafter::new(e.clone(), e.params.n_ctx, DraftParams::default()).expect("drafter");
+    let inner =
+        MtpDrafter::new(e.clone(), e.params.n_ctx, DraftParams::default()).expect("drafter");
     let mut d = Drafter::Model(Box::new(Recording {
         inner,
         steps: steps.clone(),
@@ -109,13 +117,22 @@ fn mtp_drafts_equal_llama_cpp_drafts_at_both_paths() {
         let mut worst = (0f32, String::new());
         let path = if exact { "exact" } else { "default" };
         let e = engine(exact, None);
-        for r in g["runs"].as_array().unwrap().iter().filter(|r| r["path"] == path) {
+        for r in g["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["path"] == path)
+        {
             let label = format!("{path} {:?}", r["prompt"].as_str().unwrap());
             let prompt = e.tokenize(r["prompt"].as_str().unwrap()).expect("tokenize");
             assert_eq!(prompt, ids(&r["prompt_tokens"]), "{label}: prompt tokens");
             let (out, stats, steps) = run(&e, &prompt, n_predict);
             assert_eq!(out, ids(&r["tokens"]), "{label}: generated tokens");
-            assert_eq!(stats.spec.n_drafted as u64, r["draft_n"].as_u64().unwrap(), "{label}");
+            assert_eq!(
+                stats.spec.n_drafted as u64,
+                r["draft_n"].as_u64().unwrap(),
+                "{label}"
+            );
             assert_eq!(
                 stats.spec.n_accepted as u64,
                 r["draft_n_accepted"].as_u64().unwrap(),
@@ -142,7 +159,12 @@ fn mtp_drafts_equal_llama_cpp_drafts_at_both_paths() {
         }
         eprintln!("largest probability difference: {} ({})", worst.0, worst.1);
         let tol = if exact { 0.0015 } else { 0.003 };
-        assert!(worst.0 <= tol, "probability off by {}: {}", worst.0, worst.1);
+        assert!(
+            worst.0 <= tol,
+            "probability off by {}: {}",
+            worst.0,
+            worst.1
+        );
     }
 }
 
@@ -154,16 +176,27 @@ fn longhaul_mtp_streams_the_nextn_experts_and_equals_resident() {
         .expect("tokenize");
     let (want, _, want_steps) = run(&resident, &prompt, 24);
     let want_steps = want_steps.lock().unwrap().clone();
-    assert!(want_steps.iter().any(|(d, _)| d.len() == 3), "the head drafts");
+    assert!(
+        want_steps.iter().any(|(d, _)| d.len() == 3),
+        "the head drafts"
+    );
     // 1 slot per layer and every expert: one expert is 48 KiB (f32 gate, up
     // and down of 128 x 32), and the NextN layer is a third MoE layer.
-    for budget in [3 * 48 << 10, 64 << 20] {
+    for budget in [(3 * 48) << 10, 64 << 20] {
         let e = engine(false, Some(budget));
         let info = e.longhaul.as_ref().expect("longhaul");
-        assert_eq!(e.model.n_slots(), if budget < 1 << 20 { 1 } else { 8 }, "{info:?}");
+        assert_eq!(
+            e.model.n_slots(),
+            if budget < 1 << 20 { 1 } else { 8 },
+            "{info:?}"
+        );
         let (out, stats, steps) = run(&e, &prompt, 24);
         assert_eq!(out, want, "budget {budget}: tokens");
-        assert_eq!(*steps.lock().unwrap(), want_steps, "budget {budget}: drafts");
+        assert_eq!(
+            *steps.lock().unwrap(),
+            want_steps,
+            "budget {budget}: drafts"
+        );
         // The NextN layer read experts of its own: MoE layers 1, 2 and 3.
         let (_, stats_layers) = e.longhaul_stats().expect("layer stats");
         assert!(stats_layers[3].misses > 0, "{stats_layers:?}");
@@ -178,7 +211,139 @@ fn draft_mtp_is_refused_for_a_file_without_nextn_layers() {
         ..EngineParams::default()
     };
     let path = fixture("qwen3moe-f32.gguf");
-    let err = Engine::load(&path, CpuBackend::new(), params).err().expect("refused");
+    let err = Engine::load(&path, CpuBackend::new(), params)
+        .err()
+        .expect("refused");
     let msg = err.to_string();
     assert!(msg.contains("draft-mtp") && msg.contains("NextN"), "{msg}");
+}
+
+#[test]
+fn served_slots_draft_with_the_mtp_head_as_llama_server_does() {
+    // The three default-path prompts on 2 slots, in one scheduler: each
+    // request's tokens and draft counts are llama-server's.
+    let g = golden("mtp-glm4moe-f32.json");
+    let n_predict = g["n_predict"].as_u64().unwrap() as usize;
+    let e = engine(false, None);
+    let spec = Speculation {
+        params: SpecParams {
+            kind: SpecType::DraftMtp,
+            ..SpecParams::default()
+        },
+        draft: None,
+    };
+    let sched = Scheduler::spawn_speculative(e.clone(), 2, 2, StateConfig::default(), spec);
+    let runs: Vec<_> = g["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == "default")
+        .collect();
+    let mut streams: Vec<_> = runs
+        .iter()
+        .map(|r| {
+            let req = GenRequest {
+                prompt: ids(&r["prompt_tokens"]),
+                n_predict,
+                sampler: SamplerParams::greedy(),
+                stop: Vec::new(),
+                cache_prompt: false,
+                ignore_eos: false,
+                probs: None,
+                constraint: None,
+                special: false,
+            };
+            sched.submit(req).expect("submit")
+        })
+        .collect();
+    for (s, r) in streams.iter_mut().zip(&runs) {
+        let mut got = Vec::new();
+        let label = r["prompt"].as_str().unwrap();
+        loop {
+            match s.next_blocking() {
+                Some(GenEvent::Token { id, .. }) => got.push(id),
+                Some(GenEvent::Done(d)) => {
+                    assert_eq!(
+                        d.spec.n_drafted as u64,
+                        r["draft_n"].as_u64().unwrap(),
+                        "{label}"
+                    );
+                    assert_eq!(
+                        d.spec.n_accepted as u64,
+                        r["draft_n_accepted"].as_u64().unwrap(),
+                        "{label}"
+                    );
+                    break;
+                }
+                Some(GenEvent::Error(e)) => panic!("{label}: {e}"),
+                None => panic!("{label}: the stream ended"),
+            }
+        }
+        assert_eq!(got, ids(&r["tokens"]), "{label}");
+    }
+}
+
+#[test]
+fn a_cached_prefix_drafts_as_llama_server_does() {
+    // llama-server, one slot, cache_prompt: the second prompt extends the
+    // first, so the slot keeps the first prompt and evaluates the rest; the
+    // head pairs the first new position with the row its last draft
+    // started from (llama.cpp's `pending_h`), the target no longer holding
+    // the row before it.
+    let g = golden("mtp-glm4moe-f32.json");
+    let n_predict = g["n_predict"].as_u64().unwrap() as usize;
+    let runs: Vec<_> = g["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == "default-cached")
+        .collect();
+    let e = engine(false, None);
+    let steps: Steps = Arc::default();
+    let inner =
+        MtpDrafter::new(e.clone(), e.params.n_ctx, DraftParams::default()).expect("drafter");
+    let mut d = Drafter::Model(Box::new(Recording {
+        inner,
+        steps: steps.clone(),
+    }));
+    let mut kv = e.new_kv().expect("kv");
+    let mut sampler = Sampler::new(SamplerParams::greedy());
+    let first = ids(&runs[0]["prompt_tokens"]);
+    let (out, _) = e
+        .generate_spec(&mut kv, &first, n_predict, &mut sampler, &mut d, |_| true)
+        .expect("first request");
+    assert_eq!(out, ids(&runs[0]["tokens"]));
+    let second = ids(&runs[1]["prompt_tokens"]);
+    let cached = runs[1]["cache_n"].as_u64().unwrap() as usize;
+    assert_eq!(second[..cached], first[..cached]);
+    kv.rewind(&e.model.backend, cached).expect("rewind");
+    steps.lock().unwrap().clear();
+    let (out, stats) = e
+        .generate_spec_after(
+            &mut kv,
+            &second[..cached],
+            &second[cached..],
+            n_predict,
+            &mut sampler,
+            &mut d,
+            |_| true,
+        )
+        .expect("second request");
+    let r = runs[1];
+    assert_eq!(out, ids(&r["tokens"]), "tokens");
+    assert_eq!(stats.spec.n_drafted as u64, r["draft_n"].as_u64().unwrap());
+    let steps = steps.lock().unwrap();
+    let got: Vec<_> = steps.iter().filter(|(d, _)| !d.is_empty()).collect();
+    let want = r["drafts"].as_array().unwrap();
+    assert_eq!(got.len(), want.len(), "drafting steps");
+    for (i, ((d, p), w)) in got.iter().zip(want).enumerate() {
+        for (j, (&id, &pr)) in d.iter().zip(p).enumerate() {
+            let (wid, wp) = (
+                w[j][0].as_u64().unwrap() as u32,
+                w[j][1].as_f64().unwrap() as f32,
+            );
+            assert_eq!(id, wid, "step {i} token {j}");
+            assert!((pr - wp).abs() <= 0.003, "step {i} token {j}: {pr} vs {wp}");
+        }
+    }
 }

@@ -361,11 +361,12 @@ impl DraftSource for Checked {
         tokens: &[u32],
         sampled: u32,
         n_max: usize,
+        _hidden: Option<&mut longhaul::state::HiddenRows>,
     ) -> Result<Vec<u32>, EngineError> {
         // The sequence went back past part of what the drafter had seen.
         let went_back =
             tokens.len() < self.last.len() || tokens[..self.last.len()] != self.last[..];
-        let got = self.inc.draft(tokens, sampled, n_max)?;
+        let got = self.inc.draft(tokens, sampled, n_max, None)?;
         let tok = &self.inc.engine().tokenizer;
         let mut fresh = ModelDrafter::load(
             &self.path,
@@ -374,7 +375,7 @@ impl DraftSource for Checked {
             tok,
             DraftParams::default(),
         )?;
-        let want = fresh.draft(tokens, sampled, n_max)?;
+        let want = fresh.draft(tokens, sampled, n_max, None)?;
         let mut c = self.counts.lock().expect("counts");
         assert_eq!(got, want, "draft {} after {} tokens", c.0, tokens.len());
         c.0 += 1;

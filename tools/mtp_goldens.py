@@ -8,10 +8,12 @@ and at llama.cpp's defaults; its debug log (-v) names every drafted token and
 its probability (softmax over the drafter's top 10), and the reply the
 generated tokens and the draft counts. Written as JSON:
 
-  {"model": ..., "runs": [{"path": "exact"|"default", "prompt": ...,
+  {"model": ..., "runs": [{"path": "exact"|"default"|"default-cached", "prompt": ...,
     "tokens": [...], "draft_n": N, "draft_n_accepted": N,
     "drafts": [[[id, p], ...], ...]}]}
 
+`default-cached` is two requests on one slot with cache_prompt, the second
+prompt extending the first (the slot keeps the shared prefix).
 `drafts` holds each step's whole draft as the drafter made it; near the end
 of a request the server keeps only what fits n_predict (`draft_n` counts what
 was kept).
@@ -19,6 +21,7 @@ was kept).
 usage: tools/mtp_goldens.py LLAMA_BIN_DIR MODEL.gguf OUT.json
 """
 import json
+import os
 import re
 import socket
 import subprocess
@@ -51,9 +54,31 @@ def post(port: int, path: str, body: dict) -> dict:
         return json.load(r)
 
 
-def one(bin_dir: str, model: str, flags: list[str], prompt: str) -> dict:
+def parse(log: bytes, t: dict) -> list:
+    """Each step's drafted tokens and their probabilities, from the debug log."""
+    drafts, cur = [], []
+    for line in log.splitlines():
+        m = CAND.search(line)
+        if m and m.group(1) == b"0":
+            assert int(m.group(2)) == len(cur), line
+            cur.append([int(m.group(3)), float(m.group(4))])
+        elif STEP_END.search(line):
+            drafts.append(cur)
+            cur = []
+    if cur:
+        drafts.append(cur)
+    # The drafter drafts --spec-draft-n-max tokens and the server keeps what
+    # fits the request (n_predict): the last steps' drafts are cut after the
+    # log, so `drafts` holds each step's whole draft and draft_n what was kept.
+    assert sum(len(d) for d in drafts) >= t["draft_n"], (drafts, t)
+    return drafts
+
+
+def serve(bin_dir: str, model: str, flags: list[str], prompts: list[str], cache: bool) -> list[dict]:
+    """One llama-server, the prompts one after another on its one slot."""
     port = free_port()
     log = f"/tmp/mtp-goldens-{port}.log"
+    out = []
     with open(log, "wb") as f:
         srv = subprocess.Popen([f"{bin_dir}/llama-server", "-m", model, "--spec-type", "draft-mtp",
                                 "-t", "2", "-c", "512", "-np", "1", "--port", str(port), "-v",
@@ -65,31 +90,23 @@ def one(bin_dir: str, model: str, flags: list[str], prompt: str) -> dict:
                 break
             except Exception:
                 time.sleep(0.1)
-        r = post(port, "/completion", {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0,
-                                       "return_tokens": True, "cache_prompt": False})
-        toks = post(port, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
-        time.sleep(0.5)  # the log is written by a thread of its own
+        for prompt in prompts:
+            at = os.path.getsize(log)
+            r = post(port, "/completion", {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0,
+                                           "return_tokens": True, "cache_prompt": cache})
+            time.sleep(0.5)  # the log is written by a thread of its own
+            with open(log, "rb") as f:
+                f.seek(at)
+                text = f.read()
+            toks = post(port, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+            t = r["timings"]
+            out.append({"prompt": prompt, "prompt_tokens": toks, "tokens": r["tokens"],
+                        "cache_n": t["cache_n"], "draft_n": t["draft_n"],
+                        "draft_n_accepted": t["draft_n_accepted"], "drafts": parse(text, t)})
     finally:
         srv.terminate()
         srv.wait()
-    drafts, cur = [], []
-    for line in open(log, "rb").read().splitlines():
-        m = CAND.search(line)
-        if m and m.group(1) == b"0":
-            assert int(m.group(2)) == len(cur), line
-            cur.append([int(m.group(3)), float(m.group(4))])
-        elif STEP_END.search(line):
-            drafts.append(cur)
-            cur = []
-    if cur:
-        drafts.append(cur)
-    t = r["timings"]
-    # The drafter drafts --spec-draft-n-max tokens and the server keeps what
-    # fits the request (n_predict): the last steps' drafts are cut after the
-    # log, so `drafts` holds each step's whole draft and draft_n what was kept.
-    assert sum(len(d) for d in drafts) >= t["draft_n"], (drafts, t)
-    return {"prompt": prompt, "prompt_tokens": toks, "tokens": r["tokens"],
-            "draft_n": t["draft_n"], "draft_n_accepted": t["draft_n_accepted"], "drafts": drafts}
+    return out
 
 
 def main():
@@ -97,10 +114,15 @@ def main():
     runs = []
     for name, flags in PATHS.items():
         for p in PROMPTS:
-            r = one(bin_dir, model, flags, p)
-            runs.append({"path": name, **r})
-            print(f"{name}: {len(r['tokens'])} tokens, {r['draft_n']} drafted, "
-                  f"{r['draft_n_accepted']} accepted", file=sys.stderr)
+            runs += [{"path": name, **r} for r in serve(bin_dir, model, flags, [p], False)]
+    # A cached prompt: the second request shares the first one's prompt (not
+    # its reply), so the slot keeps that prefix and evaluates the rest.
+    first = PROMPTS[2]
+    runs += [{"path": "default-cached", **r}
+             for r in serve(bin_dir, model, [], [first, first + " jumps again"], True)]
+    for r in runs:
+        print(f"{r['path']}: {len(r['tokens'])} tokens, {r['draft_n']} drafted, "
+              f"{r['draft_n_accepted']} accepted, {r['cache_n']} cached", file=sys.stderr)
     doc = {"model": model.rsplit("/", 1)[-1], "n_predict": N_PREDICT,
            "made_by": "tools/mtp_goldens.py (llama-server --spec-type draft-mtp, llama-cpp-python 0.3.36)",
            "runs": runs}

@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use longhaul::backend::Backend;
-use longhaul::draft::ModelDrafter;
+use longhaul::draft::{ModelDrafter, MtpDrafter};
 use longhaul::engine::{CacheBudget, Engine, EngineParams, FlashAttn, LonghaulParams};
 use longhaul::longhaul::{CacheStats, Policy};
 use longhaul::model::Logits;
@@ -507,7 +507,7 @@ fn run_once<B: Backend>(
 /// does), drafting with `sp`. Returns the decode's nanoseconds, its
 /// longhaul counters and the drafter's.
 fn run_spec<B: Backend + 'static>(
-    engine: &Engine<B>,
+    engine: &std::sync::Arc<Engine<B>>,
     t: &Test,
     n_vocab: u32,
     text: &[u32],
@@ -525,6 +525,12 @@ fn run_spec<B: Backend + 'static>(
             d.prime(&[&held[..], text].concat())?;
             Some(Drafter::Model(Box::new(d)))
         }
+        // The head catches up on the prompt in the first draft (timed).
+        (SpecType::DraftMtp, _) => Some(Drafter::Model(Box::new(MtpDrafter::new(
+            engine.clone(),
+            engine.params.n_ctx,
+            sp.draft,
+        )?))),
         _ => sp.drafter(),
     };
     let no_eog = engine
@@ -740,6 +746,7 @@ fn bench_mode<B: Backend + 'static>(
             longhaul,
             no_mmap: *mode == LoadMode::Read,
             flash_attn,
+            mtp: p.spec.contains(&SpecType::DraftMtp),
             ..Default::default()
         };
         let mut engine = Engine::load(p.model, backend, params)
@@ -748,6 +755,8 @@ fn bench_mode<B: Backend + 'static>(
             a.trace.attach(&mut engine)?;
             out.traced = true;
         }
+        // Shared with an MTP drafter during a row.
+        let mut engine = std::sync::Arc::new(engine);
         if out.desc.is_none() {
             out.desc = Some(describe(p.model, &engine));
         }
@@ -762,7 +771,10 @@ fn bench_mode<B: Backend + 'static>(
             longhaul::draft::check_vocab(&engine.tokenizer, &d.tokenizer)?;
         }
         for &ub in &a.ubatch {
-            engine.params.n_ubatch = ub.max(1);
+            std::sync::Arc::get_mut(&mut engine)
+                .context("the engine is still shared with a drafter")?
+                .params
+                .n_ubatch = ub.max(1);
             for &t in p.threads {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(t.max(1))

@@ -51,9 +51,11 @@ pub fn load_bar() -> longhaul::model::Progress {
 pub fn model_start<B: Backend>(e: &Engine<B>) {
     let m = &e.model;
     let (dense, moe) = m.layer_counts();
-    let nextn = match m.hp.n_nextn {
-        0 => String::new(),
-        n => format!(", {n} NextN not loaded"),
+    let nextn = match (m.hp.n_nextn, m.nextn.is_some()) {
+        (0, _) => String::new(),
+        (1, true) => ", 1 NextN loaded for draft-mtp".to_string(),
+        (n, true) => format!(", 1 of {n} NextN loaded for draft-mtp"),
+        (n, false) => format!(", {n} NextN not loaded"),
     };
     let (k, v) = m.hp.kv_widths();
     let n_ctx = e.params.n_ctx;

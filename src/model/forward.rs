@@ -185,7 +185,10 @@ pub(super) fn forward_multi<B: Backend>(
         } else {
             b.gather_rows(&x, &rows)?
         };
-        (b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?, Vec::new())
+        (
+            b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?,
+            Vec::new(),
+        )
     };
     let logits = b.take_host(b.matmul(&m.output, &x)?)?;
     // Each sequence's rows of the one buffer.

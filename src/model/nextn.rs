@@ -92,7 +92,11 @@ pub(super) fn forward<B: Backend>(
     if tokens.is_empty() || h.len() != tokens.len() * e {
         return Err(ModelError::BadHparam {
             key: "nextn input".into(),
-            reason: format!("{} tokens with {} hidden values of {e}", tokens.len(), h.len()),
+            reason: format!(
+                "{} tokens with {} hidden values of {e}",
+                tokens.len(),
+                h.len()
+            ),
         });
     }
     if let Some(&id) = tokens.iter().find(|&&id| id as usize >= hp.n_vocab) {
@@ -108,11 +112,7 @@ pub(super) fn forward<B: Backend>(
         steps: false,
     }];
     crate::longhaul::io_scope(|io| {
-        let p = Pass {
-            m,
-            seqs: &seqs,
-            io,
-        };
+        let p = Pass { m, seqs: &seqs, io };
         let x = b.get_rows(n.embed.as_ref().unwrap_or(&m.tok_embd), tokens)?;
         let x = p.norm(&x, &n.enorm)?;
         let hn = p.norm(&b.from_host(h.to_vec(), tokens.len(), e)?, &n.hnorm)?;

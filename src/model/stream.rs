@@ -114,7 +114,10 @@ fn expert_bytes(layers: &[(usize, Vec<&TensorInfo>)]) -> Result<u64, ModelError>
 
 /// The routed tensors of every MoE layer, the NextN head's (loaded for an
 /// MTP drafter) after the trunk's.
-fn routed<'a, B: Backend>(m: &Model<B>, file: &'a gguf::Model) -> Vec<(usize, Vec<&'a TensorInfo>)> {
+fn routed<'a, B: Backend>(
+    m: &Model<B>,
+    file: &'a gguf::Model,
+) -> Vec<(usize, Vec<&'a TensorInfo>)> {
     let nextn = m.nextn.as_ref().map(|n| (n.il, &n.layer));
     m.layers
         .iter()
