@@ -701,7 +701,11 @@ impl<B: Backend> Engine<B> {
                     for (i, &d) in draft.iter().enumerate() {
                         let (t, ok) = sampler.verify(row(i), &history[n_held..], d, &[(d, 1.0)]);
                         n_emitted += 1;
-                        n_accepted += usize::from(ok);
+                        // As llama.cpp counts: a drafted end-of-generation
+                        // token ends the reply and counts as accepted only
+                        // as the draft's last token.
+                        let eog_early = self.tokenizer.is_eog(t) && i + 1 < draft.len();
+                        n_accepted += usize::from(ok && !eog_early);
                         go_on = emit(t, false, n0 + 1 + i, &mut out, &mut history);
                         pending = t;
                         if !go_on || !ok {

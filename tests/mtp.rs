@@ -69,7 +69,13 @@ impl DraftSource for Recording {
     }
 }
 
-fn engine(exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBackend>> {
+/// The two fixtures: random weights (no draft accepted), and the same
+/// model with small block outputs and a head that agrees with the trunk
+/// part of the time (`tools/mtp_agree_fixture.py`), whose drafts are
+/// accepted in part.
+const GOLDENS: [&str; 2] = ["mtp-glm4moe-f32.json", "mtp-glm4moe-mtp-agree-f32.json"];
+
+fn engine_for(model: &str, exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBackend>> {
     let params = EngineParams {
         n_ctx: 512,
         kv_type: if exact { GgmlType::F32 } else { GgmlType::F16 },
@@ -88,7 +94,7 @@ fn engine(exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBackend>> {
         }),
         ..EngineParams::default()
     };
-    let path = fixture("glm4moe-f32.gguf");
+    let path = fixture(model);
     Arc::new(Engine::load(&path, CpuBackend::new(), params).expect("load with the NextN layer"))
 }
 
@@ -111,19 +117,27 @@ fn run(e: &Arc<Engine<CpuBackend>>, prompt: &[u32], n: usize) -> (Vec<u32>, GenS
 
 #[test]
 fn mtp_drafts_equal_llama_cpp_drafts_at_both_paths() {
-    let g = golden("mtp-glm4moe-f32.json");
+    for (g, exact) in GOLDENS.iter().flat_map(|g| [(g, true), (g, false)]) {
+        check_against_llama_cpp(g, exact);
+    }
+}
+
+fn check_against_llama_cpp(golden_name: &str, exact: bool) {
+    let g = golden(golden_name);
     let n_predict = g["n_predict"].as_u64().unwrap() as usize;
-    for exact in [true, false] {
+    let model = g["model"].as_str().unwrap();
+    {
         let mut worst = (0f32, String::new());
         let path = if exact { "exact" } else { "default" };
-        let e = engine(exact, None);
+        let e = engine_for(model, exact, None);
+        let mut accepted = 0;
         for r in g["runs"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|r| r["path"] == path)
         {
-            let label = format!("{path} {:?}", r["prompt"].as_str().unwrap());
+            let label = format!("{model} {path} {:?}", r["prompt"].as_str().unwrap());
             let prompt = e.tokenize(r["prompt"].as_str().unwrap()).expect("tokenize");
             assert_eq!(prompt, ids(&r["prompt_tokens"]), "{label}: prompt tokens");
             let (out, stats, steps) = run(&e, &prompt, n_predict);
@@ -138,6 +152,7 @@ fn mtp_drafts_equal_llama_cpp_drafts_at_both_paths() {
                 r["draft_n_accepted"].as_u64().unwrap(),
                 "{label}"
             );
+            accepted += stats.spec.n_accepted;
             let want = r["drafts"].as_array().unwrap();
             let steps = steps.lock().unwrap();
             let got: Vec<_> = steps.iter().filter(|(d, _)| !d.is_empty()).collect();
@@ -165,17 +180,36 @@ fn mtp_drafts_equal_llama_cpp_drafts_at_both_paths() {
             worst.0,
             worst.1
         );
+        // The agreeing head has drafts accepted; the random one none.
+        assert_eq!(
+            accepted > 0,
+            model.contains("agree"),
+            "{model}: {accepted} accepted"
+        );
     }
 }
 
 #[test]
 fn longhaul_mtp_streams_the_nextn_experts_and_equals_resident() {
-    let resident = engine(false, None);
+    for model in ["glm4moe-f32.gguf", "glm4moe-mtp-agree-f32.gguf"] {
+        longhaul_equals_resident(model);
+    }
+}
+
+fn longhaul_equals_resident(model: &str) {
+    let resident = engine_for(model, false, None);
     let prompt = resident
         .tokenize("The quick brown fox jumps over the lazy dog. The quick brown fox")
         .expect("tokenize");
     let (want, _, want_steps) = run(&resident, &prompt, 24);
     let want_steps = want_steps.lock().unwrap().clone();
+    // Greedy with drafts is greedy without them.
+    let mut kv = resident.new_kv().expect("kv");
+    let mut sampler = Sampler::new(SamplerParams::greedy());
+    let (plain, _) = resident
+        .generate(&mut kv, &prompt, 24, &mut sampler, |_| true)
+        .expect("plain");
+    assert_eq!(want, plain, "{model}: greedy with and without drafts");
     assert!(
         want_steps.iter().any(|(d, _)| d.len() == 3),
         "the head drafts"
@@ -183,7 +217,7 @@ fn longhaul_mtp_streams_the_nextn_experts_and_equals_resident() {
     // 1 slot per layer and every expert: one expert is 48 KiB (f32 gate, up
     // and down of 128 x 32), and the NextN layer is a third MoE layer.
     for budget in [(3 * 48) << 10, 64 << 20] {
-        let e = engine(false, Some(budget));
+        let e = engine_for(model, false, Some(budget));
         let info = e.longhaul.as_ref().expect("longhaul");
         assert_eq!(
             e.model.n_slots(),
@@ -220,11 +254,17 @@ fn draft_mtp_is_refused_for_a_file_without_nextn_layers() {
 
 #[test]
 fn served_slots_draft_with_the_mtp_head_as_llama_server_does() {
+    for g in GOLDENS {
+        served_slots(g);
+    }
+}
+
+fn served_slots(golden_name: &str) {
     // The three default-path prompts on 2 slots, in one scheduler: each
     // request's tokens and draft counts are llama-server's.
-    let g = golden("mtp-glm4moe-f32.json");
+    let g = golden(golden_name);
     let n_predict = g["n_predict"].as_u64().unwrap() as usize;
-    let e = engine(false, None);
+    let e = engine_for(g["model"].as_str().unwrap(), false, None);
     let spec = Speculation {
         params: SpecParams {
             kind: SpecType::DraftMtp,
@@ -285,12 +325,18 @@ fn served_slots_draft_with_the_mtp_head_as_llama_server_does() {
 
 #[test]
 fn a_cached_prefix_drafts_as_llama_server_does() {
+    for g in GOLDENS {
+        cached_prefix(g);
+    }
+}
+
+fn cached_prefix(golden_name: &str) {
     // llama-server, one slot, cache_prompt: the second prompt extends the
     // first, so the slot keeps the first prompt and evaluates the rest; the
-    // head pairs the first new position with the row its last draft
-    // started from (llama.cpp's `pending_h`), the target no longer holding
-    // the row before it.
-    let g = golden("mtp-glm4moe-f32.json");
+    // head pairs the first new position with the last row the target held
+    // before it went back (llama.cpp's `pending_h`), the target no longer
+    // holding the row before that position.
+    let g = golden(golden_name);
     let n_predict = g["n_predict"].as_u64().unwrap() as usize;
     let runs: Vec<_> = g["runs"]
         .as_array()
@@ -298,7 +344,7 @@ fn a_cached_prefix_drafts_as_llama_server_does() {
         .iter()
         .filter(|r| r["path"] == "default-cached")
         .collect();
-    let e = engine(false, None);
+    let e = engine_for(g["model"].as_str().unwrap(), false, None);
     let steps: Steps = Arc::default();
     let inner =
         MtpDrafter::new(e.clone(), e.params.n_ctx, DraftParams::default()).expect("drafter");
@@ -332,6 +378,10 @@ fn a_cached_prefix_drafts_as_llama_server_does() {
     let r = runs[1];
     assert_eq!(out, ids(&r["tokens"]), "tokens");
     assert_eq!(stats.spec.n_drafted as u64, r["draft_n"].as_u64().unwrap());
+    assert_eq!(
+        stats.spec.n_accepted as u64,
+        r["draft_n_accepted"].as_u64().unwrap()
+    );
     let steps = steps.lock().unwrap();
     let got: Vec<_> = steps.iter().filter(|(d, _)| !d.is_empty()).collect();
     let want = r["drafts"].as_array().unwrap();

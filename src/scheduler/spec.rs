@@ -119,7 +119,10 @@ impl<B: Backend + 'static> Worker<B> {
         for (j, &d) in draft.iter().enumerate() {
             let (t, ok) = a.sampler.verify(row(j), &a.history, d, &[(d, 1.0)]);
             n_emitted += 1;
-            n_accepted += usize::from(ok);
+            // As llama.cpp counts: a drafted end-of-generation token ends the
+            // reply and counts as accepted only as the draft's last token.
+            let eog_early = engine.tokenizer.is_eog(t) && j + 1 < draft.len();
+            n_accepted += usize::from(ok && !eog_early);
             finished = Self::accept(engine, a, t, None, false, n0 + 1 + j, n_ctx);
             if finished || !ok {
                 break;
