@@ -15,6 +15,8 @@
 //!   attention kernels move a softmax over the ten best logits (measured
 //!   here: at most 0.00088 exact, 0.0020 default, where f16 K/V tiles and
 //!   ggml's f16 exp enter; the test prints the worst case of each path).
+//!   DeepSeek-V3's head (MLA) at the exact path only, within 0.006
+//!   (measured 0.0056).
 //! - `serve`'s slots (two, three requests) draft as llama-server does: the
 //!   same tokens and draft counts per request.
 //! - Longhaul streams the NextN layer's experts like a trunk layer's: the
@@ -69,11 +71,19 @@ impl DraftSource for Recording {
     }
 }
 
-/// The two fixtures: random weights (no draft accepted), and the same
+/// The GLM-4.5 fixtures: random weights (no draft accepted), and the same
 /// model with small block outputs and a head that agrees with the trunk
 /// part of the time (`tools/mtp_agree_fixture.py`), whose drafts are
-/// accepted in part.
+/// accepted in part. Compared at both paths.
 const GOLDENS: [&str; 2] = ["mtp-glm4moe-f32.json", "mtp-glm4moe-mtp-agree-f32.json"];
+
+/// DeepSeek-V3's fixture (MLA attention) with a NextN layer added by
+/// `tools/mtp_nextn_fixture.py`: compared at the exact path only. At
+/// llama.cpp's defaults its trunk's own greedy tokens part from llama.cpp's
+/// after 18 on one prompt (tests/families.rs checks the defaults by logit
+/// NMSE only: flash attention over the f16 cache rounds differently), so a
+/// draft comparison there says nothing of the head.
+const DEEPSEEK: &str = "mtp-deepseek3-mtp-f32.json";
 
 fn engine_for(model: &str, exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBackend>> {
     let params = EngineParams {
@@ -120,6 +130,7 @@ fn mtp_drafts_equal_llama_cpp_drafts_at_both_paths() {
     for (g, exact) in GOLDENS.iter().flat_map(|g| [(g, true), (g, false)]) {
         check_against_llama_cpp(g, exact);
     }
+    check_against_llama_cpp(DEEPSEEK, true);
 }
 
 fn check_against_llama_cpp(golden_name: &str, exact: bool) {
@@ -173,7 +184,13 @@ fn check_against_llama_cpp(golden_name: &str, exact: bool) {
             }
         }
         eprintln!("largest probability difference: {} ({})", worst.0, worst.1);
-        let tol = if exact { 0.0015 } else { 0.003 };
+        let tol = match (exact, model.starts_with("deepseek")) {
+            (true, false) => 0.0015,
+            (false, _) => 0.003,
+            // Measured 0.0056: MLA's products and the random layers amplify
+            // what families.rs bounds as NMSE <= 1e-5 of the trunk's logits.
+            (true, true) => 0.006,
+        };
         assert!(
             worst.0 <= tol,
             "probability off by {}: {}",
@@ -191,7 +208,11 @@ fn check_against_llama_cpp(golden_name: &str, exact: bool) {
 
 #[test]
 fn longhaul_mtp_streams_the_nextn_experts_and_equals_resident() {
-    for model in ["glm4moe-f32.gguf", "glm4moe-mtp-agree-f32.gguf"] {
+    for model in [
+        "glm4moe-f32.gguf",
+        "glm4moe-mtp-agree-f32.gguf",
+        "deepseek3-mtp-f32.gguf",
+    ] {
         longhaul_equals_resident(model);
     }
 }
@@ -214,16 +235,18 @@ fn longhaul_equals_resident(model: &str) {
         want_steps.iter().any(|(d, _)| d.len() == 3),
         "the head drafts"
     );
-    // 1 slot per layer and every expert: one expert is 48 KiB (f32 gate, up
-    // and down of 128 x 32), and the NextN layer is a third MoE layer.
-    for budget in [(3 * 48) << 10, 64 << 20] {
+    // Every expert, then 1 slot per layer; the NextN layer is a third MoE
+    // layer (after one dense and two MoE layers of the trunk).
+    let all = engine_for(model, false, Some(1 << 30));
+    let info = all.longhaul.as_ref().expect("longhaul").clone();
+    assert_eq!(info.n_moe_layers, 3, "{info:?}");
+    assert_eq!(all.model.n_slots(), info.n_expert);
+    drop(all);
+    let one = info.expert_bytes * info.n_moe_layers as u64;
+    for budget in [1 << 30, one] {
         let e = engine_for(model, false, Some(budget));
-        let info = e.longhaul.as_ref().expect("longhaul");
-        assert_eq!(
-            e.model.n_slots(),
-            if budget < 1 << 20 { 1 } else { 8 },
-            "{info:?}"
-        );
+        let n_slots = if budget == one { 1 } else { info.n_expert };
+        assert_eq!(e.model.n_slots(), n_slots, "{model}");
         let (out, stats, steps) = run(&e, &prompt, 24);
         assert_eq!(out, want, "budget {budget}: tokens");
         assert_eq!(

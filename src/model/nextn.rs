@@ -1,6 +1,7 @@
-//! The NextN/MTP head some files carry after the trunk (GLM-4.5's
-//! `nextn_predict_layers`), read as llama.cpp's `graph_mtp` of
-//! `src/models/glm4-moe.cpp` reads it. For the token `x_p` at position `p`
+//! The NextN/MTP head some files carry after the trunk (GLM-4.5's and
+//! DeepSeek-V3's `nextn_predict_layers`), read as llama.cpp's `graph_mtp` of
+//! `src/models/glm4-moe.cpp` and `deepseek2.cpp` read it (the decoder layer
+//! is the family's own: GQA or MLA attention, MoE FFN with shared experts). For the token `x_p` at position `p`
 //! and the trunk's final-norm row `h_{p-1}` of the position before it:
 //!
 //! ```text

@@ -82,6 +82,7 @@ pub(super) fn load_nextn_layer<B: Backend>(
 ) -> Option<Result<Layer<B::Weight>, ModelError>> {
     match spec.family {
         Family::Glm4Moe => Some(glm4moe::layer(l, il)),
+        Family::Deepseek2 => Some(deepseek2::layer(l, il)),
         _ => None,
     }
 }

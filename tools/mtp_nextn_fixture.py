@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Give a fixture without NextN layers one NextN/MTP layer, as
+convert_hf_to_gguf.py writes DeepSeek-V3's (`blk.{n}.nextn.*` after the
+trunk, `nextn_predict_layers` 1, `block_count` + 1), for tests/mtp.rs:
+transformers builds no MTP weights, so tools/make_fixtures.py leaves the
+DeepSeek-V3 fixture without them.
+
+The new layer is the trunk's last layer with every weight multiplied by
+U(0.5, 1.5) noise (so it is a decoder layer of the right kind and scale, but
+not a copy), plus eh_proj ~ N(0, 0.02) and enorm, hnorm and shared_head_norm
+~ U(0.5, 1.5), all from one seeded generator.
+
+usage: PYTHONPATH=$LLAMA_CPP/gguf-py python tools/mtp_nextn_fixture.py IN.gguf OUT.gguf
+(needs numpy; the gguf-py of llama.cpp's source tree, tools/build-llamacpp.sh)
+"""
+import sys
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+SEED = 1607
+
+
+def main():
+    src, dst = sys.argv[1:3]
+    rng = np.random.default_rng(SEED)
+    r = GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    n_layer = r.fields[f"{arch}.block_count"].contents()
+    assert f"{arch}.nextn_predict_layers" not in r.fields, "the file has NextN layers already"
+    w = GGUFWriter(dst, arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = f.contents()
+        if name == "general.name":
+            value = value + "-mtp"
+        if name == f"{arch}.block_count":
+            value = n_layer + 1
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+        w.add_key_value(name, value, vtype, sub_type=sub)
+    w.add_key_value(f"{arch}.nextn_predict_layers", 1, GGUFValueType.UINT32)
+    last = f"blk.{n_layer - 1}."
+    e = r.fields[f"{arch}.embedding_length"].contents()
+    extra = []
+    for t in r.tensors:
+        assert t.tensor_type.name == "F32", t.name
+        a = np.array(t.data, dtype=np.float32)
+        w.add_tensor(t.name, np.ascontiguousarray(a))
+        if t.name.startswith(last):
+            noise = rng.uniform(0.5, 1.5, a.shape).astype(np.float32)
+            extra.append((f"blk.{n_layer}." + t.name[len(last):], a * noise))
+    extra.append((f"blk.{n_layer}.nextn.eh_proj.weight",
+                  (rng.standard_normal((e, 2 * e)) * 0.02).astype(np.float32)))
+    for k in ("enorm", "hnorm", "shared_head_norm"):
+        extra.append((f"blk.{n_layer}.nextn.{k}.weight", rng.uniform(0.5, 1.5, e).astype(np.float32)))
+    for name, a in extra:
+        w.add_tensor(name, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
