@@ -102,3 +102,62 @@ fn gpu_self_drafting_accepts_every_draft_and_keeps_greedy_output() {
         );
     }
 }
+
+#[test]
+fn gpu_mtp_drafts_as_llama_server_does_and_keeps_greedy() {
+    // The GLM-4.5 fixture whose NextN head agrees with its trunk in part
+    // (tools/mtp_agree_fixture.py): on the GPU the head drafts, the target
+    // accepts and rejects as llama-server did on the CPU (its goldens'
+    // counts at the defaults), and greedy output equals greedy without it.
+    let g = common::golden("mtp-glm4moe-mtp-agree-f32.json");
+    let params = EngineParams {
+        n_ctx: 512,
+        kv_type: GgmlType::F16,
+        mtp: true,
+        ..Default::default()
+    };
+    let path = fixture("glm4moe-mtp-agree-f32.gguf");
+    let e = Arc::new(Engine::load(&path, gpu_util::gpu(), params).expect("gpu load"));
+    let mut accepted = 0;
+    for r in g["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == "default")
+    {
+        let prompt = common::ids(&r["prompt_tokens"]);
+        let n = g["n_predict"].as_u64().unwrap() as usize;
+        let d = longhaul::draft::MtpDrafter::new(e.clone(), 512, DraftParams::default())
+            .expect("drafter");
+        let mut d = Drafter::Model(Box::new(d));
+        let mut kv = e.new_kv().expect("kv");
+        let mut s = Sampler::new(SamplerParams::greedy());
+        let (out, st) = e
+            .generate_spec(&mut kv, &prompt, n, &mut s, &mut d, |_| true)
+            .expect("spec");
+        let mut kv = e.new_kv().expect("kv");
+        let mut s = Sampler::new(SamplerParams::greedy());
+        let (plain, _) = e
+            .generate(&mut kv, &prompt, n, &mut s, |_| true)
+            .expect("plain");
+        let label = r["prompt"].as_str().unwrap();
+        assert_eq!(out, plain, "{label}: greedy with and without drafts");
+        assert_eq!(
+            out,
+            common::ids(&r["tokens"]),
+            "{label}: llama.cpp's tokens"
+        );
+        assert_eq!(
+            st.spec.n_drafted as u64,
+            r["draft_n"].as_u64().unwrap(),
+            "{label}"
+        );
+        assert_eq!(
+            st.spec.n_accepted as u64,
+            r["draft_n_accepted"].as_u64().unwrap(),
+            "{label}"
+        );
+        accepted += st.spec.n_accepted;
+    }
+    assert!(accepted > 0);
+}
