@@ -272,27 +272,14 @@ impl<B: Backend> DraftSource for MtpDrafter<B> {
             .take_while(|(a, b)| a == b)
             .count();
         self.tokens.truncate(from);
-        let zeros = vec![0f32; e];
-        let row = |p: usize| -> Option<&[f32]> {
-            match p.checked_sub(1) {
-                None => Some(&zeros),
-                // The target went back past rows it no longer keeps (a
-                // cached prompt's prefix): as llama.cpp's `pending_h`, the
-                // first position pairs with the last row it held before.
-                Some(q) => h
-                    .row(q)
-                    .or_else(|| (p == from).then(|| h.last_dropped()).flatten()),
-            }
-        };
         // The trunk rows before positions from..=n (the last for the draft).
-        let mut rows = Vec::with_capacity((n + 1 - from) * e);
-        for p in from..=n {
-            match row(p) {
-                Some(r) => rows.extend_from_slice(r),
-                // Rows the target did not keep (a restored state): no draft.
-                None => return Ok(Vec::new()),
-            }
-        }
+        let Some(rows) = catch_up_rows(h, from, n) else {
+            // Rows the target did not keep (a restored state): no draft, and
+            // nothing kept for one (the head drafts again once the sequence
+            // starts over below what it holds).
+            h.release_before(n - 1);
+            return Ok(Vec::new());
+        };
         let (catch_up, last) = rows.split_at((n - from) * e);
         if from < n {
             m.forward_nextn(&mut self.kv, &tokens[from..], catch_up, from)?;
@@ -321,6 +308,28 @@ impl<B: Backend> DraftSource for MtpDrafter<B> {
         }
         Ok(out)
     }
+}
+
+/// The trunk rows the head pairs with positions `from..=n`: the row of the
+/// position before each (zeros before position 0). Where the target went
+/// back past rows it no longer keeps (a cached prompt's prefix), position
+/// `from` pairs, as with llama.cpp's `pending_h`, with the last row it held
+/// before. `None` when a row is missing otherwise.
+fn catch_up_rows(h: &HiddenRows, from: usize, n: usize) -> Option<Vec<f32>> {
+    let e = h.n_embd();
+    let mut rows = Vec::with_capacity((n + 1 - from) * e);
+    for p in from..=n {
+        match p.checked_sub(1) {
+            None => rows.resize(rows.len() + e, 0.0),
+            Some(q) => {
+                let r = h
+                    .row(q)
+                    .or_else(|| (p == from).then(|| h.last_dropped()).flatten())?;
+                rows.extend_from_slice(r);
+            }
+        }
+    }
+    Some(rows)
 }
 
 /// The best candidate (highest logit, lowest id on ties) and its

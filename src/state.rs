@@ -533,3 +533,41 @@ impl<B: Backend> SeqState<B> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HiddenRows;
+
+    fn rows(from: usize, n: usize) -> Vec<f32> {
+        (from..from + n)
+            .flat_map(|p| [p as f32, -(p as f32)])
+            .collect()
+    }
+
+    #[test]
+    fn hidden_rows_follow_the_positions_evaluated() {
+        let mut h = HiddenRows::new(2);
+        h.record(0, &rows(0, 5));
+        assert_eq!((h.end(), h.row(3)), (5, Some(&[3.0, -3.0][..])));
+        assert_eq!(h.last_dropped(), None);
+        // A verification batch went back: rows 3 and 4 go, 4 is remembered.
+        h.truncate(3);
+        assert_eq!((h.end(), h.row(3)), (3, None));
+        assert_eq!(h.last_dropped(), Some(&[4.0, -4.0][..]));
+        // Rows past the end replace nothing; a rewind then re-evaluation
+        // replaces what followed.
+        h.record(3, &rows(10, 2));
+        assert_eq!(h.row(4), Some(&[11.0, -11.0][..]));
+        h.record(1, &rows(20, 1));
+        assert_eq!((h.end(), h.row(1)), (2, Some(&[20.0, -20.0][..])));
+        // Read rows are released; a row before them or after a gap starts anew.
+        h.release_before(1);
+        assert_eq!((h.row(0), h.row(1).is_some()), (None, true));
+        h.record(0, &rows(30, 1));
+        assert_eq!((h.end(), h.row(0)), (1, Some(&[30.0, -30.0][..])));
+        h.record(5, &rows(40, 1));
+        assert_eq!((h.row(0), h.row(5)), (None, Some(&[40.0, -40.0][..])));
+        h.clear();
+        assert_eq!((h.end(), h.last_dropped()), (0, None));
+    }
+}
