@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 PROMPTS = [
@@ -34,6 +35,9 @@ PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n",
     "The quick brown fox jumps over the lazy dog. The quick brown fox",
 ]
+# Tried in turn where a prompt's reply fails: llama-server answers 500 when
+# a random model's reply is not valid UTF-8 (it cannot write the JSON).
+SPARE = ["Once upon a time there was", "1, 2, 3, 4, 5, 6, 7,", "Paris is the capital of"]
 PATHS = {"exact": ["-fa", "off", "-ctk", "f32", "-ctv", "f32"], "default": []}
 N_PREDICT = 32
 # `draft candidate   0, pos   1:    283 (   0.315) 'ke'`
@@ -113,13 +117,23 @@ def main():
     bin_dir, model, out = sys.argv[1:4]
     runs = []
     for name, flags in PATHS.items():
-        for p in PROMPTS:
-            runs += [{"path": name, **r} for r in serve(bin_dir, model, flags, [p], False)]
+        todo, done = PROMPTS + SPARE, 0
+        for p in todo:
+            if done == len(PROMPTS):
+                break
+            try:
+                runs += [{"path": name, **r} for r in serve(bin_dir, model, flags, [p], False)]
+                done += 1
+            except urllib.error.HTTPError as e:
+                print(f"{name} {p!r}: llama-server answered {e.code}; next prompt", file=sys.stderr)
     # A cached prompt: the second request shares the first one's prompt (not
     # its reply), so the slot keeps that prefix and evaluates the rest.
     first = PROMPTS[2]
-    runs += [{"path": "default-cached", **r}
-             for r in serve(bin_dir, model, [], [first, first + " jumps again"], True)]
+    try:
+        runs += [{"path": "default-cached", **r}
+                 for r in serve(bin_dir, model, [], [first, first + " jumps again"], True)]
+    except urllib.error.HTTPError as e:
+        print(f"cached: llama-server answered {e.code}; no cached runs", file=sys.stderr)
     for r in runs:
         print(f"{r['path']}: {len(r['tokens'])} tokens, {r['draft_n']} drafted, "
               f"{r['draft_n_accepted']} accepted, {r['cache_n']} cached", file=sys.stderr)

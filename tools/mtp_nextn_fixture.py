@@ -5,7 +5,9 @@ trunk, `nextn_predict_layers` 1, `block_count` + 1), for tests/mtp.rs:
 transformers builds no MTP weights, so tools/make_fixtures.py leaves the
 DeepSeek-V3 fixture without them.
 
-The new layer is the trunk's last layer with every weight multiplied by
+The new layer is the trunk's last attention layer (the last without a
+recurrent `ssm_*` tensor: a hybrid's MTP layer is full attention) with every
+weight multiplied by
 U(0.5, 1.5) noise (so it is a decoder layer of the right kind and scale, but
 not a copy), plus eh_proj ~ N(0, 0.02) and enorm, hnorm and shared_head_norm
 ~ U(0.5, 1.5), all from one seeded generator.
@@ -37,11 +39,15 @@ def main():
             value = value + "-mtp"
         if name == f"{arch}.block_count":
             value = n_layer + 1
+        if name == f"{arch}.attention.recurrent_layers":
+            value = list(value) + [False]
         vtype = f.types[0]
         sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
         w.add_key_value(name, value, vtype, sub_type=sub)
     w.add_key_value(f"{arch}.nextn_predict_layers", 1, GGUFValueType.UINT32)
-    last = f"blk.{n_layer - 1}."
+    with_ssm = {t.name.split(".")[1] for t in r.tensors if ".ssm_" in t.name}
+    src_layer = max(il for il in range(n_layer) if str(il) not in with_ssm)
+    last = f"blk.{src_layer}."
     e = r.fields[f"{arch}.embedding_length"].contents()
     extra = []
     for t in r.tensors:

@@ -83,6 +83,10 @@ pub(super) fn load_nextn_layer<B: Backend>(
     match spec.family {
         Family::Glm4Moe => Some(glm4moe::layer(l, il)),
         Family::Deepseek2 => Some(deepseek2::layer(l, il)),
+        // Qwen3.5's (a full-attention layer after the hybrid trunk) loads
+        // through `qwen3next::layer` and drafts, but one drafted token in
+        // ninety differs from llama.cpp's on a derived fixture, not
+        // understood yet: refused until it is.
         _ => None,
     }
 }
