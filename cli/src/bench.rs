@@ -130,7 +130,8 @@ pub struct BenchArgs {
 pub struct BenchSpecArgs {
     /// Speculative decoding, one row per value (comma-separated): none,
     /// ngram-simple, ngram-map-k, draft-simple (needs -md; -md alone means
-    /// none,draft-simple). Prompt tests (-p) run in the none rows only.
+    /// none,draft-simple), draft-mtp (the model's NextN layer). Prompt tests
+    /// (-p) run in the none rows only.
     #[arg(long = "spec-type", value_delimiter = ',')]
     pub spec_type: Vec<String>,
     /// The draft model of draft-simple rows (-md), resident on the rows'
