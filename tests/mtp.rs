@@ -240,6 +240,20 @@ fn longhaul_equals_resident(model: &str) {
     let all = engine_for(model, false, Some(1 << 30));
     let info = all.longhaul.as_ref().expect("longhaul").clone();
     assert_eq!(info.n_moe_layers, 3, "{info:?}");
+    // The head's KV cache counts with the trunk's, outside the budget.
+    let plain = Engine::load(
+        &fixture(model),
+        CpuBackend::new(),
+        EngineParams {
+            mtp: false,
+            ..all.params.clone()
+        },
+    )
+    .expect("load without the head");
+    let plain_kv = plain.longhaul.as_ref().expect("longhaul").kv_bytes;
+    let n_kv = plain.model.hp.n_layer_kv() as u64;
+    assert_eq!(info.kv_bytes * n_kv, plain_kv * (n_kv + 1), "{model}");
+    drop(plain);
     assert_eq!(all.model.n_slots(), info.n_expert);
     drop(all);
     let one = info.expert_bytes * info.n_moe_layers as u64;
