@@ -159,7 +159,7 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<()> {
             shapes.hp.n_layer,
             match shapes.hp.n_nextn {
                 0 => String::new(),
-                n => format!(", {n} NextN layers not loaded"),
+                n => format!(", {n} NextN layers, loaded only by --spec-type draft-mtp"),
             },
             shapes.attention_kind()
         );

@@ -55,7 +55,7 @@ pub fn model_start<B: Backend>(e: &Engine<B>) {
         (0, _) => String::new(),
         (1, true) => ", 1 NextN loaded for draft-mtp".to_string(),
         (n, true) => format!(", 1 of {n} NextN loaded for draft-mtp"),
-        (n, false) => format!(", {n} NextN not loaded"),
+        (n, false) => format!(", {n} NextN not loaded (--spec-type draft-mtp uses it)"),
     };
     let (k, v) = m.hp.kv_widths();
     let n_ctx = e.params.n_ctx;
