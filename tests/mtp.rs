@@ -125,6 +125,48 @@ fn run(e: &Arc<Engine<CpuBackend>>, prompt: &[u32], n: usize) -> (Vec<u32>, GenS
     (out, stats, steps)
 }
 
+/// The golden's runs of `path` (`exact`, `default`, `default-cached`).
+fn runs<'a>(g: &'a serde_json::Value, path: &str) -> Vec<&'a serde_json::Value> {
+    let all = g["runs"].as_array().expect("runs");
+    all.iter().filter(|r| r["path"] == path).collect()
+}
+
+/// A run's draft counts are the golden run `r`'s.
+fn check_counts(label: &str, stats: &GenStats, r: &serde_json::Value) {
+    let want = (r["draft_n"].as_u64(), r["draft_n_accepted"].as_u64());
+    let got = (stats.spec.n_drafted as u64, stats.spec.n_accepted as u64);
+    assert_eq!(
+        (Some(got.0), Some(got.1)),
+        want,
+        "{label}: drafted, accepted"
+    );
+}
+
+/// Every drafting step's tokens are the golden run `r`'s (near the end of
+/// a request both keep only what fits `n_predict`, so a step may hold
+/// fewer); returns the largest probability difference and where it is.
+fn check_drafts(label: &str, steps: &Steps, r: &serde_json::Value) -> (f32, String) {
+    let steps = steps.lock().unwrap();
+    let got: Vec<_> = steps.iter().filter(|(d, _)| !d.is_empty()).collect();
+    let want = r["drafts"].as_array().unwrap();
+    assert_eq!(got.len(), want.len(), "{label}: drafting steps");
+    let mut worst = (0f32, String::new());
+    for (i, ((d, p), w)) in got.iter().zip(want).enumerate() {
+        let w = w.as_array().unwrap();
+        assert!(d.len() <= w.len(), "{label} step {i}");
+        for (j, (&id, &pr)) in d.iter().zip(p).enumerate() {
+            let wid = w[j][0].as_u64().unwrap() as u32;
+            let wp = w[j][1].as_f64().unwrap() as f32;
+            assert_eq!(id, wid, "{label} step {i} token {j}: drafted token");
+            let diff = (pr - wp).abs();
+            if diff > worst.0 {
+                worst = (diff, format!("{label} step {i} token {j}: {pr} vs {wp}"));
+            }
+        }
+    }
+    worst
+}
+
 #[test]
 fn mtp_drafts_equal_llama_cpp_drafts_at_both_paths() {
     for (g, exact) in GOLDENS.iter().flat_map(|g| [(g, true), (g, false)]) {
@@ -142,45 +184,17 @@ fn check_against_llama_cpp(golden_name: &str, exact: bool) {
         let path = if exact { "exact" } else { "default" };
         let e = engine_for(model, exact, None);
         let mut accepted = 0;
-        for r in g["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["path"] == path)
-        {
+        for r in runs(&g, path) {
             let label = format!("{model} {path} {:?}", r["prompt"].as_str().unwrap());
             let prompt = e.tokenize(r["prompt"].as_str().unwrap()).expect("tokenize");
             assert_eq!(prompt, ids(&r["prompt_tokens"]), "{label}: prompt tokens");
             let (out, stats, steps) = run(&e, &prompt, n_predict);
             assert_eq!(out, ids(&r["tokens"]), "{label}: generated tokens");
-            assert_eq!(
-                stats.spec.n_drafted as u64,
-                r["draft_n"].as_u64().unwrap(),
-                "{label}"
-            );
-            assert_eq!(
-                stats.spec.n_accepted as u64,
-                r["draft_n_accepted"].as_u64().unwrap(),
-                "{label}"
-            );
+            check_counts(&label, &stats, r);
             accepted += stats.spec.n_accepted;
-            let want = r["drafts"].as_array().unwrap();
-            let steps = steps.lock().unwrap();
-            let got: Vec<_> = steps.iter().filter(|(d, _)| !d.is_empty()).collect();
-            assert_eq!(got.len(), want.len(), "{label}: drafting steps");
-            for (i, ((d, p), w)) in got.iter().zip(want).enumerate() {
-                let w = w.as_array().unwrap();
-                // Near the end, both keep only what fits n_predict.
-                assert!(d.len() <= w.len(), "{label} step {i}");
-                for (j, (&id, &pr)) in d.iter().zip(p).enumerate() {
-                    let wid = w[j][0].as_u64().unwrap() as u32;
-                    let wp = w[j][1].as_f64().unwrap() as f32;
-                    assert_eq!(id, wid, "{label} step {i} token {j}: drafted token");
-                    let diff = (pr - wp).abs();
-                    if diff > worst.0 {
-                        worst = (diff, format!("{label} step {i} token {j}: {pr} vs {wp}"));
-                    }
-                }
+            let w = check_drafts(&label, &steps, r);
+            if w.0 > worst.0 {
+                worst = w;
             }
         }
         eprintln!("largest probability difference: {} ({})", worst.0, worst.1);
@@ -310,12 +324,7 @@ fn served_slots(golden_name: &str) {
         draft: None,
     };
     let sched = Scheduler::spawn_speculative(e.clone(), 2, 2, StateConfig::default(), spec);
-    let runs: Vec<_> = g["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["path"] == "default")
-        .collect();
+    let runs = runs(&g, "default");
     let mut streams: Vec<_> = runs
         .iter()
         .map(|r| {
@@ -341,13 +350,11 @@ fn served_slots(golden_name: &str) {
                 Some(GenEvent::Token { id, .. }) => got.push(id),
                 Some(GenEvent::Done(d)) => {
                     assert_eq!(
-                        d.spec.n_drafted as u64,
-                        r["draft_n"].as_u64().unwrap(),
-                        "{label}"
-                    );
-                    assert_eq!(
-                        d.spec.n_accepted as u64,
-                        r["draft_n_accepted"].as_u64().unwrap(),
+                        (d.spec.n_drafted as u64, d.spec.n_accepted as u64),
+                        (
+                            r["draft_n"].as_u64().unwrap(),
+                            r["draft_n_accepted"].as_u64().unwrap()
+                        ),
                         "{label}"
                     );
                     break;
@@ -375,12 +382,7 @@ fn cached_prefix(golden_name: &str) {
     // holding the row before that position.
     let g = golden(golden_name);
     let n_predict = g["n_predict"].as_u64().unwrap() as usize;
-    let runs: Vec<_> = g["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["path"] == "default-cached")
-        .collect();
+    let runs = runs(&g, "default-cached");
     let e = engine_for(g["model"].as_str().unwrap(), false, None);
     let steps: Steps = Arc::default();
     let inner =
@@ -414,23 +416,7 @@ fn cached_prefix(golden_name: &str) {
         .expect("second request");
     let r = runs[1];
     assert_eq!(out, ids(&r["tokens"]), "tokens");
-    assert_eq!(stats.spec.n_drafted as u64, r["draft_n"].as_u64().unwrap());
-    assert_eq!(
-        stats.spec.n_accepted as u64,
-        r["draft_n_accepted"].as_u64().unwrap()
-    );
-    let steps = steps.lock().unwrap();
-    let got: Vec<_> = steps.iter().filter(|(d, _)| !d.is_empty()).collect();
-    let want = r["drafts"].as_array().unwrap();
-    assert_eq!(got.len(), want.len(), "drafting steps");
-    for (i, ((d, p), w)) in got.iter().zip(want).enumerate() {
-        for (j, (&id, &pr)) in d.iter().zip(p).enumerate() {
-            let (wid, wp) = (
-                w[j][0].as_u64().unwrap() as u32,
-                w[j][1].as_f64().unwrap() as f32,
-            );
-            assert_eq!(id, wid, "step {i} token {j}");
-            assert!((pr - wp).abs() <= 0.003, "step {i} token {j}: {pr} vs {wp}");
-        }
-    }
+    check_counts("cached", &stats, r);
+    let (worst, at) = check_drafts("cached", &steps, r);
+    assert!(worst <= 0.003, "{at}");
 }

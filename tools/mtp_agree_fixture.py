@@ -21,7 +21,8 @@ import os
 import sys
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFWriter
+from mtp_gguf import copy_metadata, write
 
 SCALE = float(os.environ.get("MTP_AGREE_SCALE", "0.003"))
 # The head's own blocks keep more weight, so that its attention over the
@@ -36,15 +37,10 @@ def main():
     r = GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     w = GGUFWriter(dst, arch)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        value = f.contents()
-        if name == "general.name":
-            value = value + "-mtp-agree"
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
-        w.add_key_value(name, value, vtype, sub_type=sub)
+    def edit(name, value):
+        return value + "-mtp-agree" if name == "general.name" else value
+
+    copy_metadata(r, w, edit)
     tensors = {t.name: t for t in r.tensors}
     n_layer = r.fields[f"{arch}.block_count"].contents() - r.fields[f"{arch}.nextn_predict_layers"].contents()
     out_norm = np.array(tensors["output_norm.weight"].data, dtype=np.float32)
@@ -66,10 +62,7 @@ def main():
         if t.name == f"blk.{n_layer}.nextn.shared_head_norm.weight":
             a = out_norm.copy()
         w.add_tensor(t.name, np.ascontiguousarray(a))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write(w)
 
 
 if __name__ == "__main__":

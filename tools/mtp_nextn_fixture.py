@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from mtp_gguf import copy_metadata, write
 
 SEED = 1607
 
@@ -31,19 +32,17 @@ def main():
     n_layer = r.fields[f"{arch}.block_count"].contents()
     assert f"{arch}.nextn_predict_layers" not in r.fields, "the file has NextN layers already"
     w = GGUFWriter(dst, arch)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        value = f.contents()
+
+    def edit(name, value):
         if name == "general.name":
-            value = value + "-mtp"
+            return value + "-mtp"
         if name == f"{arch}.block_count":
-            value = n_layer + 1
+            return n_layer + 1
         if name == f"{arch}.attention.recurrent_layers":
-            value = list(value) + [False]
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
-        w.add_key_value(name, value, vtype, sub_type=sub)
+            return list(value) + [False]
+        return value
+
+    copy_metadata(r, w, edit)
     w.add_key_value(f"{arch}.nextn_predict_layers", 1, GGUFValueType.UINT32)
     with_ssm = {t.name.split(".")[1] for t in r.tensors if ".ssm_" in t.name}
     src_layer = max(il for il in range(n_layer) if str(il) not in with_ssm)
@@ -63,10 +62,7 @@ def main():
         extra.append((f"blk.{n_layer}.nextn.{k}.weight", rng.uniform(0.5, 1.5, e).astype(np.float32)))
     for name, a in extra:
         w.add_tensor(name, np.ascontiguousarray(a))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write(w)
 
 
 if __name__ == "__main__":
