@@ -12,7 +12,7 @@ use crate::gguf::{self, GgufError};
 use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
 use crate::model::{LoadOptions, Logits, Model, ModelError, Progress};
 use crate::sample::Sampler;
-use crate::spec::{Drafter, SpecStats};
+use crate::spec::{counts_accepted, Drafter, SpecStats};
 use crate::state::SeqState;
 use crate::statefile::{StateFileError, StateIdentity};
 use crate::tensor::GgmlType;
@@ -701,11 +701,8 @@ impl<B: Backend> Engine<B> {
                     for (i, &d) in draft.iter().enumerate() {
                         let (t, ok) = sampler.verify(row(i), &history[n_held..], d, &[(d, 1.0)]);
                         n_emitted += 1;
-                        // As llama.cpp counts: a drafted end-of-generation
-                        // token ends the reply and counts as accepted only
-                        // as the draft's last token.
-                        let eog_early = self.tokenizer.is_eog(t) && i + 1 < draft.len();
-                        n_accepted += usize::from(ok && !eog_early);
+                        let eog = self.tokenizer.is_eog(t);
+                        n_accepted += usize::from(counts_accepted(ok, eog, i, draft.len()));
                         go_on = emit(t, false, n0 + 1 + i, &mut out, &mut history);
                         pending = t;
                         if !go_on || !ok {

@@ -16,7 +16,7 @@ pub fn kv_cache_bytes(hp: &Hparams, n_ctx: usize, n_seq: usize, dtype: GgmlType)
     let bytes = |n: usize| dtype.row_bytes(n as u64).unwrap_or(u64::MAX) as u128;
     let row = bytes(k) + if v == 0 { 0 } else { bytes(v) };
     // An MTP drafter's NextN layer holds a cache of its own per sequence.
-    let n_layer = hp.n_layer_kv() + usize::from(hp.mtp && hp.n_nextn > 0);
+    let n_layer = hp.n_layer_kv() + hp.n_nextn_loaded();
     let total = row * n_layer as u128 * n_ctx as u128 * n_seq as u128;
     u64::try_from(total).unwrap_or(u64::MAX)
 }

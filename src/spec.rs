@@ -210,6 +210,14 @@ impl Drafter {
     }
 }
 
+/// Whether drafted token `i` of `n_drafted`, verified as `ok`, counts as
+/// accepted, as llama.cpp's `common_sampler_sample_and_accept_n` counts:
+/// a drafted end-of-generation token ends the reply and counts only as the
+/// draft's last token.
+pub fn counts_accepted(ok: bool, is_eog: bool, i: usize, n_drafted: usize) -> bool {
+    ok && !(is_eog && i + 1 < n_drafted)
+}
+
 /// llama.cpp's `common_ngram_simple_draft`: the pattern is the last
 /// `size_n - 1` tokens and `sampled`; its latest earlier occurrence (not at
 /// position 0) is followed by the draft, `size_m` tokens at most and none

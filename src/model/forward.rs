@@ -168,27 +168,23 @@ pub(super) fn forward_multi<B: Backend>(
         }
         start += s.n_tokens;
     }
-    // The norm is per row: norming every row and then taking the logit rows
-    // gives the bits of taking the rows first.
-    let (x, hidden) = if hidden {
-        let x = b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?;
-        let h = b.to_host(&x)?;
-        let x = if rows.len() == tokens.len() {
-            x
-        } else {
-            b.gather_rows(&x, &rows)?
-        };
-        (x, h)
+    // The norm is per row: with `hidden`, every row is normed and then the
+    // logit rows are taken, which gives the bits of taking them first.
+    let x = if hidden {
+        b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?
     } else {
-        let x = if rows.len() == tokens.len() {
-            x
-        } else {
-            b.gather_rows(&x, &rows)?
-        };
-        (
-            b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?,
-            Vec::new(),
-        )
+        x
+    };
+    let hidden_rows = if hidden { b.to_host(&x)? } else { Vec::new() };
+    let x = if rows.len() == tokens.len() {
+        x
+    } else {
+        b.gather_rows(&x, &rows)?
+    };
+    let x = if hidden {
+        x
+    } else {
+        b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?
     };
     let logits = b.take_host(b.matmul(&m.output, &x)?)?;
     // Each sequence's rows of the one buffer.
@@ -206,6 +202,6 @@ pub(super) fn forward_multi<B: Backend>(
     Ok(BatchLogits {
         data: logits,
         spans,
-        hidden,
+        hidden: hidden_rows,
     })
 }

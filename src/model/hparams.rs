@@ -639,10 +639,15 @@ impl Hparams {
         })
     }
 
+    /// NextN layers loaded: the first with [`Hparams::mtp`], else none.
+    pub fn n_nextn_loaded(&self) -> usize {
+        usize::from(self.mtp && self.n_nextn > 0)
+    }
+
     /// True for the tensors of the NextN layers after the trunk that are
     /// not loaded (all of them, or all but the first with [`Hparams::mtp`]).
     pub fn is_skipped(&self, tensor: &str) -> bool {
-        let first = self.n_layer + usize::from(self.mtp && self.n_nextn > 0);
+        let first = self.n_layer + self.n_nextn_loaded();
         tensor
             .strip_prefix("blk.")
             .and_then(|r| r.split('.').next())

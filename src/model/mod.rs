@@ -534,13 +534,13 @@ fn load_layers<B: Backend>(
             .map(|il| arch::load_layer(&spec, &l, il))
             .collect::<Result<Vec<_>, _>>()?;
         let nextn = hp.mtp.then(|| nextn::Nextn::load(&spec, &l)).transpose()?;
-        for il in hp.n_layer + usize::from(nextn.is_some())..hp.n_layer + hp.n_nextn {
+        for il in hp.n_layer + hp.n_nextn_loaded()..hp.n_layer + hp.n_nextn {
             l.skip_layer(il);
         }
         l.finish()?;
         (tok_embd, output_norm, output, layers, nextn)
     };
-    let runtime = stream::Runtime::resident(hp.n_layer + usize::from(nextn.is_some()));
+    let runtime = stream::Runtime::resident(hp.n_layer + hp.n_nextn_loaded());
     Ok(Model {
         spec,
         hp,

@@ -9,7 +9,7 @@ use crate::backend::Backend;
 use crate::draft::{ModelDrafter, MtpDrafter};
 use crate::engine::Engine;
 use crate::model::Logits;
-use crate::spec::{Drafter, SpecParams, SpecType};
+use crate::spec::{counts_accepted, Drafter, SpecParams, SpecType};
 
 /// How the slots speculate (`--spec-type`, `-md`): each slot has a drafter
 /// of its own; a draft model is shared, with a sequence per slot.
@@ -119,10 +119,8 @@ impl<B: Backend + 'static> Worker<B> {
         for (j, &d) in draft.iter().enumerate() {
             let (t, ok) = a.sampler.verify(row(j), &a.history, d, &[(d, 1.0)]);
             n_emitted += 1;
-            // As llama.cpp counts: a drafted end-of-generation token ends the
-            // reply and counts as accepted only as the draft's last token.
-            let eog_early = engine.tokenizer.is_eog(t) && j + 1 < draft.len();
-            n_accepted += usize::from(ok && !eog_early);
+            let eog = engine.tokenizer.is_eog(t);
+            n_accepted += usize::from(counts_accepted(ok, eog, j, draft.len()));
             finished = Self::accept(engine, a, t, None, false, n0 + 1 + j, n_ctx);
             if finished || !ok {
                 break;

@@ -13,7 +13,7 @@
 
 use super::super::iq_tables::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::super::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockQ8K};
-use super::{h2f, hsum_ps, load32};
+use super::{h2f, hsum_ps, load32, scale_pair};
 use std::arch::x86_64::*;
 
 safe_wrapper!(dot_iq2_xxs, dot_iq2_xxs_avx2, BlockIQ2XXS, BlockQ8K);
@@ -178,28 +178,6 @@ unsafe fn dot_iq2_xs_avx2(w: &[BlockIQ2XS], a: &[BlockQ8K]) -> f32 {
     }
     0.125 * hsum_ps(acc)
 }
-
-/// ggml's `get_scale_shuffle(ib)`: byte `2ib` eight times, then `2ib + 1`
-/// (a table, as ggml's: one load instead of building the vector).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scale_pair(ib: usize) -> __m128i {
-    _mm_loadu_si128(SCALE_PAIR[ib & 7].as_ptr() as *const __m128i)
-}
-
-static SCALE_PAIR: [[u8; 16]; 8] = {
-    let mut t = [[0u8; 16]; 8];
-    let mut ib = 0;
-    while ib < 8 {
-        let mut j = 0;
-        while j < 16 {
-            t[ib][j] = (2 * ib + j / 8) as u8;
-            j += 1;
-        }
-        ib += 1;
-    }
-    t
-};
 
 /// ggml's `get_scale_shuffle_k4(sb)`: i16 lane `sb` of each 128-bit half,
 /// repeated (bytes `2sb`, `2sb + 1` throughout).

@@ -18,8 +18,8 @@
 
 use super::super::iq_tables::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 use super::super::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockQ8K};
-use super::iq2::{scale_pair, scales_16, sign_masks, u64x4, KEVEN_SIGNS, PARITY_80};
-use super::{h2f, hsum_ps, load32, prefetch_rows, tile_shape};
+use super::iq2::{scales_16, sign_masks, u64x4, KEVEN_SIGNS, PARITY_80};
+use super::{h2f, hsum_ps, load32, prefetch_rows, scale_pair, tile_shape};
 use half::f16;
 use std::arch::x86_64::*;
 

@@ -525,17 +525,25 @@ unsafe fn dot_q4_k_avx2(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     hsum_ps(acc) + hsum_ps4(acc_m)
 }
 
-/// Row `i` picks Q6_K scale `2i` into bytes 0..8 and `2i + 1` into 8..16.
-const Q6K_SCALE_PICK: [[u8; 16]; 8] = {
+/// ggml's `get_scale_shuffle(ib)`: byte `2ib` eight times, then `2ib + 1`
+/// (a table, as ggml's: one load instead of building the vector); Q6_K
+/// and the IQ2 formats pick pairs of scales with it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pair(ib: usize) -> __m128i {
+    _mm_loadu_si128(SCALE_PAIR[ib & 7].as_ptr() as *const __m128i)
+}
+
+static SCALE_PAIR: [[u8; 16]; 8] = {
     let mut t = [[0u8; 16]; 8];
-    let mut i = 0;
-    while i < 8 {
+    let mut ib = 0;
+    while ib < 8 {
         let mut j = 0;
         while j < 16 {
-            t[i][j] = (2 * i + j / 8) as u8;
+            t[ib][j] = (2 * ib + j / 8) as u8;
             j += 1;
         }
-        i += 1;
+        ib += 1;
     }
     t
 };
@@ -578,8 +586,7 @@ unsafe fn dot_q6_k_avx2(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
                 let p = _mm256_maddubs_epi16(*q, load32(&y.qs[128 * h + 32 * k..]));
                 // Scales g (low half) and g + 1 (high half) as i16, picked
                 // by a byte shuffle, as ggml's `get_scale_shuffle`.
-                let pick = _mm_loadu_si128(Q6K_SCALE_PICK[g / 2].as_ptr() as *const __m128i);
-                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, scale_pair(g / 2)));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
