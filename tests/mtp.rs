@@ -1,7 +1,8 @@
 //! MTP drafting (`--spec-type draft-mtp`, [`MtpDrafter`]) against llama.cpp's
 //! MTP drafter, on the GLM-4.5-shaped fixture whose NextN layer
 //! (`blk.3.nextn.*` and a full MoE decoder layer) `tools/make_fixtures.py`
-//! writes with random weights.
+//! writes with random weights, and on DeepSeek-V3 and Qwen3.5 fixtures with
+//! a NextN layer added (below).
 //!
 //! - Goldens: `tools/mtp_goldens.py` runs llama-server (llama-cpp-python
 //!   0.3.36) with `--spec-type draft-mtp -v` for three prompts, greedy, at the
@@ -85,6 +86,29 @@ const GOLDENS: [&str; 2] = ["mtp-glm4moe-f32.json", "mtp-glm4moe-mtp-agree-f32.j
 /// draft comparison there says nothing of the head.
 const DEEPSEEK: &str = "mtp-deepseek3-mtp-f32.json";
 
+/// Qwen3.5's fixture (a hybrid trunk of gated delta-net and gated attention
+/// layers; the MTP layer is full attention) with a NextN layer added by
+/// `tools/mtp_nextn_fixture.py`: compared at both paths (within the GLM
+/// tolerances; measured 0.0007 exact, 0.0010 default) and served.
+const QWEN35: &str = "mtp-qwen35moe-mtp-f32.json";
+
+/// Drafted tokens where the head's expert choice is a near tie, so that
+/// either engine's rounding picks the expert: (golden, prompt, step, token,
+/// the other token). Measured for the one entry: the head's 8th and 9th
+/// router probabilities are 7.0e-5 apart (3.5e-4 relative, the closest of
+/// the run; the next closest 7.3e-4 and 8.4e-4 did not flip), longhaul keeps
+/// the 8th and drafts 107 (p 0.127); choosing the 9th instead gives 189 at
+/// 0.1569, 107 at 0.1194 and 304 at 0.1172, llama.cpp's three candidates
+/// (0.157, 0.120, 0.117). Either token is accepted there, and its
+/// probability is not compared.
+const NEAR_TIES: [(&str, &str, usize, usize, u32); 1] = [(
+    QWEN35,
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    6,
+    2,
+    107,
+)];
+
 fn engine_for(model: &str, exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBackend>> {
     let params = EngineParams {
         n_ctx: 512,
@@ -145,7 +169,12 @@ fn check_counts(label: &str, stats: &GenStats, r: &serde_json::Value) {
 /// Every drafting step's tokens are the golden run `r`'s (near the end of
 /// a request both keep only what fits `n_predict`, so a step may hold
 /// fewer); returns the largest probability difference and where it is.
-fn check_drafts(label: &str, steps: &Steps, r: &serde_json::Value) -> (f32, String) {
+fn check_drafts(
+    label: &str,
+    steps: &Steps,
+    r: &serde_json::Value,
+    ties: &[(usize, usize, u32)],
+) -> (f32, String) {
     let steps = steps.lock().unwrap();
     let got: Vec<_> = steps.iter().filter(|(d, _)| !d.is_empty()).collect();
     let want = r["drafts"].as_array().unwrap();
@@ -157,6 +186,9 @@ fn check_drafts(label: &str, steps: &Steps, r: &serde_json::Value) -> (f32, Stri
         for (j, (&id, &pr)) in d.iter().zip(p).enumerate() {
             let wid = w[j][0].as_u64().unwrap() as u32;
             let wp = w[j][1].as_f64().unwrap() as f32;
+            if ties.contains(&(i, j, id)) {
+                continue;
+            }
             assert_eq!(id, wid, "{label} step {i} token {j}: drafted token");
             let diff = (pr - wp).abs();
             if diff > worst.0 {
@@ -173,6 +205,8 @@ fn mtp_drafts_equal_llama_cpp_drafts_at_both_paths() {
         check_against_llama_cpp(g, exact);
     }
     check_against_llama_cpp(DEEPSEEK, true);
+    check_against_llama_cpp(QWEN35, true);
+    check_against_llama_cpp(QWEN35, false);
 }
 
 fn check_against_llama_cpp(golden_name: &str, exact: bool) {
@@ -192,7 +226,13 @@ fn check_against_llama_cpp(golden_name: &str, exact: bool) {
             assert_eq!(out, ids(&r["tokens"]), "{label}: generated tokens");
             check_counts(&label, &stats, r);
             accepted += stats.spec.n_accepted;
-            let w = check_drafts(&label, &steps, r);
+            let prompt_text = r["prompt"].as_str().unwrap();
+            let ties: Vec<_> = NEAR_TIES
+                .iter()
+                .filter(|t| t.0 == golden_name && t.1 == prompt_text && exact)
+                .map(|t| (t.2, t.3, t.4))
+                .collect();
+            let w = check_drafts(&label, &steps, r, &ties);
             if w.0 > worst.0 {
                 worst = w;
             }
@@ -226,6 +266,7 @@ fn longhaul_mtp_streams_the_nextn_experts_and_equals_resident() {
         "glm4moe-f32.gguf",
         "glm4moe-mtp-agree-f32.gguf",
         "deepseek3-mtp-f32.gguf",
+        "qwen35moe-mtp-f32.gguf",
     ] {
         longhaul_equals_resident(model);
     }
@@ -249,12 +290,10 @@ fn longhaul_equals_resident(model: &str) {
         want_steps.iter().any(|(d, _)| d.len() == 3),
         "the head drafts"
     );
-    // Every expert, then 1 slot per layer; the NextN layer is a third MoE
-    // layer (after one dense and two MoE layers of the trunk).
+    // Every expert, then 1 slot per layer; the NextN layer is one more MoE
+    // layer than the trunk's.
     let all = engine_for(model, false, Some(1 << 30));
     let info = all.longhaul.as_ref().expect("longhaul").clone();
-    assert_eq!(info.n_moe_layers, 3, "{info:?}");
-    // The head's KV cache counts with the trunk's, outside the budget.
     let plain = Engine::load(
         &fixture(model),
         CpuBackend::new(),
@@ -264,9 +303,13 @@ fn longhaul_equals_resident(model: &str) {
         },
     )
     .expect("load without the head");
-    let plain_kv = plain.longhaul.as_ref().expect("longhaul").kv_bytes;
-    let n_kv = plain.model.hp.n_layer_kv() as u64;
-    assert_eq!(info.kv_bytes * n_kv, plain_kv * (n_kv + 1), "{model}");
+    let plain_info = plain.longhaul.as_ref().expect("longhaul");
+    assert_eq!(info.n_moe_layers, plain_info.n_moe_layers + 1, "{info:?}");
+    // The head's KV cache counts with the trunk's, outside the budget: one
+    // more attention layer's f16 rows (the latent alone for MLA).
+    let (k, v) = plain.model.hp.kv_widths();
+    let head_kv = ((k + v) * 2 * all.params.n_ctx) as u64;
+    assert_eq!(info.kv_bytes, plain_info.kv_bytes + head_kv, "{model}");
     drop(plain);
     assert_eq!(all.model.n_slots(), info.n_expert);
     drop(all);
@@ -282,9 +325,10 @@ fn longhaul_equals_resident(model: &str) {
             want_steps,
             "budget {budget}: drafts"
         );
-        // The NextN layer read experts of its own: MoE layers 1, 2 and 3.
+        // The NextN layer (the last) read experts of its own.
         let (_, stats_layers) = e.longhaul_stats().expect("layer stats");
-        assert!(stats_layers[3].misses > 0, "{stats_layers:?}");
+        let head = stats_layers.last().expect("layers");
+        assert!(head.misses > 0, "{stats_layers:?}");
         assert!(stats.spec.n_drafted > 0);
     }
 }
@@ -305,7 +349,7 @@ fn draft_mtp_is_refused_for_a_file_without_nextn_layers() {
 
 #[test]
 fn served_slots_draft_with_the_mtp_head_as_llama_server_does() {
-    for g in GOLDENS {
+    for g in GOLDENS.into_iter().chain([QWEN35]) {
         served_slots(g);
     }
 }
@@ -369,6 +413,8 @@ fn served_slots(golden_name: &str) {
 
 #[test]
 fn a_cached_prefix_drafts_as_llama_server_does() {
+    // Not Qwen3.5's: this drives the engine, whose recurrent state goes
+    // back only to a checkpoint, and none is made inside a prompt here.
     for g in GOLDENS {
         cached_prefix(g);
     }
@@ -417,6 +463,6 @@ fn cached_prefix(golden_name: &str) {
     let r = runs[1];
     assert_eq!(out, ids(&r["tokens"]), "tokens");
     check_counts("cached", &stats, r);
-    let (worst, at) = check_drafts("cached", &steps, r);
+    let (worst, at) = check_drafts("cached", &steps, r, &[]);
     assert!(worst <= 0.003, "{at}");
 }

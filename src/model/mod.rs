@@ -93,7 +93,7 @@ pub enum ModelError {
     NoNextn { arch: String },
     /// MTP drafting asked of an architecture whose NextN layers longhaul
     /// does not run yet.
-    #[error("--spec-type draft-mtp is not supported for {arch} yet (longhaul runs the NextN layers of glm4moe and deepseek2); draft with -md or an n-gram --spec-type")]
+    #[error("--spec-type draft-mtp is not supported for {arch} yet (longhaul runs the NextN layers of glm4moe, deepseek2 and qwen35moe); draft with -md or an n-gram --spec-type")]
     NextnUnsupported { arch: String },
 }
 

@@ -72,7 +72,6 @@ pub fn supported_names() -> String {
         .join(", ")
 }
 
-/// Layer `il` of a `spec` model, as its family's file declares it.
 /// The decoder layer of NextN layer `il`, for the families whose MTP head
 /// longhaul runs (`None` for the others).
 pub(super) fn load_nextn_layer<B: Backend>(
@@ -83,14 +82,14 @@ pub(super) fn load_nextn_layer<B: Backend>(
     match spec.family {
         Family::Glm4Moe => Some(glm4moe::layer(l, il)),
         Family::Deepseek2 => Some(deepseek2::layer(l, il)),
-        // Qwen3.5's (a full-attention layer after the hybrid trunk) loads
-        // through `qwen3next::layer` and drafts, but one drafted token in
-        // ninety differs from llama.cpp's on a derived fixture, not
-        // understood yet: refused until it is.
+        // Qwen3.5's is a full-attention layer after the hybrid trunk; the
+        // `il` past the trunk is not in the recurrent layer list.
+        Family::Qwen35Moe => Some(qwen3next::layer(l, il, true)),
         _ => None,
     }
 }
 
+/// Layer `il` of a `spec` model, as its family's file declares it.
 pub(super) fn load_layer<B: Backend>(
     spec: &ArchSpec,
     l: &Loader<B>,
