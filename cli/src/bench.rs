@@ -138,6 +138,9 @@ pub struct BenchSpecArgs {
     /// backend, and its sizes.
     #[command(flatten)]
     pub draft: longhaul_server::args::DraftArgs,
+    /// The n-gram rows' sizes.
+    #[command(flatten)]
+    pub ngram: longhaul_server::args::NgramArgs,
     /// The text speculative rows' generations follow, as a raw prompt
     /// (default: a short code file to repeat with one change, in ChatML).
     #[arg(short = 'f', long = "file")]
@@ -179,10 +182,12 @@ impl BenchSpecArgs {
     }
 
     fn params(&self, kind: SpecType) -> anyhow::Result<SpecParams> {
+        let (ngram_simple, ngram_map_k) = self.ngram.sizes();
         Ok(SpecParams {
             kind,
             draft: self.draft.params()?,
-            ..SpecParams::default()
+            ngram_simple,
+            ngram_map_k,
         })
     }
 

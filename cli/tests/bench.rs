@@ -437,6 +437,52 @@ fn speculative_rows_count_drafts_per_drafter() {
     }
 }
 
+/// The n-gram sizes (`--spec-ngram-*`, as `run` and `serve` take them) reach
+/// the rows: on a text that repeats one word, `size-n 1` finds matches the
+/// default 12 would not in a random model's reply, and `size-m 2` bounds
+/// every draft.
+#[test]
+fn speculative_rows_take_the_ngram_sizes() {
+    let m = fixture("qwen3moe-q8_0.gguf");
+    let dir = std::env::temp_dir().join(format!("lh-bench-ngram-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let text = dir.join("repeat.txt");
+    std::fs::write(&text, "the ".repeat(40)).expect("text");
+    let out = bench_ok(&[
+        "-m",
+        &m,
+        "-p",
+        "0",
+        "-n",
+        "12",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "-ngl",
+        "0",
+        "--spec-type",
+        "ngram-simple",
+        "--spec-ngram-simple-size-n",
+        "1",
+        "--spec-ngram-simple-size-m",
+        "2",
+        "-f",
+        text.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    let rows: Vec<Value> = serde_json::from_str(&out).expect("json");
+    let r = &rows[0];
+    assert_eq!(r["spec_type"], "ngram-simple", "{r}");
+    let (drafted, batches) = (
+        r["spec_n_drafted"].as_u64().unwrap(),
+        r["spec_n_batches"].as_u64().unwrap(),
+    );
+    assert!(drafted > 0 && drafted <= 2 * batches, "{r}");
+}
+
 #[test]
 fn speculative_flag_errors_say_what_to_do() {
     let m = fixture("qwen3moe-f32.gguf");

@@ -564,6 +564,14 @@ pub struct SpecArgs {
     pub spec_type: SpecType,
     #[command(flatten)]
     pub draft: DraftArgs,
+    #[command(flatten)]
+    pub ngram: NgramArgs,
+}
+
+/// The n-gram drafters' sizes (`--spec-ngram-*`, llama.cpp's names and
+/// defaults), as `run`, `chat`, `serve` and `bench` take them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NgramArgs {
     /// ngram-simple: length of the n-gram looked up.
     #[arg(long = "spec-ngram-simple-size-n", default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub simple_size_n: u16,
@@ -582,6 +590,24 @@ pub struct SpecArgs {
     /// ngram-map-k: minimum hits (accepted for llama.cpp; its key-only map does not read it).
     #[arg(long = "spec-ngram-map-k-min-hits", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub map_k_min_hits: u16,
+}
+
+impl NgramArgs {
+    /// The sizes of ngram-simple and of ngram-map-k.
+    pub fn sizes(&self) -> (NgramSizes, NgramSizes) {
+        (
+            NgramSizes {
+                size_n: self.simple_size_n,
+                size_m: self.simple_size_m,
+                min_hits: self.simple_min_hits,
+            },
+            NgramSizes {
+                size_n: self.map_k_size_n,
+                size_m: self.map_k_size_m,
+                min_hits: self.map_k_min_hits,
+            },
+        )
+    }
 }
 
 fn parse_spec_type(s: &str) -> Result<SpecType, String> {
@@ -661,18 +687,11 @@ impl SpecArgs {
             (k, _) => k,
         };
         let draft = self.draft.params()?;
+        let (ngram_simple, ngram_map_k) = self.ngram.sizes();
         Ok(SpecParams {
             kind,
-            ngram_simple: NgramSizes {
-                size_n: self.simple_size_n,
-                size_m: self.simple_size_m,
-                min_hits: self.simple_min_hits,
-            },
-            ngram_map_k: NgramSizes {
-                size_n: self.map_k_size_n,
-                size_m: self.map_k_size_m,
-                min_hits: self.map_k_min_hits,
-            },
+            ngram_simple,
+            ngram_map_k,
             draft,
         })
     }
