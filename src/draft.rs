@@ -240,9 +240,59 @@ impl<B: Backend> MtpDrafter<B> {
     }
 }
 
+impl<B: Backend> MtpDrafter<B> {
+    /// Runs the head over the positions the target evaluated since it last
+    /// did (or since the first token that differs) and returns the trunk row
+    /// of the last position, the next draft's `h`; the rows read are
+    /// released. `None` where a row is missing (a restored state): the head
+    /// then drafts again once the sequence starts over below what it holds.
+    fn catch_up(
+        &mut self,
+        tokens: &[u32],
+        h: &mut HiddenRows,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
+        let (n, e) = (tokens.len(), h.n_embd());
+        if n == 0 || n > self.n_ctx || e != self.engine.model.hp.n_embd {
+            return Ok(None);
+        }
+        let from = self
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.tokens.truncate(from);
+        // The trunk rows before positions from..=n (the last for the draft).
+        let Some(rows) = catch_up_rows(h, from, n) else {
+            h.release_before(n - 1);
+            return Ok(None);
+        };
+        let (rows, last) = rows.split_at((n - from) * e);
+        if from < n {
+            let m = &self.engine.model;
+            m.forward_nextn(&mut self.kv, &tokens[from..], rows, from)?;
+            self.tokens.extend_from_slice(&tokens[from..]);
+        }
+        // Position n - 1's row is the next draft's; older ones are read.
+        h.release_before(n - 1);
+        Ok(Some(last.to_vec()))
+    }
+}
+
 impl<B: Backend> DraftSource for MtpDrafter<B> {
     fn needs_hidden(&self) -> bool {
         true
+    }
+
+    fn observe(
+        &mut self,
+        tokens: &[u32],
+        hidden: Option<&mut HiddenRows>,
+    ) -> Result<(), EngineError> {
+        if let Some(h) = hidden {
+            self.catch_up(tokens, h)?;
+        }
+        Ok(())
     }
 
     fn draft(
@@ -258,37 +308,15 @@ impl<B: Backend> DraftSource for MtpDrafter<B> {
         let Some(h) = hidden else {
             return Ok(Vec::new());
         };
-        let m = &self.engine.model;
-        let e = m.hp.n_embd;
-        if n_max == 0 || n == 0 || n + 1 > self.n_ctx || h.n_embd() != e {
+        if n_max == 0 || n == 0 || n + 1 > self.n_ctx {
             return Ok(Vec::new());
         }
-        // Catch up: the positions the target evaluated since the last draft
-        // (or since the first token that differs).
-        let from = self
-            .tokens
-            .iter()
-            .zip(tokens)
-            .take_while(|(a, b)| a == b)
-            .count();
-        self.tokens.truncate(from);
-        // The trunk rows before positions from..=n (the last for the draft).
-        let Some(rows) = catch_up_rows(h, from, n) else {
-            // Rows the target did not keep (a restored state): no draft, and
-            // nothing kept for one (the head drafts again once the sequence
-            // starts over below what it holds).
-            h.release_before(n - 1);
+        let Some(last) = self.catch_up(tokens, h)? else {
             return Ok(Vec::new());
         };
-        let (catch_up, last) = rows.split_at((n - from) * e);
-        if from < n {
-            m.forward_nextn(&mut self.kv, &tokens[from..], catch_up, from)?;
-            self.tokens.extend_from_slice(&tokens[from..]);
-        }
-        // Position n - 1's row is the next draft's; older ones are read.
-        h.release_before(n - 1);
+        let m = &self.engine.model;
         let mut out = Vec::new();
-        let (mut tok, mut h_in, mut pos) = (sampled, last.to_vec(), n);
+        let (mut tok, mut h_in, mut pos) = (sampled, last, n);
         while pos < self.n_ctx {
             let o = m.forward_nextn(&mut self.kv, &[tok], &h_in, pos)?;
             let (id, p) = best_of_top_k(&o.logits, DRAFT_TOP_K);

@@ -617,7 +617,10 @@ impl<B: Backend> Engine<B> {
         let io = || self.longhaul_stats().map(|(total, _)| total);
         let io0 = io();
         let t0 = Instant::now();
-        let mut logits = self.eval(kv, prompt, Logits::Last)?;
+        let mut logits = match drafter.as_deref_mut() {
+            Some(d) if d.needs_hidden() => self.eval_observed(kv, held, prompt, d)?,
+            _ => self.eval(kv, prompt, Logits::Last)?,
+        };
         stats.prompt_time = t0.elapsed();
         let io1 = io();
         let n_decode0 = kv.n_past();
@@ -742,6 +745,36 @@ impl<B: Backend> Engine<B> {
             stats.gen_io = Some(c.since(&b));
         }
         Ok((out, stats))
+    }
+
+    /// [`Engine::eval`] of `prompt` after `held`, the drafter catching up
+    /// after each chunk but the last ([`Drafter::observe`]; it drafts after
+    /// the last), so that the sequence keeps about one chunk's final-norm
+    /// rows for it, not the whole prompt's.
+    fn eval_observed(
+        &self,
+        kv: &mut SeqState<B>,
+        held: &[u32],
+        prompt: &[u32],
+        drafter: &mut Drafter,
+    ) -> Result<Vec<f32>, EngineError> {
+        if kv.n_past() + prompt.len() > kv.n_ctx() {
+            return Err(EngineError::PromptTooLong {
+                n_prompt: kv.n_past() + prompt.len(),
+                n_ctx: kv.n_ctx(),
+            });
+        }
+        let mut seen = held.to_vec();
+        let mut logits = Vec::new();
+        let mut chunks = prompt.chunks(self.params.n_ubatch.max(1)).peekable();
+        while let Some(chunk) = chunks.next() {
+            logits = self.eval(kv, chunk, Logits::Last)?;
+            seen.extend_from_slice(chunk);
+            if chunks.peek().is_some() {
+                drafter.observe(&seen, kv.hidden_mut())?;
+            }
+        }
+        Ok(logits)
     }
 
     /// Whether `kv` can go back after a verification batch: always for

@@ -149,6 +149,15 @@ pub trait DraftSource: Send {
     fn needs_hidden(&self) -> bool {
         false
     }
+
+    /// As [`Drafter::observe`]; nothing for a drafter that reads no rows.
+    fn observe(
+        &mut self,
+        _tokens: &[u32],
+        _hidden: Option<&mut HiddenRows>,
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
 }
 
 /// A drafter with its state for one sequence.
@@ -200,6 +209,22 @@ impl Drafter {
     /// Whether the drafter reads the target's final-norm rows (an MTP head).
     pub fn needs_hidden(&self) -> bool {
         matches!(self, Self::Model(m) if m.needs_hidden())
+    }
+
+    /// The target evaluated `tokens` (the whole sequence so far) short of a
+    /// draft, as between the chunks of a long prompt: an MTP head catches up
+    /// on them now and the rows it has read are released, so a sequence
+    /// holds about one chunk's rows, not a whole prompt's (llama.cpp's
+    /// drafter catches up after each batch the target evaluates).
+    pub fn observe(
+        &mut self,
+        tokens: &[u32],
+        hidden: Option<&mut HiddenRows>,
+    ) -> Result<(), EngineError> {
+        match self {
+            Self::Model(m) => m.observe(tokens, hidden),
+            _ => Ok(()),
+        }
     }
 
     /// `n` tokens of the last draft were accepted.

@@ -86,6 +86,11 @@ impl HiddenRows {
         self.n_embd
     }
 
+    /// How many rows are held.
+    pub fn n_rows(&self) -> usize {
+        self.data.len() / self.n_embd.max(1)
+    }
+
     /// One past the last position held.
     pub fn end(&self) -> usize {
         self.pos0 + self.data.len() / self.n_embd.max(1)

@@ -58,6 +58,14 @@ impl DraftSource for Recording {
         self.inner.needs_hidden()
     }
 
+    fn observe(
+        &mut self,
+        tokens: &[u32],
+        hidden: Option<&mut HiddenRows>,
+    ) -> Result<(), EngineError> {
+        self.inner.observe(tokens, hidden)
+    }
+
     fn draft(
         &mut self,
         tokens: &[u32],
@@ -350,16 +358,26 @@ fn draft_mtp_is_refused_for_a_file_without_nextn_layers() {
 #[test]
 fn served_slots_draft_with_the_mtp_head_as_llama_server_does() {
     for g in GOLDENS.into_iter().chain([QWEN35]) {
-        served_slots(g);
+        served_slots(g, None);
     }
+    // Prompts of several chunks: the head catches up after each.
+    served_slots(GOLDENS[1], Some(4));
 }
 
-fn served_slots(golden_name: &str) {
+fn served_slots(golden_name: &str, n_ubatch: Option<usize>) {
     // The three default-path prompts on 2 slots, in one scheduler: each
     // request's tokens and draft counts are llama-server's.
     let g = golden(golden_name);
     let n_predict = g["n_predict"].as_u64().unwrap() as usize;
-    let e = engine_for(g["model"].as_str().unwrap(), false, None);
+    let mut e = engine_for(g["model"].as_str().unwrap(), false, None);
+    if let Some(n) = n_ubatch {
+        let params = EngineParams {
+            n_ubatch: n,
+            ..e.params.clone()
+        };
+        let path = fixture(g["model"].as_str().unwrap());
+        e = Arc::new(Engine::load(&path, CpuBackend::new(), params).expect("load"));
+    }
     let spec = Speculation {
         params: SpecParams {
             kind: SpecType::DraftMtp,
@@ -465,4 +483,112 @@ fn cached_prefix(golden_name: &str) {
     check_counts("cached", &stats, r);
     let (worst, at) = check_drafts("cached", &steps, r, &[]);
     assert!(worst <= 0.003, "{at}");
+}
+
+/// Rows held for the head, most seen at any draft or catch-up.
+type Held = Arc<Mutex<usize>>;
+
+/// An MTP drafter that notes the most trunk rows the sequence held for it,
+/// and catches up between prompt chunks only when `observe` is on.
+struct Watching {
+    inner: MtpDrafter<CpuBackend>,
+    observe: bool,
+    steps: Steps,
+    held: Held,
+}
+
+impl DraftSource for Watching {
+    fn needs_hidden(&self) -> bool {
+        true
+    }
+
+    fn observe(
+        &mut self,
+        tokens: &[u32],
+        hidden: Option<&mut HiddenRows>,
+    ) -> Result<(), EngineError> {
+        let Some(h) = hidden else { return Ok(()) };
+        let mut held = self.held.lock().unwrap();
+        *held = (*held).max(h.n_rows());
+        drop(held);
+        if self.observe {
+            self.inner.observe(tokens, Some(h))?;
+        }
+        Ok(())
+    }
+
+    fn draft(
+        &mut self,
+        tokens: &[u32],
+        sampled: u32,
+        n_max: usize,
+        hidden: Option<&mut HiddenRows>,
+    ) -> Result<Vec<u32>, EngineError> {
+        if let Some(h) = &hidden {
+            let mut held = self.held.lock().unwrap();
+            *held = (*held).max(h.n_rows());
+        }
+        let d = self.inner.draft(tokens, sampled, n_max, hidden)?;
+        let p = self.inner.last_probs().to_vec();
+        self.steps.lock().unwrap().push((d.clone(), p));
+        Ok(d)
+    }
+}
+
+/// A prompt of many chunks: the head catches up after each chunk, so the
+/// sequence holds about one chunk's trunk rows for it (not the prompt's,
+/// 7168 floats a row on DeepSeek-V3), and drafts exactly as when it caught
+/// up on the whole prompt at the first draft.
+#[test]
+fn the_head_follows_a_long_prompt_chunk_by_chunk() {
+    let model = "glm4moe-mtp-agree-f32.gguf";
+    let n_ubatch = 8;
+    let e = Arc::new(
+        Engine::load(
+            &fixture(model),
+            CpuBackend::new(),
+            EngineParams {
+                n_ctx: 512,
+                n_ubatch,
+                mtp: true,
+                ..EngineParams::default()
+            },
+        )
+        .expect("load"),
+    );
+    let prompt = e
+        .tokenize(&"The quick brown fox jumps over the lazy dog. ".repeat(4))
+        .expect("tokenize");
+    assert!(prompt.len() > 4 * n_ubatch, "{} tokens", prompt.len());
+    let run = |observe: bool| {
+        let (steps, held): (Steps, Held) = Default::default();
+        let inner =
+            MtpDrafter::new(e.clone(), e.params.n_ctx, DraftParams::default()).expect("drafter");
+        let mut d = Drafter::Model(Box::new(Watching {
+            inner,
+            observe,
+            steps: steps.clone(),
+            held: held.clone(),
+        }));
+        let mut kv = e.new_kv().expect("kv");
+        let mut sampler = Sampler::new(SamplerParams::greedy());
+        let (out, stats) = e
+            .generate_spec(&mut kv, &prompt, 16, &mut sampler, &mut d, |_| true)
+            .expect("generate");
+        let steps = steps.lock().unwrap().clone();
+        let held = *held.lock().unwrap();
+        (out, stats.spec.n_accepted, steps, held)
+    };
+    let (out, accepted, steps, held) = run(true);
+    let (out_late, accepted_late, steps_late, held_late) = run(false);
+    assert_eq!(out, out_late, "tokens");
+    assert_eq!(accepted, accepted_late, "accepted");
+    assert_eq!(steps, steps_late, "drafts and probabilities, bit for bit");
+    assert!(accepted > 0, "the agreeing head has drafts accepted");
+    // One chunk and the row kept for the next position.
+    assert!(held <= n_ubatch + 1, "{held} rows held");
+    assert!(
+        held_late >= prompt.len() - n_ubatch,
+        "{held_late} rows held"
+    );
 }
