@@ -47,10 +47,33 @@ use longhaul::tensor::GgmlType;
 /// What one step drafted: the tokens and their probabilities.
 type Steps = Arc<Mutex<Vec<(Vec<u32>, Vec<f32>)>>>;
 
-/// An MTP drafter that records each draft.
+/// Rows held for the head, the most seen at any draft or catch-up.
+type Held = Arc<Mutex<usize>>;
+
+/// An MTP drafter that records each draft and the most trunk rows the
+/// sequence held for it; it catches up between prompt chunks only when
+/// `observe` is on.
 struct Recording {
     inner: MtpDrafter<CpuBackend>,
     steps: Steps,
+    observe: bool,
+    held: Held,
+}
+
+impl Recording {
+    fn new(inner: MtpDrafter<CpuBackend>, steps: &Steps) -> Self {
+        Self {
+            inner,
+            steps: steps.clone(),
+            observe: true,
+            held: Held::default(),
+        }
+    }
+
+    fn note(&self, h: &HiddenRows) {
+        let mut held = self.held.lock().unwrap();
+        *held = (*held).max(h.n_rows());
+    }
 }
 
 impl DraftSource for Recording {
@@ -63,7 +86,12 @@ impl DraftSource for Recording {
         tokens: &[u32],
         hidden: Option<&mut HiddenRows>,
     ) -> Result<(), EngineError> {
-        self.inner.observe(tokens, hidden)
+        let Some(h) = hidden else { return Ok(()) };
+        self.note(h);
+        if self.observe {
+            self.inner.observe(tokens, Some(h))?;
+        }
+        Ok(())
     }
 
     fn draft(
@@ -73,6 +101,9 @@ impl DraftSource for Recording {
         n_max: usize,
         hidden: Option<&mut HiddenRows>,
     ) -> Result<Vec<u32>, EngineError> {
+        if let Some(h) = &hidden {
+            self.note(h);
+        }
         let d = self.inner.draft(tokens, sampled, n_max, hidden)?;
         let p = self.inner.last_probs().to_vec();
         self.steps.lock().unwrap().push((d.clone(), p));
@@ -145,10 +176,7 @@ fn run(e: &Arc<Engine<CpuBackend>>, prompt: &[u32], n: usize) -> (Vec<u32>, GenS
     let steps: Steps = Arc::default();
     let inner =
         MtpDrafter::new(e.clone(), e.params.n_ctx, DraftParams::default()).expect("drafter");
-    let mut d = Drafter::Model(Box::new(Recording {
-        inner,
-        steps: steps.clone(),
-    }));
+    let mut d = Drafter::Model(Box::new(Recording::new(inner, &steps)));
     let mut kv = e.new_kv().expect("kv");
     let mut sampler = Sampler::new(SamplerParams::greedy());
     let (out, stats) = e
@@ -451,10 +479,7 @@ fn cached_prefix(golden_name: &str) {
     let steps: Steps = Arc::default();
     let inner =
         MtpDrafter::new(e.clone(), e.params.n_ctx, DraftParams::default()).expect("drafter");
-    let mut d = Drafter::Model(Box::new(Recording {
-        inner,
-        steps: steps.clone(),
-    }));
+    let mut d = Drafter::Model(Box::new(Recording::new(inner, &steps)));
     let mut kv = e.new_kv().expect("kv");
     let mut sampler = Sampler::new(SamplerParams::greedy());
     let first = ids(&runs[0]["prompt_tokens"]);
@@ -485,56 +510,6 @@ fn cached_prefix(golden_name: &str) {
     assert!(worst <= 0.003, "{at}");
 }
 
-/// Rows held for the head, most seen at any draft or catch-up.
-type Held = Arc<Mutex<usize>>;
-
-/// An MTP drafter that notes the most trunk rows the sequence held for it,
-/// and catches up between prompt chunks only when `observe` is on.
-struct Watching {
-    inner: MtpDrafter<CpuBackend>,
-    observe: bool,
-    steps: Steps,
-    held: Held,
-}
-
-impl DraftSource for Watching {
-    fn needs_hidden(&self) -> bool {
-        true
-    }
-
-    fn observe(
-        &mut self,
-        tokens: &[u32],
-        hidden: Option<&mut HiddenRows>,
-    ) -> Result<(), EngineError> {
-        let Some(h) = hidden else { return Ok(()) };
-        let mut held = self.held.lock().unwrap();
-        *held = (*held).max(h.n_rows());
-        drop(held);
-        if self.observe {
-            self.inner.observe(tokens, Some(h))?;
-        }
-        Ok(())
-    }
-
-    fn draft(
-        &mut self,
-        tokens: &[u32],
-        sampled: u32,
-        n_max: usize,
-        hidden: Option<&mut HiddenRows>,
-    ) -> Result<Vec<u32>, EngineError> {
-        if let Some(h) = &hidden {
-            let mut held = self.held.lock().unwrap();
-            *held = (*held).max(h.n_rows());
-        }
-        let d = self.inner.draft(tokens, sampled, n_max, hidden)?;
-        let p = self.inner.last_probs().to_vec();
-        self.steps.lock().unwrap().push((d.clone(), p));
-        Ok(d)
-    }
-}
-
 /// A prompt of many chunks: the head catches up after each chunk, so the
 /// sequence holds about one chunk's trunk rows for it (not the prompt's,
 /// 7168 floats a row on DeepSeek-V3), and drafts exactly as when it caught
@@ -561,15 +536,15 @@ fn the_head_follows_a_long_prompt_chunk_by_chunk() {
         .expect("tokenize");
     assert!(prompt.len() > 4 * n_ubatch, "{} tokens", prompt.len());
     let run = |observe: bool| {
-        let (steps, held): (Steps, Held) = Default::default();
+        let steps = Steps::default();
         let inner =
             MtpDrafter::new(e.clone(), e.params.n_ctx, DraftParams::default()).expect("drafter");
-        let mut d = Drafter::Model(Box::new(Watching {
-            inner,
+        let r = Recording {
             observe,
-            steps: steps.clone(),
-            held: held.clone(),
-        }));
+            ..Recording::new(inner, &steps)
+        };
+        let held = r.held.clone();
+        let mut d = Drafter::Model(Box::new(r));
         let mut kv = e.new_kv().expect("kv");
         let mut sampler = Sampler::new(SamplerParams::greedy());
         let (out, stats) = e
