@@ -238,9 +238,7 @@ impl<B: Backend> MtpDrafter<B> {
             LayerState::Recurrent { .. } => 0,
         }
     }
-}
 
-impl<B: Backend> MtpDrafter<B> {
     /// Runs the head over the positions the target evaluated since it last
     /// did (or since the first token that differs) and returns the trunk row
     /// of the last position, the next draft's `h`; the rows read are

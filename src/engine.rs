@@ -496,12 +496,7 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, EngineError> {
-        if kv.n_past() + tokens.len() > kv.n_ctx() {
-            return Err(EngineError::PromptTooLong {
-                n_prompt: kv.n_past() + tokens.len(),
-                n_ctx: kv.n_ctx(),
-            });
-        }
+        fits(kv, tokens.len())?;
         let mut out = Vec::new();
         for chunk in tokens.chunks(self.params.n_ubatch) {
             let logits = kv.eval(&self.model, chunk, want)?;
@@ -758,12 +753,7 @@ impl<B: Backend> Engine<B> {
         prompt: &[u32],
         drafter: &mut Drafter,
     ) -> Result<Vec<f32>, EngineError> {
-        if kv.n_past() + prompt.len() > kv.n_ctx() {
-            return Err(EngineError::PromptTooLong {
-                n_prompt: kv.n_past() + prompt.len(),
-                n_ctx: kv.n_ctx(),
-            });
-        }
+        fits(kv, prompt.len())?;
         let mut seen = held.to_vec();
         let mut logits = Vec::new();
         let mut chunks = prompt.chunks(self.params.n_ubatch.max(1)).peekable();
@@ -786,4 +776,15 @@ impl<B: Backend> Engine<B> {
         }
         Ok(kv.checkpoint(&self.model.backend)?)
     }
+}
+
+/// `n` more tokens fit in `kv`'s context, or the error that says they do not.
+fn fits<B: Backend>(kv: &SeqState<B>, n: usize) -> Result<(), EngineError> {
+    if kv.n_past() + n > kv.n_ctx() {
+        return Err(EngineError::PromptTooLong {
+            n_prompt: kv.n_past() + n,
+            n_ctx: kv.n_ctx(),
+        });
+    }
+    Ok(())
 }

@@ -93,7 +93,7 @@ impl HiddenRows {
 
     /// One past the last position held.
     pub fn end(&self) -> usize {
-        self.pos0 + self.data.len() / self.n_embd.max(1)
+        self.pos0 + self.n_rows()
     }
 
     /// The row of position `pos`, when held.
@@ -116,9 +116,7 @@ impl HiddenRows {
 
     /// Forgets the positions from `n` on.
     pub fn truncate(&mut self, n: usize) {
-        let keep = n
-            .saturating_sub(self.pos0)
-            .min(self.data.len() / self.n_embd.max(1));
+        let keep = n.saturating_sub(self.pos0).min(self.n_rows());
         if keep * self.n_embd < self.data.len() {
             let last = self.data.len() - self.n_embd;
             self.dropped.clear();
@@ -137,9 +135,7 @@ impl HiddenRows {
 
     /// Forgets the rows before `pos` (the drafter has read them).
     pub fn release_before(&mut self, pos: usize) {
-        let drop = pos
-            .saturating_sub(self.pos0)
-            .min(self.data.len() / self.n_embd.max(1));
+        let drop = pos.saturating_sub(self.pos0).min(self.n_rows());
         self.data.drain(..drop * self.n_embd);
         self.pos0 += drop;
     }

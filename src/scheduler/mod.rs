@@ -1245,13 +1245,7 @@ impl<B: Backend + 'static> Worker<B> {
                                 .checkpoints_created += 1;
                         }
                         if !a.prefill.is_empty() {
-                            // An MTP head catches up chunk by chunk (it
-                            // drafts after the last).
-                            if let Some(d) = s.drafter.as_mut() {
-                                if let Err(e) = d.observe(&s.cached, s.kv.hidden_mut()) {
-                                    eprintln!("the draft head could not follow the prompt (the slot drafts without it until it starts over): {e}");
-                                }
-                            }
+                            Self::follow_prompt(s);
                             s.active = Some(a);
                             continue;
                         }

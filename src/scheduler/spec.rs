@@ -61,6 +61,17 @@ impl<B: Backend + 'static> Worker<B> {
         }
     }
 
+    /// A prompt chunk of slot `s` ran and more follow: an MTP head catches
+    /// up on it now (it drafts after the last), so the slot keeps about one
+    /// chunk's rows for it.
+    pub(super) fn follow_prompt(s: &mut Slot<B>) {
+        if let Some(d) = s.drafter.as_mut() {
+            if let Err(e) = d.observe(&s.cached, s.kv.hidden_mut()) {
+                eprintln!("the draft head could not follow the prompt (the slot drafts without it until it starts over): {e}");
+            }
+        }
+    }
+
     /// The draft of a decoding slot: none without a drafter, with a grammar
     /// or token probabilities to report, without room in the context or
     /// the request, or where a recurrent state cannot checkpoint.
