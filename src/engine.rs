@@ -66,6 +66,10 @@ pub struct EngineParams {
     /// Read resident weights into memory instead of mapping the file
     /// (`--no-mmap`, bench's `--load-mode read`).
     pub no_mmap: bool,
+    /// Keep every weight in GGUF's plain rows (`--no-repack`); by default
+    /// matrices with a CPU kernel layout take it (see
+    /// [`LoadOptions::no_repack`]).
+    pub no_repack: bool,
     /// Attention path (`-fa on|off|auto`, llama.cpp's default `auto`).
     pub flash_attn: FlashAttn,
     /// A chat template that replaces the file's (`--chat-template`,
@@ -167,6 +171,7 @@ impl Default for EngineParams {
             kv_type: GgmlType::F16,
             longhaul: None,
             no_mmap: false,
+            no_repack: false,
             flash_attn: FlashAttn::Auto,
             chat_template: None,
             draft_model: None,
@@ -287,6 +292,7 @@ impl<B: Backend> Engine<B> {
                 let opts = LoadOptions {
                     longhaul: Some(cfg),
                     mtp: params.mtp,
+                    no_repack: params.no_repack,
                     ..Default::default()
                 };
                 let model = Model::load_opts(backend, file, opts, progress)?;
@@ -299,6 +305,7 @@ impl<B: Backend> Engine<B> {
                 let opts = LoadOptions {
                     no_mmap: params.no_mmap,
                     mtp: params.mtp,
+                    no_repack: params.no_repack,
                     ..Default::default()
                 };
                 (Model::load_opts(backend, file, opts, progress)?, None)

@@ -352,7 +352,7 @@ mod slot_bytes {
         file: &gguf::Model,
         ts: &[&gguf::TensorInfo],
     ) -> Result<(), TestCaseError> {
-        let specs = slot_tensors(ts).expect("specs");
+        let specs = slot_tensors(ts, false).expect("specs");
         for s in 0..l.cache.n_slots() as u32 {
             let Some(e) = l.cache.expert_in(s) else {
                 continue;
@@ -417,7 +417,7 @@ mod slot_bytes {
                 .iter()
                 .map(|n| file.tensor(&format!("blk.0.{n}.weight")).expect("tensor"))
                 .collect();
-            let specs = slot_tensors(&ts).expect("specs");
+            let specs = slot_tensors(&ts, false).expect("specs");
             let slots = CpuBackend::new().new_slots(&specs, n_slots).expect("slots");
             let policy = if lfu { Policy::Lfu } else { Policy::Lru };
             let mut l = StreamedLayer::new(0, &ts, slots, n_slots, policy).expect("layer");

@@ -3,14 +3,17 @@
 // beside longhaul's (`--llamacpp FILE`).
 //
 //   ggml_mul_mat_bench --types q4_K,q8_0 --k 2048 --m 768 --n 1,8,32,512
-//                      [--threads 2] [--reps 5] [--min-ms 20] [--poll 50]
+//                      [--threads 2] [--reps 5] [--min-ms 20] [--poll 50] [--repack 1]
 //
 // For each type: a weight [k, m] (ggml: m rows of k values) quantised from
 // random values with ggml_quantize_chunk (types that need an importance
 // matrix get a flat one), activations [k, n] of f32, one MUL_MAT node
 // computed with the CPU backend (a persistent thread pool, as llama.cpp's
 // contexts use) in a plain CPU buffer (no repack: the
-// weights are read in GGUF layout, as longhaul reads them). One warm-up
+// weights are read in GGUF layout, as longhaul reads them), or with
+// `--repack 1` in the CPU backend's CPU_REPACK buffer (llama.cpp's default
+// `--repack`: the weights interleaved at load for its gemv/gemm kernels,
+// where the type and row count have one; `repack=1` in the output). One warm-up
 // product, then per repetition the product repeated for at least --min-ms
 // milliseconds; one line per (type, n):
 //
@@ -88,6 +91,18 @@ static std::vector<uint8_t> weight_bytes(ggml_type type, int64_t k, int64_t m, s
     return out;
 }
 
+// The types ggml's CPU_REPACK buffer takes on x86 (repack.cpp's
+// ggml_repack_get_optimal_repack_type: AVX2 interleaves 8 rows of these;
+// Q2_K only with AVX-512). Other types stay in a plain buffer.
+static bool x86_repacks(ggml_type type, int64_t m) {
+    if (m % 8 != 0) return false;
+    switch (type) {
+        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_K: case GGML_TYPE_IQ4_NL: case GGML_TYPE_MXFP4: return true;
+        case GGML_TYPE_Q2_K: return ggml_cpu_has_avx512();
+        default: return false;
+    }
+}
+
 int main(int argc, char **argv) {
     std::vector<std::string> types;
     std::vector<int64_t> ns;
@@ -95,6 +110,7 @@ int main(int argc, char **argv) {
     int threads = 1, reps = 5;
     double min_ms = 20.0;
     int poll = -1;  // ggml's default (llama.cpp's --poll 50)
+    int repack = 0;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         if (i + 1 >= argc) usage(argv[0]);
@@ -107,6 +123,7 @@ int main(int argc, char **argv) {
         else if (a == "--reps") reps = atoi(v.c_str());
         else if (a == "--min-ms") min_ms = atof(v.c_str());
         else if (a == "--poll") poll = atoi(v.c_str());
+        else if (a == "--repack") repack = atoi(v.c_str());
         else usage(argv[0]);
     }
     if (types.empty() || k <= 0 || m <= 0 || ns.empty() || threads <= 0 || reps <= 0) usage(argv[0]);
@@ -130,6 +147,20 @@ int main(int argc, char **argv) {
         return 1;
     }
     ggml_backend_cpu_set_threadpool(backend, pool);
+    // The CPU backend's extra buffer types (CPU_REPACK among them).
+    ggml_backend_buffer_type_t repack_buft = nullptr;
+    if (repack) {
+        ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+        auto get_extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
+            ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+        for (ggml_backend_buffer_type_t *b = get_extra ? get_extra(dev) : nullptr; b && *b; b++) {
+            if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) repack_buft = *b;
+        }
+        if (!repack_buft) {
+            fprintf(stderr, "--repack 1: this ggml build has no CPU_REPACK buffer type\n");
+            return 1;
+        }
+    }
     printf("# ggml_mul_mat_bench: ggml CPU backend, %d threads (poll %u), %d repetitions of at least %.1f ms\n",
            threads, tpp.poll, reps, min_ms);
     std::mt19937 rng(1234);
@@ -158,17 +189,25 @@ int main(int argc, char **argv) {
                 /*.no_alloc   =*/true,
             };
             ggml_context *ctx = ggml_init(ip);
-            ggml_tensor *a = ggml_new_tensor_2d(ctx, type, k, m);
+            ggml_context *wctx = ggml_init(ip);  // the weight alone, for its buffer type
+            ggml_tensor *a = ggml_new_tensor_2d(wctx, type, k, m);
             ggml_tensor *b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n);
             ggml_tensor *c = ggml_mul_mat(ctx, a, b);
             ggml_cgraph *gf = ggml_new_graph(ctx);
             ggml_build_forward_expand(gf, c);
+            const bool repacked = repack_buft && x86_repacks(type, m);
+            ggml_backend_buffer_t wbuf = repacked ? ggml_backend_alloc_ctx_tensors_from_buft(wctx, repack_buft)
+                                                  : ggml_backend_alloc_ctx_tensors(wctx, backend);
             ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
-            if (!buf) {
+            if (!buf || !wbuf) {
                 printf("skip type=%s reason=alloc_failed\n", ggml_type_name(type));
+                if (buf) ggml_backend_buffer_free(buf);
+                if (wbuf) ggml_backend_buffer_free(wbuf);
                 ggml_free(ctx);
+                ggml_free(wctx);
                 continue;
             }
+            if (repacked) ggml_backend_buffer_set_usage(wbuf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
             ggml_backend_tensor_set(a, w.data(), 0, w.size());
             std::normal_distribution<float> normal(0.0f, 1.0f);
             std::vector<float> x((size_t)(k * n));
@@ -197,12 +236,15 @@ int main(int argc, char **argv) {
                 mean /= samples.size();
                 for (double s : samples) var += (s - mean) * (s - mean);
                 double sd = samples.size() > 1 ? std::sqrt(var / (samples.size() - 1)) : 0.0;
-                printf("ggml_mul_mat type=%s k=%lld m=%lld n=%lld threads=%d reps=%d mean_ns=%.1f sd_ns=%.1f\n",
-                       ggml_type_name(type), (long long)k, (long long)m, (long long)n, threads, reps, mean, sd);
+                printf("ggml_mul_mat type=%s k=%lld m=%lld n=%lld threads=%d reps=%d mean_ns=%.1f sd_ns=%.1f%s\n",
+                       ggml_type_name(type), (long long)k, (long long)m, (long long)n, threads, reps, mean, sd,
+                       repacked ? " repack=1" : "");
             }
             fflush(stdout);
             ggml_backend_buffer_free(buf);
+            ggml_backend_buffer_free(wbuf);
             ggml_free(ctx);
+            ggml_free(wctx);
         }
     }
     ggml_quantize_free();

@@ -98,9 +98,13 @@ pub struct BenchArgs {
     /// (--load-mode mmap), 0 reads it into memory (--load-mode read).
     #[arg(long = "mmap", value_name = "0|1", value_delimiter = ',')]
     pub mmap: Vec<String>,
-    /// llama-bench's -nr: 1 (weights are never repacked here); 0 is refused.
-    #[arg(long = "no-repack", value_name = "0|1", value_delimiter = ',')]
-    pub no_repack: Vec<String>,
+    /// llama-bench's --repack: 1 (the default) gives CPU matrices their
+    /// interleaved kernel layout where one exists, 0 keeps the GGUF layout.
+    #[arg(long = "repack", value_name = "0|1")]
+    pub repack: Option<String>,
+    /// llama-bench's older -nr: 1 is --repack 0, 0 is --repack 1.
+    #[arg(long = "no-repack", value_name = "0|1")]
+    pub no_repack: Option<String>,
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
     /// --longhaul-cache and --longhaul-policy take comma-separated lists here.
@@ -368,6 +372,32 @@ fn ftype_name(f: u64) -> String {
 }
 
 /// The load modes (with their caches and policies) from the flags.
+impl BenchArgs {
+    /// `--repack` / `-nr` as one setting (default on, as llama-bench).
+    fn repacks(&self) -> anyhow::Result<bool> {
+        let flag = |name: &str, v: &Option<String>| -> anyhow::Result<Option<bool>> {
+            match v.as_deref().map(str::trim) {
+                None => Ok(None),
+                Some("1") => Ok(Some(true)),
+                Some("0") => Ok(Some(false)),
+                Some(other) => anyhow::bail!("{name} {other}: give 0 or 1 (one value; run bench again for the other)"),
+            }
+        };
+        let on = flag("--repack", &self.repack)?;
+        let off = flag("-nr", &self.no_repack)?;
+        match (on, off) {
+            (Some(a), Some(b)) if a == b => anyhow::bail!(
+                "--repack {} and -nr {} contradict each other; give one of them",
+                a as u8,
+                b as u8
+            ),
+            (Some(a), _) => Ok(a),
+            (None, Some(b)) => Ok(!b),
+            (None, None) => Ok(true),
+        }
+    }
+}
+
 fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
     let mut names: Vec<String> = a.load_mode.iter().map(|s| s.trim().to_string()).collect();
     for v in &a.mmap {
@@ -606,13 +636,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(bw) = a.gpu_bw.filter(|b| !(*b > 0.0 && b.is_finite())) {
         anyhow::bail!("--gpu-bw {bw}: give the device's memory bandwidth in GB/s (e.g. 4800)");
     }
-    for v in &a.no_repack {
-        match v.trim() {
-            "1" => {}
-            "0" => anyhow::bail!("-nr 0: longhaul does not repack weights; its kernels read the GGUF layout in place (-nr 1)"),
-            other => anyhow::bail!("-nr {other}: give 1 (longhaul never repacks weights)"),
-        }
-    }
+    a.repacks()?;
     let modes = load_modes(&a)?;
     let tests = tests(&a)?;
     let spec = a.spec.kinds()?;
@@ -751,6 +775,7 @@ fn bench_mode<B: Backend + 'static>(
             kv_type: GgmlType::F16,
             longhaul,
             no_mmap: *mode == LoadMode::Read,
+            no_repack: !a.repacks()?,
             flash_attn,
             mtp: p.spec.contains(&SpecType::DraftMtp),
             ..Default::default()

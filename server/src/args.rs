@@ -223,9 +223,15 @@ pub struct ModelArgs {
     /// (mapped and locked, as --mlock).
     #[arg(long = "load-mode", value_name = "MODE", value_parser = ["auto", "none", "mmap", "mlock", "mmap+mlock"])]
     pub load_mode: Option<String>,
-    /// Accepted (-nr): longhaul never repacks weights.
-    #[arg(long = "no-repack")]
+    /// Keep the weights in the GGUF layout (-nr); by default, as llama.cpp's
+    /// --repack, CPU matrices with an interleaved kernel layout (Q4_0 and
+    /// Q8_0 with AVX2) are copied into it at load, and expert slots take it
+    /// as they fill.
+    #[arg(long = "no-repack", overrides_with = "repack")]
     pub no_repack: bool,
+    /// Repack CPU weights into the kernels' layout (the default).
+    #[arg(long = "repack", overrides_with = "no_repack")]
+    pub repack: bool,
     /// Accepted: longhaul never downloads anything.
     #[arg(long = "offline")]
     pub offline: bool,
@@ -419,6 +425,7 @@ impl ModelArgs {
             kv_type: k,
             longhaul: self.longhaul.params()?,
             no_mmap: self.no_mmap || matches!(self.load_mode.as_deref(), Some("none" | "mlock")),
+            no_repack: self.no_repack,
             flash_attn: self.flash_attn,
             chat_template: match (&self.chat_template, &self.chat_template_file) {
                 (Some(t), _) => Some(t.clone()),

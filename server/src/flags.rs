@@ -152,10 +152,7 @@ pub const SPELLINGS: &[Spelling] = &[
     same("--load-mode").env("LLAMA_ARG_LOAD_MODE"),
     alias("-nr", "--no-repack"),
     same("--no-repack"),
-    refused(
-        "--repack",
-        "longhaul does not repack weights yet; its kernels read the GGUF layout in place",
-    ),
+    same("--repack"),
     same("--offline"),
     refused("-ot", STREAMS),
     refused("--override-tensor", STREAMS),

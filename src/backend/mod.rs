@@ -361,7 +361,15 @@ pub struct SlotTensor {
     pub ty: GgmlType,
     pub dims: Vec<u64>,
     pub bytes: u64,
+    /// The store may hold these slices in its kernels' weight layout
+    /// (`--repack`; see [`SlotStore::converter`]).
+    pub repack: bool,
 }
+
+/// Rewrites one freshly read expert slice of slot tensor `t` into the layout
+/// a store's weights read ([`SlotStore::converter`]).
+pub type SlotConverter =
+    std::sync::Arc<dyn Fn(usize, &mut [u8]) -> Result<(), BackendError> + Send + Sync>;
 
 /// Fails when a `(tensor, slot)` pair appears twice in `which` (a slot store
 /// hands out one writable buffer per slot).
@@ -418,6 +426,14 @@ pub trait SlotStore: Send {
     }
     /// Bytes held by the store.
     fn bytes(&self) -> u64;
+    /// How expert bytes lent by [`SlotStore::detach`] become this store's
+    /// layout: the reading thread runs it on each slice after its read,
+    /// before [`SlotStore::attach`] (slices written through
+    /// [`SlotStore::slots_mut`] are converted by [`SlotStore::commit`]).
+    /// `None`: slots hold the GGUF bytes as read.
+    fn converter(&self) -> Option<SlotConverter> {
+        None
+    }
 }
 
 /// The ops an architecture may use. `Tensor` is an activation living on the
@@ -450,6 +466,22 @@ pub trait Backend: Send + Sync + Clone {
         t: &crate::gguf::TensorInfo,
         bytes: Vec<u8>,
     ) -> Result<Self::Weight, BackendError>;
+
+    /// Whether [`Backend::repacked_weight`] gives `t` a layout of its own
+    /// (`--repack`): the loader then copies the tensor out of the mapping.
+    fn repacks(&self, _t: &crate::gguf::TensorInfo) -> bool {
+        false
+    }
+
+    /// A weight over bytes read from the file, rewritten into the backend's
+    /// kernel layout where [`Backend::repacks`] says it has one.
+    fn repacked_weight(
+        &self,
+        t: &crate::gguf::TensorInfo,
+        bytes: Vec<u8>,
+    ) -> Result<Self::Weight, BackendError> {
+        self.weight_from_bytes(t, bytes)
+    }
 
     /// Slot memory for `n_slots` experts of each of `tensors`.
     fn new_slots(

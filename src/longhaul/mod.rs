@@ -190,7 +190,10 @@ struct ExpertTensor {
 
 /// One expert's slice of each stacked routed tensor (the expert axis is the
 /// last ggml dim, so expert `e` is `expert_bytes` at `offset + e * expert_bytes`).
-pub fn slot_tensors(tensors: &[&TensorInfo]) -> Result<Vec<SlotTensor>, LonghaulError> {
+pub fn slot_tensors(
+    tensors: &[&TensorInfo],
+    repack: bool,
+) -> Result<Vec<SlotTensor>, LonghaulError> {
     tensors
         .iter()
         .map(|t| {
@@ -205,6 +208,7 @@ pub fn slot_tensors(tensors: &[&TensorInfo]) -> Result<Vec<SlotTensor>, Longhaul
                 ty: t.ty,
                 dims: t.dims[..t.dims.len() - 1].to_vec(),
                 bytes: t.len / n_expert,
+                repack,
             })
         })
         .collect()
@@ -353,7 +357,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         n_slots: usize,
         policy: Policy,
     ) -> Result<Self, LonghaulError> {
-        let specs = slot_tensors(tensors)?;
+        let specs = slot_tensors(tensors, false)?;
         let n_expert = tensors
             .first()
             .and_then(|t| t.dims.last())
@@ -497,9 +501,14 @@ impl<S: SlotStore> StreamedLayer<S> {
         };
         let (tx, rx) = mpsc::channel();
         let checksum = self.checksums.is_some();
+        // Slices take the store's layout on the reading thread, after the
+        // checksum of the bytes as read.
+        let convert = self.slots.converter();
         for (job, buf) in lent.into_iter().enumerate() {
             let e = wave.loads[job / n_t].0;
-            let t = &self.tensors[job % n_t];
+            let ti = job % n_t;
+            let t = &self.tensors[ti];
+            let convert = convert.clone();
             let (shard, offset) = (t.shard, t.offset + e as u64 * t.expert_bytes);
             fill.bytes += buf.len() as u64;
             let tx = tx.clone();
@@ -508,6 +517,13 @@ impl<S: SlotStore> StreamedLayer<S> {
                 let res = file
                     .read_at(shard, offset, &mut buf)
                     .map(|()| if checksum { crc32fast::hash(&buf) } else { 0 })
+                    .and_then(|crc| match &convert {
+                        Some(f) => f(ti, &mut buf).map(|()| crc).map_err(|e| GgufError::Io {
+                            path: Default::default(),
+                            source: std::io::Error::other(e.to_string()),
+                        }),
+                        None => Ok(crc),
+                    })
                     .map_err(|e| (shard, e));
                 // The receiver is gone only when the sync point gave up; the
                 // slot is then recorded empty and gets a fresh buffer.

@@ -120,6 +120,10 @@ pub struct Model<B: Backend> {
     ///
     /// [`AttnParams::flash_attn`]: crate::backend::AttnParams::flash_attn
     pub flash_attn: bool,
+    /// Bytes of mapped tensors copied into memory to take the backend's
+    /// kernel layout (`--repack`); 0 when every weight is read in place or
+    /// was copied anyway (`--no-mmap`, longhaul).
+    pub repacked_bytes: u64,
 }
 
 /// Which rows of logits a forward pass returns.
@@ -195,6 +199,13 @@ pub struct LoadOptions {
     /// Load the first NextN/MTP layer too (llama.cpp loads it only for
     /// `--spec-type draft-mtp`); an error for a file without one.
     pub mtp: bool,
+    /// Keep weights in GGUF's plain rows (llama.cpp's `--no-repack`). By
+    /// default, where the backend has a kernel layout for a matrix
+    /// ([`Backend::repacks`]), resident copies and expert slots take it; a
+    /// mapped tensor is then copied into memory (the cost is
+    /// [`Model::repacked_bytes`]), except under longhaul, whose point is
+    /// not to hold what the mapping holds.
+    pub no_repack: bool,
 }
 
 /// The names of the routed-expert tensors of layer `il` (what longhaul streams).
@@ -300,12 +311,14 @@ impl<B: Backend> Model<B> {
             no_mmap,
             shapes_only,
             mtp,
+            no_repack,
         } = opts;
         let (spec, mut hp) = read_hparams(&file)?;
         hp.mtp = mtp;
         let how = blocks::LoadHow {
             longhaul: longhaul.is_some(),
             shapes_only,
+            repack: !no_repack,
         };
         let copy = (!shapes_only && (longhaul.is_some() || no_mmap)).then(|| {
             let total: u64 = file
@@ -323,7 +336,7 @@ impl<B: Backend> Model<B> {
         }
         let mut m = load_layers(backend, file.clone(), spec, hp, &how, copy)?;
         if let Some(cfg) = longhaul {
-            stream::attach(&mut m, cfg)?;
+            stream::attach(&mut m, cfg, !no_repack)?;
         }
         Ok(m)
     }
@@ -521,7 +534,7 @@ fn load_layers<B: Backend>(
     if copy.is_some() {
         crate::longhaul::prepare_files(&file);
     }
-    let (tok_embd, output_norm, output, layers, nextn) = {
+    let (tok_embd, output_norm, output, layers, nextn, repacked_bytes) = {
         let l = blocks::Loader::new(&backend, &file, &hp, how, copy);
         let (e, v) = (hp.n_embd as u64, hp.n_vocab as u64);
         let tok_embd = l.req("token_embd.weight", &[e, v])?;
@@ -538,7 +551,8 @@ fn load_layers<B: Backend>(
             l.skip_layer(il);
         }
         l.finish()?;
-        (tok_embd, output_norm, output, layers, nextn)
+        let repacked = l.repacked.get();
+        (tok_embd, output_norm, output, layers, nextn, repacked)
     };
     let runtime = stream::Runtime::resident(hp.n_layer + hp.n_nextn_loaded());
     Ok(Model {
@@ -553,5 +567,6 @@ fn load_layers<B: Backend>(
         nextn,
         runtime,
         flash_attn: false,
+        repacked_bytes,
     })
 }

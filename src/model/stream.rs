@@ -104,7 +104,7 @@ fn expert_bytes(layers: &[(usize, Vec<&TensorInfo>)]) -> Result<u64, ModelError>
     // (n_layers times it never falls short of the sum).
     let mut sum = 0u64;
     for (_, ts) in layers {
-        sum += longhaul::slot_tensors(ts)?
+        sum += longhaul::slot_tensors(ts, false)?
             .iter()
             .map(|t| t.bytes)
             .sum::<u64>();
@@ -143,8 +143,13 @@ pub(super) fn slot_cost<B: Backend>(m: &Model<B>) -> Result<(usize, u64), ModelE
     Ok((layers.len(), expert_bytes(&layers)?))
 }
 
-/// Switches every MoE layer of `m` to streamed experts under `cfg`'s budget.
-pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Result<(), ModelError> {
+/// Switches every MoE layer of `m` to streamed experts under `cfg`'s budget;
+/// with `repack`, slots hold the backend's kernel layout.
+pub(super) fn attach<B: Backend>(
+    m: &mut Model<B>,
+    cfg: LonghaulConfig,
+    repack: bool,
+) -> Result<(), ModelError> {
     let file = m.file.clone();
     let layers = routed(m, &file);
     if layers.is_empty() {
@@ -156,7 +161,7 @@ pub(super) fn attach<B: Backend>(m: &mut Model<B>, cfg: LonghaulConfig) -> Resul
     let n_slots =
         longhaul::slots_for_budget(cfg.budget_bytes, layers.len(), expert_bytes, m.hp.n_expert)?;
     for (il, ts) in layers {
-        let specs = longhaul::slot_tensors(&ts)?;
+        let specs = longhaul::slot_tensors(&ts, repack)?;
         let slots = m.backend.new_slots(&specs, n_slots)?;
         let l = StreamedLayer::new(il, &ts, slots, n_slots, cfg.policy)?;
         m.runtime.streamed[il] = Some(Mutex::new(if cfg.verify { l.verify_reads() } else { l }));

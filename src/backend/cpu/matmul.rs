@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use super::{CpuTensor, CpuWeight};
 use crate::backend::{contract, BackendError};
+use crate::quant::layout::{self, Interleaved};
 use crate::quant::{self, QuantOps};
 use crate::tensor::GgmlType;
 
@@ -70,16 +71,24 @@ fn tile_tokens(m: &Matrix, batch: usize) -> usize {
 const TILE_ROWS: usize = 64;
 
 /// Rows per parallel work item: enough to amortise scheduling, small enough to
-/// keep every thread busy.
-fn chunk_rows(n: usize, n_tok: usize) -> usize {
+/// keep every thread busy; whole groups of an interleaved matrix.
+fn chunk_rows(m: &Matrix, n_tok: usize) -> usize {
+    let n = m.n;
     let threads = rayon::current_num_threads().max(1);
     let target = n.div_ceil(threads * 8).max(1);
     let min = if n_tok > 1 { 4 } else { 16 };
-    target.clamp(min.min(n), 256).max(1)
+    let rows = target.clamp(min.min(n), 256).max(1);
+    match m.layout {
+        Some(_) => rows.next_multiple_of(layout::GROUP_ROWS),
+        None => rows,
+    }
 }
 
 struct Matrix<'a> {
     ops: &'static dyn QuantOps,
+    /// The interleaved layout of the bytes, if not GGUF's plain rows: row
+    /// ranges are then whole groups and products run its kernels.
+    layout: Option<&'static dyn Interleaved>,
     /// The bytes of each matrix (one for a 2-D weight, one per expert of a
     /// stacked one; `None` for experts a product does not use).
     mats: Vec<Option<&'a [u8]>>,
@@ -92,6 +101,23 @@ impl Matrix<'_> {
     /// Matrix `e`'s bytes (present for every matrix the product uses).
     fn bytes(&self, e: usize) -> &[u8] {
         self.mats.get(e).copied().flatten().unwrap_or(&[])
+    }
+
+    /// `out[t * rows + r]`: rows `w_rows` against the `acts` rows, in this
+    /// matrix's layout: a mat-vec (`batch` `None`) or part of a product of
+    /// `batch` activation rows (see [`QuantOps::vec_dot_tile_batch`]).
+    fn products(
+        &self,
+        w_rows: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        batch: Option<usize>,
+    ) -> Result<(), quant::QuantError> {
+        match (self.layout, batch) {
+            (Some(il), _) => il.dot_tile(self.k, w_rows, acts, out),
+            (None, None) => self.ops.vec_dot_rows(self.k, w_rows, acts, out),
+            (None, Some(b)) => self.ops.vec_dot_tile_batch(self.k, w_rows, acts, out, b),
+        }
     }
 }
 
@@ -121,6 +147,7 @@ fn matrix<'a>(
         .collect::<Result<_, _>>()?;
     Ok(Matrix {
         ops,
+        layout: w.layout(),
         mats,
         k,
         n,
@@ -174,7 +201,7 @@ pub(super) fn matmul_many(
         .iter_mut()
         .map(|o| OutPtr(o.data.as_mut_ptr()))
         .collect();
-    let chunks: Vec<usize> = ms.iter().map(|m| chunk_rows(m.n, n_tok)).collect();
+    let chunks: Vec<usize> = ms.iter().map(|m| chunk_rows(m, n_tok)).collect();
     let work: Vec<(usize, usize)> = ms
         .iter()
         .enumerate()
@@ -192,7 +219,7 @@ pub(super) fn matmul_many(
                 // SAFETY: r0 + rows <= m.n, the output's single row; these
                 // columns belong to this work item only.
                 let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r0), rows) };
-                return m.ops.vec_dot_rows(m.k, w_rows, &acts[..arb], dst);
+                return m.products(w_rows, &acts[..arb], dst, None);
             }
             let tile = tile_tokens(m, n_tok);
             for t0 in (0..n_tok).step_by(tile) {
@@ -238,7 +265,7 @@ fn tile_products(
         let nq = TILE_ROWS.min(rows - q0);
         let w_tile = &w_rows[q0 * m.rb..(q0 + nq) * m.rb];
         let res = &mut tmp[..nq * nt];
-        m.ops.vec_dot_tile_batch(m.k, w_tile, a_tile, res, batch)?;
+        m.products(w_tile, a_tile, res, Some(batch))?;
         for (t, res) in res.chunks_exact(nq).enumerate() {
             put(t, q0, res);
         }
@@ -293,7 +320,7 @@ pub(super) fn mul_mat_id(
         }
     }
     drop(acts_x);
-    let chunk = chunk_rows(m.n, ids.len());
+    let chunk = chunk_rows(&m, ids.len());
     let n_chunks = m.n.div_ceil(chunk);
     let work: Vec<(usize, usize)> = by_expert
         .iter()

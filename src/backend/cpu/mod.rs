@@ -22,6 +22,7 @@ use super::{
     Glu, KvShape, RopeParams, SlotStore, SlotTensor,
 };
 use crate::gguf;
+use crate::quant::layout::{self, Interleaved};
 use crate::tensor::GgmlType;
 
 /// Host activations, row-major `[rows, cols]`.
@@ -66,6 +67,9 @@ pub struct CpuWeight {
     pub ty: GgmlType,
     pub dims: Vec<u64>,
     bytes: WeightBytes,
+    /// The bytes are in this interleaved layout (`--repack`), not GGUF's
+    /// plain rows.
+    layout: Option<&'static dyn Interleaved>,
 }
 
 impl CpuWeight {
@@ -78,6 +82,7 @@ impl CpuWeight {
                 model: model.clone(),
                 info: t.clone(),
             },
+            layout: None,
         }
     }
 
@@ -87,7 +92,24 @@ impl CpuWeight {
             ty,
             dims,
             bytes: WeightBytes::Host(bytes),
+            layout: None,
         }
+    }
+
+    /// The layout of the weight's bytes (`None`: GGUF's plain rows).
+    pub fn layout(&self) -> Option<&'static dyn Interleaved> {
+        self.layout
+    }
+
+    /// All bytes in GGUF's plain rows: borrowed, or for an interleaved
+    /// weight converted back (for the ops that read rows one by one).
+    pub(super) fn plain_bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>, BackendError> {
+        let Some(il) = self.layout else {
+            return Ok(std::borrow::Cow::Borrowed(self.bytes()));
+        };
+        let mut v = self.bytes().to_vec();
+        il.deinterleave(self.row_len(), &mut v)?;
+        Ok(std::borrow::Cow::Owned(v))
     }
 
     /// All bytes of the weight.
@@ -135,7 +157,7 @@ impl CpuWeight {
     pub fn to_f32(&self) -> Result<Vec<f32>, BackendError> {
         let n: u64 = self.dims.iter().product();
         let mut out = vec![0.0; n as usize];
-        crate::quant::dequantize_row(self.ty, self.bytes(), &mut out)?;
+        crate::quant::dequantize_row(self.ty, &self.plain_bytes()?, &mut out)?;
         Ok(out)
     }
 }
@@ -226,6 +248,32 @@ pub struct HostSlots {
     /// `bufs[tensor][slot]`.
     bufs: Vec<Vec<Arc<Vec<u8>>>>,
     n_slots: usize,
+    /// Per tensor: the interleaved layout its slots hold (`--repack`).
+    layouts: Arc<Vec<Option<&'static dyn Interleaved>>>,
+    /// Slots written through `slots_mut`, converted at `commit`.
+    unconverted: Vec<(usize, usize)>,
+}
+
+/// The layout slot tensor `t` is held in: interleaved where it asks for a
+/// repack and its kernels exist.
+fn slot_layout(t: &SlotTensor) -> Option<&'static dyn Interleaved> {
+    let n_rows = t.dims.get(1).copied().unwrap_or(1) as usize;
+    (t.repack && layout::interleaves(t.ty, n_rows))
+        .then(|| layout::interleaved(t.ty))
+        .flatten()
+}
+
+/// Rewrites one expert slice of slot tensor `t` into its layout.
+fn convert_slot(
+    layouts: &[Option<&'static dyn Interleaved>],
+    tensors: &[SlotTensor],
+    t: usize,
+    buf: &mut [u8],
+) -> Result<(), BackendError> {
+    match (layouts.get(t).copied().flatten(), tensors.get(t)) {
+        (Some(il), Some(spec)) => Ok(il.interleave(spec.dims[0] as usize, buf)?),
+        _ => Ok(()),
+    }
 }
 
 impl HostSlots {
@@ -258,6 +306,7 @@ impl SlotStore for HostSlots {
         for &(t, s) in which {
             self.buf_mut(t, s)?;
         }
+        self.unconverted.extend_from_slice(which);
         // Every requested buffer exists and is unshared; hand them out in order.
         let mut per: Vec<Vec<Option<&mut [u8]>>> = self
             .bufs
@@ -316,6 +365,27 @@ impl SlotStore for HostSlots {
             .map(|t| t.bytes * self.n_slots as u64)
             .sum()
     }
+
+    fn commit(&mut self) -> Result<(), BackendError> {
+        let mut res = Ok(());
+        for (t, s) in std::mem::take(&mut self.unconverted) {
+            let Some(buf) = self.bufs.get_mut(t).and_then(|b| b.get_mut(s)).and_then(Arc::get_mut) else {
+                continue;
+            };
+            if let Err(e) = convert_slot(&self.layouts, &self.tensors, t, buf) {
+                res = res.and(Err(e));
+            }
+        }
+        res
+    }
+
+    fn converter(&self) -> Option<crate::backend::SlotConverter> {
+        if self.layouts.iter().all(Option::is_none) {
+            return None;
+        }
+        let (layouts, tensors) = (self.layouts.clone(), self.tensors.clone());
+        Some(Arc::new(move |t, buf: &mut [u8]| convert_slot(&layouts, &tensors, t, buf)))
+    }
 }
 
 /// The CPU backend. Threads come from the rayon pool it is run inside.
@@ -369,6 +439,26 @@ impl Backend for CpuBackend {
         Ok(CpuWeight::host(t.ty, t.dims.clone(), Arc::new(bytes)))
     }
 
+    fn repacks(&self, t: &gguf::TensorInfo) -> bool {
+        t.dims.len() >= 2 && layout::interleaves(t.ty, t.dims[1] as usize)
+    }
+
+    fn repacked_weight(
+        &self,
+        t: &gguf::TensorInfo,
+        mut bytes: Vec<u8>,
+    ) -> Result<CpuWeight, BackendError> {
+        let il = self.repacks(t).then(|| layout::interleaved(t.ty)).flatten();
+        if let Some(il) = il {
+            if bytes.len() as u64 == t.len {
+                il.interleave(t.dims[0] as usize, &mut bytes)?;
+            }
+        }
+        let mut w = self.weight_from_bytes(t, bytes)?;
+        w.layout = il;
+        Ok(w)
+    }
+
     fn new_slots(&self, tensors: &[SlotTensor], n_slots: usize) -> Result<HostSlots, BackendError> {
         let bufs = tensors
             .iter()
@@ -382,6 +472,8 @@ impl Backend for CpuBackend {
             tensors: tensors.to_vec(),
             bufs,
             n_slots,
+            layouts: Arc::new(tensors.iter().map(slot_layout).collect()),
+            unconverted: Vec::new(),
         })
     }
 
@@ -396,6 +488,7 @@ impl Backend for CpuBackend {
             ty: spec.ty,
             dims,
             bytes: WeightBytes::Slots(Arc::new(slots.bufs[t].clone())),
+            layout: slots.layouts.get(t).copied().flatten(),
         })
     }
 

@@ -17,7 +17,7 @@ fn shape_err(op: &'static str, detail: String) -> BackendError {
 pub(super) fn get_rows(w: &CpuWeight, ids: &[u32]) -> Result<CpuTensor, BackendError> {
     let n = w.row_len();
     let rb = w.row_bytes();
-    let bytes = w.bytes();
+    let bytes = w.plain_bytes()?;
     let n_rows = w.n_rows();
     let mut out = CpuTensor::zeros(ids.len(), n);
     for (dst, &id) in out.data.chunks_mut(n.max(1)).zip(ids) {

@@ -82,6 +82,8 @@ pub(crate) struct LoadHow {
     /// Routed experts get placeholders (their bytes go to slots).
     pub longhaul: bool,
     pub shapes_only: bool,
+    /// Give matrices the backend's kernel layout (`--repack`).
+    pub repack: bool,
 }
 
 /// Loads the tensors an architecture declares, checking each one's shape,
@@ -97,6 +99,8 @@ pub struct Loader<'a, B: Backend> {
     /// optional progress report against the total bytes to copy.
     pub(crate) copy: Option<(Option<super::Progress>, u64)>,
     copied: Cell<u64>,
+    /// Bytes copied out of the mapping to be repacked.
+    pub(crate) repacked: Cell<u64>,
     claimed: RefCell<HashSet<String>>,
 }
 
@@ -115,6 +119,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             how,
             copy,
             copied: Cell::new(0),
+            repacked: Cell::new(0),
             claimed: RefCell::new(HashSet::new()),
         }
     }
@@ -134,17 +139,28 @@ impl<'a, B: Backend> Loader<'a, B> {
         if self.how.shapes_only || (routed && self.how.longhaul) {
             return Ok(self.backend.placeholder_weight(t)?);
         }
-        if let Some((progress, total)) = &self.copy {
-            let mut bytes = vec![0u8; t.len as usize];
-            crate::longhaul::read_parallel(self.file, t.shard, t.offset, &mut bytes)?;
-            crate::longhaul::release_pages(self.file, t.shard, t.offset, t.len);
-            self.copied.set(self.copied.get() + t.len);
-            if let Some(p) = progress {
-                p(self.copied.get(), *total);
-            }
-            return Ok(self.backend.weight_from_bytes(t, bytes)?);
+        // The embedding is read a row at a time (`get_rows`), never repacked.
+        let repack = self.how.repack && !t.name.contains("token_embd") && self.backend.repacks(t);
+        if self.copy.is_none() && !repack {
+            return Ok(self.backend.load_weight(self.file, t)?);
         }
-        Ok(self.backend.load_weight(self.file, t)?)
+        let mut bytes = vec![0u8; t.len as usize];
+        crate::longhaul::read_parallel(self.file, t.shard, t.offset, &mut bytes)?;
+        crate::longhaul::release_pages(self.file, t.shard, t.offset, t.len);
+        match &self.copy {
+            Some((progress, total)) => {
+                self.copied.set(self.copied.get() + t.len);
+                if let Some(p) = progress {
+                    p(self.copied.get(), *total);
+                }
+            }
+            // Copied out of the mapping only to take the kernel layout.
+            None => self.repacked.set(self.repacked.get() + t.len),
+        }
+        if repack {
+            return Ok(self.backend.repacked_weight(t, bytes)?);
+        }
+        Ok(self.backend.weight_from_bytes(t, bytes)?)
     }
 
     /// Layer `il`'s norm weight `blk.{il}.{name}.weight` over the embedding.

@@ -138,6 +138,7 @@ safe_wrapper!(dot_iq4_xs, dot_iq4_xs_avx2, BlockIQ4XS, BlockQ8K);
 safe_wrapper!(dot_nvfp4, dot_nvfp4_avx2, BlockNVFP4, BlockQ8_0);
 
 mod nvfp4;
+pub(crate) mod packed;
 use nvfp4::dot_nvfp4_avx2;
 pub(super) use nvfp4::dot_nvfp4_with;
 mod iq_tiles;

@@ -1,0 +1,332 @@
+//! Weight layouts: where a matrix's bytes sit for the CPU kernels.
+//!
+//! GGUF bytes are the on-disk truth; the *plain* layout is them, row after
+//! row. The *interleaved* layout ([`Interleaved`]) is a pure function of
+//! them: groups of [`GROUP_ROWS`] consecutive rows, each group in the same
+//! bytes the rows held, rewritten block by block so that one vector load
+//! holds the same four bytes of all eight rows. Its kernels put one row in
+//! each of the eight f32 lanes: a block's scales become one `vcvtph2ps`, an
+//! activation's four bytes are broadcast once for eight rows, and the
+//! result needs no horizontal sum per row. They keep the bits of the plain
+//! kernels: lane `j` of the plain 8-lane chain (bytes `4j..4j + 4` of a
+//! block) becomes accumulator `j` here, with row `r` in lane `r`, and the
+//! final `hsum` tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` is
+//! the same adds on whole vectors.
+//!
+//! A group of `b`-byte blocks (`f16` scale first, then quant bytes) is laid
+//! out block by block: the eight rows' scales (16 bytes), then their quant
+//! bytes in 4-byte chunks, chunk `c` of row `r` at `16 + (8c + r) * 4`. The
+//! size is unchanged, so a group occupies exactly the bytes of its plain
+//! rows and a row range aligned to groups is the same byte range in both.
+//!
+//! Only matrices whose row count is a multiple of [`GROUP_ROWS`] are
+//! interleaved (llama.cpp's CPU repack has the same rule), and only where
+//! the running CPU has the kernels ([`interleaved`]).
+
+use super::ops::{ops, CpuCaps};
+use super::{QuantError, QuantOps};
+use crate::tensor::GgmlType;
+
+/// Rows per interleaved group.
+pub const GROUP_ROWS: usize = 8;
+
+/// The interleaved layout of one weight type and its kernels.
+pub trait Interleaved: Send + Sync {
+    /// The weight type.
+    fn ty(&self) -> GgmlType;
+    /// Rewrites whole matrices of `k`-value rows from the plain layout to
+    /// the interleaved one, in place (`bytes` holds a multiple of
+    /// [`GROUP_ROWS`] rows).
+    fn interleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError>;
+    /// The inverse of [`Interleaved::interleave`].
+    fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError>;
+    /// `out[t * n_rows + r]`: interleaved weight row `r` of `w` (whole
+    /// groups) against activation row `t` of `acts` (rows of `k` values in
+    /// the type's activation format), the bits of the plain
+    /// [`QuantOps::vec_dot_tile_batch`] for the same rows.
+    fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32])
+        -> Result<(), QuantError>;
+}
+
+/// The interleaved layout of `ty` when the running CPU has its kernels
+/// (AVX2 + FMA + F16C; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD
+/// kernels): Q4_0 and Q8_0.
+pub fn interleaved(ty: GgmlType) -> Option<&'static dyn Interleaved> {
+    interleaved_with_caps(ty, CpuCaps::detect())
+}
+
+fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Interleaved> {
+    if !caps.has_avx2() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        static Q4_0: Chunked = Chunked { ty: GgmlType::Q4_0 };
+        static Q8_0: Chunked = Chunked { ty: GgmlType::Q8_0 };
+        match ty {
+            GgmlType::Q4_0 => return Some(&Q4_0),
+            GgmlType::Q8_0 => return Some(&Q8_0),
+            _ => {}
+        }
+    }
+    let _ = ty;
+    None
+}
+
+/// Whether a matrix of `n_rows` rows of `ty` is interleaved when its bytes
+/// are prepared for the CPU kernels.
+pub fn interleaves(ty: GgmlType, n_rows: usize) -> bool {
+    n_rows > 0 && n_rows.is_multiple_of(GROUP_ROWS) && interleaved(ty).is_some()
+}
+
+/// The types whose blocks are an `f16` scale then quant bytes, interleaved
+/// in 4-byte chunks.
+struct Chunked {
+    ty: GgmlType,
+}
+
+impl Chunked {
+    /// Bytes per block and blocks per row, checking `bytes` holds whole
+    /// groups of `k`-value rows.
+    fn geometry(&self, k: usize, len: usize) -> Result<(usize, usize), QuantError> {
+        let (bs, bb) = (self.ty.block_size(), self.ty.type_size());
+        let bad = |what, unit, expected, got| QuantError::BadLength {
+            ty: self.ty,
+            what,
+            unit,
+            expected,
+            got,
+        };
+        if k == 0 || !k.is_multiple_of(bs) {
+            return Err(bad("interleaved row", "values (whole blocks)", k.div_ceil(bs) * bs, k));
+        }
+        let group = k / bs * bb * GROUP_ROWS;
+        if !len.is_multiple_of(group) {
+            return Err(bad("interleaved matrix", "bytes (whole 8-row groups)", len / group * group, len));
+        }
+        Ok((bb, k / bs))
+    }
+
+    /// Moves every group of `bytes` through `scratch` with `f(plain group,
+    /// block, row, chunk)` giving the (source, destination) offsets.
+    fn permute(
+        &self,
+        k: usize,
+        bytes: &mut [u8],
+        to_interleaved: bool,
+    ) -> Result<(), QuantError> {
+        let (bb, nb) = self.geometry(k, bytes.len())?;
+        let rb = nb * bb;
+        let chunks = (bb - 2) / 4;
+        let mut scratch = vec![0u8; rb * GROUP_ROWS];
+        for group in bytes.chunks_exact_mut(rb * GROUP_ROWS) {
+            scratch.copy_from_slice(group);
+            for b in 0..nb {
+                let packed = b * bb * GROUP_ROWS;
+                for r in 0..GROUP_ROWS {
+                    let plain = r * rb + b * bb;
+                    let mut mv = |p: usize, q: usize, len: usize| {
+                        let (src, dst) = if to_interleaved { (plain + p, packed + q) } else { (packed + q, plain + p) };
+                        group[dst..dst + len].copy_from_slice(&scratch[src..src + len]);
+                    };
+                    mv(0, 2 * r, 2);
+                    for c in 0..chunks {
+                        mv(2 + 4 * c, 16 + (8 * c + r) * 4, 4);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Interleaved for Chunked {
+    fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    fn interleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
+        self.permute(k, bytes, true)
+    }
+
+    fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
+        self.permute(k, bytes, false)
+    }
+
+    fn dot_tile(
+        &self,
+        k: usize,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        let (bb, nb) = self.geometry(k, w.len())?;
+        let n_rows = w.len() / (nb * bb);
+        let op: &dyn QuantOps = ops(self.ty)?;
+        let act_ty = op.act_type();
+        let arb = act_ty.row_bytes(k as u64).unwrap_or(0) as usize;
+        if arb == 0 || !acts.len().is_multiple_of(arb) || out.len() != n_rows * (acts.len() / arb) {
+            return Err(QuantError::BadLength {
+                ty: self.ty,
+                what: "interleaved dot_tile output",
+                unit: "values (weight rows x activation rows)",
+                expected: n_rows * (acts.len() / arb.max(1)),
+                got: out.len(),
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let acts: std::borrow::Cow<[super::BlockQ8_0]> =
+                super::cast_or_copy(act_ty, "interleaved activations", acts)?;
+            let gb = nb * bb * GROUP_ROWS;
+            for (t, a) in acts.chunks_exact(nb).enumerate() {
+                let row = &mut out[t * n_rows..(t + 1) * n_rows];
+                for (g, res) in w.chunks_exact(gb).zip(row.chunks_exact_mut(GROUP_ROWS)) {
+                    let res: &mut [f32; GROUP_ROWS] = res.try_into().expect("GROUP_ROWS lanes");
+                    match self.ty {
+                        GgmlType::Q4_0 => super::simd_x86::packed::q4_0(g, a, res),
+                        _ => super::simd_x86::packed::q8_0(g, a, res),
+                    }
+                }
+            }
+            Ok(())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Err(QuantError::Unsupported {
+            ty: self.ty,
+            what: "interleaved kernels",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{ops, quantize_activations};
+
+    /// Deterministic bytes: a xorshift stream, with `f16` scales kept
+    /// finite and small.
+    fn random_rows(ty: GgmlType, k: usize, rows: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let bb = ty.type_size();
+        let mut v: Vec<u8> = (0..k / ty.block_size() * bb * rows).map(|_| next() as u8).collect();
+        for blk in v.chunks_exact_mut(bb) {
+            let d = half::f16::from_f32((next() % 1000) as f32 / 4096.0 - 0.12);
+            blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+        }
+        v
+    }
+
+    fn acts(ty: GgmlType, k: usize, n: usize, seed: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut x = seed as f32;
+        for _ in 0..n {
+            let row: Vec<f32> = (0..k)
+                .map(|i| {
+                    x = (x * 1.618 + i as f32 * 0.37).fract();
+                    (x - 0.5) * 3.0
+                })
+                .collect();
+            let mut q = Vec::new();
+            quantize_activations(ty, &row, &mut q).unwrap();
+            out.extend_from_slice(&q);
+        }
+        out
+    }
+
+    /// The shapes: one block, a few blocks, many blocks; one group and
+    /// several; one activation row (mat-vec) and batches either side of
+    /// ggml's tiled floor.
+    const SHAPES: [(usize, usize); 4] = [(32, 8), (96, 16), (2048, 24), (4096, 8)];
+
+    #[test]
+    fn interleaving_round_trips_and_moves_every_byte() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let Some(il) = interleaved(ty) else { continue };
+            for (k, rows) in SHAPES {
+                let plain = random_rows(ty, k, rows, k as u64 + rows as u64);
+                let mut b = plain.clone();
+                il.interleave(k, &mut b).unwrap();
+                assert_ne!(b, plain, "{ty} {k}x{rows}: interleaving changed nothing");
+                let (mut x, mut y) = (b.clone(), plain.clone());
+                x.sort_unstable();
+                y.sort_unstable();
+                assert_eq!(x, y, "{ty} {k}x{rows}: not a permutation");
+                il.deinterleave(k, &mut b).unwrap();
+                assert_eq!(b, plain, "{ty} {k}x{rows}: round trip");
+            }
+        }
+    }
+
+    #[test]
+    fn interleaved_places_scales_then_chunks_of_every_row() {
+        // Block 0 of a Q8_0 group: the scale of row r at 2r, chunk c of row r
+        // at 16 + (8c + r) * 4.
+        let Some(il) = interleaved(GgmlType::Q8_0) else { return };
+        let k = 64;
+        let plain = random_rows(GgmlType::Q8_0, k, 8, 7);
+        let mut b = plain.clone();
+        il.interleave(k, &mut b).unwrap();
+        let rb = 2 * 34;
+        for r in 0..8 {
+            assert_eq!(b[2 * r..2 * r + 2], plain[r * rb..r * rb + 2]);
+            for c in 0..8 {
+                let at = 16 + (8 * c + r) * 4;
+                assert_eq!(b[at..at + 4], plain[r * rb + 2 + 4 * c..r * rb + 6 + 4 * c]);
+            }
+        }
+        // Block 1 follows block 0's 8 * 34 bytes.
+        assert_eq!(b[8 * 34..8 * 34 + 2], plain[34..36]);
+    }
+
+    #[test]
+    fn interleaved_kernels_give_the_bits_of_the_plain_kernels() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let Some(il) = interleaved(ty) else { continue };
+            let op = ops(ty).unwrap();
+            for (k, rows) in SHAPES {
+                let plain = random_rows(ty, k, rows, 99 + k as u64);
+                let mut w = plain.clone();
+                il.interleave(k, &mut w).unwrap();
+                for n in [1, 2, 7, 8, 33] {
+                    let a = acts(op.act_type(), k, n, n as u64);
+                    let mut want = vec![0f32; rows * n];
+                    let mut got = vec![f32::NAN; rows * n];
+                    if n == 1 {
+                        op.vec_dot_rows(k, &plain, &a, &mut want).unwrap();
+                    } else {
+                        op.vec_dot_tile_batch(k, &plain, &a, &mut want, n).unwrap();
+                    }
+                    il.dot_tile(k, &w, &a, &mut got).unwrap();
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(g.to_bits(), e.to_bits(), "{ty} k={k} rows={rows} n={n} out {i}: {g} vs {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_geometry_is_an_error_not_a_panic() {
+        let Some(il) = interleaved(GgmlType::Q4_0) else { return };
+        let mut seven_rows = vec![0u8; 18 * 7];
+        assert!(il.interleave(32, &mut seven_rows).is_err());
+        assert!(il.interleave(33, &mut vec![0u8; 18 * 8]).is_err());
+        let w = vec![0u8; 18 * 8];
+        assert!(il.dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7]).is_err());
+        assert!(il.dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8]).is_err());
+    }
+
+    #[test]
+    fn no_interleaving_without_the_kernels_or_for_ragged_row_counts() {
+        assert!(interleaved_with_caps(GgmlType::Q4_0, CpuCaps::NONE).is_none());
+        assert!(!interleaves(GgmlType::Q4_0, 12));
+        assert!(!interleaves(GgmlType::Q4_K, 16));
+    }
+}
