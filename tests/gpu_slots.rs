@@ -26,11 +26,14 @@ fn staged_writes_land_in_their_slots() {
             ty: GgmlType::Q8_0,
             dims: vec![64, 240],
             bytes: 2 * 34 * 240,
+            // The GPU store keeps GGUF bytes whatever this says.
+            repack: true,
         },
         SlotTensor {
             ty: GgmlType::F32,
             dims: vec![33],
             bytes: 33 * 4,
+            repack: true,
         },
     ];
     let n_slots = 12;

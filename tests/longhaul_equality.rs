@@ -312,3 +312,80 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
         "no expert was computed while its wave's reads were in flight: {total:?}"
     );
 }
+
+/// The interleaved weight layout (`--repack`, `quant::layout`) changes no
+/// bit: on Q8_0 fixtures, resident with repacked weights and longhaul with
+/// repacked slots (filled on the reading threads, or by the blocking path
+/// that prefetch uses) give the logits and tokens of the GGUF layout.
+#[test]
+fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
+    use longhaul::model::LoadOptions;
+    use longhaul::quant::layout;
+    if layout::interleaved(GgmlType::Q8_0).is_none() {
+        eprintln!("skipped: this CPU has no interleaved kernels (AVX2)");
+        return;
+    }
+    let open = |p: &Path| Arc::new(gguf::Model::open(p).expect("open"));
+    for stem in ["llama-moe-q8_0", "qwen3moe-q8_0", "deepseek2-q8_0"] {
+        let path = fixture(&format!("{stem}.gguf"));
+        let file = open(&path);
+        // The fixture's experts and attention take the layout, or this
+        // test would compare the plain layout with itself.
+        for name in ["blk.1.ffn_gate_exps.weight", "blk.0.attn_output.weight"] {
+            let t = file.tensor(name).expect(name);
+            assert!(
+                layout::interleaves(t.ty, t.dims[1] as usize),
+                "{stem}: {name} {:?} {}",
+                t.dims,
+                t.ty
+            );
+        }
+        let opts = |no_repack, longhaul| LoadOptions {
+            no_repack,
+            longhaul,
+            ..Default::default()
+        };
+        let plain = Model::load_opts(CpuBackend::new(), file.clone(), opts(true, None), None)
+            .expect("load");
+        assert_eq!(plain.repacked_bytes, 0);
+        let (want_logits, want_tokens) = run(&plain);
+        let repacked = Model::load_opts(CpuBackend::new(), file.clone(), opts(false, None), None)
+            .expect("load");
+        assert!(repacked.repacked_bytes > 0, "{stem}: nothing was repacked");
+        let (logits, tokens) = run(&repacked);
+        assert_eq!(tokens, want_tokens, "{stem}: repacked resident tokens");
+        assert_bits_eq(&logits, &want_logits, &format!("{stem} repacked resident"));
+        let (n_layers, expert_bytes) = plain.expert_slot_cost().expect("cost");
+        for (slots, prefetch) in [(1, false), (plain.hp.n_expert / 2, true)] {
+            let cfg = LonghaulConfig {
+                budget_bytes: slots as u64 * n_layers as u64 * expert_bytes,
+                policy: Policy::Lru,
+                prefetch,
+                verify: false,
+                direct_io: true,
+            };
+            let m = Model::load_opts(
+                CpuBackend::new(),
+                file.clone(),
+                opts(false, Some(cfg)),
+                None,
+            )
+            .expect("longhaul");
+            let (logits, tokens) = run(&m);
+            let label = format!("{stem} repacked slots={slots} prefetch={prefetch}");
+            assert_eq!(tokens, want_tokens, "{label}: tokens");
+            assert_bits_eq(&logits, &want_logits, &label);
+        }
+    }
+}
+
+fn assert_bits_eq(got: &[f32], want: &[f32], label: &str) {
+    assert_eq!(got.len(), want.len(), "{label}: logit count");
+    if let Some(i) = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        panic!("{label}: logit {i} is {} not {}", got[i], want[i]);
+    }
+}

@@ -374,13 +374,15 @@ fn ftype_name(f: u64) -> String {
 /// The load modes (with their caches and policies) from the flags.
 impl BenchArgs {
     /// `--repack` / `-nr` as one setting (default on, as llama-bench).
-    fn repacks(&self) -> anyhow::Result<bool> {
+    pub(crate) fn repacks(&self) -> anyhow::Result<bool> {
         let flag = |name: &str, v: &Option<String>| -> anyhow::Result<Option<bool>> {
             match v.as_deref().map(str::trim) {
                 None => Ok(None),
                 Some("1") => Ok(Some(true)),
                 Some("0") => Ok(Some(false)),
-                Some(other) => anyhow::bail!("{name} {other}: give 0 or 1 (one value; run bench again for the other)"),
+                Some(other) => anyhow::bail!(
+                    "{name} {other}: give 0 or 1 (one value; run bench again for the other)"
+                ),
             }
         };
         let on = flag("--repack", &self.repack)?;

@@ -245,6 +245,10 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
             Box::new(|r: &Row| fa_number(r.flash_attn).to_string()),
         ));
     }
+    // llama-bench shows `repack` when it is not its default 1.
+    if a.repacks().is_ok_and(|on| !on) {
+        cols.push(("repack", true, Box::new(|_: &Row| "0".into())));
+    }
     if mixed_modes || !a.load_mode.is_empty() || !a.mmap.is_empty() {
         cols.push((
             "load_mode",

@@ -75,6 +75,12 @@ pub fn model_start<B: Backend>(e: &Engine<B>) {
         mib(total),
         e.params.kv_type.name(),
     );
+    if m.repacked_bytes > 0 {
+        eprintln!(
+            "model: --repack: {} of mapped weights copied into memory in the CPU kernels' interleaved layout (--no-repack reads them in place)",
+            mib(m.repacked_bytes)
+        );
+    }
     if rec > 0 {
         eprintln!(
             "model: recurrent state of {} DeltaNet layers {} per sequence (f32); up to {} checkpoints of it per sequence (--ctx-checkpoints)",

@@ -229,6 +229,15 @@ struct Case<'a> {
     shape: &'a Shape,
     bytes: &'a [u8],
     n_exp: usize,
+    /// Give the weight the backend's kernel layout (`--repack`, default 1).
+    repack: bool,
+}
+
+impl Case<'_> {
+    /// Whether the CPU product runs on the interleaved layout.
+    fn interleaved(&self) -> bool {
+        self.repack && quant::layout::interleaves(self.ty, self.shape.n)
+    }
 }
 
 fn run_case<B: Backend>(
@@ -248,7 +257,11 @@ fn run_case<B: Backend>(
         offset: 0,
         len: c.bytes.len() as u64,
     };
-    let w = be.weight_from_bytes(&info, c.bytes.to_vec())?;
+    let w = if c.repack {
+        be.repacked_weight(&info, c.bytes.to_vec())?
+    } else {
+        be.weight_from_bytes(&info, c.bytes.to_vec())?
+    };
     let mut rng = Rng(0x5eed ^ k as u64);
     let mut out = Vec::new();
     for &t in tokens {
@@ -313,6 +326,8 @@ pub(crate) struct Plan {
     pub(crate) reps: usize,
     pub(crate) n_exp: usize,
     pub(crate) min_ns: f64,
+    /// CPU weights in the interleaved layout where one exists (`--repack`).
+    pub(crate) repack: bool,
 }
 
 /// Times every (shape, type) on the placements; weight bytes are made once
@@ -348,6 +363,7 @@ pub(crate) fn measure(
                 shape,
                 bytes: &bytes,
                 n_exp: plan.n_exp,
+                repack: plan.repack,
             };
             let min_ns = plan.min_ns;
             for p in cpu {
@@ -376,10 +392,19 @@ fn push<B: Backend>(
 ) {
     match r {
         Ok(per_tok) => {
-            let kernel = if p.threads.is_some() {
-                quant::ops(c.ty).map(|o| o.kernel_name()).unwrap_or("-")
-            } else {
-                "wgsl"
+            let kernel = match p.threads {
+                // "+r8": the interleaved 8-row layout (quant::layout).
+                Some(_) if c.interleaved() => {
+                    format!(
+                        "{}+r8",
+                        quant::ops(c.ty).map(|o| o.kernel_name()).unwrap_or("-")
+                    )
+                }
+                Some(_) => quant::ops(c.ty)
+                    .map(|o| o.kernel_name())
+                    .unwrap_or("-")
+                    .to_string(),
+                None => "wgsl".to_string(),
             };
             eprintln!(
                 "survey: {} {} {}: {}",
@@ -399,7 +424,7 @@ fn push<B: Backend>(
                     threads: p.threads,
                     shape,
                     ty: c.ty,
-                    kernel: kernel.to_string(),
+                    kernel: kernel.clone(),
                     n_tok,
                     ns,
                 });
@@ -486,6 +511,7 @@ pub(crate) fn survey(a: &crate::bench::BenchArgs) -> anyhow::Result<()> {
         reps: a.reps,
         n_exp: s.experts,
         min_ns: s.min_ms * 1e6,
+        repack: a.repacks()?,
     };
     eprintln!(
         "survey: {source}: {}; {} types, tokens {:?}, {} repetitions",

@@ -222,8 +222,17 @@ fn bench_takes_fa_lists_with_llama_bench_fa_column() {
         .collect();
     // llama-bench prints llama_flash_attn_type: 0 disabled, 1 enabled.
     assert_eq!(col, ["0", "1"], "{md}");
-    let out = run(&["bench", "-m", &m, "-nr", "0"]);
-    fails_with(&out, &["-nr 0", "does not repack"]);
+    // llama-bench's `repack` column, shown when repacking is off.
+    let out = run(&[
+        "bench", "-m", &m, "-p", "0", "-n", "1", "-r", "1", "-nr", "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let header = text(&out.stdout).lines().next().unwrap_or("").to_string();
+    assert!(header.contains("| repack |"), "{header}");
+    let out = run(&["bench", "-m", &m, "-nr", "2"]);
+    fails_with(&out, &["-nr 2", "give 0 or 1"]);
+    let out = run(&["bench", "-m", &m, "--repack", "1", "-nr", "1"]);
+    fails_with(&out, &["contradict"]);
 }
 
 #[test]

@@ -44,8 +44,7 @@ pub trait Interleaved: Send + Sync {
     /// groups) against activation row `t` of `acts` (rows of `k` values in
     /// the type's activation format), the bits of the plain
     /// [`QuantOps::vec_dot_tile_batch`] for the same rows.
-    fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32])
-        -> Result<(), QuantError>;
+    fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32]) -> Result<(), QuantError>;
 }
 
 /// The interleaved layout of `ty` when the running CPU has its kernels
@@ -98,23 +97,28 @@ impl Chunked {
             got,
         };
         if k == 0 || !k.is_multiple_of(bs) {
-            return Err(bad("interleaved row", "values (whole blocks)", k.div_ceil(bs) * bs, k));
+            return Err(bad(
+                "interleaved row",
+                "values (whole blocks)",
+                k.div_ceil(bs) * bs,
+                k,
+            ));
         }
         let group = k / bs * bb * GROUP_ROWS;
         if !len.is_multiple_of(group) {
-            return Err(bad("interleaved matrix", "bytes (whole 8-row groups)", len / group * group, len));
+            return Err(bad(
+                "interleaved matrix",
+                "bytes (whole 8-row groups)",
+                len / group * group,
+                len,
+            ));
         }
         Ok((bb, k / bs))
     }
 
-    /// Moves every group of `bytes` through `scratch` with `f(plain group,
-    /// block, row, chunk)` giving the (source, destination) offsets.
-    fn permute(
-        &self,
-        k: usize,
-        bytes: &mut [u8],
-        to_interleaved: bool,
-    ) -> Result<(), QuantError> {
+    /// Rewrites every group of `bytes` between the plain and the
+    /// interleaved layout, through a copy of the group.
+    fn permute(&self, k: usize, bytes: &mut [u8], to_interleaved: bool) -> Result<(), QuantError> {
         let (bb, nb) = self.geometry(k, bytes.len())?;
         let rb = nb * bb;
         let chunks = (bb - 2) / 4;
@@ -126,7 +130,11 @@ impl Chunked {
                 for r in 0..GROUP_ROWS {
                     let plain = r * rb + b * bb;
                     let mut mv = |p: usize, q: usize, len: usize| {
-                        let (src, dst) = if to_interleaved { (plain + p, packed + q) } else { (packed + q, plain + p) };
+                        let (src, dst) = if to_interleaved {
+                            (plain + p, packed + q)
+                        } else {
+                            (packed + q, plain + p)
+                        };
                         group[dst..dst + len].copy_from_slice(&scratch[src..src + len]);
                     };
                     mv(0, 2 * r, 2);
@@ -153,13 +161,7 @@ impl Interleaved for Chunked {
         self.permute(k, bytes, false)
     }
 
-    fn dot_tile(
-        &self,
-        k: usize,
-        w: &[u8],
-        acts: &[u8],
-        out: &mut [f32],
-    ) -> Result<(), QuantError> {
+    fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
         let (bb, nb) = self.geometry(k, w.len())?;
         let n_rows = w.len() / (nb * bb);
         let op: &dyn QuantOps = ops(self.ty)?;
@@ -215,7 +217,9 @@ mod tests {
             s
         };
         let bb = ty.type_size();
-        let mut v: Vec<u8> = (0..k / ty.block_size() * bb * rows).map(|_| next() as u8).collect();
+        let mut v: Vec<u8> = (0..k / ty.block_size() * bb * rows)
+            .map(|_| next() as u8)
+            .collect();
         for blk in v.chunks_exact_mut(bb) {
             let d = half::f16::from_f32((next() % 1000) as f32 / 4096.0 - 0.12);
             blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
@@ -268,7 +272,9 @@ mod tests {
     fn interleaved_places_scales_then_chunks_of_every_row() {
         // Block 0 of a Q8_0 group: the scale of row r at 2r, chunk c of row r
         // at 16 + (8c + r) * 4.
-        let Some(il) = interleaved(GgmlType::Q8_0) else { return };
+        let Some(il) = interleaved(GgmlType::Q8_0) else {
+            return;
+        };
         let k = 64;
         let plain = random_rows(GgmlType::Q8_0, k, 8, 7);
         let mut b = plain.clone();
@@ -305,7 +311,11 @@ mod tests {
                     }
                     il.dot_tile(k, &w, &a, &mut got).unwrap();
                     for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                        assert_eq!(g.to_bits(), e.to_bits(), "{ty} k={k} rows={rows} n={n} out {i}: {g} vs {e}");
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{ty} k={k} rows={rows} n={n} out {i}: {g} vs {e}"
+                        );
                     }
                 }
             }
@@ -314,10 +324,12 @@ mod tests {
 
     #[test]
     fn bad_geometry_is_an_error_not_a_panic() {
-        let Some(il) = interleaved(GgmlType::Q4_0) else { return };
+        let Some(il) = interleaved(GgmlType::Q4_0) else {
+            return;
+        };
         let mut seven_rows = vec![0u8; 18 * 7];
         assert!(il.interleave(32, &mut seven_rows).is_err());
-        assert!(il.interleave(33, &mut vec![0u8; 18 * 8]).is_err());
+        assert!(il.interleave(33, &mut [0u8; 18 * 8]).is_err());
         let w = vec![0u8; 18 * 8];
         assert!(il.dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7]).is_err());
         assert!(il.dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8]).is_err());

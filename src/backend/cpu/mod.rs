@@ -369,7 +369,12 @@ impl SlotStore for HostSlots {
     fn commit(&mut self) -> Result<(), BackendError> {
         let mut res = Ok(());
         for (t, s) in std::mem::take(&mut self.unconverted) {
-            let Some(buf) = self.bufs.get_mut(t).and_then(|b| b.get_mut(s)).and_then(Arc::get_mut) else {
+            let Some(buf) = self
+                .bufs
+                .get_mut(t)
+                .and_then(|b| b.get_mut(s))
+                .and_then(Arc::get_mut)
+            else {
                 continue;
             };
             if let Err(e) = convert_slot(&self.layouts, &self.tensors, t, buf) {
@@ -384,7 +389,9 @@ impl SlotStore for HostSlots {
             return None;
         }
         let (layouts, tensors) = (self.layouts.clone(), self.tensors.clone());
-        Some(Arc::new(move |t, buf: &mut [u8]| convert_slot(&layouts, &tensors, t, buf)))
+        Some(Arc::new(move |t, buf: &mut [u8]| {
+            convert_slot(&layouts, &tensors, t, buf)
+        }))
     }
 }
 

@@ -19,7 +19,10 @@ const Q8_0_GROUP_BLOCK: usize = 8 * 34;
 /// Eight Q4_0 rows (`g`: one interleaved group of `a.len()` blocks per row)
 /// against `a`.
 pub(crate) fn q4_0(g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
-    assert!(g.len() >= a.len() * Q4_0_GROUP_BLOCK, "interleaved Q4_0 group too short");
+    assert!(
+        g.len() >= a.len() * Q4_0_GROUP_BLOCK,
+        "interleaved Q4_0 group too short"
+    );
     // SAFETY: `layout::interleaved` hands this out only when
     // CpuCaps::has_avx2(); the bounds are checked above.
     unsafe { q4_0_avx2(g, a, out) }
@@ -27,7 +30,10 @@ pub(crate) fn q4_0(g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
 
 /// Eight Q8_0 rows against `a` (see [`q4_0`]).
 pub(crate) fn q8_0(g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
-    assert!(g.len() >= a.len() * Q8_0_GROUP_BLOCK, "interleaved Q8_0 group too short");
+    assert!(
+        g.len() >= a.len() * Q8_0_GROUP_BLOCK,
+        "interleaved Q8_0 group too short"
+    );
     // SAFETY: as in `q4_0`.
     unsafe { q8_0_avx2(g, a, out) }
 }
@@ -42,7 +48,9 @@ unsafe fn scales(blk: *const u8, y: &BlockQ8_0) -> __m256 {
 /// Bytes `4j..4j + 4` of an activation block in every i32 lane.
 #[inline(always)]
 unsafe fn act_chunk(y: &BlockQ8_0, j: usize) -> __m256i {
-    _mm256_set1_epi32(std::ptr::read_unaligned(y.qs.as_ptr().add(4 * j) as *const i32))
+    _mm256_set1_epi32(std::ptr::read_unaligned(
+        y.qs.as_ptr().add(4 * j) as *const i32
+    ))
 }
 
 /// `hsum_ps`'s tree over the eight lane accumulators.
