@@ -314,7 +314,7 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
 }
 
 /// The interleaved weight layout (`--repack`, `quant::layout`) changes no
-/// bit: on Q8_0 fixtures, resident with repacked weights and longhaul with
+/// bit: on Q8_0 fixtures and gpt-oss with MXFP4 experts, resident with repacked weights and longhaul with
 /// repacked slots (filled on the reading threads, or by the blocking path
 /// that prefetch uses) give the logits and tokens of the GGUF layout.
 #[test]
@@ -326,7 +326,7 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
         return;
     }
     let open = |p: &Path| Arc::new(gguf::Model::open(p).expect("open"));
-    for stem in ["llama-moe-q8_0", "qwen3moe-q8_0", "deepseek2-q8_0"] {
+    for stem in ["llama-moe-q8_0", "qwen3moe-q8_0", "deepseek2-q8_0", "gpt-oss-mxfp4"] {
         let path = fixture(&format!("{stem}.gguf"));
         let file = open(&path);
         // The fixture's experts and attention take the layout, or this

@@ -13,10 +13,10 @@
 //! final `hsum` tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` is
 //! the same adds on whole vectors.
 //!
-//! A group of `b`-byte blocks (`f16` scale first, then quant bytes) is laid
-//! out block by block: the eight rows' scales (16 bytes), then their quant
-//! bytes in 4-byte chunks, chunk `c` of row `r` at `16 + (8c + r) * 4`. The
-//! size is unchanged, so a group occupies exactly the bytes of its plain
+//! A group of `b`-byte blocks (a scale first: `f16`, or MXFP4's one-byte
+//! `e8m0`; then quant bytes) is laid out block by block: the eight rows'
+//! scales (`8s` bytes for `s`-byte scales), then their quant bytes in 4-byte
+//! chunks, chunk `c` of row `r` at `8s + (8c + r) * 4`. The size is unchanged, so a group occupies exactly the bytes of its plain
 //! rows and a row range aligned to groups is the same byte range in both.
 //!
 //! Only matrices whose row count is a multiple of [`GROUP_ROWS`] are
@@ -49,7 +49,7 @@ pub trait Interleaved: Send + Sync {
 
 /// The interleaved layout of `ty` when the running CPU has its kernels
 /// (AVX2 + FMA + F16C; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD
-/// kernels): Q4_0 and Q8_0.
+/// kernels): Q4_0, Q8_0, IQ4_NL and MXFP4.
 pub fn interleaved(ty: GgmlType) -> Option<&'static dyn Interleaved> {
     interleaved_with_caps(ty, CpuCaps::detect())
 }
@@ -60,11 +60,15 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
     }
     #[cfg(target_arch = "x86_64")]
     {
-        static Q4_0: Chunked = Chunked { ty: GgmlType::Q4_0 };
-        static Q8_0: Chunked = Chunked { ty: GgmlType::Q8_0 };
+        static Q4_0: Chunked = Chunked::new(GgmlType::Q4_0, 2);
+        static Q8_0: Chunked = Chunked::new(GgmlType::Q8_0, 2);
+        static IQ4_NL: Chunked = Chunked::new(GgmlType::IQ4_NL, 2);
+        static MXFP4: Chunked = Chunked::new(GgmlType::MXFP4, 1);
         match ty {
             GgmlType::Q4_0 => return Some(&Q4_0),
             GgmlType::Q8_0 => return Some(&Q8_0),
+            GgmlType::IQ4_NL => return Some(&IQ4_NL),
+            GgmlType::MXFP4 => return Some(&MXFP4),
             _ => {}
         }
     }
@@ -78,13 +82,19 @@ pub fn interleaves(ty: GgmlType, n_rows: usize) -> bool {
     n_rows > 0 && n_rows.is_multiple_of(GROUP_ROWS) && interleaved(ty).is_some()
 }
 
-/// The types whose blocks are an `f16` scale then quant bytes, interleaved
-/// in 4-byte chunks.
+/// The types whose blocks are a scale then quant bytes, interleaved in
+/// 4-byte chunks.
 struct Chunked {
     ty: GgmlType,
+    /// Bytes of the block's scale.
+    scale: usize,
 }
 
 impl Chunked {
+    const fn new(ty: GgmlType, scale: usize) -> Self {
+        Self { ty, scale }
+    }
+
     /// Bytes per block and blocks per row, checking `bytes` holds whole
     /// groups of `k`-value rows.
     fn geometry(&self, k: usize, len: usize) -> Result<(usize, usize), QuantError> {
@@ -121,7 +131,7 @@ impl Chunked {
     fn permute(&self, k: usize, bytes: &mut [u8], to_interleaved: bool) -> Result<(), QuantError> {
         let (bb, nb) = self.geometry(k, bytes.len())?;
         let rb = nb * bb;
-        let chunks = (bb - 2) / 4;
+        let (sb, chunks) = (self.scale, (bb - self.scale) / 4);
         let mut scratch = vec![0u8; rb * GROUP_ROWS];
         for group in bytes.chunks_exact_mut(rb * GROUP_ROWS) {
             scratch.copy_from_slice(group);
@@ -137,9 +147,9 @@ impl Chunked {
                         };
                         group[dst..dst + len].copy_from_slice(&scratch[src..src + len]);
                     };
-                    mv(0, 2 * r, 2);
+                    mv(0, sb * r, sb);
                     for c in 0..chunks {
-                        mv(2 + 4 * c, 16 + (8 * c + r) * 4, 4);
+                        mv(sb + 4 * c, 8 * sb + (8 * c + r) * 4, 4);
                     }
                 }
             }
@@ -180,14 +190,26 @@ impl Interleaved for Chunked {
         {
             let acts: std::borrow::Cow<[super::BlockQ8_0]> =
                 super::cast_or_copy(act_ty, "interleaved activations", acts)?;
+            use super::simd_x86::packed;
             let gb = nb * bb * GROUP_ROWS;
+            // The plain kernels' chains: IQ4_NL's `vec_dot` (one activation
+            // row) and MXFP4's have two (even and odd blocks); tinyBLAS's
+            // IQ4_NL tile (several rows) has one.
+            let n_acts = acts.len() / nb.max(1);
+            let two = match self.ty {
+                GgmlType::MXFP4 => true,
+                GgmlType::IQ4_NL => n_acts == 1,
+                _ => false,
+            };
             for (t, a) in acts.chunks_exact(nb).enumerate() {
                 let row = &mut out[t * n_rows..(t + 1) * n_rows];
                 for (g, res) in w.chunks_exact(gb).zip(row.chunks_exact_mut(GROUP_ROWS)) {
                     let res: &mut [f32; GROUP_ROWS] = res.try_into().expect("GROUP_ROWS lanes");
                     match self.ty {
-                        GgmlType::Q4_0 => super::simd_x86::packed::q4_0(g, a, res),
-                        _ => super::simd_x86::packed::q8_0(g, a, res),
+                        GgmlType::Q8_0 => packed::q8_0(g, a, res),
+                        GgmlType::Q4_0 => packed::nib4(packed::Nib4::Q4_0, false, g, a, res),
+                        GgmlType::IQ4_NL => packed::nib4(packed::Nib4::Iq4Nl, two, g, a, res),
+                        _ => packed::nib4(packed::Nib4::Mxfp4, two, g, a, res),
                     }
                 }
             }
@@ -244,14 +266,17 @@ mod tests {
         out
     }
 
-    /// The shapes: one block, a few blocks, many blocks; one group and
-    /// several; one activation row (mat-vec) and batches either side of
-    /// ggml's tiled floor.
-    const SHAPES: [(usize, usize); 4] = [(32, 8), (96, 16), (2048, 24), (4096, 8)];
+    const TYPES: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::MXFP4];
+
+    /// The shapes: one block, two, three, many (even and odd counts, for the
+    /// two-chain kernels' odd last block); one group and several; one
+    /// activation row (mat-vec) and batches either side of ggml's tiled
+    /// floor.
+    const SHAPES: [(usize, usize); 5] = [(32, 8), (64, 8), (96, 16), (2048, 24), (4160, 8)];
 
     #[test]
     fn interleaving_round_trips_and_moves_every_byte() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        for ty in TYPES {
             let Some(il) = interleaved(ty) else { continue };
             for (k, rows) in SHAPES {
                 let plain = random_rows(ty, k, rows, k as u64 + rows as u64);
@@ -293,7 +318,7 @@ mod tests {
 
     #[test]
     fn interleaved_kernels_give_the_bits_of_the_plain_kernels() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        for ty in TYPES {
             let Some(il) = interleaved(ty) else { continue };
             let op = ops(ty).unwrap();
             for (k, rows) in SHAPES {

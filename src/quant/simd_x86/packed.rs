@@ -7,35 +7,79 @@
 //! eight are reduced by `hsum_ps`'s tree on whole vectors: each lane's result
 //! is the plain kernel's bits for its row.
 
+use super::super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::super::BlockQ8_0;
 use super::{h2f, mul_sum_i8_pairs};
 use std::arch::x86_64::*;
 
-/// Bytes of one block of eight rows: Q4_0.
-const Q4_0_GROUP_BLOCK: usize = 8 * 18;
 /// Bytes of one block of eight rows: Q8_0.
 const Q8_0_GROUP_BLOCK: usize = 8 * 34;
 
-/// Eight Q4_0 rows (`g`: one interleaved group of `a.len()` blocks per row)
-/// against `a`.
-pub(crate) fn q4_0(g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
-    assert!(
-        g.len() >= a.len() * Q4_0_GROUP_BLOCK,
-        "interleaved Q4_0 group too short"
-    );
-    // SAFETY: `layout::interleaved` hands this out only when
-    // CpuCaps::has_avx2(); the bounds are checked above.
-    unsafe { q4_0_avx2(g, a, out) }
+/// The 4-bit types: their value table and scale.
+#[derive(Clone, Copy)]
+pub(crate) enum Nib4 {
+    /// `nibble - 8`, `f16` scale.
+    Q4_0,
+    /// `KVALUES_IQ4NL`, `f16` scale.
+    Iq4Nl,
+    /// `KVALUES_MXFP4`, `e8m0` scale (half of its power of two).
+    Mxfp4,
 }
 
-/// Eight Q8_0 rows against `a` (see [`q4_0`]).
+impl Nib4 {
+    /// Bytes of one scale.
+    const fn scale_bytes(self) -> usize {
+        match self {
+            Nib4::Mxfp4 => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// Eight rows of a 4-bit type (`g`: one interleaved group of `a.len()`
+/// blocks per row) against `a`; `two`: the plain kernel's two chains (even
+/// and odd blocks, an odd last block by the scalar tail) rather than one.
+pub(crate) fn nib4(ty: Nib4, two: bool, g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    let gbb = 8 * ty.scale_bytes() + 128;
+    assert!(g.len() >= a.len() * gbb, "interleaved group too short");
+    let table: &[i8; 16] = match ty {
+        Nib4::Q4_0 => &Q4_0_VALUES,
+        Nib4::Iq4Nl => &KVALUES_IQ4NL,
+        Nib4::Mxfp4 => &KVALUES_MXFP4,
+    };
+    // SAFETY: `layout::interleaved` hands these out only when
+    // CpuCaps::has_avx2(); the bounds are checked above.
+    unsafe {
+        match (ty, two) {
+            (Nib4::Mxfp4, true) => nib4_avx2::<true, true>(g, a, table, out),
+            (Nib4::Mxfp4, false) => nib4_avx2::<true, false>(g, a, table, out),
+            (_, true) => nib4_avx2::<false, true>(g, a, table, out),
+            (_, false) => nib4_avx2::<false, false>(g, a, table, out),
+        }
+    }
+}
+
+/// Q4_0's codes as values: `nibble - 8`.
+const Q4_0_VALUES: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
+
+/// Eight Q8_0 rows against `a` (see [`nib4`]).
 pub(crate) fn q8_0(g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
-    assert!(
-        g.len() >= a.len() * Q8_0_GROUP_BLOCK,
-        "interleaved Q8_0 group too short"
-    );
-    // SAFETY: as in `q4_0`.
+    assert!(g.len() >= a.len() * Q8_0_GROUP_BLOCK, "interleaved Q8_0 group too short");
+    // SAFETY: as in `nib4`.
     unsafe { q8_0_avx2(g, a, out) }
+}
+
+/// The eight rows' MXFP4 scales times the activation's: ggml's
+/// `fp16(y.d) * e8m0_half(x.e)` per lane (`e8m0_to_f32_half`: `(e - 1) << 23`
+/// as f32 bits, `0x200000 << e` for `e < 2`).
+#[inline(always)]
+unsafe fn e8m0_scales(blk: *const u8, y: &BlockQ8_0) -> __m256 {
+    let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk as *const __m128i));
+    let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    let small = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let is_small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    let x = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, is_small));
+    _mm256_mul_ps(_mm256_set1_ps(h2f(y.d)), x)
 }
 
 /// The eight rows' `d_w * d_a` (the plain kernels' scalar product, per lane).
@@ -64,26 +108,77 @@ unsafe fn reduce(acc: &[__m256; 8], out: &mut [f32; 8]) {
     _mm256_storeu_ps(out.as_mut_ptr(), r);
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_avx2(g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
+/// One FMA chain over blocks `first, first + step, ..` of `a`: the eight
+/// lane accumulators.
+#[inline(always)]
+unsafe fn nib4_chain<const E8M0: bool>(
+    g: &[u8],
+    a: &[BlockQ8_0],
+    lut: __m256i,
+    first: usize,
+    step: usize,
+) -> [__m256; 8] {
     let mut acc = [_mm256_setzero_ps(); 8];
-    let (m4, eight) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8));
-    for (b, y) in a.iter().enumerate() {
-        let blk = g.as_ptr().add(b * Q4_0_GROUP_BLOCK);
-        let d = scales(blk, y);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let (sb, gbb) = if E8M0 { (8, 8 + 128) } else { (16, 16 + 128) };
+    for b in (first..a.len()).step_by(step) {
+        let (blk, y) = (g.as_ptr().add(b * gbb), &a[b]);
+        let d = if E8M0 { e8m0_scales(blk, y) } else { scales(blk, y) };
         // Chunk c (bytes 4c..4c + 4 of the 16) holds elements 4c.. in its low
         // nibbles (lane c) and 16 + 4c.. in its high nibbles (lane 4 + c).
         for c in 0..4 {
-            let v = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
-            let lo = _mm256_sub_epi8(_mm256_and_si256(v, m4), eight);
-            let hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), eight);
+            let v = _mm256_loadu_si256(blk.add(sb + 32 * c) as *const __m256i);
+            let lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+            let hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
             let plo = mul_sum_i8_pairs(lo, act_chunk(y, c));
             let phi = mul_sum_i8_pairs(hi, act_chunk(y, 4 + c));
             acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(plo), acc[c]);
             acc[4 + c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(phi), acc[4 + c]);
         }
     }
-    reduce(&acc, out);
+    acc
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nib4_avx2<const E8M0: bool, const TWO: bool>(
+    g: &[u8],
+    a: &[BlockQ8_0],
+    table: &[i8; 16],
+    out: &mut [f32; 8],
+) {
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+    if !TWO {
+        reduce(&nib4_chain::<E8M0>(g, a, lut, 0, 1), out);
+        return;
+    }
+    // `lut4_pairs`: even and odd blocks in two chains, `hsum(acc1 + acc2)`;
+    // the chains are independent, so one after the other.
+    let even = a.len() & !1;
+    let e = nib4_chain::<E8M0>(g, &a[..even], lut, 0, 2);
+    let o = nib4_chain::<E8M0>(g, &a[..even], lut, 1, 2);
+    let sum: [__m256; 8] = std::array::from_fn(|j| _mm256_add_ps(e[j], o[j]));
+    reduce(&sum, out);
+    if even == a.len() {
+        return;
+    }
+    // `lut4_tail`: the odd last block, `sumf = fma(d, f32(sumi), sumf)` with
+    // the block's whole integer sum.
+    let gbb = if E8M0 { 8 + 128 } else { 16 + 128 };
+    let (blk, y) = (g.as_ptr().add(even * gbb), &a[even]);
+    let sb = if E8M0 { 8 } else { 16 };
+    let d = if E8M0 { e8m0_scales(blk, y) } else { scales(blk, y) };
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut sumi = _mm256_setzero_si256();
+    for c in 0..4 {
+        let v = _mm256_loadu_si256(blk.add(sb + 32 * c) as *const __m256i);
+        let lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+        let hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        sumi = _mm256_add_epi32(sumi, mul_sum_i8_pairs(lo, act_chunk(y, c)));
+        sumi = _mm256_add_epi32(sumi, mul_sum_i8_pairs(hi, act_chunk(y, 4 + c)));
+    }
+    let sumf = _mm256_loadu_ps(out.as_ptr());
+    let r = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), sumf);
+    _mm256_storeu_ps(out.as_mut_ptr(), r);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
