@@ -158,6 +158,12 @@ impl Chunked {
     }
 }
 
+/// Eight results as the kernels' fixed-size output.
+#[cfg(target_arch = "x86_64")]
+fn lanes(o: &mut [f32]) -> &mut [f32; GROUP_ROWS] {
+    o.try_into().expect("GROUP_ROWS lanes")
+}
+
 impl Interleaved for Chunked {
     fn ty(&self) -> GgmlType {
         self.ty
@@ -201,16 +207,29 @@ impl Interleaved for Chunked {
                 GgmlType::IQ4_NL => n_acts == 1,
                 _ => false,
             };
-            for (t, a) in acts.chunks_exact(nb).enumerate() {
-                let row = &mut out[t * n_rows..(t + 1) * n_rows];
-                for (g, res) in w.chunks_exact(gb).zip(row.chunks_exact_mut(GROUP_ROWS)) {
-                    let res: &mut [f32; GROUP_ROWS] = res.try_into().expect("GROUP_ROWS lanes");
-                    match self.ty {
-                        GgmlType::Q8_0 => packed::q8_0(g, a, res),
-                        GgmlType::Q4_0 => packed::nib4(packed::Nib4::Q4_0, false, g, a, res),
-                        GgmlType::IQ4_NL => packed::nib4(packed::Nib4::Iq4Nl, two, g, a, res),
-                        _ => packed::nib4(packed::Nib4::Mxfp4, two, g, a, res),
+            let nib = match self.ty {
+                GgmlType::Q8_0 => None,
+                GgmlType::Q4_0 => Some(packed::Nib4::Q4_0),
+                GgmlType::IQ4_NL => Some(packed::Nib4::Iq4Nl),
+                _ => Some(packed::Nib4::Mxfp4),
+            };
+            if n_acts == 1 {
+                // A mat-vec: each weight byte is used once, decoded in place.
+                for (g, res) in w.chunks_exact(gb).zip(out.chunks_exact_mut(GROUP_ROWS)) {
+                    match nib {
+                        None => packed::q8_0(g, &acts, lanes(res)),
+                        Some(ty) => packed::nib4(ty, two, g, &acts, lanes(res)),
                     }
+                }
+                return Ok(());
+            }
+            // Several activation rows: each group decoded once for all.
+            let mut dec = packed::Decoded::new();
+            for (gi, g) in w.chunks_exact(gb).enumerate() {
+                dec.decode(nib, g, nb);
+                for (t, a) in acts.chunks_exact(nb).enumerate() {
+                    let at = t * n_rows + gi * GROUP_ROWS;
+                    dec.dot(two, a, lanes(&mut out[at..at + GROUP_ROWS]));
                 }
             }
             Ok(())

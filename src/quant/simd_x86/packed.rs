@@ -195,3 +195,141 @@ unsafe fn q8_0_avx2(g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
     }
     reduce(&acc, out);
 }
+
+/// One interleaved group decoded for several activation rows: per block,
+/// the eight rows' weight scales as f32 and, per lane chunk `j`, the 32
+/// signed values (4 per row) and their magnitudes, so each activation row
+/// costs only the sign trick's second half, `maddubs`, `madd` and the FMA.
+pub(crate) struct Decoded {
+    /// `[block][j]`: signed values, then magnitudes (`16` per block).
+    vals: Vec<__m256i>,
+    /// `[block]`: the rows' weight scales.
+    scales: Vec<__m256>,
+}
+
+impl Decoded {
+    pub(crate) fn new() -> Self {
+        Self {
+            vals: Vec::new(),
+            scales: Vec::new(),
+        }
+    }
+
+    /// Decodes group `g` of `nb` blocks of `ty` (`None`: Q8_0).
+    pub(crate) fn decode(&mut self, ty: Option<Nib4>, g: &[u8], nb: usize) {
+        let gbb = match ty {
+            Some(t) => 8 * t.scale_bytes() + 128,
+            None => Q8_0_GROUP_BLOCK,
+        };
+        assert!(g.len() >= nb * gbb, "interleaved group too short");
+        self.vals.resize(nb * 16, unsafe { _mm256_setzero_si256() });
+        self.scales.resize(nb, unsafe { _mm256_setzero_ps() });
+        // SAFETY: as in `nib4`; bounds checked above.
+        unsafe { decode_avx2(ty, g, nb, gbb, &mut self.vals, &mut self.scales) }
+    }
+
+    /// Eight rows against activation row `a` (the decoded blocks), with
+    /// `two` chains as [`nib4`]'s.
+    pub(crate) fn dot(&self, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+        assert!(self.scales.len() >= a.len(), "decoded group too short");
+        // SAFETY: as in `nib4`; lengths checked above.
+        unsafe { decoded_dot_avx2(self, two, a, out) }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_avx2(
+    ty: Option<Nib4>,
+    g: &[u8],
+    nb: usize,
+    gbb: usize,
+    vals: &mut [__m256i],
+    scales: &mut [__m256],
+) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let table: &[i8; 16] = match ty {
+        Some(Nib4::Iq4Nl) => &KVALUES_IQ4NL,
+        Some(Nib4::Mxfp4) => &KVALUES_MXFP4,
+        _ => &Q4_0_VALUES,
+    };
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+    for b in 0..nb {
+        let blk = g.as_ptr().add(b * gbb);
+        let v = &mut vals[16 * b..16 * b + 16];
+        let sb = match ty {
+            Some(Nib4::Mxfp4) => {
+                let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk as *const __m128i));
+                let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+                let small = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+                let is_small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+                scales[b] = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, is_small));
+                8
+            }
+            _ => {
+                scales[b] = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+                16
+            }
+        };
+        for c in 0..4 {
+            let x = _mm256_loadu_si256(blk.add(sb + 32 * c) as *const __m256i);
+            let (lo, hi) = match ty {
+                None => (x, _mm256_loadu_si256(blk.add(sb + 32 * (c + 4)) as *const __m256i)),
+                Some(_) => (
+                    _mm256_shuffle_epi8(lut, _mm256_and_si256(x, m4)),
+                    _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4)),
+                ),
+            };
+            v[c] = lo;
+            v[4 + c] = hi;
+            v[8 + c] = _mm256_sign_epi8(lo, lo);
+            v[12 + c] = _mm256_sign_epi8(hi, hi);
+        }
+    }
+}
+
+/// One FMA chain over decoded blocks `first, first + step, ..` of `a`.
+#[inline(always)]
+unsafe fn decoded_chain(dec: &Decoded, a: &[BlockQ8_0], first: usize, step: usize) -> [__m256; 8] {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let ones = _mm256_set1_epi16(1);
+    for b in (first..a.len()).step_by(step) {
+        let y = &a[b];
+        let d = _mm256_mul_ps(*dec.scales.get_unchecked(b), _mm256_set1_ps(h2f(y.d)));
+        let v = dec.vals.as_ptr().add(16 * b);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            // `mul_sum_i8_pairs`: |w| by sign(y, w).
+            let sy = _mm256_sign_epi8(act_chunk(y, j), *v.add(j));
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*v.add(8 + j), sy), ones);
+            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *acc);
+        }
+    }
+    acc
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decoded_dot_avx2(dec: &Decoded, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    if !two {
+        reduce(&decoded_chain(dec, a, 0, 1), out);
+        return;
+    }
+    // As `nib4_avx2`'s two chains and odd last block.
+    let even = a.len() & !1;
+    let e = decoded_chain(dec, &a[..even], 0, 2);
+    let o = decoded_chain(dec, &a[..even], 1, 2);
+    let sum: [__m256; 8] = std::array::from_fn(|j| _mm256_add_ps(e[j], o[j]));
+    reduce(&sum, out);
+    if even == a.len() {
+        return;
+    }
+    let y = &a[even];
+    let d = _mm256_mul_ps(dec.scales[even], _mm256_set1_ps(h2f(y.d)));
+    let v = &dec.vals[16 * even..16 * even + 16];
+    let ones = _mm256_set1_epi16(1);
+    let mut sumi = _mm256_setzero_si256();
+    for j in 0..8 {
+        let sy = _mm256_sign_epi8(act_chunk(y, j), v[j]);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(v[8 + j], sy), ones));
+    }
+    let r = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), _mm256_loadu_ps(out.as_ptr()));
+    _mm256_storeu_ps(out.as_mut_ptr(), r);
+}
