@@ -291,7 +291,7 @@ mod tests {
     /// two-chain kernels' odd last block); one group and several; one
     /// activation row (mat-vec) and batches either side of ggml's tiled
     /// floor.
-    const SHAPES: [(usize, usize); 5] = [(32, 8), (64, 8), (96, 16), (2048, 24), (4160, 8)];
+    const SHAPES: [(usize, usize); 6] = [(32, 8), (64, 8), (96, 16), (1120, 16), (2048, 24), (4160, 8)];
 
     #[test]
     fn interleaving_round_trips_and_moves_every_byte() {
