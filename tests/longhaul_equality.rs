@@ -326,7 +326,12 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
         return;
     }
     let open = |p: &Path| Arc::new(gguf::Model::open(p).expect("open"));
-    for stem in ["llama-moe-q8_0", "qwen3moe-q8_0", "deepseek2-q8_0", "gpt-oss-mxfp4"] {
+    for stem in [
+        "llama-moe-q8_0",
+        "qwen3moe-q8_0",
+        "deepseek2-q8_0",
+        "gpt-oss-mxfp4",
+    ] {
         let path = fixture(&format!("{stem}.gguf"));
         let file = open(&path);
         // The fixture's experts and attention take the layout, or this

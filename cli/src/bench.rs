@@ -276,6 +276,8 @@ pub(crate) struct Row {
     pub(crate) placement: RowPlacement,
     pub(crate) mode: LoadMode,
     pub(crate) flash_attn: FlashAttn,
+    /// llama-bench's `repack`: weights in the CPU kernels' layout.
+    pub(crate) repack: bool,
     pub(crate) n_slots: Option<usize>,
     pub(crate) n_ubatch: usize,
     pub(crate) n_threads: usize,
@@ -850,6 +852,7 @@ fn bench_mode<B: Backend + 'static>(
                                 placement: rp.clone(),
                                 mode: mode.clone(),
                                 flash_attn,
+                                repack: a.repacks()?,
                                 n_slots,
                                 n_ubatch: ub,
                                 n_threads: t,

@@ -69,6 +69,7 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
         ("type_v", json!("f16")),
         ("n_gpu_layers", json!(r.placement.ngl)),
         ("flash_attn", json!(fa_number(r.flash_attn))),
+        ("repack", json!(r.repack)),
         ("use_mmap", json!(mode == "mmap")),
         ("load_mode", json!(mode)),
         ("n_prompt", json!(r.test.n_prompt)),

@@ -229,6 +229,11 @@ fn bench_takes_fa_lists_with_llama_bench_fa_column() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let header = text(&out.stdout).lines().next().unwrap_or("").to_string();
     assert!(header.contains("| repack |"), "{header}");
+    let out = run(&[
+        "bench", "-m", &m, "-p", "0", "-n", "1", "-r", "1", "-nr", "1", "-o", "json",
+    ]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    assert_eq!(rows[0]["repack"], serde_json::json!(false), "{rows}");
     let out = run(&["bench", "-m", &m, "-nr", "2"]);
     fails_with(&out, &["-nr 2", "give 0 or 1"]);
     let out = run(&["bench", "-m", &m, "--repack", "1", "-nr", "1"]);

@@ -285,13 +285,25 @@ mod tests {
         out
     }
 
-    const TYPES: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::MXFP4];
+    const TYPES: [GgmlType; 4] = [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
+        GgmlType::MXFP4,
+    ];
 
     /// The shapes: one block, two, three, many (even and odd counts, for the
     /// two-chain kernels' odd last block); one group and several; one
     /// activation row (mat-vec) and batches either side of ggml's tiled
     /// floor.
-    const SHAPES: [(usize, usize); 6] = [(32, 8), (64, 8), (96, 16), (1120, 16), (2048, 24), (4160, 8)];
+    const SHAPES: [(usize, usize); 6] = [
+        (32, 8),
+        (64, 8),
+        (96, 16),
+        (1120, 16),
+        (2048, 24),
+        (4160, 8),
+    ];
 
     #[test]
     fn interleaving_round_trips_and_moves_every_byte() {

@@ -64,7 +64,10 @@ const Q4_0_VALUES: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5,
 
 /// Eight Q8_0 rows against `a` (see [`nib4`]).
 pub(crate) fn q8_0(g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
-    assert!(g.len() >= a.len() * Q8_0_GROUP_BLOCK, "interleaved Q8_0 group too short");
+    assert!(
+        g.len() >= a.len() * Q8_0_GROUP_BLOCK,
+        "interleaved Q8_0 group too short"
+    );
     // SAFETY: as in `nib4`.
     unsafe { q8_0_avx2(g, a, out) }
 }
@@ -123,7 +126,11 @@ unsafe fn nib4_chain<const E8M0: bool>(
     let (sb, gbb) = if E8M0 { (8, 8 + 128) } else { (16, 16 + 128) };
     for b in (first..a.len()).step_by(step) {
         let (blk, y) = (g.as_ptr().add(b * gbb), &a[b]);
-        let d = if E8M0 { e8m0_scales(blk, y) } else { scales(blk, y) };
+        let d = if E8M0 {
+            e8m0_scales(blk, y)
+        } else {
+            scales(blk, y)
+        };
         // Chunk c (bytes 4c..4c + 4 of the 16) holds elements 4c.. in its low
         // nibbles (lane c) and 16 + 4c.. in its high nibbles (lane 4 + c).
         for c in 0..4 {
@@ -166,7 +173,11 @@ unsafe fn nib4_avx2<const E8M0: bool, const TWO: bool>(
     let gbb = if E8M0 { 8 + 128 } else { 16 + 128 };
     let (blk, y) = (g.as_ptr().add(even * gbb), &a[even]);
     let sb = if E8M0 { 8 } else { 16 };
-    let d = if E8M0 { e8m0_scales(blk, y) } else { scales(blk, y) };
+    let d = if E8M0 {
+        e8m0_scales(blk, y)
+    } else {
+        scales(blk, y)
+    };
     let m4 = _mm256_set1_epi8(0x0F);
     let mut sumi = _mm256_setzero_si256();
     for c in 0..4 {
@@ -273,7 +284,10 @@ unsafe fn decode_avx2(
         for c in 0..4 {
             let x = _mm256_loadu_si256(blk.add(sb + 32 * c) as *const __m256i);
             let (lo, hi) = match ty {
-                None => (x, _mm256_loadu_si256(blk.add(sb + 32 * (c + 4)) as *const __m256i)),
+                None => (
+                    x,
+                    _mm256_loadu_si256(blk.add(sb + 32 * (c + 4)) as *const __m256i),
+                ),
                 Some(_) => (
                     _mm256_shuffle_epi8(lut, _mm256_and_si256(x, m4)),
                     _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4)),
@@ -328,7 +342,10 @@ unsafe fn decoded_dot_avx2(dec: &Decoded, two: bool, a: &[BlockQ8_0], out: &mut 
     let mut sumi = _mm256_setzero_si256();
     for j in 0..8 {
         let sy = _mm256_sign_epi8(act_chunk(y, j), v[j]);
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(v[8 + j], sy), ones));
+        sumi = _mm256_add_epi32(
+            sumi,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(v[8 + j], sy), ones),
+        );
     }
     let r = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), _mm256_loadu_ps(out.as_ptr()));
     _mm256_storeu_ps(out.as_mut_ptr(), r);
