@@ -208,6 +208,12 @@ pub struct LoadOptions {
     pub no_repack: bool,
 }
 
+/// Whether repacking `want` bytes out of the mapping fits in `available`
+/// bytes (unknown: yes), leaving a tenth of it and 256 MiB for the rest.
+fn repack_fits(want: u64, available: Option<u64>) -> bool {
+    available.is_none_or(|a| want <= (a - a / 10).saturating_sub(256 << 20))
+}
+
 /// The names of the routed-expert tensors of layer `il` (what longhaul streams).
 pub fn routed_expert_tensor_names(il: usize) -> Vec<String> {
     blocks::ffn::routed_names(il).collect()
@@ -315,11 +321,29 @@ impl<B: Backend> Model<B> {
         } = opts;
         let (spec, mut hp) = read_hparams(&file)?;
         hp.mtp = mtp;
-        let how = blocks::LoadHow {
+        let mut how = blocks::LoadHow {
             longhaul: longhaul.is_some(),
             shapes_only,
             repack: !no_repack,
         };
+        let mapped = !shapes_only && longhaul.is_none() && !no_mmap;
+        if mapped && how.repack {
+            // Repacking copies mapped tensors into memory: never past what
+            // the machine has (the mapping alone would still page them in).
+            let want: u64 = file
+                .tensors()
+                .iter()
+                .filter(|t| !hp.is_skipped(&t.name) && blocks::repackable(&backend, t))
+                .map(|t| t.len)
+                .sum();
+            if !repack_fits(want, crate::mem::available_for_allocation()) {
+                eprintln!(
+                    "warning: --repack would copy {} of weights into memory, more than is available; reading them in place (--longhaul streams the experts, --no-repack silences this)",
+                    crate::mem::human_bytes(want)
+                );
+                how.repack = false;
+            }
+        }
         let copy = (!shapes_only && (longhaul.is_some() || no_mmap)).then(|| {
             let total: u64 = file
                 .tensors()
@@ -569,4 +593,23 @@ fn load_layers<B: Backend>(
         flash_attn: false,
         repacked_bytes,
     })
+}
+
+#[cfg(test)]
+mod repack_tests {
+    use super::repack_fits;
+
+    #[test]
+    fn repacking_stays_within_the_memory_available() {
+        const GIB: u64 = 1 << 30;
+        assert!(repack_fits(GIB, Some(4 * GIB)));
+        assert!(repack_fits(3 * GIB, Some(4 * GIB)));
+        // A tenth and 256 MiB stay free: 4 GiB holds at most 3.35 GiB.
+        assert!(!repack_fits(3 * GIB + GIB / 2, Some(4 * GIB)));
+        assert!(!repack_fits(4 * GIB, Some(4 * GIB)));
+        assert!(!repack_fits(1, Some(100 << 20)));
+        assert!(repack_fits(0, Some(0)));
+        // Unknown (not Linux): as llama.cpp, repack.
+        assert!(repack_fits(64 * GIB, None));
+    }
 }

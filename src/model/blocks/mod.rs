@@ -77,6 +77,12 @@ pub(crate) fn outputs<T, const N: usize>(
     })
 }
 
+/// Whether `--repack` gives `t` the backend's kernel layout. The embedding
+/// is read a row at a time (`get_rows`), so it never is.
+pub(crate) fn repackable<B: Backend>(backend: &B, t: &gguf::TensorInfo) -> bool {
+    !t.name.contains("token_embd") && backend.repacks(t)
+}
+
 /// What the block loader needs to know of [`super::LoadOptions`].
 pub(crate) struct LoadHow {
     /// Routed experts get placeholders (their bytes go to slots).
@@ -139,8 +145,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         if self.how.shapes_only || (routed && self.how.longhaul) {
             return Ok(self.backend.placeholder_weight(t)?);
         }
-        // The embedding is read a row at a time (`get_rows`), never repacked.
-        let repack = self.how.repack && !t.name.contains("token_embd") && self.backend.repacks(t);
+        let repack = self.how.repack && repackable(self.backend, t);
         if self.copy.is_none() && !repack {
             return Ok(self.backend.load_weight(self.file, t)?);
         }
