@@ -222,12 +222,40 @@ const WARMUP: [u32; 3] = [9, 200, 41];
 /// logits bit for bit.
 #[test]
 fn a_failed_read_at_any_position_leaves_the_retry_exact() {
-    let path = model_file("every-position.gguf");
-    let file = Arc::new(gguf::Model::open(&path).expect("open"));
+    every_failed_read(&model_file("every-position.gguf"), &[1, 2, 3, 4, 6]);
+}
+
+/// The same with Q8_0 experts, which the slots hold interleaved (`--repack`,
+/// converted on the reading threads and at `commit`): a failed read never
+/// leaves a slot half converted.
+#[test]
+fn a_failed_read_of_interleaved_slots_leaves_the_retry_exact() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhaul-faults");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("every-position-q8_0.gguf");
+    let spec = SynthSpec {
+        n_layer: 2,
+        n_expert: 8,
+        n_expert_used: 2,
+        expert_type: GgmlType::Q8_0,
+        ..SynthSpec::tiny()
+    };
+    synth::write(&spec, &path).expect("write model");
+    let file = gguf::Model::open(&path).expect("open");
+    let t = file.tensor("blk.0.ffn_gate_exps.weight").expect("experts");
+    if !longhaul::quant::layout::interleaves(t.ty, t.dims[1] as usize) {
+        eprintln!("skipped: no interleaved layout on this CPU");
+        return;
+    }
+    every_failed_read(&path, &[1, 3]);
+}
+
+fn every_failed_read(path: &Path, slot_counts: &[usize]) {
+    let file = Arc::new(gguf::Model::open(path).expect("open"));
     let resident = Model::load(CpuBackend::new(), file.clone()).expect("resident");
     let want = logit_bits(&resident, &PROMPT, 3).expect("resident run");
     let mut failed_runs = 0;
-    for n_slots in [1, 2, 3, 4, 6] {
+    for &n_slots in slot_counts {
         for prefetch in [false, true] {
             let warm = || {
                 let m = longhaul_slots(&file, n_slots, Policy::Lru, prefetch);
@@ -252,7 +280,7 @@ fn a_failed_read_at_any_position_leaves_the_retry_exact() {
                 match logit_bits(&m, &PROMPT, 3) {
                     Err(e) => {
                         failed_runs += 1;
-                        assert_read_error(Err::<(), _>(e), &path);
+                        assert_read_error(Err::<(), _>(e), path);
                     }
                     // A failed prefetch is not an error: output must be exact.
                     Ok(got) => assert_eq!(got, want, "{n_slots} slots, read {at} failed quietly"),
