@@ -224,8 +224,8 @@ pub struct ModelArgs {
     #[arg(long = "load-mode", value_name = "MODE", value_parser = ["auto", "none", "mmap", "mlock", "mmap+mlock"])]
     pub load_mode: Option<String>,
     /// Keep the weights in the GGUF layout (-nr); by default, as llama.cpp's
-    /// --repack, CPU matrices with an interleaved kernel layout (Q4_0 and
-    /// Q8_0 with AVX2) are copied into it at load, and expert slots take it
+    /// --repack, CPU matrices with an interleaved kernel layout (Q4_0,
+    /// Q8_0, IQ4_NL, MXFP4 and Q4_K with AVX2) are copied into it at load, and expert slots take it
     /// as they fill.
     #[arg(long = "no-repack", overrides_with = "repack")]
     pub no_repack: bool,
