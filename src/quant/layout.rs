@@ -42,22 +42,14 @@ pub trait Interleaved: Send + Sync {
     fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError>;
     /// `out[t * n_rows + r]`: interleaved weight row `r` of `w` (whole
     /// groups) against activation row `t` of `acts` (rows of `k` values in
-    /// the type's activation format), part of a product of `batch`
-    /// activation rows (1: a mat-vec): the bits of the plain
-    /// [`QuantOps::vec_dot_tile_batch`] for the same rows and batch.
-    fn dot_tile(
-        &self,
-        k: usize,
-        w: &[u8],
-        acts: &[u8],
-        out: &mut [f32],
-        batch: usize,
-    ) -> Result<(), QuantError>;
+    /// the type's activation format), the bits of the plain
+    /// [`QuantOps::vec_dot_tile_batch`] for the same rows.
+    fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32]) -> Result<(), QuantError>;
 }
 
 /// The interleaved layout of `ty` when the running CPU has its kernels
 /// (AVX2 + FMA + F16C; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD
-/// kernels): Q4_0, Q8_0, IQ4_NL, MXFP4 and Q4_K.
+/// kernels): Q4_0, Q8_0, IQ4_NL and MXFP4.
 pub fn interleaved(ty: GgmlType) -> Option<&'static dyn Interleaved> {
     interleaved_with_caps(ty, CpuCaps::detect())
 }
@@ -72,10 +64,7 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
         static Q8_0: Chunked = Chunked::new(GgmlType::Q8_0, 2);
         static IQ4_NL: Chunked = Chunked::new(GgmlType::IQ4_NL, 2);
         static MXFP4: Chunked = Chunked::new(GgmlType::MXFP4, 1);
-        // Q4_K: the 16 header bytes (d, dmin, scales) as the "scale".
-        static Q4_K: Chunked = Chunked::new(GgmlType::Q4_K, 16);
         match ty {
-            GgmlType::Q4_K => return Some(&Q4_K),
             GgmlType::Q4_0 => return Some(&Q4_0),
             GgmlType::Q8_0 => return Some(&Q8_0),
             GgmlType::IQ4_NL => return Some(&IQ4_NL),
@@ -169,55 +158,6 @@ impl Chunked {
     }
 }
 
-/// Q4_K's products over whole groups: ggml's tiled path from
-/// [`super::GGML_TILED_MIN_BATCH`] rows in the batch, else `vec_dot`'s
-/// bits; each group block decoded once for every activation row.
-#[cfg(target_arch = "x86_64")]
-fn q4_k_products(
-    acts: &[super::BlockQ8K],
-    nb: usize,
-    w: &[u8],
-    out: &mut [f32],
-    n_rows: usize,
-    batch: usize,
-) {
-    use super::simd_x86::packed_k;
-    let n_acts = acts.len() / nb;
-    let tiled = batch >= super::GGML_TILED_MIN_BATCH;
-    let mut blk = packed_k::Block::new();
-    let mut dots: Vec<packed_k::DotAcc> = Vec::new();
-    let mut sums: Vec<[f32; GROUP_ROWS]> = Vec::new();
-    for (gi, g) in w.chunks_exact(nb * packed_k::GROUP_BLOCK).enumerate() {
-        if tiled {
-            sums.clear();
-            sums.resize(n_acts, [0.0; GROUP_ROWS]);
-        } else {
-            dots.clear();
-            dots.resize_with(n_acts, packed_k::DotAcc::new);
-        }
-        for b in 0..nb {
-            packed_k::decode(g, b, &mut blk);
-            for t in 0..n_acts {
-                let y = &acts[t * nb + b];
-                if tiled {
-                    packed_k::tiled(&blk, y, &mut sums[t]);
-                } else {
-                    packed_k::vec_dot(&blk, y, &mut dots[t]);
-                }
-            }
-        }
-        for t in 0..n_acts {
-            let at = t * n_rows + gi * GROUP_ROWS;
-            let res = lanes(&mut out[at..at + GROUP_ROWS]);
-            if tiled {
-                *res = sums[t];
-            } else {
-                packed_k::vec_dot_finish(&dots[t], res);
-            }
-        }
-    }
-}
-
 /// Eight results as the kernels' fixed-size output.
 #[cfg(target_arch = "x86_64")]
 fn lanes(o: &mut [f32]) -> &mut [f32; GROUP_ROWS] {
@@ -237,14 +177,7 @@ impl Interleaved for Chunked {
         self.permute(k, bytes, false)
     }
 
-    fn dot_tile(
-        &self,
-        k: usize,
-        w: &[u8],
-        acts: &[u8],
-        out: &mut [f32],
-        batch: usize,
-    ) -> Result<(), QuantError> {
+    fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
         let (bb, nb) = self.geometry(k, w.len())?;
         let n_rows = w.len() / (nb * bb);
         let op: &dyn QuantOps = ops(self.ty)?;
@@ -258,13 +191,6 @@ impl Interleaved for Chunked {
                 expected: n_rows * (acts.len() / arb.max(1)),
                 got: out.len(),
             });
-        }
-        #[cfg(target_arch = "x86_64")]
-        if self.ty == GgmlType::Q4_K {
-            let acts: std::borrow::Cow<[super::BlockQ8K]> =
-                super::cast_or_copy(act_ty, "interleaved activations", acts)?;
-            q4_k_products(&acts, nb, w, out, n_rows, batch);
-            return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
         {
@@ -338,10 +264,6 @@ mod tests {
         for blk in v.chunks_exact_mut(bb) {
             let d = half::f16::from_f32((next() % 1000) as f32 / 4096.0 - 0.12);
             blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
-            if ty == GgmlType::Q4_K {
-                let dmin = half::f16::from_f32((next() % 1000) as f32 / 8192.0);
-                blk[2..4].copy_from_slice(&dmin.to_bits().to_le_bytes());
-            }
         }
         v
     }
@@ -363,24 +285,21 @@ mod tests {
         out
     }
 
-    const TYPES: [GgmlType; 5] = [
+    const TYPES: [GgmlType; 4] = [
         GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::IQ4_NL,
         GgmlType::MXFP4,
-        GgmlType::Q4_K,
     ];
 
     /// The shapes: one block, two, three, many (even and odd counts, for the
     /// two-chain kernels' odd last block); one group and several; one
     /// activation row (mat-vec) and batches either side of ggml's tiled
     /// floor.
-    const SHAPES: [(usize, usize); 8] = [
+    const SHAPES: [(usize, usize); 6] = [
         (32, 8),
         (64, 8),
         (96, 16),
-        (256, 8),
-        (768, 16),
         (1120, 16),
         (2048, 24),
         (4160, 8),
@@ -390,7 +309,7 @@ mod tests {
     fn interleaving_round_trips_and_moves_every_byte() {
         for ty in TYPES {
             let Some(il) = interleaved(ty) else { continue };
-            for (k, rows) in SHAPES.into_iter().filter(|(k, _)| k % ty.block_size() == 0) {
+            for (k, rows) in SHAPES {
                 let plain = random_rows(ty, k, rows, k as u64 + rows as u64);
                 let mut b = plain.clone();
                 il.interleave(k, &mut b).unwrap();
@@ -433,7 +352,7 @@ mod tests {
         for ty in TYPES {
             let Some(il) = interleaved(ty) else { continue };
             let op = ops(ty).unwrap();
-            for (k, rows) in SHAPES.into_iter().filter(|(k, _)| k % ty.block_size() == 0) {
+            for (k, rows) in SHAPES {
                 let plain = random_rows(ty, k, rows, 99 + k as u64);
                 let mut w = plain.clone();
                 il.interleave(k, &mut w).unwrap();
@@ -446,7 +365,7 @@ mod tests {
                     } else {
                         op.vec_dot_tile_batch(k, &plain, &a, &mut want, n).unwrap();
                     }
-                    il.dot_tile(k, &w, &a, &mut got, n).unwrap();
+                    il.dot_tile(k, &w, &a, &mut got).unwrap();
                     for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                         assert_eq!(
                             g.to_bits(),
@@ -468,14 +387,14 @@ mod tests {
         assert!(il.interleave(32, &mut seven_rows).is_err());
         assert!(il.interleave(33, &mut [0u8; 18 * 8]).is_err());
         let w = vec![0u8; 18 * 8];
-        assert!(il.dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7], 1).is_err());
-        assert!(il.dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8], 1).is_err());
+        assert!(il.dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7]).is_err());
+        assert!(il.dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8]).is_err());
     }
 
     #[test]
     fn no_interleaving_without_the_kernels_or_for_ragged_row_counts() {
         assert!(interleaved_with_caps(GgmlType::Q4_0, CpuCaps::NONE).is_none());
         assert!(!interleaves(GgmlType::Q4_0, 12));
-        assert!(!interleaves(GgmlType::Q6_K, 16));
+        assert!(!interleaves(GgmlType::Q4_K, 16));
     }
 }
