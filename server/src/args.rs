@@ -225,8 +225,8 @@ pub struct ModelArgs {
     pub load_mode: Option<String>,
     /// Keep the weights in the GGUF layout (-nr); by default, as llama.cpp's
     /// --repack, CPU matrices with an interleaved kernel layout (Q4_0,
-    /// Q8_0, IQ4_NL, MXFP4 and Q4_K with AVX2) are copied into it at load, and expert slots take it
-    /// as they fill.
+    /// Q8_0, IQ4_NL and MXFP4, with AVX2) are copied into it at load, and
+    /// expert slots take it as they fill.
     #[arg(long = "no-repack", overrides_with = "repack")]
     pub no_repack: bool,
     /// Repack CPU weights into the kernels' layout (the default).
