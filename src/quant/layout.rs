@@ -76,10 +76,17 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
     None
 }
 
-/// Whether a matrix of `n_rows` rows of `ty` is interleaved when its bytes
-/// are prepared for the CPU kernels.
+/// The layout a matrix of `n_rows` rows of `ty` takes when its bytes are
+/// prepared for the CPU kernels: [`interleaved`] for whole groups of rows.
+pub fn for_matrix(ty: GgmlType, n_rows: usize) -> Option<&'static dyn Interleaved> {
+    (n_rows > 0 && n_rows.is_multiple_of(GROUP_ROWS))
+        .then(|| interleaved(ty))
+        .flatten()
+}
+
+/// Whether a matrix of `n_rows` rows of `ty` is interleaved ([`for_matrix`]).
 pub fn interleaves(ty: GgmlType, n_rows: usize) -> bool {
-    n_rows > 0 && n_rows.is_multiple_of(GROUP_ROWS) && interleaved(ty).is_some()
+    for_matrix(ty, n_rows).is_some()
 }
 
 /// The types whose blocks are a scale then quant bytes, interleaved in
@@ -207,26 +214,23 @@ impl Interleaved for Chunked {
                 GgmlType::IQ4_NL => n_acts == 1,
                 _ => false,
             };
-            let nib = match self.ty {
-                GgmlType::Q8_0 => None,
-                GgmlType::Q4_0 => Some(packed::Nib4::Q4_0),
-                GgmlType::IQ4_NL => Some(packed::Nib4::Iq4Nl),
-                _ => Some(packed::Nib4::Mxfp4),
+            let kind = match self.ty {
+                GgmlType::Q8_0 => packed::Kind::Q8_0,
+                GgmlType::Q4_0 => packed::Kind::Q4_0,
+                GgmlType::IQ4_NL => packed::Kind::Iq4Nl,
+                _ => packed::Kind::Mxfp4,
             };
             if n_acts == 1 {
                 // A mat-vec: each weight byte is used once, decoded in place.
                 for (g, res) in w.chunks_exact(gb).zip(out.chunks_exact_mut(GROUP_ROWS)) {
-                    match nib {
-                        None => packed::q8_0(g, &acts, lanes(res)),
-                        Some(ty) => packed::nib4(ty, two, g, &acts, lanes(res)),
-                    }
+                    packed::dot(kind, two, g, &acts, lanes(res));
                 }
                 return Ok(());
             }
             // Several activation rows: each group decoded once for all.
             let mut dec = packed::Decoded::new();
             for (gi, g) in w.chunks_exact(gb).enumerate() {
-                dec.decode(nib, g, nb);
+                dec.decode(kind, g, nb);
                 for (t, a) in acts.chunks_exact(nb).enumerate() {
                     let at = t * n_rows + gi * GROUP_ROWS;
                     dec.dot(two, a, lanes(&mut out[at..at + GROUP_ROWS]));

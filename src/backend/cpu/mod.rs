@@ -248,31 +248,32 @@ pub struct HostSlots {
     /// `bufs[tensor][slot]`.
     bufs: Vec<Vec<Arc<Vec<u8>>>>,
     n_slots: usize,
-    /// Per tensor: the interleaved layout its slots hold (`--repack`).
-    layouts: Arc<Vec<Option<&'static dyn Interleaved>>>,
+    /// Per tensor: the interleaved layout its slots hold (`--repack`) and
+    /// the row length it is interleaved at.
+    layouts: Arc<Vec<Option<MatrixLayout>>>,
     /// Slots written through `slots_mut`, converted at `commit`.
     unconverted: Vec<(usize, usize)>,
 }
 
-/// The layout slot tensor `t` is held in: interleaved where it asks for a
-/// repack and its kernels exist.
-fn slot_layout(t: &SlotTensor) -> Option<&'static dyn Interleaved> {
-    let n_rows = t.dims.get(1).copied().unwrap_or(1) as usize;
-    (t.repack && layout::interleaves(t.ty, n_rows))
-        .then(|| layout::interleaved(t.ty))
-        .flatten()
+/// An interleaved layout and the row length a matrix takes it at.
+type MatrixLayout = (&'static dyn Interleaved, usize);
+
+/// The layout a matrix of `dims` of `ty` takes on the CPU with `--repack`,
+/// and its row length.
+fn matrix_layout(ty: GgmlType, dims: &[u64]) -> Option<MatrixLayout> {
+    let (&k, &n_rows) = (dims.first()?, dims.get(1)?);
+    Some((layout::for_matrix(ty, n_rows as usize)?, k as usize))
 }
 
 /// Rewrites one expert slice of slot tensor `t` into its layout.
 fn convert_slot(
-    layouts: &[Option<&'static dyn Interleaved>],
-    tensors: &[SlotTensor],
+    layouts: &[Option<MatrixLayout>],
     t: usize,
     buf: &mut [u8],
 ) -> Result<(), BackendError> {
-    match (layouts.get(t).copied().flatten(), tensors.get(t)) {
-        (Some(il), Some(spec)) => Ok(il.interleave(spec.dims[0] as usize, buf)?),
-        _ => Ok(()),
+    match layouts.get(t).copied().flatten() {
+        Some((il, k)) => Ok(il.interleave(k, buf)?),
+        None => Ok(()),
     }
 }
 
@@ -377,7 +378,7 @@ impl SlotStore for HostSlots {
             else {
                 continue;
             };
-            if let Err(e) = convert_slot(&self.layouts, &self.tensors, t, buf) {
+            if let Err(e) = convert_slot(&self.layouts, t, buf) {
                 res = res.and(Err(e));
             }
         }
@@ -388,9 +389,9 @@ impl SlotStore for HostSlots {
         if self.layouts.iter().all(Option::is_none) {
             return None;
         }
-        let (layouts, tensors) = (self.layouts.clone(), self.tensors.clone());
+        let layouts = self.layouts.clone();
         Some(Arc::new(move |t, buf: &mut [u8]| {
-            convert_slot(&layouts, &tensors, t, buf)
+            convert_slot(&layouts, t, buf)
         }))
     }
 }
@@ -447,7 +448,7 @@ impl Backend for CpuBackend {
     }
 
     fn repacks(&self, t: &gguf::TensorInfo) -> bool {
-        t.dims.len() >= 2 && layout::interleaves(t.ty, t.dims[1] as usize)
+        matrix_layout(t.ty, &t.dims).is_some()
     }
 
     fn repacked_weight(
@@ -455,14 +456,16 @@ impl Backend for CpuBackend {
         t: &gguf::TensorInfo,
         mut bytes: Vec<u8>,
     ) -> Result<CpuWeight, BackendError> {
-        let il = self.repacks(t).then(|| layout::interleaved(t.ty)).flatten();
-        if let Some(il) = il {
-            if bytes.len() as u64 == t.len {
-                il.interleave(t.dims[0] as usize, &mut bytes)?;
-            }
+        let Some((il, k)) = matrix_layout(t.ty, &t.dims) else {
+            return self.weight_from_bytes(t, bytes);
+        };
+        // The length first: a short read is a shape error, not a partial
+        // interleave.
+        if bytes.len() as u64 == t.len {
+            il.interleave(k, &mut bytes)?;
         }
         let mut w = self.weight_from_bytes(t, bytes)?;
-        w.layout = il;
+        w.layout = Some(il);
         Ok(w)
     }
 
@@ -479,7 +482,12 @@ impl Backend for CpuBackend {
             tensors: tensors.to_vec(),
             bufs,
             n_slots,
-            layouts: Arc::new(tensors.iter().map(slot_layout).collect()),
+            layouts: Arc::new(
+                tensors
+                    .iter()
+                    .map(|t| t.repack.then(|| matrix_layout(t.ty, &t.dims)).flatten())
+                    .collect(),
+            ),
             unconverted: Vec::new(),
         })
     }
@@ -495,7 +503,7 @@ impl Backend for CpuBackend {
             ty: spec.ty,
             dims,
             bytes: WeightBytes::Slots(Arc::new(slots.bufs[t].clone())),
-            layout: slots.layouts.get(t).copied().flatten(),
+            layout: slots.layouts.get(t).copied().flatten().map(|(il, _)| il),
         })
     }
 
