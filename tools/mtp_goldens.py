@@ -18,6 +18,12 @@ prompt extending the first (the slot keeps the shared prefix).
 of a request the server keeps only what fits n_predict (`draft_n` counts what
 was kept).
 
+ggml's AVX2 and AVX-512 builds round differently (at the defaults a drafted
+token's probability moves by up to 0.003 between them), so the goldens are
+per instruction set: `mtp-NAME.json` made on an AVX2 machine,
+`mtp-NAME.avx512.json` on an AVX-512 VNNI one (the doc's "isa"); tests/mtp.rs
+compares with the one of the kernels it runs.
+
 usage: tools/mtp_goldens.py LLAMA_BIN_DIR MODEL.gguf OUT.json
 """
 import json
@@ -113,6 +119,15 @@ def serve(bin_dir: str, model: str, flags: list[str], prompts: list[str], cache:
     return out
 
 
+def isa():
+    """The x86 kernels ggml's native build takes here: "avx512" with
+    AVX-512 F, BW, VL and VNNI (as longhaul's CpuCaps), else "avx2"."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    need = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo names
+    return "avx512" if need <= set(flags) else "avx2"
+
+
 def main():
     bin_dir, model, out = sys.argv[1:4]
     runs = []
@@ -139,7 +154,7 @@ def main():
               f"{r['draft_n_accepted']} accepted, {r['cache_n']} cached", file=sys.stderr)
     doc = {"model": model.rsplit("/", 1)[-1], "n_predict": N_PREDICT,
            "made_by": "tools/mtp_goldens.py (llama-server --spec-type draft-mtp, llama-cpp-python 0.3.36)",
-           "runs": runs}
+           "isa": isa(), "runs": runs}
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
