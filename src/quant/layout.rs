@@ -48,8 +48,9 @@ pub trait Interleaved: Send + Sync {
 }
 
 /// The interleaved layout of `ty` when the running CPU has its kernels
-/// (AVX2 + FMA + F16C; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD
-/// kernels): Q4_0, Q8_0, IQ4_NL and MXFP4.
+/// (AVX2 + FMA + F16C, summing with `vpdpbusd` where AVX-512 VNNI is
+/// there; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD kernels): Q4_0,
+/// Q8_0, IQ4_NL and MXFP4.
 pub fn interleaved(ty: GgmlType) -> Option<&'static dyn Interleaved> {
     interleaved_with_caps(ty, CpuCaps::detect())
 }
@@ -60,16 +61,12 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
     }
     #[cfg(target_arch = "x86_64")]
     {
-        static Q4_0: Chunked = Chunked::new(GgmlType::Q4_0, 2);
-        static Q8_0: Chunked = Chunked::new(GgmlType::Q8_0, 2);
-        static IQ4_NL: Chunked = Chunked::new(GgmlType::IQ4_NL, 2);
-        static MXFP4: Chunked = Chunked::new(GgmlType::MXFP4, 1);
-        match ty {
-            GgmlType::Q4_0 => return Some(&Q4_0),
-            GgmlType::Q8_0 => return Some(&Q8_0),
-            GgmlType::IQ4_NL => return Some(&IQ4_NL),
-            GgmlType::MXFP4 => return Some(&MXFP4),
-            _ => {}
+        use super::simd_x86::packed::Isa;
+        static AVX2: [Chunked; 4] = Chunked::all(Isa::Avx2);
+        static VNNI: [Chunked; 4] = Chunked::all(Isa::Vnni);
+        let set = if caps.has_avx512() { &VNNI } else { &AVX2 };
+        if let Some(c) = set.iter().find(|c| c.ty == ty) {
+            return Some(c);
         }
     }
     let _ = ty;
@@ -95,13 +92,41 @@ struct Chunked {
     ty: GgmlType,
     /// Bytes of the block's scale.
     scale: usize,
+    /// The kernels' instructions.
+    #[cfg(target_arch = "x86_64")]
+    isa: super::simd_x86::packed::Isa,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Chunked {
+    /// Q4_0, Q8_0, IQ4_NL (`f16` scales) and MXFP4 (`e8m0`) on `isa`.
+    const fn all(isa: super::simd_x86::packed::Isa) -> [Chunked; 4] {
+        [
+            Chunked {
+                ty: GgmlType::Q4_0,
+                scale: 2,
+                isa,
+            },
+            Chunked {
+                ty: GgmlType::Q8_0,
+                scale: 2,
+                isa,
+            },
+            Chunked {
+                ty: GgmlType::IQ4_NL,
+                scale: 2,
+                isa,
+            },
+            Chunked {
+                ty: GgmlType::MXFP4,
+                scale: 1,
+                isa,
+            },
+        ]
+    }
 }
 
 impl Chunked {
-    const fn new(ty: GgmlType, scale: usize) -> Self {
-        Self { ty, scale }
-    }
-
     /// Bytes per block and blocks per row, checking `bytes` holds whole
     /// groups of `k`-value rows.
     fn geometry(&self, k: usize, len: usize) -> Result<(usize, usize), QuantError> {
@@ -223,7 +248,7 @@ impl Interleaved for Chunked {
             if n_acts == 1 {
                 // A mat-vec: each weight byte is used once, decoded in place.
                 for (g, res) in w.chunks_exact(gb).zip(out.chunks_exact_mut(GROUP_ROWS)) {
-                    packed::dot(kind, two, g, &acts, lanes(res));
+                    packed::dot(self.isa, kind, two, g, &acts, lanes(res));
                 }
                 return Ok(());
             }
@@ -233,7 +258,7 @@ impl Interleaved for Chunked {
                 dec.decode(kind, g, nb);
                 for (t, a) in acts.chunks_exact(nb).enumerate() {
                     let at = t * n_rows + gi * GROUP_ROWS;
-                    dec.dot(two, a, lanes(&mut out[at..at + GROUP_ROWS]));
+                    dec.dot(self.isa, two, a, lanes(&mut out[at..at + GROUP_ROWS]));
                 }
             }
             Ok(())
@@ -351,10 +376,29 @@ mod tests {
         assert_eq!(b[8 * 34..8 * 34 + 2], plain[34..36]);
     }
 
+    /// The running CPU's kernel sets: its own and, on an AVX-512 CPU, the
+    /// AVX2 one too (the plain kernels give the same bits on both).
+    fn kernel_sets() -> Vec<CpuCaps> {
+        let caps = CpuCaps::detect();
+        let mut sets = vec![caps];
+        if caps.has_avx512() {
+            sets.push(CpuCaps {
+                avx512: false,
+                ..caps
+            });
+        }
+        sets
+    }
+
     #[test]
     fn interleaved_kernels_give_the_bits_of_the_plain_kernels() {
-        for ty in TYPES {
-            let Some(il) = interleaved(ty) else { continue };
+        for (ty, caps) in TYPES
+            .iter()
+            .flat_map(|&t| kernel_sets().into_iter().map(move |c| (t, c)))
+        {
+            let Some(il) = interleaved_with_caps(ty, caps) else {
+                continue;
+            };
             let op = ops(ty).unwrap();
             for (k, rows) in SHAPES {
                 let plain = random_rows(ty, k, rows, 99 + k as u64);
@@ -374,7 +418,7 @@ mod tests {
                         assert_eq!(
                             g.to_bits(),
                             e.to_bits(),
-                            "{ty} k={k} rows={rows} n={n} out {i}: {g} vs {e}"
+                            "{ty} {caps:?} k={k} rows={rows} n={n} out {i}: {g} vs {e}"
                         );
                     }
                 }

@@ -57,7 +57,7 @@ safe_wrapper!(dot_q5_1, dot_q5_1_vnni, BlockQ5_1, BlockQ8_1);
 /// (exact: `|x| <= 128` unsigned, `y` in `[-127, 127]`), as ggml's
 /// `mul_sum_i8_pairs_float` in its VNNI build. The lanes are those of
 /// `simd_x86::Madd`, so the kernels give the same bits.
-struct Vnni;
+pub(crate) struct Vnni;
 impl LaneSums for Vnni {
     #[inline(always)]
     unsafe fn i8_pairs(x: __m256i, y: __m256i) -> __m256i {

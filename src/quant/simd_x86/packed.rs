@@ -1,5 +1,7 @@
 //! AVX2 kernels over the interleaved layout of `quant::layout`: one group of
-//! eight rows against one activation row, row `r` in f32 lane `r`.
+//! eight rows against one activation row, row `r` in f32 lane `r`. On
+//! AVX-512 VNNI CPUs the same bodies sum each lane's byte products with one
+//! `vpdpbusd` ([`LaneSums`]: the same integers, so the same bits).
 //!
 //! Accumulator `j` is lane `j` of the plain kernel's 8-lane chain (bytes
 //! `4j..4j + 4` of each block, as `mul_sum_i8_pairs` sums them), fed by the
@@ -9,7 +11,8 @@
 
 use super::super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::super::BlockQ8_0;
-use super::h2f;
+use super::{h2f, LaneSums, Madd};
+use crate::quant::simd_x86_512::Vnni;
 use std::arch::x86_64::*;
 
 /// The interleaved types' blocks: Q8_0's bytes, or a 4-bit type's codes
@@ -44,24 +47,42 @@ impl Kind {
 /// Q4_0's codes as values: `nibble - 8`.
 const Q4_0_VALUES: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
 
+/// The instructions the kernels run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// AVX2 + FMA + F16C (`maddubs` + `madd`).
+    Avx2,
+    /// AVX-512 F + BW + VL + VNNI on top (`vpdpbusd` on 256 bits).
+    Vnni,
+}
+
 /// Eight rows (`g`: one interleaved group of `a.len()` blocks per row)
 /// against `a`, decoding each block in place; `two`: the plain kernel's two
 /// chains (even and odd blocks, an odd last block by the scalar tail)
 /// rather than one.
-pub(crate) fn dot(kind: Kind, two: bool, g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
+pub(crate) fn dot(isa: Isa, kind: Kind, two: bool, g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
     assert!(
         g.len() >= a.len() * kind.group_block(),
         "interleaved group too short"
     );
     // SAFETY: `layout::interleaved` hands these kernels out only when
-    // CpuCaps::has_avx2(); the bounds are checked above.
+    // CpuCaps::has_avx2() (with `Isa::Vnni` only when has_avx512()); the
+    // bounds are checked above.
     unsafe {
         match kind {
-            Kind::Q8_0 => dot_avx2(&Raw::<0>::new(g), two, a, out),
-            Kind::Q4_0 => dot_avx2(&Raw::<1>::new(g), two, a, out),
-            Kind::Iq4Nl => dot_avx2(&Raw::<2>::new(g), two, a, out),
-            Kind::Mxfp4 => dot_avx2(&Raw::<3>::new(g), two, a, out),
+            Kind::Q8_0 => dot_isa(isa, &Raw::<0>::new(g), two, a, out),
+            Kind::Q4_0 => dot_isa(isa, &Raw::<1>::new(g), two, a, out),
+            Kind::Iq4Nl => dot_isa(isa, &Raw::<2>::new(g), two, a, out),
+            Kind::Mxfp4 => dot_isa(isa, &Raw::<3>::new(g), two, a, out),
         }
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_isa<B: Blocks>(isa: Isa, w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    match isa {
+        Isa::Avx2 => dot_avx2(w, two, a, out),
+        Isa::Vnni => dot_vnni(w, two, a, out),
     }
 }
 
@@ -106,10 +127,10 @@ impl Decoded {
 
     /// Eight rows against activation row `a` (the decoded blocks), with
     /// `two` chains as [`dot`]'s.
-    pub(crate) fn dot(&self, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    pub(crate) fn dot(&self, isa: Isa, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
         assert!(self.scales.len() >= a.len(), "decoded group too short");
         // SAFETY: as in `dot`; lengths checked above.
-        unsafe { dot_avx2(self, two, a, out) }
+        unsafe { dot_isa(isa, self, two, a, out) }
     }
 }
 
@@ -248,10 +269,15 @@ unsafe fn act_chunk(y: &BlockQ8_0, j: usize) -> __m256i {
 /// Chunk `j` (values `v`) of block `b` against activation block `y`: each
 /// row's exact `mul_sum_i8_pairs` (|w| by sign(y, w)).
 #[inline(always)]
-unsafe fn lane_sum<B: Blocks>(w: &B, b: usize, j: usize, v: __m256i, y: &BlockQ8_0) -> __m256i {
+unsafe fn lane_sum<S: LaneSums, B: Blocks>(
+    w: &B,
+    b: usize,
+    j: usize,
+    v: __m256i,
+    y: &BlockQ8_0,
+) -> __m256i {
     let sy = _mm256_sign_epi8(act_chunk(y, j), v);
-    let p = _mm256_maddubs_epi16(w.magnitudes(b, j, v), sy);
-    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    S::u8_i8(w.magnitudes(b, j, v), sy)
 }
 
 /// The eight rows' `d_w * d_a` of block `b` (the plain kernels' scalar
@@ -264,13 +290,21 @@ unsafe fn block_scale<B: Blocks>(w: &B, b: usize, y: &BlockQ8_0) -> __m256 {
 /// One FMA chain over blocks `first, first + step, ..` of `a`: the eight
 /// lane accumulators.
 #[inline(always)]
-unsafe fn chain<B: Blocks>(w: &B, a: &[BlockQ8_0], first: usize, step: usize) -> [__m256; 8] {
+unsafe fn chain<S: LaneSums, B: Blocks>(
+    w: &B,
+    a: &[BlockQ8_0],
+    first: usize,
+    step: usize,
+) -> [__m256; 8] {
     let mut acc = [_mm256_setzero_ps(); 8];
     for b in (first..a.len()).step_by(step) {
         let (y, d) = (&a[b], block_scale(w, b, &a[b]));
         for c in 0..4 {
             let (lo, hi) = w.pair(b, c);
-            let (plo, phi) = (lane_sum(w, b, c, lo, y), lane_sum(w, b, 4 + c, hi, y));
+            let (plo, phi) = (
+                lane_sum::<S, B>(w, b, c, lo, y),
+                lane_sum::<S, B>(w, b, 4 + c, hi, y),
+            );
             acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(plo), acc[c]);
             acc[4 + c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(phi), acc[4 + c]);
         }
@@ -290,15 +324,27 @@ unsafe fn reduce(acc: &[__m256; 8]) -> __m256 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_avx2<B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    dot_with::<Madd, B>(w, two, a, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_vnni<B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    dot_with::<Vnni, B>(w, two, a, out)
+}
+
+/// The kernel body, inlined into a `target_feature` function per
+/// [`LaneSums`].
+#[inline(always)]
+unsafe fn dot_with<S: LaneSums, B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
     if !two {
-        _mm256_storeu_ps(out.as_mut_ptr(), reduce(&chain(w, a, 0, 1)));
+        _mm256_storeu_ps(out.as_mut_ptr(), reduce(&chain::<S, B>(w, a, 0, 1)));
         return;
     }
     // `lut4_pairs`: even and odd blocks in two chains, `hsum(acc1 + acc2)`;
     // the chains are independent, so one after the other.
     let even = a.len() & !1;
-    let e = chain(w, &a[..even], 0, 2);
-    let o = chain(w, &a[..even], 1, 2);
+    let e = chain::<S, B>(w, &a[..even], 0, 2);
+    let o = chain::<S, B>(w, &a[..even], 1, 2);
     let mut sum = e;
     for (s, o) in sum.iter_mut().zip(o) {
         *s = _mm256_add_ps(*s, o);
@@ -311,8 +357,8 @@ unsafe fn dot_avx2<B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32;
         let mut sumi = _mm256_setzero_si256();
         for c in 0..4 {
             let (lo, hi) = w.pair(even, c);
-            sumi = _mm256_add_epi32(sumi, lane_sum(w, even, c, lo, y));
-            sumi = _mm256_add_epi32(sumi, lane_sum(w, even, 4 + c, hi, y));
+            sumi = _mm256_add_epi32(sumi, lane_sum::<S, B>(w, even, c, lo, y));
+            sumi = _mm256_add_epi32(sumi, lane_sum::<S, B>(w, even, 4 + c, hi, y));
         }
         r = _mm256_fmadd_ps(block_scale(w, even, y), _mm256_cvtepi32_ps(sumi), r);
     }
