@@ -252,9 +252,23 @@ impl Interleaved for Chunked {
                 }
                 return Ok(());
             }
-            // Several activation rows: each group decoded once for all.
+            // Several activation rows: each group decoded once for all; on
+            // AVX-512, pairs of groups in 16 lanes.
+            let mut done = 0;
+            if self.isa == packed::Isa::Vnni {
+                let mut dec = packed::Decoded16::new();
+                for (pi, pair) in w.chunks_exact(2 * gb).enumerate() {
+                    dec.decode(kind, &pair[..gb], &pair[gb..], nb);
+                    for (t, a) in acts.chunks_exact(nb).enumerate() {
+                        let at = t * n_rows + pi * 2 * GROUP_ROWS;
+                        let o = &mut out[at..at + 2 * GROUP_ROWS];
+                        dec.dot(two, a, o.try_into().expect("two groups of lanes"));
+                    }
+                    done += 2;
+                }
+            }
             let mut dec = packed::Decoded::new();
-            for (gi, g) in w.chunks_exact(gb).enumerate() {
+            for (gi, g) in w.chunks_exact(gb).enumerate().skip(done) {
                 dec.decode(kind, g, nb);
                 for (t, a) in acts.chunks_exact(nb).enumerate() {
                     let at = t * n_rows + gi * GROUP_ROWS;

@@ -364,3 +364,159 @@ unsafe fn dot_with<S: LaneSums, B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], ou
     }
     _mm256_storeu_ps(out.as_mut_ptr(), r);
 }
+
+/// Two consecutive interleaved groups (16 rows) decoded for several
+/// activation rows on AVX-512: per block, the 16 rows' weight scales and,
+/// per lane chunk `j`, the 64 values' magnitudes with their signs as a mask
+/// (`vpsignb` has no 512-bit form: the activation is negated under the mask
+/// instead, which gives the same products since `|w| = 0` where `w = 0`).
+/// Lanes 0..8 are the first group's rows, 8..16 the second's; each lane
+/// runs [`Decoded`]'s chain on the same integers, so the bits are the same.
+pub(crate) struct Decoded16 {
+    /// `[block][j]`: magnitudes (`8` per block).
+    mags: Vec<__m512i>,
+    /// `[block][j]`: which bytes are negative.
+    neg: Vec<__mmask64>,
+    /// `[block]`: the rows' weight scales.
+    scales: Vec<__m512>,
+}
+
+impl Decoded16 {
+    pub(crate) fn new() -> Self {
+        Self {
+            mags: Vec::new(),
+            neg: Vec::new(),
+            scales: Vec::new(),
+        }
+    }
+
+    /// Decodes groups `g0` and `g1` of `nb` blocks each.
+    ///
+    /// Only where `CpuCaps::has_avx512()` (`layout` hands out `Isa::Vnni`
+    /// only there).
+    pub(crate) fn decode(&mut self, kind: Kind, g0: &[u8], g1: &[u8], nb: usize) {
+        let need = nb * kind.group_block();
+        assert!(
+            g0.len() >= need && g1.len() >= need,
+            "interleaved group too short"
+        );
+        // SAFETY: the caller's CPU has AVX-512 F/BW/VL/VNNI (above); bounds
+        // checked above.
+        unsafe {
+            self.mags.resize(nb * 8, _mm512_setzero_si512());
+            self.neg.resize(nb * 8, 0);
+            self.scales.resize(nb, _mm512_setzero_ps());
+            match kind {
+                Kind::Q8_0 => self.decode_512(&Raw::<0>::new(g0), &Raw::<0>::new(g1), nb),
+                Kind::Q4_0 => self.decode_512(&Raw::<1>::new(g0), &Raw::<1>::new(g1), nb),
+                Kind::Iq4Nl => self.decode_512(&Raw::<2>::new(g0), &Raw::<2>::new(g1), nb),
+                Kind::Mxfp4 => self.decode_512(&Raw::<3>::new(g0), &Raw::<3>::new(g1), nb),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn decode_512<const K: usize>(&mut self, r0: &Raw<K>, r1: &Raw<K>, nb: usize) {
+        for b in 0..nb {
+            let (s0, s1) = (r0.scales(b), r1.scales(b));
+            self.scales[b] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castpd256_pd512(_mm256_castps_pd(s0)),
+                _mm256_castps_pd(s1),
+            ));
+            for c in 0..4 {
+                let ((lo0, hi0), (lo1, hi1)) = (r0.pair(b, c), r1.pair(b, c));
+                for (j, v) in [(c, join512(lo0, lo1)), (4 + c, join512(hi0, hi1))] {
+                    self.mags[8 * b + j] = _mm512_abs_epi8(v);
+                    self.neg[8 * b + j] = _mm512_movepi8_mask(v);
+                }
+            }
+        }
+    }
+
+    /// Sixteen rows against activation row `a`, with `two` chains as
+    /// [`dot`]'s.
+    pub(crate) fn dot(&self, two: bool, a: &[BlockQ8_0], out: &mut [f32; 16]) {
+        assert!(self.scales.len() >= a.len(), "decoded group too short");
+        // SAFETY: as in `decode`; lengths checked above.
+        unsafe { self.dot_512(two, a, out) }
+    }
+
+    /// Block `b`'s chunk `j` against activation block `y`: each row's exact
+    /// sum of four byte products.
+    #[inline(always)]
+    unsafe fn lane_sum(&self, b: usize, j: usize, y: &BlockQ8_0) -> __m512i {
+        let y4 = _mm512_set1_epi32(std::ptr::read_unaligned(
+            y.qs.as_ptr().add(4 * j) as *const i32
+        ));
+        let sy = _mm512_mask_sub_epi8(
+            y4,
+            *self.neg.get_unchecked(8 * b + j),
+            _mm512_setzero_si512(),
+            y4,
+        );
+        _mm512_dpbusd_epi32(
+            _mm512_setzero_si512(),
+            *self.mags.get_unchecked(8 * b + j),
+            sy,
+        )
+    }
+
+    #[inline(always)]
+    unsafe fn block_scale(&self, b: usize, y: &BlockQ8_0) -> __m512 {
+        _mm512_mul_ps(*self.scales.get_unchecked(b), _mm512_set1_ps(h2f(y.d)))
+    }
+
+    #[inline(always)]
+    unsafe fn chain(&self, a: &[BlockQ8_0], first: usize, step: usize) -> [__m512; 8] {
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for b in (first..a.len()).step_by(step) {
+            let (y, d) = (&a[b], self.block_scale(b, &a[b]));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let p = self.lane_sum(b, j, y);
+                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), *acc);
+            }
+        }
+        acc
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn dot_512(&self, two: bool, a: &[BlockQ8_0], out: &mut [f32; 16]) {
+        if !two {
+            _mm512_storeu_ps(out.as_mut_ptr(), reduce512(&self.chain(a, 0, 1)));
+            return;
+        }
+        let even = a.len() & !1;
+        let e = self.chain(&a[..even], 0, 2);
+        let o = self.chain(&a[..even], 1, 2);
+        let mut sum = e;
+        for j in 0..8 {
+            sum[j] = _mm512_add_ps(sum[j], o[j]);
+        }
+        let mut r = reduce512(&sum);
+        if even < a.len() {
+            let y = &a[even];
+            let mut sumi = _mm512_setzero_si512();
+            for j in 0..8 {
+                sumi = _mm512_add_epi32(sumi, self.lane_sum(even, j, y));
+            }
+            r = _mm512_fmadd_ps(self.block_scale(even, y), _mm512_cvtepi32_ps(sumi), r);
+        }
+        _mm512_storeu_ps(out.as_mut_ptr(), r);
+    }
+}
+
+/// Two 8-lane halves as one 16-lane vector.
+#[inline(always)]
+unsafe fn join512(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// [`reduce`]'s tree on 16 lanes.
+#[inline(always)]
+unsafe fn reduce512(acc: &[__m512; 8]) -> __m512 {
+    let s04 = _mm512_add_ps(acc[0], acc[4]);
+    let s26 = _mm512_add_ps(acc[2], acc[6]);
+    let s15 = _mm512_add_ps(acc[1], acc[5]);
+    let s37 = _mm512_add_ps(acc[3], acc[7]);
+    _mm512_add_ps(_mm512_add_ps(s04, s26), _mm512_add_ps(s15, s37))
+}
