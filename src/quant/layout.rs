@@ -246,8 +246,19 @@ impl Interleaved for Chunked {
                 _ => packed::Kind::Mxfp4,
             };
             if n_acts == 1 {
-                // A mat-vec: each weight byte is used once, decoded in place.
-                for (g, res) in w.chunks_exact(gb).zip(out.chunks_exact_mut(GROUP_ROWS)) {
+                // A mat-vec: each weight byte is used once, decoded in place
+                // (on AVX-512, two groups per vector).
+                let mut done = 0;
+                if self.isa == packed::Isa::Vnni {
+                    let pairs = w.chunks_exact(2 * gb);
+                    for (pair, res) in pairs.zip(out.chunks_exact_mut(2 * GROUP_ROWS)) {
+                        let res = res.try_into().expect("two groups of lanes");
+                        packed::dot16(kind, two, &pair[..gb], &pair[gb..], &acts, res);
+                        done += 1;
+                    }
+                }
+                let rest = w.chunks_exact(gb).zip(out.chunks_exact_mut(GROUP_ROWS));
+                for (g, res) in rest.skip(2 * done) {
                     packed::dot(self.isa, kind, two, g, &acts, lanes(res));
                 }
                 return Ok(());

@@ -419,10 +419,7 @@ impl Decoded16 {
     unsafe fn decode_512<const K: usize>(&mut self, r0: &Raw<K>, r1: &Raw<K>, nb: usize) {
         for b in 0..nb {
             let (s0, s1) = (r0.scales(b), r1.scales(b));
-            self.scales[b] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                _mm512_castpd256_pd512(_mm256_castps_pd(s0)),
-                _mm256_castps_pd(s1),
-            ));
+            self.scales[b] = join512_ps(s0, s1);
             for c in 0..4 {
                 let ((lo0, hi0), (lo1, hi1)) = (r0.pair(b, c), r1.pair(b, c));
                 for (j, v) in [(c, join512(lo0, lo1)), (4 + c, join512(hi0, hi1))] {
@@ -438,71 +435,165 @@ impl Decoded16 {
     pub(crate) fn dot(&self, two: bool, a: &[BlockQ8_0], out: &mut [f32; 16]) {
         assert!(self.scales.len() >= a.len(), "decoded group too short");
         // SAFETY: as in `decode`; lengths checked above.
-        unsafe { self.dot_512(two, a, out) }
+        unsafe { dot_512(self, two, a, out) }
     }
+}
 
-    /// Block `b`'s chunk `j` against activation block `y`: each row's exact
-    /// sum of four byte products.
+/// Sixteen rows (`g0` then `g1`: two interleaved groups of `a.len()`
+/// blocks) against `a`, decoding each block in place on AVX-512; the bits
+/// of [`dot`] on each group.
+///
+/// Only where `CpuCaps::has_avx512()`.
+pub(crate) fn dot16(
+    kind: Kind,
+    two: bool,
+    g0: &[u8],
+    g1: &[u8],
+    a: &[BlockQ8_0],
+    out: &mut [f32; 16],
+) {
+    let need = a.len() * kind.group_block();
+    assert!(
+        g0.len() >= need && g1.len() >= need,
+        "interleaved group too short"
+    );
+    // SAFETY: the caller's CPU has AVX-512 F/BW/VL/VNNI (above); bounds
+    // checked above.
+    unsafe {
+        match kind {
+            Kind::Q8_0 => dot_512(&Raw16::<0>::new(g0, g1), two, a, out),
+            Kind::Q4_0 => dot_512(&Raw16::<1>::new(g0, g1), two, a, out),
+            Kind::Iq4Nl => dot_512(&Raw16::<2>::new(g0, g1), two, a, out),
+            Kind::Mxfp4 => dot_512(&Raw16::<3>::new(g0, g1), two, a, out),
+        }
+    }
+}
+
+/// The blocks of two groups in 16 lanes, as the 512-bit kernels read them.
+trait Blocks16 {
+    /// Block `b`'s sixteen rows' weight scales.
+    unsafe fn scales(&self, b: usize) -> __m512;
+    /// Block `b`'s lane chunks `c` and `4 + c` (`c < 4`): magnitudes and
+    /// sign masks.
+    unsafe fn pair(&self, b: usize, c: usize) -> [(__m512i, __mmask64); 2];
+}
+
+impl Blocks16 for Decoded16 {
     #[inline(always)]
-    unsafe fn lane_sum(&self, b: usize, j: usize, y: &BlockQ8_0) -> __m512i {
-        let y4 = _mm512_set1_epi32(std::ptr::read_unaligned(
-            y.qs.as_ptr().add(4 * j) as *const i32
-        ));
-        let sy = _mm512_mask_sub_epi8(
-            y4,
-            *self.neg.get_unchecked(8 * b + j),
-            _mm512_setzero_si512(),
-            y4,
-        );
-        _mm512_dpbusd_epi32(
-            _mm512_setzero_si512(),
-            *self.mags.get_unchecked(8 * b + j),
-            sy,
-        )
+    unsafe fn scales(&self, b: usize) -> __m512 {
+        *self.scales.get_unchecked(b)
     }
 
     #[inline(always)]
-    unsafe fn block_scale(&self, b: usize, y: &BlockQ8_0) -> __m512 {
-        _mm512_mul_ps(*self.scales.get_unchecked(b), _mm512_set1_ps(h2f(y.d)))
+    unsafe fn pair(&self, b: usize, c: usize) -> [(__m512i, __mmask64); 2] {
+        let (lo, hi) = (8 * b + c, 8 * b + 4 + c);
+        [
+            (*self.mags.get_unchecked(lo), *self.neg.get_unchecked(lo)),
+            (*self.mags.get_unchecked(hi), *self.neg.get_unchecked(hi)),
+        ]
+    }
+}
+
+/// Two interleaved groups read in place, 16 lanes at a time.
+struct Raw16<'a, const K: usize> {
+    g0: Raw<'a, K>,
+    g1: Raw<'a, K>,
+}
+
+impl<'a, const K: usize> Raw16<'a, K> {
+    #[inline(always)]
+    unsafe fn new(g0: &'a [u8], g1: &'a [u8]) -> Self {
+        Self {
+            g0: Raw::new(g0),
+            g1: Raw::new(g1),
+        }
+    }
+}
+
+impl<const K: usize> Blocks16 for Raw16<'_, K> {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> __m512 {
+        join512_ps(self.g0.scales(b), self.g1.scales(b))
     }
 
     #[inline(always)]
-    unsafe fn chain(&self, a: &[BlockQ8_0], first: usize, step: usize) -> [__m512; 8] {
-        let mut acc = [_mm512_setzero_ps(); 8];
-        for b in (first..a.len()).step_by(step) {
-            let (y, d) = (&a[b], self.block_scale(b, &a[b]));
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let p = self.lane_sum(b, j, y);
-                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), *acc);
-            }
-        }
-        acc
+    unsafe fn pair(&self, b: usize, c: usize) -> [(__m512i, __mmask64); 2] {
+        let ((lo0, hi0), (lo1, hi1)) = (self.g0.pair(b, c), self.g1.pair(b, c));
+        let (lo, hi) = (join512(lo0, lo1), join512(hi0, hi1));
+        [
+            (_mm512_abs_epi8(lo), _mm512_movepi8_mask(lo)),
+            (_mm512_abs_epi8(hi), _mm512_movepi8_mask(hi)),
+        ]
     }
+}
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_512(&self, two: bool, a: &[BlockQ8_0], out: &mut [f32; 16]) {
-        if !two {
-            _mm512_storeu_ps(out.as_mut_ptr(), reduce512(&self.chain(a, 0, 1)));
-            return;
+/// One chunk's 16 rows against activation block `y`'s bytes `4j..4j + 4`:
+/// each row's exact sum of four byte products.
+#[inline(always)]
+unsafe fn lane_sum16(mags: __m512i, neg: __mmask64, j: usize, y: &BlockQ8_0) -> __m512i {
+    let y4 = _mm512_set1_epi32(std::ptr::read_unaligned(
+        y.qs.as_ptr().add(4 * j) as *const i32
+    ));
+    let sy = _mm512_mask_sub_epi8(y4, neg, _mm512_setzero_si512(), y4);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), mags, sy)
+}
+
+#[inline(always)]
+unsafe fn block_scale16<B: Blocks16>(w: &B, b: usize, y: &BlockQ8_0) -> __m512 {
+    _mm512_mul_ps(w.scales(b), _mm512_set1_ps(h2f(y.d)))
+}
+
+/// [`chain`] on 16 lanes.
+#[inline(always)]
+unsafe fn chain16<B: Blocks16>(w: &B, a: &[BlockQ8_0], first: usize, step: usize) -> [__m512; 8] {
+    let mut acc = [_mm512_setzero_ps(); 8];
+    for b in (first..a.len()).step_by(step) {
+        let (y, d) = (&a[b], block_scale16(w, b, &a[b]));
+        for c in 0..4 {
+            let [(ml, nl), (mh, nh)] = w.pair(b, c);
+            let (plo, phi) = (lane_sum16(ml, nl, c, y), lane_sum16(mh, nh, 4 + c, y));
+            acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(plo), acc[c]);
+            acc[4 + c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(phi), acc[4 + c]);
         }
-        let even = a.len() & !1;
-        let e = self.chain(&a[..even], 0, 2);
-        let o = self.chain(&a[..even], 1, 2);
-        let mut sum = e;
-        for j in 0..8 {
-            sum[j] = _mm512_add_ps(sum[j], o[j]);
-        }
-        let mut r = reduce512(&sum);
-        if even < a.len() {
-            let y = &a[even];
-            let mut sumi = _mm512_setzero_si512();
-            for j in 0..8 {
-                sumi = _mm512_add_epi32(sumi, self.lane_sum(even, j, y));
-            }
-            r = _mm512_fmadd_ps(self.block_scale(even, y), _mm512_cvtepi32_ps(sumi), r);
-        }
-        _mm512_storeu_ps(out.as_mut_ptr(), r);
     }
+    acc
+}
+
+/// [`dot_with`] on 16 lanes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_512<B: Blocks16>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 16]) {
+    if !two {
+        _mm512_storeu_ps(out.as_mut_ptr(), reduce512(&chain16(w, a, 0, 1)));
+        return;
+    }
+    let even = a.len() & !1;
+    let e = chain16(w, &a[..even], 0, 2);
+    let o = chain16(w, &a[..even], 1, 2);
+    let mut sum = e;
+    for j in 0..8 {
+        sum[j] = _mm512_add_ps(sum[j], o[j]);
+    }
+    let mut r = reduce512(&sum);
+    if even < a.len() {
+        let y = &a[even];
+        let mut sumi = _mm512_setzero_si512();
+        for c in 0..4 {
+            let [(ml, nl), (mh, nh)] = w.pair(even, c);
+            sumi = _mm512_add_epi32(sumi, lane_sum16(ml, nl, c, y));
+            sumi = _mm512_add_epi32(sumi, lane_sum16(mh, nh, 4 + c, y));
+        }
+        r = _mm512_fmadd_ps(block_scale16(w, even, y), _mm512_cvtepi32_ps(sumi), r);
+    }
+    _mm512_storeu_ps(out.as_mut_ptr(), r);
+}
+
+/// Two 8-lane halves of f32 as one 16-lane vector.
+#[inline(always)]
+unsafe fn join512_ps(lo: __m256, hi: __m256) -> __m512 {
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+        _mm256_castps_pd(hi),
+    ))
 }
 
 /// Two 8-lane halves as one 16-lane vector.
