@@ -254,11 +254,11 @@ impl Interleaved for Chunked {
                     for (pair, res) in pairs.zip(out.chunks_exact_mut(2 * GROUP_ROWS)) {
                         let res = res.try_into().expect("two groups of lanes");
                         packed::dot16(kind, two, &pair[..gb], &pair[gb..], &acts, res);
-                        done += 1;
+                        done += 2;
                     }
                 }
                 let rest = w.chunks_exact(gb).zip(out.chunks_exact_mut(GROUP_ROWS));
-                for (g, res) in rest.skip(2 * done) {
+                for (g, res) in rest.skip(done) {
                     packed::dot(self.isa, kind, two, g, &acts, lanes(res));
                 }
                 return Ok(());

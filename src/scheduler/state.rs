@@ -152,14 +152,15 @@ impl<B: Backend + 'static> Worker<B> {
         }
     }
 
+    /// Where `--slot-persist` keeps the slots, when it is on.
+    fn persist_dir(&self) -> Option<PathBuf> {
+        let s = &self.states;
+        s.slot_save_path.clone().filter(|_| s.persist)
+    }
+
     /// `--slot-persist` at start-up: each slot's saved state, if any.
     pub(super) fn restore_persisted(&mut self) {
-        let Some(dir) = self
-            .states
-            .slot_save_path
-            .clone()
-            .filter(|_| self.states.persist)
-        else {
+        let Some(dir) = self.persist_dir() else {
             return;
         };
         for i in 0..self.slots.len() {
@@ -176,12 +177,7 @@ impl<B: Backend + 'static> Worker<B> {
     /// (one holding none removes its old file, which no longer says what
     /// the slot held).
     pub(super) fn persist(&mut self) {
-        let Some(dir) = self
-            .states
-            .slot_save_path
-            .clone()
-            .filter(|_| self.states.persist)
-        else {
+        let Some(dir) = self.persist_dir() else {
             return;
         };
         for i in 0..self.slots.len() {

@@ -407,24 +407,23 @@ impl Decoded16 {
             self.neg.resize(nb * 8, 0);
             self.scales.resize(nb, _mm512_setzero_ps());
             match kind {
-                Kind::Q8_0 => self.decode_512(&Raw::<0>::new(g0), &Raw::<0>::new(g1), nb),
-                Kind::Q4_0 => self.decode_512(&Raw::<1>::new(g0), &Raw::<1>::new(g1), nb),
-                Kind::Iq4Nl => self.decode_512(&Raw::<2>::new(g0), &Raw::<2>::new(g1), nb),
-                Kind::Mxfp4 => self.decode_512(&Raw::<3>::new(g0), &Raw::<3>::new(g1), nb),
+                Kind::Q8_0 => self.decode_512(&Raw16::<0>::new(g0, g1), nb),
+                Kind::Q4_0 => self.decode_512(&Raw16::<1>::new(g0, g1), nb),
+                Kind::Iq4Nl => self.decode_512(&Raw16::<2>::new(g0, g1), nb),
+                Kind::Mxfp4 => self.decode_512(&Raw16::<3>::new(g0, g1), nb),
             }
         }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn decode_512<const K: usize>(&mut self, r0: &Raw<K>, r1: &Raw<K>, nb: usize) {
+    unsafe fn decode_512<const K: usize>(&mut self, raw: &Raw16<K>, nb: usize) {
         for b in 0..nb {
-            let (s0, s1) = (r0.scales(b), r1.scales(b));
-            self.scales[b] = join512_ps(s0, s1);
+            self.scales[b] = raw.scales(b);
             for c in 0..4 {
-                let ((lo0, hi0), (lo1, hi1)) = (r0.pair(b, c), r1.pair(b, c));
-                for (j, v) in [(c, join512(lo0, lo1)), (4 + c, join512(hi0, hi1))] {
-                    self.mags[8 * b + j] = _mm512_abs_epi8(v);
-                    self.neg[8 * b + j] = _mm512_movepi8_mask(v);
+                let [lo, hi] = raw.pair(b, c);
+                for (j, (m, n)) in [(c, lo), (4 + c, hi)] {
+                    self.mags[8 * b + j] = m;
+                    self.neg[8 * b + j] = n;
                 }
             }
         }
