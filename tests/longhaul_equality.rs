@@ -313,10 +313,21 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
     );
 }
 
-/// The interleaved weight layout (`--repack`, `quant::layout`) changes no
-/// bit: on Q8_0 fixtures and gpt-oss with MXFP4 experts, resident with repacked weights and longhaul with
-/// repacked slots (filled on the reading threads, or by the blocking path
-/// that prefetch uses) give the logits and tokens of the GGUF layout.
+/// The interleaved weight layout (`--repack`, `quant::layout`) in resident
+/// tensors and in longhaul slots (filled on the reading threads, or by the
+/// blocking path that prefetch uses):
+/// - Q8_0, which ggml does not repack on x86, keeps the bits of the GGUF
+///   layout;
+/// - Q4_0 (a synthetic model, Q4_0 throughout)
+///   and MXFP4 (gpt-oss's experts) take ggml's repack order, as llama.cpp
+///   does at its defaults: the prompt's logits stay near the GGUF layout's
+///   (the same products, summed per block in integers before one FMA rather
+///   than in eight FMA lanes; MXFP4's power-of-two scales leave these tiny
+///   sums exact in both orders), and longhaul's slots give the bits of the
+///   repacked resident model. The bound, NMSE <= 1e-3: random routers turn
+///   last-bit differences into other experts, and llama.cpp's own logits
+///   with `--repack` on and off differ by NMSE 2.4e-4 on the demo model at
+///   Q4_0 (tools/llama_logits.cpp --repack on|off, 40 prompt tokens).
 #[test]
 fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
     use longhaul::model::LoadOptions;
@@ -326,13 +337,25 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
         return;
     }
     let open = |p: &Path| Arc::new(gguf::Model::open(p).expect("open"));
-    for stem in [
+    let synth_path =
+        std::env::temp_dir().join(format!("longhaul-repack-q4_0-{}.gguf", std::process::id()));
+    let spec = longhaul::synth::SynthSpec {
+        expert_type: GgmlType::Q4_0,
+        dense_type: GgmlType::Q4_0,
+        ..longhaul::synth::SynthSpec::tiny()
+    };
+    longhaul::synth::write(&spec, &synth_path).expect("synthetic model");
+    let mut cases: Vec<(&str, std::path::PathBuf)> = [
         "llama-moe-q8_0",
         "qwen3moe-q8_0",
         "deepseek2-q8_0",
         "gpt-oss-mxfp4",
-    ] {
-        let path = fixture(&format!("{stem}.gguf"));
+    ]
+    .iter()
+    .map(|&stem| (stem, fixture(&format!("{stem}.gguf"))))
+    .collect();
+    cases.push(("synthetic-q4_0", synth_path.clone()));
+    for (stem, path) in cases {
         let file = open(&path);
         // The fixture's experts and attention take the layout, or this
         // test would compare the plain layout with itself.
@@ -353,13 +376,40 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
         let plain = Model::load_opts(CpuBackend::new(), file.clone(), opts(true, None), None)
             .expect("load");
         assert_eq!(plain.repacked_bytes, 0);
-        let (want_logits, want_tokens) = run(&plain);
+        let (plain_logits, plain_tokens) = run(&plain);
         let repacked = Model::load_opts(CpuBackend::new(), file.clone(), opts(false, None), None)
             .expect("load");
         assert!(repacked.repacked_bytes > 0, "{stem}: nothing was repacked");
-        let (logits, tokens) = run(&repacked);
-        assert_eq!(tokens, want_tokens, "{stem}: repacked resident tokens");
-        assert_bits_eq(&logits, &want_logits, &format!("{stem} repacked resident"));
+        let (want_logits, want_tokens) = run(&repacked);
+        if stem.ends_with("q8_0") {
+            assert_eq!(
+                want_tokens, plain_tokens,
+                "{stem}: repacked resident tokens"
+            );
+            assert_bits_eq(
+                &want_logits,
+                &plain_logits,
+                &format!("{stem} repacked resident"),
+            );
+        } else {
+            // The prompt's logits (greedy steps may part ways at a near tie).
+            let prompt = 40 * repacked.hp.n_vocab;
+            let (mut num, mut den) = (0f64, 0f64);
+            for (a, b) in want_logits[..prompt].iter().zip(&plain_logits[..prompt]) {
+                num += (*a as f64 - *b as f64).powi(2);
+                den += (*b as f64).powi(2);
+            }
+            let nmse = num / den;
+            eprintln!("{stem}: repacked vs GGUF layout NMSE {nmse:.3e}");
+            assert!(
+                nmse > 0.0 || stem.ends_with("mxfp4"),
+                "{stem}: ggml's repack order changed nothing"
+            );
+            assert!(
+                nmse <= 1e-3,
+                "{stem}: repacked vs GGUF layout NMSE {nmse:.3e}"
+            );
+        }
         let (n_layers, expert_bytes) = plain.expert_slot_cost().expect("cost");
         for (slots, prefetch) in [(1, false), (plain.hp.n_expert / 2, true)] {
             let cfg = LonghaulConfig {
@@ -382,6 +432,7 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
             assert_bits_eq(&logits, &want_logits, &label);
         }
     }
+    let _ = std::fs::remove_file(&synth_path);
 }
 
 fn assert_bits_eq(got: &[f32], want: &[f32], label: &str) {

@@ -702,6 +702,66 @@ fn unbase64(s: &str) -> Vec<u8> {
 }
 
 #[test]
+fn interleaved_weights_equal_ggml_repack_bit_for_bit() {
+    // ggml's own CPU_REPACK products (llama.cpp's default `--repack`;
+    // tools/ggml_repack_goldens.cpp): Q4_0, IQ4_NL and MXFP4 at 24 rows
+    // (AVX-512 gemm pairs and tail), as a mat-vec (its gemv) and for 9
+    // activation rows (two 4-row gemm tiles and a gemv row). Its x86 repack
+    // kernels sum each block in integers and take one FMA per block, on
+    // AVX2 and AVX-512 alike, so the bits hold on every CPU with the
+    // interleaved kernels.
+    use longhaul::quant::layout;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("tests/goldens/quant/ggml_repack.json")).unwrap(),
+    )
+    .unwrap();
+    let (k, m) = (
+        doc["k"].as_u64().unwrap() as usize,
+        doc["m"].as_u64().unwrap() as usize,
+    );
+    let mut checked = 0;
+    for case in doc["cases"].as_array().unwrap() {
+        let name = case["type"].as_str().unwrap();
+        let ty = SUPPORTED_TYPES
+            .iter()
+            .copied()
+            .find(|t| t.to_string() == name)
+            .unwrap();
+        let Some(il) = layout::for_matrix(ty, m) else {
+            eprintln!("{ty}: no interleaved kernels on this CPU");
+            continue;
+        };
+        let mut w = unbase64(case["w"].as_str().unwrap());
+        il.interleave(k, &mut w).unwrap();
+        for p in case["products"].as_array().unwrap() {
+            let n = p["n"].as_u64().unwrap() as usize;
+            let x = f32s(&unbase64(p["x"].as_str().unwrap()));
+            let want = f32s(&unbase64(p["y"].as_str().unwrap()));
+            let mut acts = Vec::new();
+            for row in x.chunks_exact(k) {
+                let mut q = Vec::new();
+                quantize_activations(GgmlType::Q8_0, row, &mut q).unwrap();
+                acts.extend_from_slice(&q);
+            }
+            let mut got = vec![f32::NAN; m * n];
+            il.dot_tile(k, &w, &acts, &mut got).unwrap();
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{ty} n={n} out {i} (activation row {}, weight row {}): {g} vs ggml {e}",
+                    i / m,
+                    i % m
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked == 0 || checked == 6, "{checked} products checked");
+}
+
+#[test]
 fn cpu_matmuls_equal_llamacpp_bit_for_bit() {
     // llama.cpp's own products on the iqmoe fixtures (tools/matmul_goldens.py,
     // from its graph at the exact path, no repack): the Q4_K projection and

@@ -20,8 +20,12 @@
 //   --kv f16|f32      K and V cache type (llama.cpp's -ctk/-ctv)    default f32
 //                   (llama.cpp's own defaults are --fa auto --kv f16; the tool's
 //                   defaults are the exact path the older goldens were made with)
+//   --repack on|off   llama.cpp's --repack (its default: on): ggml's CPU_REPACK
+//                   (and, where built, AMX) buffers for the types they take  default off
+//                   (on an AMX-reporting VM that cannot run AMX, put a ggml-cpu built
+//                   without AMX first on LD_LIBRARY_PATH)
 // Fixed settings: one batch for the whole prompt with logits for every position,
-// no weight repacking (use_extra_bufts=false), CPU only.
+// CPU only.
 #include "llama.h"
 
 #include <algorithm>
@@ -88,7 +92,7 @@ int main(int argc, char ** argv) {
     }
     const char * model_path = argv[1];
     int n_predict = 32, n_threads = 2, n_ctx = 256, top_k = 0;
-    std::string logits_mode = "all", fa = "off", kv = "f32";
+    std::string logits_mode = "all", fa = "off", kv = "f32", repack = "off";
     std::vector<Prompt> prompts;
     for (int i = 2; i < argc; i++) {
         std::string a = argv[i];
@@ -103,6 +107,7 @@ int main(int argc, char ** argv) {
         else if (a == "--logits") logits_mode = next();
         else if (a == "--fa") fa = next();
         else if (a == "--kv") kv = next();
+        else if (a == "--repack") repack = next();
         else if (a == "--text") { Prompt p; p.is_text = true; p.text = next(); prompts.push_back(p); }
         else if (a == "--tokens") {
             Prompt p; p.is_text = false;
@@ -120,13 +125,14 @@ int main(int argc, char ** argv) {
 
     if (fa != "on" && fa != "off" && fa != "auto") { fprintf(stderr, "--fa takes on, off or auto\n"); return 2; }
     if (kv != "f16" && kv != "f32") { fprintf(stderr, "--kv takes f16 or f32\n"); return 2; }
+    if (repack != "on" && repack != "off") { fprintf(stderr, "--repack takes on or off\n"); return 2; }
 
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    mp.use_extra_bufts = false;
+    mp.use_extra_bufts = repack == "on";
     llama_model * model = llama_model_load_from_file(model_path, mp);
     if (!model) { fprintf(stderr, "failed to load %s\n", model_path); return 1; }
     const llama_vocab * vocab = llama_model_get_vocab(model);
@@ -152,8 +158,9 @@ int main(int argc, char ** argv) {
     printf("{\"model\":");
     print_json_string(model_path);
     printf(",\"n_vocab\":%d,\"add_bos\":%s,\"settings\":{\"n_threads\":%d,\"n_ctx\":%d,"
-           "\"flash_attn\":\"%s\",\"type_kv\":\"%s\",\"use_extra_bufts\":false},\"prompts\":[",
-           n_vocab, llama_vocab_get_add_bos(vocab) ? "true" : "false", n_threads, n_ctx, fa.c_str(), kv.c_str());
+           "\"flash_attn\":\"%s\",\"type_kv\":\"%s\",\"use_extra_bufts\":%s},\"prompts\":[",
+           n_vocab, llama_vocab_get_add_bos(vocab) ? "true" : "false", n_threads, n_ctx, fa.c_str(), kv.c_str(),
+           repack == "on" ? "true" : "false");
 
     for (size_t pi = 0; pi < prompts.size(); pi++) {
         Prompt & p = prompts[pi];

@@ -7,11 +7,21 @@
 //! holds the same four bytes of all eight rows. Its kernels put one row in
 //! each of the eight f32 lanes: a block's scales become one `vcvtph2ps`, an
 //! activation's four bytes are broadcast once for eight rows, and the
-//! result needs no horizontal sum per row. They keep the bits of the plain
-//! kernels: lane `j` of the plain 8-lane chain (bytes `4j..4j + 4` of a
-//! block) becomes accumulator `j` here, with row `r` in lane `r`, and the
-//! final `hsum` tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` is
-//! the same adds on whole vectors.
+//! result needs no horizontal sum per row. Their numerics are llama.cpp's at
+//! its defaults (`--repack` on), where ggml's CPU repack interleaves the
+//! same matrices:
+//!
+//! - Q4_0, IQ4_NL and MXFP4 sum as ggml's x86 repack kernels do: per block
+//!   and row, the 32 products in integers, then one
+//!   `acc = fma(f32(sum), d_w * d_a, acc)`. This is not the plain kernels'
+//!   order (ggml's `vec_dot` runs eight FMA lanes per block and a final
+//!   horizontal sum), so these results differ from the plain layout's in
+//!   the last bits, as llama.cpp's do between `--repack` on and off.
+//! - Q8_0, which ggml does not repack on x86, keeps the plain kernels' bits:
+//!   lane `j` of the plain 8-lane chain (bytes `4j..4j + 4` of a block)
+//!   becomes accumulator `j` here, with row `r` in lane `r`, and the final
+//!   `hsum` tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` is the
+//!   same adds on whole vectors.
 //!
 //! A group of `b`-byte blocks (a scale first: `f16`, or MXFP4's one-byte
 //! `e8m0`; then quant bytes) is laid out block by block: the eight rows'
@@ -42,8 +52,8 @@ pub trait Interleaved: Send + Sync {
     fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError>;
     /// `out[t * n_rows + r]`: interleaved weight row `r` of `w` (whole
     /// groups) against activation row `t` of `acts` (rows of `k` values in
-    /// the type's activation format), the bits of the plain
-    /// [`QuantOps::vec_dot_tile_batch`] for the same rows.
+    /// the type's activation format), in the order of llama.cpp's kernels
+    /// for the type at its defaults (module docs).
     fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32]) -> Result<(), QuantError>;
 }
 
@@ -230,15 +240,7 @@ impl Interleaved for Chunked {
                 super::cast_or_copy(act_ty, "interleaved activations", acts)?;
             use super::simd_x86::packed;
             let gb = nb * bb * GROUP_ROWS;
-            // The plain kernels' chains: IQ4_NL's `vec_dot` (one activation
-            // row) and MXFP4's have two (even and odd blocks); tinyBLAS's
-            // IQ4_NL tile (several rows) has one.
             let n_acts = acts.len() / nb.max(1);
-            let two = match self.ty {
-                GgmlType::MXFP4 => true,
-                GgmlType::IQ4_NL => n_acts == 1,
-                _ => false,
-            };
             let kind = match self.ty {
                 GgmlType::Q8_0 => packed::Kind::Q8_0,
                 GgmlType::Q4_0 => packed::Kind::Q4_0,
@@ -253,13 +255,13 @@ impl Interleaved for Chunked {
                     let pairs = w.chunks_exact(2 * gb);
                     for (pair, res) in pairs.zip(out.chunks_exact_mut(2 * GROUP_ROWS)) {
                         let res = res.try_into().expect("two groups of lanes");
-                        packed::dot16(kind, two, &pair[..gb], &pair[gb..], &acts, res);
+                        packed::dot16(kind, &pair[..gb], &pair[gb..], &acts, res);
                         done += 2;
                     }
                 }
                 let rest = w.chunks_exact(gb).zip(out.chunks_exact_mut(GROUP_ROWS));
                 for (g, res) in rest.skip(done) {
-                    packed::dot(self.isa, kind, two, g, &acts, lanes(res));
+                    packed::dot(self.isa, kind, g, &acts, lanes(res));
                 }
                 return Ok(());
             }
@@ -273,7 +275,7 @@ impl Interleaved for Chunked {
                     for (t, a) in acts.chunks_exact(nb).enumerate() {
                         let at = t * n_rows + pi * 2 * GROUP_ROWS;
                         let o = &mut out[at..at + 2 * GROUP_ROWS];
-                        dec.dot(two, a, o.try_into().expect("two groups of lanes"));
+                        dec.dot(a, o.try_into().expect("two groups of lanes"));
                     }
                     done += 2;
                 }
@@ -283,7 +285,7 @@ impl Interleaved for Chunked {
                 dec.decode(kind, g, nb);
                 for (t, a) in acts.chunks_exact(nb).enumerate() {
                     let at = t * n_rows + gi * GROUP_ROWS;
-                    dec.dot(self.isa, two, a, lanes(&mut out[at..at + GROUP_ROWS]));
+                    dec.dot(self.isa, a, lanes(&mut out[at..at + GROUP_ROWS]));
                 }
             }
             Ok(())
@@ -415,8 +417,47 @@ mod tests {
         sets
     }
 
+    /// ggml's x86 repack kernels (`gemv_q4_b32_8x8_q8_0_lut_avx` and its
+    /// gemm) in scalar form, on plain rows: per row, activation row and
+    /// block, the 32 products summed in integers, then
+    /// `acc = fma(f32(sum), d_w * d_a, acc)`. `out[t * rows + r]`.
+    fn ggml_repack_order(ty: GgmlType, k: usize, w: &[u8], a: &[u8]) -> Vec<f32> {
+        use crate::quant::common::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
+        let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        let (nb, bb) = (k / 32, ty.type_size());
+        let (rows, n) = (w.len() / (nb * bb), a.len() / (nb * 34));
+        let mut out = vec![0f32; rows * n];
+        for t in 0..n {
+            for r in 0..rows {
+                let mut acc = 0f32;
+                for b in 0..nb {
+                    let blk = &w[(r * nb + b) * bb..][..bb];
+                    let act = &a[(t * nb + b) * 34..][..34];
+                    let (d_w, qs) = match ty {
+                        GgmlType::MXFP4 => (e8m0_to_f32_half(blk[0]), &blk[1..]),
+                        _ => (f16(blk), &blk[2..]),
+                    };
+                    let value = |i: usize| {
+                        let q = if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 };
+                        match ty {
+                            GgmlType::IQ4_NL => KVALUES_IQ4NL[q as usize] as i32,
+                            GgmlType::MXFP4 => KVALUES_MXFP4[q as usize] as i32,
+                            _ => q as i32 - 8,
+                        }
+                    };
+                    let sum: i32 = (0..32).map(|i| value(i) * act[2 + i] as i8 as i32).sum();
+                    acc = (sum as f32).mul_add(d_w * f16(act), acc);
+                }
+                out[t * rows + r] = acc;
+            }
+        }
+        out
+    }
+
     #[test]
-    fn interleaved_kernels_give_the_bits_of_the_plain_kernels() {
+    fn interleaved_kernels_give_the_bits_of_llamacpps_kernels_at_its_defaults() {
+        // Q8_0 (not repacked by ggml on x86): the plain kernels' bits; the
+        // 4-bit types: ggml's repack order.
         for (ty, caps) in TYPES
             .iter()
             .flat_map(|&t| kernel_sets().into_iter().map(move |c| (t, c)))
@@ -433,7 +474,9 @@ mod tests {
                     let a = acts(op.act_type(), k, n, n as u64);
                     let mut want = vec![0f32; rows * n];
                     let mut got = vec![f32::NAN; rows * n];
-                    if n == 1 {
+                    if ty != GgmlType::Q8_0 {
+                        want = ggml_repack_order(ty, k, &plain, &a);
+                    } else if n == 1 {
                         op.vec_dot_rows(k, &plain, &a, &mut want).unwrap();
                     } else {
                         op.vec_dot_tile_batch(k, &plain, &a, &mut want, n).unwrap();

@@ -68,6 +68,10 @@ impl LaneSums for Vnni {
     unsafe fn u8_i8(x: __m256i, y: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
     }
+    #[inline(always)]
+    unsafe fn u8_i8_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, x, y)
+    }
 }
 
 /// `ggml_vec_dot_q8_0_q8_0` as ggml's AVX-512 VNNI build runs it: one block

@@ -94,6 +94,8 @@ pub(super) trait LaneSums {
     unsafe fn i8_pairs(x: __m256i, y: __m256i) -> __m256i;
     /// Unsigned `x` (< 128) by signed `y`.
     unsafe fn u8_i8(x: __m256i, y: __m256i) -> __m256i;
+    /// `acc + u8_i8(x, y)`, lane by lane.
+    unsafe fn u8_i8_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i;
 }
 
 /// [`LaneSums`] with AVX2 instructions.
@@ -106,6 +108,10 @@ impl LaneSums for Madd {
     #[inline(always)]
     unsafe fn u8_i8(x: __m256i, y: __m256i) -> __m256i {
         mul_sum_u8_i8(x, y)
+    }
+    #[inline(always)]
+    unsafe fn u8_i8_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, mul_sum_u8_i8(x, y))
     }
 }
 

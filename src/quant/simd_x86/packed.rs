@@ -3,11 +3,20 @@
 //! AVX-512 VNNI CPUs the same bodies sum each lane's byte products with one
 //! `vpdpbusd` ([`LaneSums`]: the same integers, so the same bits).
 //!
-//! Accumulator `j` is lane `j` of the plain kernel's 8-lane chain (bytes
-//! `4j..4j + 4` of each block, as `mul_sum_i8_pairs` sums them), fed by the
-//! same exact integers and the same `fma(d, sum, acc)` per block, and the
-//! eight are reduced by `hsum_ps`'s tree on whole vectors: each lane's result
-//! is the plain kernel's bits for its row.
+//! Two summation orders, each the one llama.cpp runs at its defaults
+//! (`--repack` on) for the type:
+//!
+//! - Q8_0, which ggml's CPU repack leaves alone on x86, keeps `vec_dot`'s:
+//!   accumulator `j` is lane `j` of the plain kernel's 8-lane chain (bytes
+//!   `4j..4j + 4` of each block, as `mul_sum_i8_pairs` sums them), fed by
+//!   the same exact integers and the same `fma(d, sum, acc)` per block, and
+//!   the eight are reduced by `hsum_ps`'s tree on whole vectors: each lane's
+//!   result is the plain kernel's bits for its row.
+//! - Q4_0, IQ4_NL and MXFP4, which ggml repacks into its `*_8x8` blocks
+//!   whenever a matrix has whole groups of 8 rows, take the order of its
+//!   x86 repack kernels (`gemv_q4_b32_8x8_q8_0_lut_avx` and the gemm beside
+//!   it, AVX2 and AVX-512 alike): a block's 32 products summed in integers,
+//!   then one `acc = fma(f32(sum), d_w * d_a, acc)` per block and row.
 
 use super::super::common::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::super::BlockQ8_0;
@@ -57,10 +66,9 @@ pub(crate) enum Isa {
 }
 
 /// Eight rows (`g`: one interleaved group of `a.len()` blocks per row)
-/// against `a`, decoding each block in place; `two`: the plain kernel's two
-/// chains (even and odd blocks, an odd last block by the scalar tail)
-/// rather than one.
-pub(crate) fn dot(isa: Isa, kind: Kind, two: bool, g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
+/// against `a`, decoding each block in place, in the kind's order (module
+/// docs).
+pub(crate) fn dot(isa: Isa, kind: Kind, g: &[u8], a: &[BlockQ8_0], out: &mut [f32; 8]) {
     assert!(
         g.len() >= a.len() * kind.group_block(),
         "interleaved group too short"
@@ -70,19 +78,19 @@ pub(crate) fn dot(isa: Isa, kind: Kind, two: bool, g: &[u8], a: &[BlockQ8_0], ou
     // bounds are checked above.
     unsafe {
         match kind {
-            Kind::Q8_0 => dot_isa(isa, &Raw::<0>::new(g), two, a, out),
-            Kind::Q4_0 => dot_isa(isa, &Raw::<1>::new(g), two, a, out),
-            Kind::Iq4Nl => dot_isa(isa, &Raw::<2>::new(g), two, a, out),
-            Kind::Mxfp4 => dot_isa(isa, &Raw::<3>::new(g), two, a, out),
+            Kind::Q8_0 => dot_isa(isa, &Raw::<0>::new(g), kind, a, out),
+            Kind::Q4_0 => dot_isa(isa, &Raw::<1>::new(g), kind, a, out),
+            Kind::Iq4Nl => dot_isa(isa, &Raw::<2>::new(g), kind, a, out),
+            Kind::Mxfp4 => dot_isa(isa, &Raw::<3>::new(g), kind, a, out),
         }
     }
 }
 
 #[inline(always)]
-unsafe fn dot_isa<B: Blocks>(isa: Isa, w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+unsafe fn dot_isa<B: Blocks>(isa: Isa, w: &B, kind: Kind, a: &[BlockQ8_0], out: &mut [f32; 8]) {
     match isa {
-        Isa::Avx2 => dot_avx2(w, two, a, out),
-        Isa::Vnni => dot_vnni(w, two, a, out),
+        Isa::Avx2 => dot_avx2(w, kind, a, out),
+        Isa::Vnni => dot_vnni(w, kind, a, out),
     }
 }
 
@@ -95,6 +103,8 @@ pub(crate) struct Decoded {
     vals: Vec<__m256i>,
     /// `[block]`: the rows' weight scales.
     scales: Vec<__m256>,
+    /// The decoded kind.
+    kind: Kind,
 }
 
 impl Decoded {
@@ -102,6 +112,7 @@ impl Decoded {
         Self {
             vals: Vec::new(),
             scales: Vec::new(),
+            kind: Kind::Q8_0,
         }
     }
 
@@ -115,6 +126,7 @@ impl Decoded {
         unsafe {
             self.vals.resize(nb * 16, _mm256_setzero_si256());
             self.scales.resize(nb, _mm256_setzero_ps());
+            self.kind = kind;
             let (vals, scales) = (&mut self.vals, &mut self.scales);
             match kind {
                 Kind::Q8_0 => decode_avx2(&Raw::<0>::new(g), nb, vals, scales),
@@ -125,12 +137,12 @@ impl Decoded {
         }
     }
 
-    /// Eight rows against activation row `a` (the decoded blocks), with
-    /// `two` chains as [`dot`]'s.
-    pub(crate) fn dot(&self, isa: Isa, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    /// Eight rows against activation row `a` (the decoded blocks), in
+    /// [`dot`]'s order.
+    pub(crate) fn dot(&self, isa: Isa, a: &[BlockQ8_0], out: &mut [f32; 8]) {
         assert!(self.scales.len() >= a.len(), "decoded group too short");
         // SAFETY: as in `dot`; lengths checked above.
-        unsafe { dot_isa(isa, self, two, a, out) }
+        unsafe { dot_isa(isa, self, self.kind, a, out) }
     }
 }
 
@@ -266,10 +278,11 @@ unsafe fn act_chunk(y: &BlockQ8_0, j: usize) -> __m256i {
     ))
 }
 
-/// Chunk `j` (values `v`) of block `b` against activation block `y`: each
-/// row's exact `mul_sum_i8_pairs` (|w| by sign(y, w)).
+/// Chunk `j` (values `v`) of block `b` against activation block `y`, added
+/// to `acc`: each row's exact `mul_sum_i8_pairs` (|w| by sign(y, w)).
 #[inline(always)]
 unsafe fn lane_sum<S: LaneSums, B: Blocks>(
+    acc: __m256i,
     w: &B,
     b: usize,
     j: usize,
@@ -277,7 +290,7 @@ unsafe fn lane_sum<S: LaneSums, B: Blocks>(
     y: &BlockQ8_0,
 ) -> __m256i {
     let sy = _mm256_sign_epi8(act_chunk(y, j), v);
-    S::u8_i8(w.magnitudes(b, j, v), sy)
+    S::u8_i8_acc(acc, w.magnitudes(b, j, v), sy)
 }
 
 /// The eight rows' `d_w * d_a` of block `b` (the plain kernels' scalar
@@ -287,27 +300,40 @@ unsafe fn block_scale<B: Blocks>(w: &B, b: usize, y: &BlockQ8_0) -> __m256 {
     _mm256_mul_ps(w.scales(b), _mm256_set1_ps(h2f(y.d)))
 }
 
-/// One FMA chain over blocks `first, first + step, ..` of `a`: the eight
-/// lane accumulators.
+/// `vec_dot`'s order: one FMA chain per lane chunk over the blocks of `a`,
+/// reduced by `hsum_ps`'s tree.
 #[inline(always)]
-unsafe fn chain<S: LaneSums, B: Blocks>(
-    w: &B,
-    a: &[BlockQ8_0],
-    first: usize,
-    step: usize,
-) -> [__m256; 8] {
+unsafe fn lane_chains<S: LaneSums, B: Blocks>(w: &B, a: &[BlockQ8_0]) -> __m256 {
     let mut acc = [_mm256_setzero_ps(); 8];
-    for b in (first..a.len()).step_by(step) {
-        let (y, d) = (&a[b], block_scale(w, b, &a[b]));
+    let zero = _mm256_setzero_si256();
+    for (b, y) in a.iter().enumerate() {
+        let d = block_scale(w, b, y);
         for c in 0..4 {
             let (lo, hi) = w.pair(b, c);
             let (plo, phi) = (
-                lane_sum::<S, B>(w, b, c, lo, y),
-                lane_sum::<S, B>(w, b, 4 + c, hi, y),
+                lane_sum::<S, B>(zero, w, b, c, lo, y),
+                lane_sum::<S, B>(zero, w, b, 4 + c, hi, y),
             );
             acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(plo), acc[c]);
             acc[4 + c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(phi), acc[4 + c]);
         }
+    }
+    reduce(&acc)
+}
+
+/// ggml's repack order: per block, the 32 products summed in integers,
+/// then one `fma(f32(sum), d_w * d_a, acc)`.
+#[inline(always)]
+unsafe fn block_sums<S: LaneSums, B: Blocks>(w: &B, a: &[BlockQ8_0]) -> __m256 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, y) in a.iter().enumerate() {
+        let mut sum = _mm256_setzero_si256();
+        for c in 0..4 {
+            let (lo, hi) = w.pair(b, c);
+            sum = lane_sum::<S, B>(sum, w, b, c, lo, y);
+            sum = lane_sum::<S, B>(sum, w, b, 4 + c, hi, y);
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), block_scale(w, b, y), acc);
     }
     acc
 }
@@ -323,45 +349,23 @@ unsafe fn reduce(acc: &[__m256; 8]) -> __m256 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_avx2<B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
-    dot_with::<Madd, B>(w, two, a, out)
+unsafe fn dot_avx2<B: Blocks>(w: &B, kind: Kind, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    dot_with::<Madd, B>(w, kind, a, out)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_vnni<B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
-    dot_with::<Vnni, B>(w, two, a, out)
+unsafe fn dot_vnni<B: Blocks>(w: &B, kind: Kind, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    dot_with::<Vnni, B>(w, kind, a, out)
 }
 
 /// The kernel body, inlined into a `target_feature` function per
 /// [`LaneSums`].
 #[inline(always)]
-unsafe fn dot_with<S: LaneSums, B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 8]) {
-    if !two {
-        _mm256_storeu_ps(out.as_mut_ptr(), reduce(&chain::<S, B>(w, a, 0, 1)));
-        return;
-    }
-    // `lut4_pairs`: even and odd blocks in two chains, `hsum(acc1 + acc2)`;
-    // the chains are independent, so one after the other.
-    let even = a.len() & !1;
-    let e = chain::<S, B>(w, &a[..even], 0, 2);
-    let o = chain::<S, B>(w, &a[..even], 1, 2);
-    let mut sum = e;
-    for (s, o) in sum.iter_mut().zip(o) {
-        *s = _mm256_add_ps(*s, o);
-    }
-    let mut r = reduce(&sum);
-    if even < a.len() {
-        // `lut4_tail`: the odd last block, `sumf = fma(d, f32(sumi), sumf)`
-        // with the block's whole integer sum.
-        let y = &a[even];
-        let mut sumi = _mm256_setzero_si256();
-        for c in 0..4 {
-            let (lo, hi) = w.pair(even, c);
-            sumi = _mm256_add_epi32(sumi, lane_sum::<S, B>(w, even, c, lo, y));
-            sumi = _mm256_add_epi32(sumi, lane_sum::<S, B>(w, even, 4 + c, hi, y));
-        }
-        r = _mm256_fmadd_ps(block_scale(w, even, y), _mm256_cvtepi32_ps(sumi), r);
-    }
+unsafe fn dot_with<S: LaneSums, B: Blocks>(w: &B, kind: Kind, a: &[BlockQ8_0], out: &mut [f32; 8]) {
+    let r = match kind {
+        Kind::Q8_0 => lane_chains::<S, B>(w, a),
+        _ => block_sums::<S, B>(w, a),
+    };
     _mm256_storeu_ps(out.as_mut_ptr(), r);
 }
 
@@ -371,7 +375,7 @@ unsafe fn dot_with<S: LaneSums, B: Blocks>(w: &B, two: bool, a: &[BlockQ8_0], ou
 /// (`vpsignb` has no 512-bit form: the activation is negated under the mask
 /// instead, which gives the same products since `|w| = 0` where `w = 0`).
 /// Lanes 0..8 are the first group's rows, 8..16 the second's; each lane
-/// runs [`Decoded`]'s chain on the same integers, so the bits are the same.
+/// runs [`Decoded`]'s order on the same integers, so the bits are the same.
 pub(crate) struct Decoded16 {
     /// `[block][j]`: magnitudes (`8` per block).
     mags: Vec<__m512i>,
@@ -379,6 +383,8 @@ pub(crate) struct Decoded16 {
     neg: Vec<__mmask64>,
     /// `[block]`: the rows' weight scales.
     scales: Vec<__m512>,
+    /// The decoded kind.
+    kind: Kind,
 }
 
 impl Decoded16 {
@@ -387,6 +393,7 @@ impl Decoded16 {
             mags: Vec::new(),
             neg: Vec::new(),
             scales: Vec::new(),
+            kind: Kind::Q8_0,
         }
     }
 
@@ -406,6 +413,7 @@ impl Decoded16 {
             self.mags.resize(nb * 8, _mm512_setzero_si512());
             self.neg.resize(nb * 8, 0);
             self.scales.resize(nb, _mm512_setzero_ps());
+            self.kind = kind;
             match kind {
                 Kind::Q8_0 => self.decode_512(&Raw16::<0>::new(g0, g1), nb),
                 Kind::Q4_0 => self.decode_512(&Raw16::<1>::new(g0, g1), nb),
@@ -429,12 +437,11 @@ impl Decoded16 {
         }
     }
 
-    /// Sixteen rows against activation row `a`, with `two` chains as
-    /// [`dot`]'s.
-    pub(crate) fn dot(&self, two: bool, a: &[BlockQ8_0], out: &mut [f32; 16]) {
+    /// Sixteen rows against activation row `a`, in [`dot`]'s order.
+    pub(crate) fn dot(&self, a: &[BlockQ8_0], out: &mut [f32; 16]) {
         assert!(self.scales.len() >= a.len(), "decoded group too short");
         // SAFETY: as in `decode`; lengths checked above.
-        unsafe { dot_512(self, two, a, out) }
+        unsafe { dot_512(self, self.kind, a, out) }
     }
 }
 
@@ -443,14 +450,7 @@ impl Decoded16 {
 /// of [`dot`] on each group.
 ///
 /// Only where `CpuCaps::has_avx512()`.
-pub(crate) fn dot16(
-    kind: Kind,
-    two: bool,
-    g0: &[u8],
-    g1: &[u8],
-    a: &[BlockQ8_0],
-    out: &mut [f32; 16],
-) {
+pub(crate) fn dot16(kind: Kind, g0: &[u8], g1: &[u8], a: &[BlockQ8_0], out: &mut [f32; 16]) {
     let need = a.len() * kind.group_block();
     assert!(
         g0.len() >= need && g1.len() >= need,
@@ -460,10 +460,10 @@ pub(crate) fn dot16(
     // checked above.
     unsafe {
         match kind {
-            Kind::Q8_0 => dot_512(&Raw16::<0>::new(g0, g1), two, a, out),
-            Kind::Q4_0 => dot_512(&Raw16::<1>::new(g0, g1), two, a, out),
-            Kind::Iq4Nl => dot_512(&Raw16::<2>::new(g0, g1), two, a, out),
-            Kind::Mxfp4 => dot_512(&Raw16::<3>::new(g0, g1), two, a, out),
+            Kind::Q8_0 => dot_512(&Raw16::<0>::new(g0, g1), kind, a, out),
+            Kind::Q4_0 => dot_512(&Raw16::<1>::new(g0, g1), kind, a, out),
+            Kind::Iq4Nl => dot_512(&Raw16::<2>::new(g0, g1), kind, a, out),
+            Kind::Mxfp4 => dot_512(&Raw16::<3>::new(g0, g1), kind, a, out),
         }
     }
 }
@@ -526,15 +526,21 @@ impl<const K: usize> Blocks16 for Raw16<'_, K> {
     }
 }
 
-/// One chunk's 16 rows against activation block `y`'s bytes `4j..4j + 4`:
-/// each row's exact sum of four byte products.
+/// One chunk's 16 rows against activation block `y`'s bytes `4j..4j + 4`,
+/// added to `acc`: each row's exact sum of four byte products.
 #[inline(always)]
-unsafe fn lane_sum16(mags: __m512i, neg: __mmask64, j: usize, y: &BlockQ8_0) -> __m512i {
+unsafe fn lane_sum16(
+    acc: __m512i,
+    mags: __m512i,
+    neg: __mmask64,
+    j: usize,
+    y: &BlockQ8_0,
+) -> __m512i {
     let y4 = _mm512_set1_epi32(std::ptr::read_unaligned(
         y.qs.as_ptr().add(4 * j) as *const i32
     ));
     let sy = _mm512_mask_sub_epi8(y4, neg, _mm512_setzero_si512(), y4);
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), mags, sy)
+    _mm512_dpbusd_epi32(acc, mags, sy)
 }
 
 #[inline(always)]
@@ -542,47 +548,49 @@ unsafe fn block_scale16<B: Blocks16>(w: &B, b: usize, y: &BlockQ8_0) -> __m512 {
     _mm512_mul_ps(w.scales(b), _mm512_set1_ps(h2f(y.d)))
 }
 
-/// [`chain`] on 16 lanes.
+/// [`lane_chains`] on 16 lanes.
 #[inline(always)]
-unsafe fn chain16<B: Blocks16>(w: &B, a: &[BlockQ8_0], first: usize, step: usize) -> [__m512; 8] {
+unsafe fn lane_chains16<B: Blocks16>(w: &B, a: &[BlockQ8_0]) -> __m512 {
     let mut acc = [_mm512_setzero_ps(); 8];
-    for b in (first..a.len()).step_by(step) {
-        let (y, d) = (&a[b], block_scale16(w, b, &a[b]));
+    let zero = _mm512_setzero_si512();
+    for (b, y) in a.iter().enumerate() {
+        let d = block_scale16(w, b, y);
         for c in 0..4 {
             let [(ml, nl), (mh, nh)] = w.pair(b, c);
-            let (plo, phi) = (lane_sum16(ml, nl, c, y), lane_sum16(mh, nh, 4 + c, y));
+            let (plo, phi) = (
+                lane_sum16(zero, ml, nl, c, y),
+                lane_sum16(zero, mh, nh, 4 + c, y),
+            );
             acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(plo), acc[c]);
             acc[4 + c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(phi), acc[4 + c]);
         }
+    }
+    reduce512(&acc)
+}
+
+/// [`block_sums`] on 16 lanes.
+#[inline(always)]
+unsafe fn block_sums16<B: Blocks16>(w: &B, a: &[BlockQ8_0]) -> __m512 {
+    let mut acc = _mm512_setzero_ps();
+    for (b, y) in a.iter().enumerate() {
+        let mut sum = _mm512_setzero_si512();
+        for c in 0..4 {
+            let [(ml, nl), (mh, nh)] = w.pair(b, c);
+            sum = lane_sum16(sum, ml, nl, c, y);
+            sum = lane_sum16(sum, mh, nh, 4 + c, y);
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), block_scale16(w, b, y), acc);
     }
     acc
 }
 
 /// [`dot_with`] on 16 lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_512<B: Blocks16>(w: &B, two: bool, a: &[BlockQ8_0], out: &mut [f32; 16]) {
-    if !two {
-        _mm512_storeu_ps(out.as_mut_ptr(), reduce512(&chain16(w, a, 0, 1)));
-        return;
-    }
-    let even = a.len() & !1;
-    let e = chain16(w, &a[..even], 0, 2);
-    let o = chain16(w, &a[..even], 1, 2);
-    let mut sum = e;
-    for j in 0..8 {
-        sum[j] = _mm512_add_ps(sum[j], o[j]);
-    }
-    let mut r = reduce512(&sum);
-    if even < a.len() {
-        let y = &a[even];
-        let mut sumi = _mm512_setzero_si512();
-        for c in 0..4 {
-            let [(ml, nl), (mh, nh)] = w.pair(even, c);
-            sumi = _mm512_add_epi32(sumi, lane_sum16(ml, nl, c, y));
-            sumi = _mm512_add_epi32(sumi, lane_sum16(mh, nh, 4 + c, y));
-        }
-        r = _mm512_fmadd_ps(block_scale16(w, even, y), _mm512_cvtepi32_ps(sumi), r);
-    }
+unsafe fn dot_512<B: Blocks16>(w: &B, kind: Kind, a: &[BlockQ8_0], out: &mut [f32; 16]) {
+    let r = match kind {
+        Kind::Q8_0 => lane_chains16(w, a),
+        _ => block_sums16(w, a),
+    };
     _mm512_storeu_ps(out.as_mut_ptr(), r);
 }
 
