@@ -247,6 +247,14 @@ impl Interleaved for Chunked {
                 GgmlType::IQ4_NL => packed::Kind::Iq4Nl,
                 _ => packed::Kind::Mxfp4,
             };
+            // On AVX-512 the 4-bit kinds take their values as unsigned
+            // bytes (`packed::offset`), which needs each activation block's
+            // byte sum.
+            let offset = self.isa == packed::Isa::Vnni && self.ty != GgmlType::Q8_0;
+            let mut sums = Vec::new();
+            if offset {
+                packed::act_sums(&acts, &mut sums);
+            }
             if n_acts == 1 {
                 // A mat-vec: each weight byte is used once, decoded in place
                 // (on AVX-512, two groups per vector).
@@ -254,8 +262,13 @@ impl Interleaved for Chunked {
                 if self.isa == packed::Isa::Vnni {
                     let pairs = w.chunks_exact(2 * gb);
                     for (pair, res) in pairs.zip(out.chunks_exact_mut(2 * GROUP_ROWS)) {
-                        let res = res.try_into().expect("two groups of lanes");
-                        packed::dot16(kind, &pair[..gb], &pair[gb..], &acts, res);
+                        let (g0, g1, res) =
+                            (&pair[..gb], &pair[gb..], res.try_into().expect("lanes"));
+                        if offset {
+                            packed::dot16_offset(kind, g0, g1, &acts, &sums, res);
+                        } else {
+                            packed::dot16(g0, g1, &acts, res);
+                        }
                         done += 2;
                     }
                 }
@@ -266,12 +279,29 @@ impl Interleaved for Chunked {
                 return Ok(());
             }
             // Several activation rows: each group decoded once for all; on
-            // AVX-512, pairs of groups in 16 lanes.
+            // AVX-512, pairs of groups in 16 lanes (the 4-bit kinds against
+            // four activation rows at a time).
             let mut done = 0;
-            if self.isa == packed::Isa::Vnni {
-                let mut dec = packed::Decoded16::new();
+            if offset {
+                let mut dec = packed::OffsetDecoded16::new();
+                let rows: Vec<&[super::BlockQ8_0]> = acts.chunks_exact(nb).collect();
+                let row_sums: Vec<&[i32]> = sums.chunks_exact(nb).collect();
+                let mut res = [[0f32; 2 * GROUP_ROWS]; 4];
                 for (pi, pair) in w.chunks_exact(2 * gb).enumerate() {
                     dec.decode(kind, &pair[..gb], &pair[gb..], nb);
+                    for (ti, (a, s)) in rows.chunks(4).zip(row_sums.chunks(4)).enumerate() {
+                        dec.dot(a, s, &mut res[..a.len()]);
+                        for (t, r) in res[..a.len()].iter().enumerate() {
+                            let at = (4 * ti + t) * n_rows + pi * 2 * GROUP_ROWS;
+                            out[at..at + 2 * GROUP_ROWS].copy_from_slice(r);
+                        }
+                    }
+                    done += 2;
+                }
+            } else if self.isa == packed::Isa::Vnni {
+                let mut dec = packed::Decoded16::new();
+                for (pi, pair) in w.chunks_exact(2 * gb).enumerate() {
+                    dec.decode(&pair[..gb], &pair[gb..], nb);
                     for (t, a) in acts.chunks_exact(nb).enumerate() {
                         let at = t * n_rows + pi * 2 * GROUP_ROWS;
                         let o = &mut out[at..at + 2 * GROUP_ROWS];

@@ -369,8 +369,8 @@ unsafe fn dot_with<S: LaneSums, B: Blocks>(w: &B, kind: Kind, a: &[BlockQ8_0], o
     _mm256_storeu_ps(out.as_mut_ptr(), r);
 }
 
-/// Two consecutive interleaved groups (16 rows) decoded for several
-/// activation rows on AVX-512: per block, the 16 rows' weight scales and,
+/// Two consecutive interleaved Q8_0 groups (16 rows) decoded for several
+/// activation rows on AVX-512 (the 4-bit kinds: [`OffsetDecoded16`]): per block, the 16 rows' weight scales and,
 /// per lane chunk `j`, the 64 values' magnitudes with their signs as a mask
 /// (`vpsignb` has no 512-bit form: the activation is negated under the mask
 /// instead, which gives the same products since `|w| = 0` where `w = 0`).
@@ -383,8 +383,6 @@ pub(crate) struct Decoded16 {
     neg: Vec<__mmask64>,
     /// `[block]`: the rows' weight scales.
     scales: Vec<__m512>,
-    /// The decoded kind.
-    kind: Kind,
 }
 
 impl Decoded16 {
@@ -393,16 +391,15 @@ impl Decoded16 {
             mags: Vec::new(),
             neg: Vec::new(),
             scales: Vec::new(),
-            kind: Kind::Q8_0,
         }
     }
 
-    /// Decodes groups `g0` and `g1` of `nb` blocks each.
+    /// Decodes Q8_0 groups `g0` and `g1` of `nb` blocks each.
     ///
     /// Only where `CpuCaps::has_avx512()` (`layout` hands out `Isa::Vnni`
     /// only there).
-    pub(crate) fn decode(&mut self, kind: Kind, g0: &[u8], g1: &[u8], nb: usize) {
-        let need = nb * kind.group_block();
+    pub(crate) fn decode(&mut self, g0: &[u8], g1: &[u8], nb: usize) {
+        let need = nb * Kind::Q8_0.group_block();
         assert!(
             g0.len() >= need && g1.len() >= need,
             "interleaved group too short"
@@ -413,18 +410,12 @@ impl Decoded16 {
             self.mags.resize(nb * 8, _mm512_setzero_si512());
             self.neg.resize(nb * 8, 0);
             self.scales.resize(nb, _mm512_setzero_ps());
-            self.kind = kind;
-            match kind {
-                Kind::Q8_0 => self.decode_512(&Raw16::<0>::new(g0, g1), nb),
-                Kind::Q4_0 => self.decode_512(&Raw16::<1>::new(g0, g1), nb),
-                Kind::Iq4Nl => self.decode_512(&Raw16::<2>::new(g0, g1), nb),
-                Kind::Mxfp4 => self.decode_512(&Raw16::<3>::new(g0, g1), nb),
-            }
+            self.decode_512(&Raw16::new(g0, g1), nb);
         }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn decode_512<const K: usize>(&mut self, raw: &Raw16<K>, nb: usize) {
+    unsafe fn decode_512(&mut self, raw: &Raw16, nb: usize) {
         for b in 0..nb {
             self.scales[b] = raw.scales(b);
             for c in 0..4 {
@@ -441,31 +432,24 @@ impl Decoded16 {
     pub(crate) fn dot(&self, a: &[BlockQ8_0], out: &mut [f32; 16]) {
         assert!(self.scales.len() >= a.len(), "decoded group too short");
         // SAFETY: as in `decode`; lengths checked above.
-        unsafe { dot_512(self, self.kind, a, out) }
+        unsafe { dot_512(self, a, out) }
     }
 }
 
-/// Sixteen rows (`g0` then `g1`: two interleaved groups of `a.len()`
+/// Sixteen rows (`g0` then `g1`: two interleaved Q8_0 groups of `a.len()`
 /// blocks) against `a`, decoding each block in place on AVX-512; the bits
 /// of [`dot`] on each group.
 ///
 /// Only where `CpuCaps::has_avx512()`.
-pub(crate) fn dot16(kind: Kind, g0: &[u8], g1: &[u8], a: &[BlockQ8_0], out: &mut [f32; 16]) {
-    let need = a.len() * kind.group_block();
+pub(crate) fn dot16(g0: &[u8], g1: &[u8], a: &[BlockQ8_0], out: &mut [f32; 16]) {
+    let need = a.len() * Kind::Q8_0.group_block();
     assert!(
         g0.len() >= need && g1.len() >= need,
         "interleaved group too short"
     );
     // SAFETY: the caller's CPU has AVX-512 F/BW/VL/VNNI (above); bounds
     // checked above.
-    unsafe {
-        match kind {
-            Kind::Q8_0 => dot_512(&Raw16::<0>::new(g0, g1), kind, a, out),
-            Kind::Q4_0 => dot_512(&Raw16::<1>::new(g0, g1), kind, a, out),
-            Kind::Iq4Nl => dot_512(&Raw16::<2>::new(g0, g1), kind, a, out),
-            Kind::Mxfp4 => dot_512(&Raw16::<3>::new(g0, g1), kind, a, out),
-        }
-    }
+    unsafe { dot_512(&Raw16::new(g0, g1), a, out) }
 }
 
 /// The blocks of two groups in 16 lanes, as the 512-bit kernels read them.
@@ -493,13 +477,13 @@ impl Blocks16 for Decoded16 {
     }
 }
 
-/// Two interleaved groups read in place, 16 lanes at a time.
-struct Raw16<'a, const K: usize> {
-    g0: Raw<'a, K>,
-    g1: Raw<'a, K>,
+/// Two interleaved Q8_0 groups read in place, 16 lanes at a time.
+struct Raw16<'a> {
+    g0: Raw<'a, 0>,
+    g1: Raw<'a, 0>,
 }
 
-impl<'a, const K: usize> Raw16<'a, K> {
+impl<'a> Raw16<'a> {
     #[inline(always)]
     unsafe fn new(g0: &'a [u8], g1: &'a [u8]) -> Self {
         Self {
@@ -509,7 +493,7 @@ impl<'a, const K: usize> Raw16<'a, K> {
     }
 }
 
-impl<const K: usize> Blocks16 for Raw16<'_, K> {
+impl Blocks16 for Raw16<'_> {
     #[inline(always)]
     unsafe fn scales(&self, b: usize) -> __m512 {
         join512_ps(self.g0.scales(b), self.g1.scales(b))
@@ -568,30 +552,10 @@ unsafe fn lane_chains16<B: Blocks16>(w: &B, a: &[BlockQ8_0]) -> __m512 {
     reduce512(&acc)
 }
 
-/// [`block_sums`] on 16 lanes.
-#[inline(always)]
-unsafe fn block_sums16<B: Blocks16>(w: &B, a: &[BlockQ8_0]) -> __m512 {
-    let mut acc = _mm512_setzero_ps();
-    for (b, y) in a.iter().enumerate() {
-        let mut sum = _mm512_setzero_si512();
-        for c in 0..4 {
-            let [(ml, nl), (mh, nh)] = w.pair(b, c);
-            sum = lane_sum16(sum, ml, nl, c, y);
-            sum = lane_sum16(sum, mh, nh, 4 + c, y);
-        }
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), block_scale16(w, b, y), acc);
-    }
-    acc
-}
-
-/// [`dot_with`] on 16 lanes.
+/// [`dot_with`] on 16 lanes, for Q8_0.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_512<B: Blocks16>(w: &B, kind: Kind, a: &[BlockQ8_0], out: &mut [f32; 16]) {
-    let r = match kind {
-        Kind::Q8_0 => lane_chains16(w, a),
-        _ => block_sums16(w, a),
-    };
-    _mm512_storeu_ps(out.as_mut_ptr(), r);
+unsafe fn dot_512<B: Blocks16>(w: &B, a: &[BlockQ8_0], out: &mut [f32; 16]) {
+    _mm512_storeu_ps(out.as_mut_ptr(), lane_chains16(w, a));
 }
 
 /// Two 8-lane halves of f32 as one 16-lane vector.
@@ -617,4 +581,269 @@ unsafe fn reduce512(acc: &[__m512; 8]) -> __m512 {
     let s15 = _mm512_add_ps(acc[1], acc[5]);
     let s37 = _mm512_add_ps(acc[3], acc[7]);
     _mm512_add_ps(_mm512_add_ps(s04, s26), _mm512_add_ps(s15, s37))
+}
+
+/// The 4-bit kinds on AVX-512 as unsigned bytes: each value plus the kind's
+/// [`offset`] (Q4_0's nibbles as they are, `value + 8`; IQ4_NL's and
+/// MXFP4's through a table of `value + 128`), so one `vpdpbusd` multiplies
+/// them by the activation's signed bytes with no sign trick. A block's sum
+/// starts at `-offset * sum(a)` (the activation block's byte sum), which
+/// leaves the exact integer of [`block_sums`]: the same bits.
+///
+/// Only for `Kind::Q4_0`, `Kind::Iq4Nl` and `Kind::Mxfp4`.
+pub(crate) fn offset(kind: Kind) -> i32 {
+    match kind {
+        Kind::Q4_0 => 8,
+        _ => 128,
+    }
+}
+
+/// The byte sums of activation blocks `a` (for [`offset`]).
+pub(crate) fn act_sums(a: &[BlockQ8_0], out: &mut Vec<i32>) {
+    out.extend(
+        a.iter()
+            .map(|y| y.qs.iter().map(|&q| q as i32).sum::<i32>()),
+    );
+}
+
+/// `KVALUES_* + 128` as unsigned bytes, in all four 128-bit lanes.
+#[inline(always)]
+unsafe fn offset_lut(table: &[i8; 16]) -> __m512i {
+    let mut u = [0u8; 16];
+    for (u, &v) in u.iter_mut().zip(table) {
+        *u = (v as i32 + 128) as u8;
+    }
+    _mm512_broadcast_i32x4(_mm_loadu_si128(u.as_ptr() as *const __m128i))
+}
+
+/// Two interleaved groups of a 4-bit kind read in place as offset bytes.
+struct Offset16<'a, const K: usize> {
+    g0: &'a [u8],
+    g1: &'a [u8],
+    lut: __m512i,
+}
+
+impl<'a, const K: usize> Offset16<'a, K> {
+    const KIND: Kind = Kind::ALL[K];
+
+    #[inline(always)]
+    unsafe fn new(g0: &'a [u8], g1: &'a [u8]) -> Self {
+        let lut = match Self::KIND {
+            Kind::Iq4Nl => offset_lut(&KVALUES_IQ4NL),
+            Kind::Mxfp4 => offset_lut(&KVALUES_MXFP4),
+            _ => _mm512_setzero_si512(),
+        };
+        Self { g0, g1, lut }
+    }
+
+    /// Block `b`'s sixteen rows' weight scales.
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> __m512 {
+        let at = b * Self::KIND.group_block();
+        let (b0, b1) = (self.g0.as_ptr().add(at), self.g1.as_ptr().add(at));
+        match Self::KIND {
+            Kind::Mxfp4 => join512_ps(e8m0_lanes(b0), e8m0_lanes(b1)),
+            _ => _mm512_cvtph_ps(join256(
+                _mm_loadu_si128(b0 as *const __m128i),
+                _mm_loadu_si128(b1 as *const __m128i),
+            )),
+        }
+    }
+
+    /// Block `b`'s lane chunks `c` and `4 + c` (`c < 4`) as offset bytes.
+    #[inline(always)]
+    unsafe fn pair(&self, b: usize, c: usize) -> (__m512i, __m512i) {
+        let sb = if let Kind::Mxfp4 = Self::KIND { 8 } else { 16 };
+        let at = b * Self::KIND.group_block() + sb + 32 * c;
+        let x = join512(
+            _mm256_loadu_si256(self.g0.as_ptr().add(at) as *const __m256i),
+            _mm256_loadu_si256(self.g1.as_ptr().add(at) as *const __m256i),
+        );
+        let m4 = _mm512_set1_epi8(0x0F);
+        let (lo, hi) = (
+            _mm512_and_si512(x, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4),
+        );
+        match Self::KIND {
+            Kind::Q4_0 => (lo, hi),
+            _ => (
+                _mm512_shuffle_epi8(self.lut, lo),
+                _mm512_shuffle_epi8(self.lut, hi),
+            ),
+        }
+    }
+}
+
+/// Two 8-lane halves of `f16` as one 16-lane vector.
+#[inline(always)]
+unsafe fn join256(lo: __m128i, hi: __m128i) -> __m256i {
+    _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+}
+
+/// Activation block `y`'s bytes `4j..4j + 4` in every i32 lane.
+#[inline(always)]
+unsafe fn act16(y: &BlockQ8_0, j: usize) -> __m512i {
+    _mm512_set1_epi32(std::ptr::read_unaligned(
+        y.qs.as_ptr().add(4 * j) as *const i32
+    ))
+}
+
+/// Sixteen rows of a 4-bit kind (`g0` then `g1`) against `a`, whose blocks'
+/// byte sums are `sums`, in ggml's repack order (the bits of [`dot`] on
+/// each group).
+///
+/// Only where `CpuCaps::has_avx512()`, for the 4-bit kinds.
+pub(crate) fn dot16_offset(
+    kind: Kind,
+    g0: &[u8],
+    g1: &[u8],
+    a: &[BlockQ8_0],
+    sums: &[i32],
+    out: &mut [f32; 16],
+) {
+    let need = a.len() * kind.group_block();
+    assert!(
+        g0.len() >= need && g1.len() >= need && sums.len() >= a.len(),
+        "interleaved group too short"
+    );
+    // SAFETY: the caller's CPU has AVX-512 F/BW/VL/VNNI (above); bounds
+    // checked above.
+    unsafe {
+        match kind {
+            Kind::Q4_0 => offset_dot_512(&Offset16::<1>::new(g0, g1), a, sums, out),
+            Kind::Iq4Nl => offset_dot_512(&Offset16::<2>::new(g0, g1), a, sums, out),
+            Kind::Mxfp4 => offset_dot_512(&Offset16::<3>::new(g0, g1), a, sums, out),
+            Kind::Q8_0 => unreachable!("Q8_0 has no offset kernels"),
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn offset_dot_512<const K: usize>(
+    w: &Offset16<K>,
+    a: &[BlockQ8_0],
+    sums: &[i32],
+    out: &mut [f32; 16],
+) {
+    let off = offset(Offset16::<K>::KIND);
+    let mut acc = _mm512_setzero_ps();
+    for (b, y) in a.iter().enumerate() {
+        let mut sum = _mm512_set1_epi32(-off * sums[b]);
+        for c in 0..4 {
+            let (lo, hi) = w.pair(b, c);
+            sum = _mm512_dpbusd_epi32(sum, lo, act16(y, c));
+            sum = _mm512_dpbusd_epi32(sum, hi, act16(y, 4 + c));
+        }
+        let d = _mm512_mul_ps(w.scales(b), _mm512_set1_ps(h2f(y.d)));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, acc);
+    }
+    _mm512_storeu_ps(out.as_mut_ptr(), acc);
+}
+
+/// Two groups of a 4-bit kind decoded as offset bytes for a batch: per
+/// block, the sixteen rows' scales and the eight lane chunks. Activation
+/// rows go four at a time, so each chunk is loaded once for four rows.
+pub(crate) struct OffsetDecoded16 {
+    /// `[block][j]`: offset bytes of lane chunk `j`.
+    vals: Vec<__m512i>,
+    /// `[block]`: the rows' weight scales.
+    scales: Vec<__m512>,
+    off: i32,
+}
+
+impl OffsetDecoded16 {
+    pub(crate) fn new() -> Self {
+        Self {
+            vals: Vec::new(),
+            scales: Vec::new(),
+            off: 0,
+        }
+    }
+
+    /// Decodes groups `g0` and `g1` of `nb` blocks each (a 4-bit kind).
+    ///
+    /// Only where `CpuCaps::has_avx512()`.
+    pub(crate) fn decode(&mut self, kind: Kind, g0: &[u8], g1: &[u8], nb: usize) {
+        let need = nb * kind.group_block();
+        assert!(
+            g0.len() >= need && g1.len() >= need,
+            "interleaved group too short"
+        );
+        // SAFETY: as in `dot16`; bounds checked above.
+        unsafe {
+            self.vals.resize(nb * 8, _mm512_setzero_si512());
+            self.scales.resize(nb, _mm512_setzero_ps());
+            self.off = offset(kind);
+            match kind {
+                Kind::Q4_0 => self.decode_512(&Offset16::<1>::new(g0, g1), nb),
+                Kind::Iq4Nl => self.decode_512(&Offset16::<2>::new(g0, g1), nb),
+                Kind::Mxfp4 => self.decode_512(&Offset16::<3>::new(g0, g1), nb),
+                Kind::Q8_0 => unreachable!("Q8_0 has no offset kernels"),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn decode_512<const K: usize>(&mut self, w: &Offset16<K>, nb: usize) {
+        for b in 0..nb {
+            self.scales[b] = w.scales(b);
+            for c in 0..4 {
+                let (lo, hi) = w.pair(b, c);
+                self.vals[8 * b + c] = lo;
+                self.vals[8 * b + 4 + c] = hi;
+            }
+        }
+    }
+
+    /// Sixteen rows against up to four activation rows `a[t]` (byte sums
+    /// `sums[t]`); row `t`'s results in `out[t]`.
+    pub(crate) fn dot(&self, a: &[&[BlockQ8_0]], sums: &[&[i32]], out: &mut [[f32; 16]]) {
+        let nb = self.scales.len();
+        assert!(
+            a.len() == sums.len()
+                && a.len() == out.len()
+                && a.iter()
+                    .zip(sums)
+                    .all(|(a, s)| a.len() == nb && s.len() >= nb),
+            "decoded group and activation rows disagree"
+        );
+        // SAFETY: as in `decode`; lengths checked above.
+        unsafe {
+            match a.len() {
+                4 => self.dot_512::<4>(a, sums, out),
+                3 => self.dot_512::<3>(a, sums, out),
+                2 => self.dot_512::<2>(a, sums, out),
+                1 => self.dot_512::<1>(a, sums, out),
+                _ => unreachable!("one to four activation rows"),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn dot_512<const N: usize>(
+        &self,
+        a: &[&[BlockQ8_0]],
+        sums: &[&[i32]],
+        out: &mut [[f32; 16]],
+    ) {
+        let mut acc = [_mm512_setzero_ps(); N];
+        for b in 0..self.scales.len() {
+            let mut sum: [__m512i; N] =
+                std::array::from_fn(|t| _mm512_set1_epi32(-self.off * *sums[t].get_unchecked(b)));
+            for j in 0..8 {
+                let v = *self.vals.get_unchecked(8 * b + j);
+                for t in 0..N {
+                    sum[t] = _mm512_dpbusd_epi32(sum[t], v, act16(a[t].get_unchecked(b), j));
+                }
+            }
+            let ws = *self.scales.get_unchecked(b);
+            for t in 0..N {
+                let d = _mm512_mul_ps(ws, _mm512_set1_ps(h2f(a[t].get_unchecked(b).d)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), d, acc[t]);
+            }
+        }
+        for t in 0..N {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+        }
+    }
 }
