@@ -434,7 +434,7 @@ mod tests {
     }
 
     /// The running CPU's kernel sets: its own and, on an AVX-512 CPU, the
-    /// AVX2 one too (the plain kernels give the same bits on both).
+    /// AVX2 one too (both give the same bits).
     fn kernel_sets() -> Vec<CpuCaps> {
         let caps = CpuCaps::detect();
         let mut sets = vec![caps];
