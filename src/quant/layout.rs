@@ -255,20 +255,44 @@ impl Interleaved for Chunked {
             if offset {
                 packed::act_sums(&acts, &mut sums);
             }
+            let mut done = 0;
+            if offset {
+                // The 4-bit kinds on AVX-512: pairs of groups (16 rows)
+                // against four activation rows at a time, read in place for
+                // up to four rows, decoded once per pair for more.
+                let rows: Vec<&[super::BlockQ8_0]> = acts.chunks_exact(nb).collect();
+                let row_sums: Vec<&[i32]> = sums.chunks_exact(nb).collect();
+                let mut res = [[0f32; 2 * GROUP_ROWS]; 4];
+                let mut dec = packed::OffsetDecoded16::new();
+                for (pi, pair) in w.chunks_exact(2 * gb).enumerate() {
+                    let (g0, g1) = (&pair[..gb], &pair[gb..]);
+                    if n_acts > 4 {
+                        dec.decode(kind, g0, g1, nb);
+                    }
+                    for (ti, (a, s)) in rows.chunks(4).zip(row_sums.chunks(4)).enumerate() {
+                        let r = &mut res[..a.len()];
+                        if n_acts > 4 {
+                            dec.dot(a, s, r);
+                        } else {
+                            packed::dot16_offset(kind, g0, g1, a, s, r);
+                        }
+                        for (t, r) in r.iter().enumerate() {
+                            let at = (4 * ti + t) * n_rows + pi * 2 * GROUP_ROWS;
+                            out[at..at + 2 * GROUP_ROWS].copy_from_slice(r);
+                        }
+                    }
+                    done += 2;
+                }
+            }
+            let q8_512 = self.isa == packed::Isa::Vnni && !offset;
             if n_acts == 1 {
                 // A mat-vec: each weight byte is used once, decoded in place
-                // (on AVX-512, two groups per vector).
-                let mut done = 0;
-                if self.isa == packed::Isa::Vnni {
+                // (Q8_0 on AVX-512: two groups per vector).
+                if q8_512 {
                     let pairs = w.chunks_exact(2 * gb);
                     for (pair, res) in pairs.zip(out.chunks_exact_mut(2 * GROUP_ROWS)) {
-                        let (g0, g1, res) =
-                            (&pair[..gb], &pair[gb..], res.try_into().expect("lanes"));
-                        if offset {
-                            packed::dot16_offset(kind, g0, g1, &acts, &sums, res);
-                        } else {
-                            packed::dot16(g0, g1, &acts, res);
-                        }
+                        let res = res.try_into().expect("two groups of lanes");
+                        packed::dot16(&pair[..gb], &pair[gb..], &acts, res);
                         done += 2;
                     }
                 }
@@ -278,27 +302,9 @@ impl Interleaved for Chunked {
                 }
                 return Ok(());
             }
-            // Several activation rows: each group decoded once for all; on
-            // AVX-512, pairs of groups in 16 lanes (the 4-bit kinds against
-            // four activation rows at a time).
-            let mut done = 0;
-            if offset {
-                let mut dec = packed::OffsetDecoded16::new();
-                let rows: Vec<&[super::BlockQ8_0]> = acts.chunks_exact(nb).collect();
-                let row_sums: Vec<&[i32]> = sums.chunks_exact(nb).collect();
-                let mut res = [[0f32; 2 * GROUP_ROWS]; 4];
-                for (pi, pair) in w.chunks_exact(2 * gb).enumerate() {
-                    dec.decode(kind, &pair[..gb], &pair[gb..], nb);
-                    for (ti, (a, s)) in rows.chunks(4).zip(row_sums.chunks(4)).enumerate() {
-                        dec.dot(a, s, &mut res[..a.len()]);
-                        for (t, r) in res[..a.len()].iter().enumerate() {
-                            let at = (4 * ti + t) * n_rows + pi * 2 * GROUP_ROWS;
-                            out[at..at + 2 * GROUP_ROWS].copy_from_slice(r);
-                        }
-                    }
-                    done += 2;
-                }
-            } else if self.isa == packed::Isa::Vnni {
+            // Several activation rows: each group decoded once for all (Q8_0
+            // on AVX-512: pairs of groups in 16 lanes).
+            if q8_512 {
                 let mut dec = packed::Decoded16::new();
                 for (pi, pair) in w.chunks_exact(2 * gb).enumerate() {
                     dec.decode(&pair[..gb], &pair[gb..], nb);

@@ -591,7 +591,7 @@ unsafe fn reduce512(acc: &[__m512; 8]) -> __m512 {
 /// leaves the exact integer of [`block_sums`]: the same bits.
 ///
 /// Only for `Kind::Q4_0`, `Kind::Iq4Nl` and `Kind::Mxfp4`.
-pub(crate) fn offset(kind: Kind) -> i32 {
+pub(crate) const fn offset(kind: Kind) -> i32 {
     match kind {
         Kind::Q4_0 => 8,
         _ => 128,
@@ -688,8 +688,32 @@ unsafe fn act16(y: &BlockQ8_0, j: usize) -> __m512i {
     ))
 }
 
-/// Sixteen rows of a 4-bit kind (`g0` then `g1`) against `a`, whose blocks'
-/// byte sums are `sums`, in ggml's repack order (the bits of [`dot`] on
+/// Sixteen rows of a 4-bit kind as offset bytes: in place ([`Offset16`])
+/// or decoded ([`OffsetDecoded16`]).
+trait OffsetBlocks {
+    /// The kind's [`offset`].
+    const OFF: i32;
+    /// Block `b`'s sixteen rows' weight scales.
+    unsafe fn scales(&self, b: usize) -> __m512;
+    /// Block `b`'s lane chunks `c` and `4 + c` (`c < 4`).
+    unsafe fn pair(&self, b: usize, c: usize) -> (__m512i, __m512i);
+}
+
+impl<const K: usize> OffsetBlocks for Offset16<'_, K> {
+    const OFF: i32 = offset(Self::KIND);
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> __m512 {
+        Offset16::scales(self, b)
+    }
+    #[inline(always)]
+    unsafe fn pair(&self, b: usize, c: usize) -> (__m512i, __m512i) {
+        Offset16::pair(self, b, c)
+    }
+}
+
+/// Sixteen rows of a 4-bit kind (`g0` then `g1`) against one to four
+/// activation rows `a[t]` (block byte sums `sums[t]`), read in place, row
+/// `t`'s results in `out[t]`: ggml's repack order (the bits of [`dot`] on
 /// each group).
 ///
 /// Only where `CpuCaps::has_avx512()`, for the 4-bit kinds.
@@ -697,58 +721,117 @@ pub(crate) fn dot16_offset(
     kind: Kind,
     g0: &[u8],
     g1: &[u8],
-    a: &[BlockQ8_0],
-    sums: &[i32],
-    out: &mut [f32; 16],
+    a: &[&[BlockQ8_0]],
+    sums: &[&[i32]],
+    out: &mut [[f32; 16]],
 ) {
-    let need = a.len() * kind.group_block();
+    let nb = a.first().map_or(0, |a| a.len());
+    let need = nb * kind.group_block();
     assert!(
-        g0.len() >= need && g1.len() >= need && sums.len() >= a.len(),
+        g0.len() >= need && g1.len() >= need,
         "interleaved group too short"
     );
+    check_rows(nb, a, sums, out);
     // SAFETY: the caller's CPU has AVX-512 F/BW/VL/VNNI (above); bounds
     // checked above.
     unsafe {
         match kind {
-            Kind::Q4_0 => offset_dot_512(&Offset16::<1>::new(g0, g1), a, sums, out),
-            Kind::Iq4Nl => offset_dot_512(&Offset16::<2>::new(g0, g1), a, sums, out),
-            Kind::Mxfp4 => offset_dot_512(&Offset16::<3>::new(g0, g1), a, sums, out),
+            Kind::Q4_0 => offset_rows(&Offset16::<1>::new(g0, g1), a, sums, out),
+            Kind::Iq4Nl => offset_rows(&Offset16::<2>::new(g0, g1), a, sums, out),
+            Kind::Mxfp4 => offset_rows(&Offset16::<3>::new(g0, g1), a, sums, out),
             Kind::Q8_0 => unreachable!("Q8_0 has no offset kernels"),
         }
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn offset_dot_512<const K: usize>(
-    w: &Offset16<K>,
-    a: &[BlockQ8_0],
-    sums: &[i32],
-    out: &mut [f32; 16],
-) {
-    let off = offset(Offset16::<K>::KIND);
-    let mut acc = _mm512_setzero_ps();
-    for (b, y) in a.iter().enumerate() {
-        let mut sum = _mm512_set1_epi32(-off * sums[b]);
-        for c in 0..4 {
-            let (lo, hi) = w.pair(b, c);
-            sum = _mm512_dpbusd_epi32(sum, lo, act16(y, c));
-            sum = _mm512_dpbusd_epi32(sum, hi, act16(y, 4 + c));
-        }
-        let d = _mm512_mul_ps(w.scales(b), _mm512_set1_ps(h2f(y.d)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, acc);
-    }
-    _mm512_storeu_ps(out.as_mut_ptr(), acc);
+/// One to four activation rows of `nb` blocks, with their sums and outputs.
+fn check_rows(nb: usize, a: &[&[BlockQ8_0]], sums: &[&[i32]], out: &[[f32; 16]]) {
+    assert!(
+        (1..=4).contains(&a.len())
+            && a.len() == sums.len()
+            && a.len() == out.len()
+            && a.iter()
+                .zip(sums)
+                .all(|(a, s)| a.len() == nb && s.len() >= nb),
+        "interleaved groups and activation rows disagree"
+    );
 }
 
-/// Two groups of a 4-bit kind decoded as offset bytes for a batch: per
-/// block, the sixteen rows' scales and the eight lane chunks. Activation
-/// rows go four at a time, so each chunk is loaded once for four rows.
+/// [`offset_tile`] for `a.len()` (one to four) rows.
+#[inline(always)]
+unsafe fn offset_rows<W: OffsetBlocks>(
+    w: &W,
+    a: &[&[BlockQ8_0]],
+    sums: &[&[i32]],
+    out: &mut [[f32; 16]],
+) {
+    match a.len() {
+        4 => offset_tile::<W, 4>(w, a, sums, out),
+        3 => offset_tile::<W, 3>(w, a, sums, out),
+        2 => offset_tile::<W, 2>(w, a, sums, out),
+        _ => offset_tile::<W, 1>(w, a, sums, out),
+    }
+}
+
+/// [`block_sums`] on 16 lanes for `N` activation rows, each chunk loaded
+/// once for all of them; a block's sum starts at `-offset * sum(a)`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn offset_tile<W: OffsetBlocks, const N: usize>(
+    w: &W,
+    a: &[&[BlockQ8_0]],
+    sums: &[&[i32]],
+    out: &mut [[f32; 16]],
+) {
+    let mut acc = [_mm512_setzero_ps(); N];
+    for b in 0..a[0].len() {
+        let mut sum: [__m512i; N] =
+            std::array::from_fn(|t| _mm512_set1_epi32(-W::OFF * *sums[t].get_unchecked(b)));
+        for c in 0..4 {
+            let (lo, hi) = w.pair(b, c);
+            for t in 0..N {
+                let y = a[t].get_unchecked(b);
+                sum[t] = _mm512_dpbusd_epi32(sum[t], lo, act16(y, c));
+                sum[t] = _mm512_dpbusd_epi32(sum[t], hi, act16(y, 4 + c));
+            }
+        }
+        let ws = w.scales(b);
+        for t in 0..N {
+            let d = _mm512_mul_ps(ws, _mm512_set1_ps(h2f(a[t].get_unchecked(b).d)));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), d, acc[t]);
+        }
+    }
+    for t in 0..N {
+        _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
+/// Two groups of a 4-bit kind decoded as offset bytes for a batch of more
+/// than four activation rows: per block, the sixteen rows' scales and the
+/// eight lane chunks, so each group is unpacked once for all rows.
 pub(crate) struct OffsetDecoded16 {
     /// `[block][j]`: offset bytes of lane chunk `j`.
     vals: Vec<__m512i>,
     /// `[block]`: the rows' weight scales.
     scales: Vec<__m512>,
-    off: i32,
+    kind: Kind,
+}
+
+/// An [`OffsetDecoded16`] of kind `K`.
+struct DecodedAs<'a, const K: usize>(&'a OffsetDecoded16);
+
+impl<const K: usize> OffsetBlocks for DecodedAs<'_, K> {
+    const OFF: i32 = offset(Kind::ALL[K]);
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> __m512 {
+        *self.0.scales.get_unchecked(b)
+    }
+    #[inline(always)]
+    unsafe fn pair(&self, b: usize, c: usize) -> (__m512i, __m512i) {
+        (
+            *self.0.vals.get_unchecked(8 * b + c),
+            *self.0.vals.get_unchecked(8 * b + 4 + c),
+        )
+    }
 }
 
 impl OffsetDecoded16 {
@@ -756,7 +839,7 @@ impl OffsetDecoded16 {
         Self {
             vals: Vec::new(),
             scales: Vec::new(),
-            off: 0,
+            kind: Kind::Q4_0,
         }
     }
 
@@ -769,11 +852,11 @@ impl OffsetDecoded16 {
             g0.len() >= need && g1.len() >= need,
             "interleaved group too short"
         );
-        // SAFETY: as in `dot16`; bounds checked above.
+        // SAFETY: as in `dot16_offset`; bounds checked above.
         unsafe {
             self.vals.resize(nb * 8, _mm512_setzero_si512());
             self.scales.resize(nb, _mm512_setzero_ps());
-            self.off = offset(kind);
+            self.kind = kind;
             match kind {
                 Kind::Q4_0 => self.decode_512(&Offset16::<1>::new(g0, g1), nb),
                 Kind::Iq4Nl => self.decode_512(&Offset16::<2>::new(g0, g1), nb),
@@ -795,55 +878,18 @@ impl OffsetDecoded16 {
         }
     }
 
-    /// Sixteen rows against up to four activation rows `a[t]` (byte sums
+    /// Sixteen rows against one to four activation rows `a[t]` (byte sums
     /// `sums[t]`); row `t`'s results in `out[t]`.
     pub(crate) fn dot(&self, a: &[&[BlockQ8_0]], sums: &[&[i32]], out: &mut [[f32; 16]]) {
-        let nb = self.scales.len();
-        assert!(
-            a.len() == sums.len()
-                && a.len() == out.len()
-                && a.iter()
-                    .zip(sums)
-                    .all(|(a, s)| a.len() == nb && s.len() >= nb),
-            "decoded group and activation rows disagree"
-        );
+        check_rows(self.scales.len(), a, sums, out);
         // SAFETY: as in `decode`; lengths checked above.
         unsafe {
-            match a.len() {
-                4 => self.dot_512::<4>(a, sums, out),
-                3 => self.dot_512::<3>(a, sums, out),
-                2 => self.dot_512::<2>(a, sums, out),
-                1 => self.dot_512::<1>(a, sums, out),
-                _ => unreachable!("one to four activation rows"),
+            match self.kind {
+                Kind::Q4_0 => offset_rows(&DecodedAs::<1>(self), a, sums, out),
+                Kind::Iq4Nl => offset_rows(&DecodedAs::<2>(self), a, sums, out),
+                Kind::Mxfp4 => offset_rows(&DecodedAs::<3>(self), a, sums, out),
+                Kind::Q8_0 => unreachable!("Q8_0 has no offset kernels"),
             }
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_512<const N: usize>(
-        &self,
-        a: &[&[BlockQ8_0]],
-        sums: &[&[i32]],
-        out: &mut [[f32; 16]],
-    ) {
-        let mut acc = [_mm512_setzero_ps(); N];
-        for b in 0..self.scales.len() {
-            let mut sum: [__m512i; N] =
-                std::array::from_fn(|t| _mm512_set1_epi32(-self.off * *sums[t].get_unchecked(b)));
-            for j in 0..8 {
-                let v = *self.vals.get_unchecked(8 * b + j);
-                for t in 0..N {
-                    sum[t] = _mm512_dpbusd_epi32(sum[t], v, act16(a[t].get_unchecked(b), j));
-                }
-            }
-            let ws = *self.scales.get_unchecked(b);
-            for t in 0..N {
-                let d = _mm512_mul_ps(ws, _mm512_set1_ps(h2f(a[t].get_unchecked(b).d)));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), d, acc[t]);
-            }
-        }
-        for t in 0..N {
-            _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
         }
     }
 }
