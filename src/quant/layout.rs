@@ -251,15 +251,13 @@ impl Interleaved for Chunked {
             // bytes (`packed::offset`), which needs each activation block's
             // byte sum.
             let offset = self.isa == packed::Isa::Vnni && self.ty != GgmlType::Q8_0;
-            let mut sums = Vec::new();
-            if offset {
-                packed::act_sums(&acts, &mut sums);
-            }
             let mut done = 0;
             if offset {
-                // The 4-bit kinds on AVX-512: pairs of groups (16 rows)
-                // against four activation rows at a time, read in place for
-                // up to four rows, decoded once per pair for more.
+                // Pairs of groups (16 rows) against four activation rows at
+                // a time, read in place for up to four rows, decoded once per
+                // pair for more.
+                let mut sums = Vec::new();
+                packed::act_sums(&acts, &mut sums);
                 let rows: Vec<&[super::BlockQ8_0]> = acts.chunks_exact(nb).collect();
                 let row_sums: Vec<&[i32]> = sums.chunks_exact(nb).collect();
                 let mut res = [[0f32; 2 * GROUP_ROWS]; 4];

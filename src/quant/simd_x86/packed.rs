@@ -370,8 +370,9 @@ unsafe fn dot_with<S: LaneSums, B: Blocks>(w: &B, kind: Kind, a: &[BlockQ8_0], o
 }
 
 /// Two consecutive interleaved Q8_0 groups (16 rows) decoded for several
-/// activation rows on AVX-512 (the 4-bit kinds: [`OffsetDecoded16`]): per block, the 16 rows' weight scales and,
-/// per lane chunk `j`, the 64 values' magnitudes with their signs as a mask
+/// activation rows on AVX-512 (the 4-bit kinds: [`OffsetDecoded16`]): per
+/// block, the 16 rows' weight scales and, per lane chunk `j`, the 64 values'
+/// magnitudes with their signs as a mask
 /// (`vpsignb` has no 512-bit form: the activation is negated under the mask
 /// instead, which gives the same products since `|w| = 0` where `w = 0`).
 /// Lanes 0..8 are the first group's rows, 8..16 the second's; each lane
@@ -510,21 +511,13 @@ impl Blocks16 for Raw16<'_> {
     }
 }
 
-/// One chunk's 16 rows against activation block `y`'s bytes `4j..4j + 4`,
-/// added to `acc`: each row's exact sum of four byte products.
+/// One chunk's 16 rows against activation block `y`'s bytes `4j..4j + 4`:
+/// each row's exact sum of four byte products.
 #[inline(always)]
-unsafe fn lane_sum16(
-    acc: __m512i,
-    mags: __m512i,
-    neg: __mmask64,
-    j: usize,
-    y: &BlockQ8_0,
-) -> __m512i {
-    let y4 = _mm512_set1_epi32(std::ptr::read_unaligned(
-        y.qs.as_ptr().add(4 * j) as *const i32
-    ));
+unsafe fn lane_sum16(mags: __m512i, neg: __mmask64, j: usize, y: &BlockQ8_0) -> __m512i {
+    let y4 = act16(y, j);
     let sy = _mm512_mask_sub_epi8(y4, neg, _mm512_setzero_si512(), y4);
-    _mm512_dpbusd_epi32(acc, mags, sy)
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), mags, sy)
 }
 
 #[inline(always)]
@@ -536,15 +529,11 @@ unsafe fn block_scale16<B: Blocks16>(w: &B, b: usize, y: &BlockQ8_0) -> __m512 {
 #[inline(always)]
 unsafe fn lane_chains16<B: Blocks16>(w: &B, a: &[BlockQ8_0]) -> __m512 {
     let mut acc = [_mm512_setzero_ps(); 8];
-    let zero = _mm512_setzero_si512();
     for (b, y) in a.iter().enumerate() {
         let d = block_scale16(w, b, y);
         for c in 0..4 {
             let [(ml, nl), (mh, nh)] = w.pair(b, c);
-            let (plo, phi) = (
-                lane_sum16(zero, ml, nl, c, y),
-                lane_sum16(zero, mh, nh, 4 + c, y),
-            );
+            let (plo, phi) = (lane_sum16(ml, nl, c, y), lane_sum16(mh, nh, 4 + c, y));
             acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(plo), acc[c]);
             acc[4 + c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(phi), acc[4 + c]);
         }
@@ -635,43 +624,6 @@ impl<'a, const K: usize> Offset16<'a, K> {
         };
         Self { g0, g1, lut }
     }
-
-    /// Block `b`'s sixteen rows' weight scales.
-    #[inline(always)]
-    unsafe fn scales(&self, b: usize) -> __m512 {
-        let at = b * Self::KIND.group_block();
-        let (b0, b1) = (self.g0.as_ptr().add(at), self.g1.as_ptr().add(at));
-        match Self::KIND {
-            Kind::Mxfp4 => join512_ps(e8m0_lanes(b0), e8m0_lanes(b1)),
-            _ => _mm512_cvtph_ps(join256(
-                _mm_loadu_si128(b0 as *const __m128i),
-                _mm_loadu_si128(b1 as *const __m128i),
-            )),
-        }
-    }
-
-    /// Block `b`'s lane chunks `c` and `4 + c` (`c < 4`) as offset bytes.
-    #[inline(always)]
-    unsafe fn pair(&self, b: usize, c: usize) -> (__m512i, __m512i) {
-        let sb = if let Kind::Mxfp4 = Self::KIND { 8 } else { 16 };
-        let at = b * Self::KIND.group_block() + sb + 32 * c;
-        let x = join512(
-            _mm256_loadu_si256(self.g0.as_ptr().add(at) as *const __m256i),
-            _mm256_loadu_si256(self.g1.as_ptr().add(at) as *const __m256i),
-        );
-        let m4 = _mm512_set1_epi8(0x0F);
-        let (lo, hi) = (
-            _mm512_and_si512(x, m4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4),
-        );
-        match Self::KIND {
-            Kind::Q4_0 => (lo, hi),
-            _ => (
-                _mm512_shuffle_epi8(self.lut, lo),
-                _mm512_shuffle_epi8(self.lut, hi),
-            ),
-        }
-    }
 }
 
 /// Two 8-lane halves of `f16` as one 16-lane vector.
@@ -701,13 +653,40 @@ trait OffsetBlocks {
 
 impl<const K: usize> OffsetBlocks for Offset16<'_, K> {
     const OFF: i32 = offset(Self::KIND);
+
     #[inline(always)]
     unsafe fn scales(&self, b: usize) -> __m512 {
-        Offset16::scales(self, b)
+        let at = b * Self::KIND.group_block();
+        let (b0, b1) = (self.g0.as_ptr().add(at), self.g1.as_ptr().add(at));
+        match Self::KIND {
+            Kind::Mxfp4 => join512_ps(e8m0_lanes(b0), e8m0_lanes(b1)),
+            _ => _mm512_cvtph_ps(join256(
+                _mm_loadu_si128(b0 as *const __m128i),
+                _mm_loadu_si128(b1 as *const __m128i),
+            )),
+        }
     }
+
     #[inline(always)]
     unsafe fn pair(&self, b: usize, c: usize) -> (__m512i, __m512i) {
-        Offset16::pair(self, b, c)
+        let sb = if let Kind::Mxfp4 = Self::KIND { 8 } else { 16 };
+        let at = b * Self::KIND.group_block() + sb + 32 * c;
+        let x = join512(
+            _mm256_loadu_si256(self.g0.as_ptr().add(at) as *const __m256i),
+            _mm256_loadu_si256(self.g1.as_ptr().add(at) as *const __m256i),
+        );
+        let m4 = _mm512_set1_epi8(0x0F);
+        let (lo, hi) = (
+            _mm512_and_si512(x, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4),
+        );
+        match Self::KIND {
+            Kind::Q4_0 => (lo, hi),
+            _ => (
+                _mm512_shuffle_epi8(self.lut, lo),
+                _mm512_shuffle_epi8(self.lut, hi),
+            ),
+        }
     }
 }
 
