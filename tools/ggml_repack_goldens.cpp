@@ -1,15 +1,17 @@
 // ggml_repack_goldens: what ggml's CPU repack kernels (llama.cpp's default
 // `--repack`) compute for the types it interleaves on x86 (Q4_0, IQ4_NL,
-// MXFP4: `*_8x8_q8_0`), for tests/quant_formats.rs
+// MXFP4: `*_8x8_q8_0`; Q4_K: `q4_K_8x8_q8_K`), for tests/quant_formats.rs
 // `interleaved_weights_equal_ggml_repack_bit_for_bit`.
 //
 // Per type: a weight [k, m] quantised from seeded normal values with
 // ggml_quantize_chunk, put in the CPU backend's CPU_REPACK buffer (which
 // interleaves it at set_tensor), and activations [k, n] of f32, one MUL_MAT
-// per n. m = 24 rows: two 8-row groups for the AVX-512 gemm's 16 columns
-// and one for its 8-column tail; n = 1 (gemv) and 9 (two 4-row gemm tiles
-// and a gemv row). Prints JSON: per type the GGUF-layout weight bytes and,
-// per product, the activations and the output, base64 little-endian.
+// per n; k = 1120 (35 blocks), 1280 for Q4_K (5 super-blocks). m = 24
+// rows: two 8-row groups for the AVX-512 gemm's 16 columns and one for its
+// 8-column tail; n = 1 (gemv) and 9 (two 4-row gemm tiles and a gemv row).
+// The AVX2 and AVX-512 builds give the same file. Prints JSON: per type
+// the GGUF-layout weight bytes and, per product, the activations and the
+// output, base64 little-endian.
 //
 // Build and run (from the repository root, after tools/build-llamacpp.sh):
 //   d=~/.cache/longhaul/llama.cpp; inc=$d/src/vendor/llama.cpp/ggml/include
@@ -46,9 +48,9 @@ static std::string b64(const void *data, size_t len) {
 }
 
 int main() {
-    const int64_t k = 1120, m = 24;
+    const int64_t m = 24;
     const int64_t ns[] = {1, 9};
-    const ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4};
+    const ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K};
 
     ggml_backend_t backend = ggml_backend_cpu_init();
     if (!backend) {
@@ -70,16 +72,17 @@ int main() {
 
     std::mt19937 rng(20261205);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    printf("{\n  \"source\": \"tools/ggml_repack_goldens.cpp\",\n  \"isa\": \"%s\",\n  \"k\": %lld,\n  \"m\": %lld,\n  \"cases\": [",
-           ggml_cpu_has_avx512() ? "avx512" : "avx2", (long long)k, (long long)m);
+    printf("{\n  \"source\": \"tools/ggml_repack_goldens.cpp\",\n  \"isa\": \"%s\",\n  \"m\": %lld,\n  \"cases\": [",
+           ggml_cpu_has_avx512() ? "avx512" : "avx2", (long long)m);
     bool first_case = true;
     for (ggml_type type : types) {
+        const int64_t k = type == GGML_TYPE_Q4_K ? 1280 : 1120;
         std::vector<float> wf((size_t)(k * m));
         for (auto &v : wf) v = normal(rng);
         std::vector<uint8_t> w(ggml_row_size(type, k) * (size_t)m);
         ggml_quantize_chunk(type, wf.data(), w.data(), 0, m, k, nullptr);
-        printf("%s\n    {\"type\": \"%s\",\n     \"w\": \"%s\",\n     \"products\": [",
-               first_case ? "" : ",", ggml_type_name(type), b64(w.data(), w.size()).c_str());
+        printf("%s\n    {\"type\": \"%s\",\n     \"k\": %lld,\n     \"w\": \"%s\",\n     \"products\": [",
+               first_case ? "" : ",", ggml_type_name(type), (long long)k, b64(w.data(), w.size()).c_str());
         first_case = false;
         bool first_product = true;
         for (int64_t n : ns) {

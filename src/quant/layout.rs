@@ -37,6 +37,8 @@ use super::ops::{ops, CpuCaps};
 use super::{QuantError, QuantOps};
 use crate::tensor::GgmlType;
 
+mod q4_k;
+
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
 
@@ -53,14 +55,38 @@ pub trait Interleaved: Send + Sync {
     /// `out[t * n_rows + r]`: interleaved weight row `r` of `w` (whole
     /// groups) against activation row `t` of `acts` (rows of `k` values in
     /// the type's activation format), in the order of llama.cpp's kernels
-    /// for the type at its defaults (module docs).
-    fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32]) -> Result<(), QuantError>;
+    /// for the type at its defaults (module docs), those `rows` names.
+    fn dot_tile(
+        &self,
+        k: usize,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        rows: Rows,
+    ) -> Result<(), QuantError>;
+}
+
+/// Which of ggml's repack kernels llama.cpp runs on a product's activation
+/// rows. Its gemv and its 4-row gemm sum alike for the 32-value types but
+/// not for Q4_K (the gemm takes one FMA per 64 values, the gemv one per
+/// super-block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// Every row through the gemv: a mat-vec, or an expert's rows (ggml's
+    /// repacked MUL_MAT_ID runs the gemv row by row).
+    Gemv,
+    /// A MUL_MAT's rows: the first `n - n % 4` of the batch through the
+    /// gemm, in fours, the rest through the gemv. `acts` must then start a
+    /// multiple of four rows into the batch, and only the batch's last tile
+    /// may hold a count of rows that is not a multiple of four: of a tile of
+    /// `nt` rows, the first `nt - nt % 4` are the gemm's.
+    Tiles,
 }
 
 /// The interleaved layout of `ty` when the running CPU has its kernels
 /// (AVX2 + FMA + F16C, summing with `vpdpbusd` where AVX-512 VNNI is
 /// there; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD kernels): Q4_0,
-/// Q8_0, IQ4_NL and MXFP4.
+/// Q8_0, IQ4_NL, MXFP4 and Q4_K (its own layout, [`q4_k`]).
 pub fn interleaved(ty: GgmlType) -> Option<&'static dyn Interleaved> {
     interleaved_with_caps(ty, CpuCaps::detect())
 }
@@ -74,9 +100,14 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
         use super::simd_x86::packed::Isa;
         static AVX2: [Chunked; 4] = Chunked::all(Isa::Avx2);
         static VNNI: [Chunked; 4] = Chunked::all(Isa::Vnni);
+        static Q4_K_AVX2: q4_k::SuperBlocked = q4_k::SuperBlocked { avx512: false };
+        static Q4_K_512: q4_k::SuperBlocked = q4_k::SuperBlocked { avx512: true };
         let set = if caps.has_avx512() { &VNNI } else { &AVX2 };
         if let Some(c) = set.iter().find(|c| c.ty == ty) {
             return Some(c);
+        }
+        if ty == GgmlType::Q4_K {
+            return Some(if caps.has_avx512() { &Q4_K_512 } else { &Q4_K_AVX2 });
         }
     }
     let _ = ty;
@@ -219,7 +250,14 @@ impl Interleaved for Chunked {
         self.permute(k, bytes, false)
     }
 
-    fn dot_tile(&self, k: usize, w: &[u8], acts: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    fn dot_tile(
+        &self,
+        k: usize,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        _rows: Rows,
+    ) -> Result<(), QuantError> {
         let (bb, nb) = self.geometry(k, w.len())?;
         let n_rows = w.len() / (nb * bb);
         let op: &dyn QuantOps = ops(self.ty)?;
@@ -351,9 +389,13 @@ mod tests {
         let mut v: Vec<u8> = (0..k / ty.block_size() * bb * rows)
             .map(|_| next() as u8)
             .collect();
+        // Q4_K's `dmin` after its `d`.
+        let scales = if ty == GgmlType::Q4_K { 2 } else { 1 };
         for blk in v.chunks_exact_mut(bb) {
-            let d = half::f16::from_f32((next() % 1000) as f32 / 4096.0 - 0.12);
-            blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+            for s in 0..scales {
+                let d = half::f16::from_f32((next() % 1000) as f32 / 4096.0 - 0.12);
+                blk[2 * s..2 * s + 2].copy_from_slice(&d.to_bits().to_le_bytes());
+            }
         }
         v
     }
@@ -375,11 +417,12 @@ mod tests {
         out
     }
 
-    const TYPES: [GgmlType; 4] = [
+    const TYPES: [GgmlType; 5] = [
         GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::IQ4_NL,
         GgmlType::MXFP4,
+        GgmlType::Q4_K,
     ];
 
     /// The shapes: one block, two, three, many (even and odd counts, for the
@@ -395,19 +438,27 @@ mod tests {
         (4160, 8),
     ];
 
+    /// [`SHAPES`] in `ty`'s blocks: Q4_K's rows are eight times longer
+    /// (one super-block, two, three, many; 16 and 24 rows for AVX-512's
+    /// pairs of groups and a lone group).
+    fn shapes(ty: GgmlType) -> impl Iterator<Item = (usize, usize)> {
+        SHAPES.map(|(k, rows)| (k / 32 * ty.block_size(), rows)).into_iter()
+    }
+
     #[test]
     fn interleaving_round_trips_and_moves_every_byte() {
         for ty in TYPES {
             let Some(il) = interleaved(ty) else { continue };
-            for (k, rows) in SHAPES {
+            for (k, rows) in shapes(ty) {
                 let plain = random_rows(ty, k, rows, k as u64 + rows as u64);
                 let mut b = plain.clone();
                 il.interleave(k, &mut b).unwrap();
                 assert_ne!(b, plain, "{ty} {k}x{rows}: interleaving changed nothing");
+                // Q4_K re-encodes its packed scales; the others move bytes.
                 let (mut x, mut y) = (b.clone(), plain.clone());
                 x.sort_unstable();
                 y.sort_unstable();
-                assert_eq!(x, y, "{ty} {k}x{rows}: not a permutation");
+                assert!(ty == GgmlType::Q4_K || x == y, "{ty} {k}x{rows}: not a permutation");
                 il.deinterleave(k, &mut b).unwrap();
                 assert_eq!(b, plain, "{ty} {k}x{rows}: round trip");
             }
@@ -488,6 +539,52 @@ mod tests {
         out
     }
 
+    /// ggml's x86 `q4_K_8x8_q8_K` kernels (AVX2 and AVX-512) in scalar
+    /// form, on plain rows: per row, activation row and super-block,
+    /// `isum = Σ_j sc_j · Σ q4 · q8` and
+    /// `imin = Σ_j m_j · (bsums[2j] + bsums[2j + 1])` in integers, one FMA
+    /// into `acc` (by `d · d_a`) and one into `acc_min` (by `dmin · d_a`),
+    /// and `acc - acc_min` at the end: the gemv. Its gemm, which takes the
+    /// first `n_gemm` activation rows, sums and FMAs per pair of sub-blocks
+    /// instead.
+    fn ggml_q4_k_repack_order(k: usize, w: &[u8], a: &[u8], n_gemm: usize) -> Vec<f32> {
+        use crate::quant::{BlockQ4K, BlockQ8K};
+        let nb = k / 256;
+        let w: &[BlockQ4K] = bytemuck::cast_slice(w);
+        let a: Vec<BlockQ8K> = a
+            .chunks_exact(std::mem::size_of::<BlockQ8K>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        let (rows, n) = (w.len() / nb, a.len() / nb);
+        let mut out = vec![0f32; rows * n];
+        for t in 0..n {
+            for r in 0..rows {
+                let (mut acc, mut acc_min) = (0f32, 0f32);
+                for b in 0..nb {
+                    let (x, y) = (&w[r * nb + b], &a[t * nb + b]);
+                    let (sc, m) = x.scale_mins();
+                    let (mut isum, mut imin) = (0i32, 0i32);
+                    for j in 0..8 {
+                        let q = |l: usize| {
+                            let byte = x.qs[32 * (j / 2) + l];
+                            (if j % 2 == 0 { byte & 15 } else { byte >> 4 }) as i32
+                        };
+                        let dot: i32 = (0..32).map(|l| q(l) * y.qs[32 * j + l] as i32).sum();
+                        isum += sc[j] as i32 * dot;
+                        imin += m[j] as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
+                        if j % 2 == 1 && t < n_gemm || j == 7 {
+                            acc = (isum as f32).mul_add(x.d.to_f32() * y.d, acc);
+                            acc_min = (imin as f32).mul_add(x.dmin.to_f32() * y.d, acc_min);
+                            (isum, imin) = (0, 0);
+                        }
+                    }
+                }
+                out[t * rows + r] = acc - acc_min;
+            }
+        }
+        out
+    }
+
     #[test]
     fn interleaved_kernels_give_the_bits_of_llamacpps_kernels_at_its_defaults() {
         // Q8_0 (not repacked by ggml on x86): the plain kernels' bits; the
@@ -500,27 +597,33 @@ mod tests {
                 continue;
             };
             let op = ops(ty).unwrap();
-            for (k, rows) in SHAPES {
+            for (k, rows) in shapes(ty) {
                 let plain = random_rows(ty, k, rows, 99 + k as u64);
                 let mut w = plain.clone();
                 il.interleave(k, &mut w).unwrap();
-                for n in [1, 2, 7, 8, 33] {
+                let runs = [1, 2, 7, 8, 33]
+                    .into_iter()
+                    .flat_map(|n| [(n, Rows::Gemv), (n, Rows::Tiles)]);
+                for (n, rows_of) in runs {
                     let a = acts(op.act_type(), k, n, n as u64);
                     let mut want = vec![0f32; rows * n];
                     let mut got = vec![f32::NAN; rows * n];
-                    if ty != GgmlType::Q8_0 {
+                    if ty == GgmlType::Q4_K {
+                        let n_gemm = if rows_of == Rows::Tiles { n / 4 * 4 } else { 0 };
+                        want = ggml_q4_k_repack_order(k, &plain, &a, n_gemm);
+                    } else if ty != GgmlType::Q8_0 {
                         want = ggml_repack_order(ty, k, &plain, &a);
                     } else if n == 1 {
                         op.vec_dot_rows(k, &plain, &a, &mut want).unwrap();
                     } else {
                         op.vec_dot_tile_batch(k, &plain, &a, &mut want, n).unwrap();
                     }
-                    il.dot_tile(k, &w, &a, &mut got).unwrap();
+                    il.dot_tile(k, &w, &a, &mut got, rows_of).unwrap();
                     for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                         assert_eq!(
                             g.to_bits(),
                             e.to_bits(),
-                            "{ty} {caps:?} k={k} rows={rows} n={n} out {i}: {g} vs {e}"
+                            "{ty} {caps:?} k={k} rows={rows} n={n} {rows_of:?} out {i}: {g} vs {e}"
                         );
                     }
                 }
@@ -537,14 +640,15 @@ mod tests {
         assert!(il.interleave(32, &mut seven_rows).is_err());
         assert!(il.interleave(33, &mut [0u8; 18 * 8]).is_err());
         let w = vec![0u8; 18 * 8];
-        assert!(il.dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7]).is_err());
-        assert!(il.dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8]).is_err());
+        assert!(il.dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7], Rows::Gemv).is_err());
+        assert!(il.dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8], Rows::Gemv).is_err());
     }
 
     #[test]
     fn no_interleaving_without_the_kernels_or_for_ragged_row_counts() {
         assert!(interleaved_with_caps(GgmlType::Q4_0, CpuCaps::NONE).is_none());
         assert!(!interleaves(GgmlType::Q4_0, 12));
-        assert!(!interleaves(GgmlType::Q4_K, 16));
+        assert!(!interleaves(GgmlType::Q4_K, 12));
+        assert!(!interleaves(GgmlType::Q6_K, 16));
     }
 }

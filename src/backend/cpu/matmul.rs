@@ -92,6 +92,9 @@ struct Matrix<'a> {
     /// The bytes of each matrix (one for a 2-D weight, one per expert of a
     /// stacked one; `None` for experts a product does not use).
     mats: Vec<Option<&'a [u8]>>,
+    /// The kernels llama.cpp runs on the activation rows of an interleaved
+    /// matrix's products (a MUL_MAT's or an expert's).
+    rows: layout::Rows,
     k: usize,
     n: usize,
     rb: usize,
@@ -114,7 +117,7 @@ impl Matrix<'_> {
         batch: Option<usize>,
     ) -> Result<(), quant::QuantError> {
         match (self.layout, batch) {
-            (Some(il), _) => il.dot_tile(self.k, w_rows, acts, out),
+            (Some(il), _) => il.dot_tile(self.k, w_rows, acts, out, self.rows),
             (None, None) => self.ops.vec_dot_rows(self.k, w_rows, acts, out),
             (None, Some(b)) => self.ops.vec_dot_tile_batch(self.k, w_rows, acts, out, b),
         }
@@ -122,12 +125,14 @@ impl Matrix<'_> {
 }
 
 /// The matrices `used` of `w`, whose rows hold `k` values (the op's contract
-/// has checked `k`); errors when the weight's bytes are short of one.
+/// has checked `k`), products over activation `rows`; errors when the
+/// weight's bytes are short of one.
 fn matrix<'a>(
     op: &'static str,
     w: &'a CpuWeight,
     k: usize,
     used: impl Iterator<Item = (usize, bool)>,
+    rows: layout::Rows,
 ) -> Result<Matrix<'a>, BackendError> {
     let ops = quant::ops(w.ty)?;
     let n = w.n_rows();
@@ -149,6 +154,7 @@ fn matrix<'a>(
         ops,
         layout: w.layout(),
         mats,
+        rows,
         k,
         n,
         rb,
@@ -174,7 +180,7 @@ pub(super) fn matmul_many(
         .map(|w| {
             let n_mat = w.dims.get(2).copied().unwrap_or(1) as usize;
             contract::matmul(w.row_len(), n_mat, x.cols)?;
-            matrix("matmul", w, x.cols, std::iter::once((0, true)))
+            matrix("matmul", w, x.cols, std::iter::once((0, true)), layout::Rows::Tiles)
         })
         .collect::<Result<Vec<_>, _>>()?;
     // Quantised activations per distinct activation type.
@@ -304,7 +310,7 @@ pub(super) fn mul_mat_id(
         by_expert[e as usize].push((r, t * x_per_tok + j % x_per_tok));
     }
     let used = by_expert.iter().map(|p| !p.is_empty()).enumerate();
-    let m = matrix("mul_mat_id", w, x.cols, used)?;
+    let m = matrix("mul_mat_id", w, x.cols, used, layout::Rows::Gemv)?;
     if n_tok == 0 {
         return Ok(CpuTensor::zeros(0, m.n));
     }

@@ -1,0 +1,212 @@
+//! Q4_K's interleaved layout: groups of eight rows rewritten super-block by
+//! super-block so that one vector load holds the same four quant bytes of
+//! all eight rows, the rows' `d`/`dmin` are one `vcvtph2ps` each and their
+//! scales and mins unpack with a few vector instructions (the byte map is
+//! in `simd_x86::packed_k`'s docs). The eight rows' 144-byte blocks become
+//! 1152 bytes of the same size; the 12 bytes of packed 6-bit scales and
+//! mins per row are re-encoded, not moved, so the layout is a pure,
+//! invertible function of the GGUF bytes but not a permutation of them.
+//!
+//! The kernels sum as ggml's x86 `q4_K_8x8_q8_K` kernels do (llama.cpp's
+//! default `--repack`, which interleaves Q4_K matrices of whole 8-row
+//! groups on every AVX2 CPU): per super-block and row, the scaled quant
+//! products and the mins by the activation's block sums as two exact
+//! integers, one FMA each, and their difference at the end. That is not
+//! `ggml_vec_dot_q4_K_q8_K`'s order, so results differ from the plain
+//! layout's in the last bits, as llama.cpp's do between `--repack` on and
+//! off.
+
+use super::{Interleaved, Rows, GROUP_ROWS};
+use crate::quant::common::{pack_scale_min_k4, scale_mins_k4};
+use crate::quant::{QuantError, QK_K};
+use crate::tensor::GgmlType;
+
+/// Bytes of a Q4_K block and of an eight-row group's super-block.
+const BLOCK: usize = 144;
+const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+/// Where a group super-block keeps its parts (see `simd_x86::packed_k`).
+const DMIN: usize = 16;
+const SCALES_LO: usize = 32;
+const SCALES_HI: usize = 96;
+const QS: usize = 128;
+
+/// Q4_K on the CPU's kernels: eight rows per AVX2 vector, or sixteen (two
+/// groups) per AVX-512 one.
+pub(super) struct SuperBlocked {
+    pub(super) avx512: bool,
+}
+
+/// Moves one super-block of eight rows between the plain blocks `plain`
+/// (row `r` at `r * BLOCK`) and the group super-block `packed`.
+fn convert(plain: &mut [[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK], to_packed: bool) {
+    for (r, blk) in plain.iter_mut().enumerate() {
+        let (d, rest) = blk.split_at_mut(2);
+        let (dmin, rest) = rest.split_at_mut(2);
+        let (scales, qs) = rest.split_at_mut(12);
+        let mut mv = |p: &mut [u8], q: usize| {
+            if to_packed {
+                packed[q..q + p.len()].copy_from_slice(p);
+            } else {
+                p.copy_from_slice(&packed[q..q + p.len()]);
+            }
+        };
+        mv(d, 2 * r);
+        mv(dmin, DMIN + 2 * r);
+        for (c, chunk) in qs.chunks_exact_mut(4).enumerate() {
+            mv(chunk, QS + (8 * c + r) * 4);
+        }
+        let scales: &mut [u8; 12] = scales.try_into().expect("12 scale bytes");
+        if to_packed {
+            let (sc, mn) = scale_mins_k4(scales);
+            for j in 0..8 {
+                let e = 8 * j + r;
+                packed[SCALES_LO + e] = (sc[j] & 15) | (mn[j] & 15) << 4;
+                let top = (sc[j] >> 4) | (mn[j] >> 4) << 2;
+                let hi = &mut packed[SCALES_HI + e / 2];
+                *hi = (*hi & !(15 << (4 * (e % 2)))) | top << (4 * (e % 2));
+            }
+        } else {
+            let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+            for j in 0..8 {
+                let e = 8 * j + r;
+                let (lo, top) = (packed[SCALES_LO + e], packed[SCALES_HI + e / 2] >> (4 * (e % 2)));
+                sc[j] = (lo & 15) | (top & 3) << 4;
+                mn[j] = (lo >> 4) | ((top >> 2) & 3) << 4;
+            }
+            *scales = pack_scale_min_k4(&sc, &mn);
+        }
+    }
+}
+
+impl SuperBlocked {
+    /// Super-blocks per row, checking `len` bytes hold whole groups of
+    /// `k`-value rows.
+    fn geometry(k: usize, len: usize) -> Result<usize, QuantError> {
+        let bad = |what, unit, expected, got| QuantError::BadLength {
+            ty: GgmlType::Q4_K,
+            what,
+            unit,
+            expected,
+            got,
+        };
+        if k == 0 || !k.is_multiple_of(QK_K) {
+            return Err(bad("interleaved row", "values (whole blocks)", k.div_ceil(QK_K) * QK_K, k));
+        }
+        let group = k / QK_K * GROUP_BLOCK;
+        if !len.is_multiple_of(group) {
+            return Err(bad(
+                "interleaved matrix",
+                "bytes (whole 8-row groups)",
+                len / group * group,
+                len,
+            ));
+        }
+        Ok(k / QK_K)
+    }
+
+    fn permute(&self, k: usize, bytes: &mut [u8], to_packed: bool) -> Result<(), QuantError> {
+        let nb = Self::geometry(k, bytes.len())?;
+        let mut scratch = vec![0u8; nb * GROUP_BLOCK];
+        let mut plain = [[0u8; BLOCK]; GROUP_ROWS];
+        let mut packed = [0u8; GROUP_BLOCK];
+        for group in bytes.chunks_exact_mut(nb * GROUP_BLOCK) {
+            scratch.copy_from_slice(group);
+            for b in 0..nb {
+                let at = |r: usize| (r * nb + b) * BLOCK;
+                if to_packed {
+                    for (r, p) in plain.iter_mut().enumerate() {
+                        p.copy_from_slice(&scratch[at(r)..at(r) + BLOCK]);
+                    }
+                    convert(&mut plain, &mut packed, true);
+                    group[b * GROUP_BLOCK..][..GROUP_BLOCK].copy_from_slice(&packed);
+                } else {
+                    packed.copy_from_slice(&scratch[b * GROUP_BLOCK..][..GROUP_BLOCK]);
+                    convert(&mut plain, &mut packed, false);
+                    for (r, p) in plain.iter().enumerate() {
+                        group[at(r)..at(r) + BLOCK].copy_from_slice(p);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Interleaved for SuperBlocked {
+    fn ty(&self) -> GgmlType {
+        GgmlType::Q4_K
+    }
+
+    fn interleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
+        self.permute(k, bytes, true)
+    }
+
+    fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
+        self.permute(k, bytes, false)
+    }
+
+    fn dot_tile(
+        &self,
+        k: usize,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        rows_of: Rows,
+    ) -> Result<(), QuantError> {
+        let nb = Self::geometry(k, w.len())?;
+        let n_rows = w.len() / (nb * BLOCK);
+        let arb = nb * std::mem::size_of::<crate::quant::BlockQ8K>();
+        if !acts.len().is_multiple_of(arb) || out.len() != n_rows * (acts.len() / arb) {
+            return Err(QuantError::BadLength {
+                ty: GgmlType::Q4_K,
+                what: "interleaved dot_tile output",
+                unit: "values (weight rows x activation rows)",
+                expected: n_rows * (acts.len() / arb),
+                got: out.len(),
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::quant::simd_x86::packed_k;
+            let acts: std::borrow::Cow<[crate::quant::BlockQ8K]> =
+                crate::quant::cast_or_copy(GgmlType::Q8_K, "interleaved activations", acts)?;
+            let gb = nb * GROUP_BLOCK;
+            let rows: Vec<&[crate::quant::BlockQ8K]> = acts.chunks_exact(nb).collect();
+            // The activation rows ggml's gemm takes (in fours), the others
+            // its gemv's (`Rows`).
+            let n_gemm = match rows_of {
+                Rows::Tiles => rows.len() / 4 * 4,
+                Rows::Gemv => 0,
+            };
+            let mut done = 0;
+            if self.avx512 {
+                let mut res = [[0f32; 2 * GROUP_ROWS]; 4];
+                for (pi, pair) in w.chunks_exact(2 * gb).enumerate() {
+                    for (ti, a) in rows.chunks(4).enumerate() {
+                        let r = &mut res[..a.len()];
+                        let gemm = 4 * ti < n_gemm;
+                        packed_k::dot16(&pair[..gb], &pair[gb..], a, r, gemm);
+                        for (t, r) in r.iter().enumerate() {
+                            let at = (4 * ti + t) * n_rows + pi * 2 * GROUP_ROWS;
+                            out[at..at + 2 * GROUP_ROWS].copy_from_slice(r);
+                        }
+                    }
+                    done += 2;
+                }
+            }
+            for (gi, g) in w.chunks_exact(gb).enumerate().skip(done) {
+                for (t, a) in rows.iter().enumerate() {
+                    let at = t * n_rows + gi * GROUP_ROWS;
+                    let o = (&mut out[at..at + GROUP_ROWS]).try_into().expect("a group of lanes");
+                    packed_k::dot8(g, a, o, t < n_gemm);
+                }
+            }
+            Ok(())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Err(QuantError::Unsupported {
+            ty: GgmlType::Q4_K,
+            what: "interleaved kernels",
+        })
+    }
+}
