@@ -180,12 +180,24 @@ impl Interleaved for SuperBlocked {
             };
             let mut done = 0;
             if self.avx512 {
+                // Pairs of groups (16 rows) against four activation rows at
+                // a time, read in place for up to four rows, decoded once per
+                // pair for more.
                 let mut res = [[0f32; 2 * GROUP_ROWS]; 4];
+                let mut dec = packed_k::Decoded16::new();
                 for (pi, pair) in w.chunks_exact(2 * gb).enumerate() {
+                    let (g0, g1) = (&pair[..gb], &pair[gb..]);
+                    if rows.len() > 4 {
+                        dec.decode(g0, g1, nb);
+                    }
                     for (ti, a) in rows.chunks(4).enumerate() {
                         let r = &mut res[..a.len()];
                         let gemm = 4 * ti < n_gemm;
-                        packed_k::dot16(&pair[..gb], &pair[gb..], a, r, gemm);
+                        if rows.len() > 4 {
+                            dec.dot(a, r, gemm);
+                        } else {
+                            packed_k::dot16(g0, g1, a, r, gemm);
+                        }
                         for (t, r) in r.iter().enumerate() {
                             let at = (4 * ti + t) * n_rows + pi * 2 * GROUP_ROWS;
                             out[at..at + 2 * GROUP_ROWS].copy_from_slice(r);

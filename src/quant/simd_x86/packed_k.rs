@@ -141,6 +141,107 @@ impl Blocks16 for Raw16<'_> {
     }
 }
 
+/// Two groups decoded once for a batch of more than four activation rows:
+/// per super-block, the chunks' nibbles as bytes, the scales and mins as
+/// [`Blocks16::scales`] gives them, and `d`/`dmin`.
+pub(crate) struct Decoded16 {
+    /// `[b][c][half]`: chunk `c`'s low (`half` 0) or high nibbles.
+    vals: Vec<__m512i>,
+    /// `[b][j]`: scales, then `[b][8 + j]`: mins in both halves.
+    scales: Vec<__m512i>,
+    /// `[b]`: `(d, dmin)`.
+    d: Vec<(__m512, __m512)>,
+}
+
+impl Blocks16 for Decoded16 {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize, sc: &mut [__m512i; 8], mn: &mut [__m512i; 8]) {
+        let s = self.scales.get_unchecked(16 * b..16 * b + 16);
+        sc.copy_from_slice(&s[..8]);
+        mn.copy_from_slice(&s[8..]);
+    }
+
+    #[inline(always)]
+    unsafe fn d(&self, b: usize) -> (__m512, __m512) {
+        *self.d.get_unchecked(b)
+    }
+
+    #[inline(always)]
+    unsafe fn chunk(&self, b: usize, c: usize) -> (__m512i, __m512i) {
+        let at = 64 * b + 2 * c;
+        (*self.vals.get_unchecked(at), *self.vals.get_unchecked(at + 1))
+    }
+}
+
+impl Decoded16 {
+    pub(crate) fn new() -> Self {
+        Self {
+            vals: Vec::new(),
+            scales: Vec::new(),
+            d: Vec::new(),
+        }
+    }
+
+    /// Decodes groups `g0` and `g1` of `nb` super-blocks each.
+    ///
+    /// Only where `CpuCaps::has_avx512()`.
+    pub(crate) fn decode(&mut self, g0: &[u8], g1: &[u8], nb: usize) {
+        assert!(
+            g0.len() >= nb * GROUP_BLOCK && g1.len() >= nb * GROUP_BLOCK,
+            "interleaved Q4_K group too short"
+        );
+        // SAFETY: as in `dot16`; bounds checked above.
+        unsafe { self.decode_512(&Raw16 { g0, g1 }, nb) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn decode_512(&mut self, w: &Raw16, nb: usize) {
+        let zero = _mm512_setzero_si512();
+        self.vals.resize(64 * nb, zero);
+        self.scales.resize(16 * nb, zero);
+        self.d.resize(nb, (_mm512_setzero_ps(), _mm512_setzero_ps()));
+        let (mut sc, mut mn) = ([zero; 8], [zero; 8]);
+        for b in 0..nb {
+            w.scales(b, &mut sc, &mut mn);
+            self.scales[16 * b..16 * b + 8].copy_from_slice(&sc);
+            self.scales[16 * b + 8..16 * b + 16].copy_from_slice(&mn);
+            self.d[b] = w.d(b);
+            for c in 0..32 {
+                let (lo, hi) = w.chunk(b, c);
+                self.vals[64 * b + 2 * c] = lo;
+                self.vals[64 * b + 2 * c + 1] = hi;
+            }
+        }
+    }
+
+    /// The decoded rows against one to four activation rows, as [`dot16`].
+    pub(crate) fn dot(&self, a: &[&[BlockQ8K]], out: &mut [[f32; 16]], gemm: bool) {
+        assert!(
+            (1..=4).contains(&a.len())
+                && a.len() == out.len()
+                && a.iter().all(|a| a.len() == self.d.len()),
+            "decoded Q4_K groups and activation rows disagree"
+        );
+        // SAFETY: as in `decode`; lengths checked above.
+        unsafe { tile16_any(self, a, out, gemm) }
+    }
+}
+
+/// [`tile16`] for `a.len()` rows and `gemm`.
+#[inline(always)]
+unsafe fn tile16_any<W: Blocks16>(w: &W, a: &[&[BlockQ8K]], out: &mut [[f32; 16]], gemm: bool) {
+    match (a.len(), gemm) {
+        (4, false) => tile16::<_, 4, false>(w, a, out),
+        (4, true) => tile16::<_, 4, true>(w, a, out),
+        (3, false) => tile16::<_, 3, false>(w, a, out),
+        (3, true) => tile16::<_, 3, true>(w, a, out),
+        (2, false) => tile16::<_, 2, false>(w, a, out),
+        (2, true) => tile16::<_, 2, true>(w, a, out),
+        (_, false) => tile16::<_, 1, false>(w, a, out),
+        (_, true) => tile16::<_, 1, true>(w, a, out),
+    }
+}
+
 /// Activation bytes `at..at + 4` of `y` in every i32 lane.
 #[inline(always)]
 unsafe fn act16(y: &BlockQ8K, at: usize) -> __m512i {
@@ -176,18 +277,7 @@ pub(crate) fn dot16(g0: &[u8], g1: &[u8], a: &[&[BlockQ8K]], out: &mut [[f32; 16
     let w = Raw16 { g0, g1 };
     // SAFETY: `layout` hands these kernels out only when the CPU has
     // AVX-512 F/BW/VL/VNNI; bounds checked above.
-    unsafe {
-        match (a.len(), gemm) {
-            (4, false) => tile16::<_, 4, false>(&w, a, out),
-            (4, true) => tile16::<_, 4, true>(&w, a, out),
-            (3, false) => tile16::<_, 3, false>(&w, a, out),
-            (3, true) => tile16::<_, 3, true>(&w, a, out),
-            (2, false) => tile16::<_, 2, false>(&w, a, out),
-            (2, true) => tile16::<_, 2, true>(&w, a, out),
-            (_, false) => tile16::<_, 1, false>(&w, a, out),
-            (_, true) => tile16::<_, 1, true>(&w, a, out),
-        }
-    }
+    unsafe { tile16_any(&w, a, out, gemm) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
