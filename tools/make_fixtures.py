@@ -17,7 +17,10 @@ tools/llama_logits.cpp. Stages (all by default):
   smollm2  tests/goldens/smollm2-greedy.json from the real SmolLM2 GGUF
   iq       the low-bit fixtures (IQ_ARCHS): llama-imatrix, then llama-quantize with the
            experts in each of IQ_FORMATS -> tests/fixtures/iqmoe-<fmt>.gguf, goldens
-           tests/goldens/iqmoe-<fmt>.json (exact) and .default.json
+           tests/goldens/iqmoe-<fmt>.json (exact) and .default.json, llama.cpp's
+           default repack on (IQ_REPACK)
+  iq-goldens  (not by default) only those iq goldens again, from the committed
+           fixtures: `tools/make-fixtures.sh iq-goldens`
   smollm2-iq  SmolLM2 re-quantised (SMOL_IQ) with an importance matrix into the models
            dir, goldens tests/goldens/smollm2-<fmt>-greedy.json and -greedy-default.json
 
@@ -753,9 +756,9 @@ def stage_quantize(args):
 
 
 def llama_eval(args, model: Path, prompts=None, texts=None, n_predict=N_GREEDY, logits="all", top=0,
-               fa="off", kv="f32"):
+               fa="off", kv="f32", repack="off"):
     cmd = [str(args.llama_logits), str(model), "--n-predict", str(n_predict), "--logits", logits,
-           "--threads", "2", "--fa", fa, "--kv", kv]
+           "--threads", "2", "--fa", fa, "--kv", kv, "--repack", repack]
     if top:
         cmd += ["--top", str(top)]
     for p in prompts or []:
@@ -937,6 +940,44 @@ def show_cmd(cmd) -> str:
     return " ".join(rel(Path(c)) if "/" in str(c) else str(c) for c in cmd)
 
 
+# The iq goldens run llama.cpp's default repack (its Q4_K attention then
+# takes ggml's q4_K_8x8_q8_K kernels; the i-quant experts are not repacked).
+# On a CPU whose AMX faults, point LD_LIBRARY_PATH at an LLAMACPP_CPU_VARIANTS=noamx
+# build (tools/build-llamacpp.sh); ggml's AVX2 and AVX-512 repack kernels
+# give the same bits.
+IQ_REPACK = "repack on (llama.cpp's default)"
+
+
+def stage_iq_goldens(args):
+    """Re-runs llama.cpp for the iq goldens of the committed fixtures (no
+    requantisation): logits and greedy with llama.cpp's default repack, the
+    rest of each header kept."""
+    import numpy as np
+    for arch in IQ_ARCHS:
+        hf = json.loads((args.goldens / f"{arch}-f32.json").read_text())
+        ref = np.concatenate([np.asarray(p["logits"]) for p in hf["prompts"]])
+        for stem, _ in IQ_FORMATS:
+            if args.stems and stem not in args.stems:
+                continue
+            for fa, kv, suffix in (("off", "f32", ""), ("auto", "f16", ".default")):
+                path = args.goldens / f"{arch}-{stem}{suffix}.json"
+                old = json.loads(path.read_text())
+                prompts = [p["tokens"] for p in old["prompts"]]
+                res = llama_eval(args, args.fixtures / old["fixture"], prompts=prompts,
+                                 n_predict=N_GREEDY, fa=fa, kv=kv, repack="on")
+                out = [{"tokens": p["tokens"], "logits": p["logits"], "greedy": p["greedy"],
+                        "greedy_gap_min": p["greedy_gap_min"],
+                        "greedy_gaps": [float(f"{g:.6g}") for g in p["greedy_gaps"]]} for p in res["prompts"]]
+                got = np.concatenate([np.asarray(p["logits"]) for p in res["prompts"]])
+                header = {k: v for k, v in old.items() if k != "prompts"}
+                header["generator"] = re.sub(r"no repack|repack on \(llama.cpp's default\)", IQ_REPACK,
+                                             header["generator"])
+                header["settings"] = res["settings"]
+                header["nmse_vs_transformers_f32"] = float(f"{nmse(ref, got):.4g}")
+                write_golden(path, header, out)
+                print(f"[iq-goldens] {path.name}: nmse vs transformers {nmse(ref, got):.3e}", flush=True)
+
+
 def stage_iq(args):
     import numpy as np
     for arch in args.archs:
@@ -981,7 +1022,8 @@ def stage_iq(args):
             for fa, kv, suffix, what in (("off", "f32", "", "flash attention off, F32 KV cache"),
                                          ("auto", "f16", ".default",
                                           "llama.cpp's defaults: flash attention auto, F16 KV cache")):
-                res = llama_eval(args, dst, prompts=prompts, n_predict=N_GREEDY, fa=fa, kv=kv)
+                res = llama_eval(args, dst, prompts=prompts, n_predict=N_GREEDY, fa=fa, kv=kv,
+                                 repack="on")
                 out = [{"tokens": p["tokens"], "logits": p["logits"], "greedy": p["greedy"],
                         "greedy_gap_min": p["greedy_gap_min"],
                         "greedy_gaps": [float(f"{g:.6g}") for g in p["greedy_gaps"]]} for p in res["prompts"]]
@@ -991,7 +1033,7 @@ def stage_iq(args):
                     "fixture": fx, "reference": "llama.cpp",
                     "generator": f"tools/llama_logits.cpp ({args.llama_version}); one batch per prompt, "
                                  f"logits for every position, {what}, 2 threads, "
-                                 "no repack; greedy = argmax of raw logits (lowest id on ties), no EOG stop",
+                                 f"{IQ_REPACK}; greedy = argmax of raw logits (lowest id on ties), no EOG stop",
                     "n_vocab": res["n_vocab"], "settings": res["settings"],
                     "expert_type": qtype.upper() if isinstance(qtype, str) else
                                    {pat: t.upper() for pat, t in qtype},
@@ -1191,7 +1233,7 @@ def main():
     args.work.mkdir(parents=True, exist_ok=True)
     for s in stages:
         {"hf": stage_hf, "convert": stage_convert, "quantize": stage_quantize,
-         "llama": stage_llama, "smollm2": stage_smollm2, "iq": stage_iq,
+         "llama": stage_llama, "smollm2": stage_smollm2, "iq": stage_iq, "iq-goldens": stage_iq_goldens,
          "smollm2-iq": stage_smollm2_iq}[s](args)
 
 
