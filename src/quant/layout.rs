@@ -171,32 +171,7 @@ impl Chunked {
     /// Bytes per block and blocks per row, checking `bytes` holds whole
     /// groups of `k`-value rows.
     fn geometry(&self, k: usize, len: usize) -> Result<(usize, usize), QuantError> {
-        let (bs, bb) = (self.ty.block_size(), self.ty.type_size());
-        let bad = |what, unit, expected, got| QuantError::BadLength {
-            ty: self.ty,
-            what,
-            unit,
-            expected,
-            got,
-        };
-        if k == 0 || !k.is_multiple_of(bs) {
-            return Err(bad(
-                "interleaved row",
-                "values (whole blocks)",
-                k.div_ceil(bs) * bs,
-                k,
-            ));
-        }
-        let group = k / bs * bb * GROUP_ROWS;
-        if !len.is_multiple_of(group) {
-            return Err(bad(
-                "interleaved matrix",
-                "bytes (whole 8-row groups)",
-                len / group * group,
-                len,
-            ));
-        }
-        Ok((bb, k / bs))
+        Ok((self.ty.type_size(), group_geometry(self.ty, k, len)?))
     }
 
     /// Rewrites every group of `bytes` between the plain and the
@@ -231,6 +206,58 @@ impl Chunked {
     }
 }
 
+/// Blocks per row of `ty`, checking `len` bytes hold whole groups of
+/// `k`-value rows.
+fn group_geometry(ty: GgmlType, k: usize, len: usize) -> Result<usize, QuantError> {
+    let (bs, bb) = (ty.block_size(), ty.type_size());
+    let bad = |what, unit, expected, got| QuantError::BadLength {
+        ty,
+        what,
+        unit,
+        expected,
+        got,
+    };
+    if k == 0 || !k.is_multiple_of(bs) {
+        return Err(bad(
+            "interleaved row",
+            "values (whole blocks)",
+            k.div_ceil(bs) * bs,
+            k,
+        ));
+    }
+    let group = k / bs * bb * GROUP_ROWS;
+    if !len.is_multiple_of(group) {
+        return Err(bad(
+            "interleaved matrix",
+            "bytes (whole 8-row groups)",
+            len / group * group,
+            len,
+        ));
+    }
+    Ok(k / bs)
+}
+
+/// Checks that `out` holds one result per weight row (`n_rows`) and
+/// activation row (`acts_len` bytes of `arb`-byte rows).
+fn check_tile(
+    ty: GgmlType,
+    n_rows: usize,
+    arb: usize,
+    acts_len: usize,
+    out_len: usize,
+) -> Result<(), QuantError> {
+    if arb == 0 || !acts_len.is_multiple_of(arb) || out_len != n_rows * (acts_len / arb) {
+        return Err(QuantError::BadLength {
+            ty,
+            what: "interleaved dot_tile output",
+            unit: "values (weight rows x activation rows)",
+            expected: n_rows * (acts_len / arb.max(1)),
+            got: out_len,
+        });
+    }
+    Ok(())
+}
+
 /// Eight results as the kernels' fixed-size output.
 #[cfg(target_arch = "x86_64")]
 fn lanes(o: &mut [f32]) -> &mut [f32; GROUP_ROWS] {
@@ -263,15 +290,7 @@ impl Interleaved for Chunked {
         let op: &dyn QuantOps = ops(self.ty)?;
         let act_ty = op.act_type();
         let arb = act_ty.row_bytes(k as u64).unwrap_or(0) as usize;
-        if arb == 0 || !acts.len().is_multiple_of(arb) || out.len() != n_rows * (acts.len() / arb) {
-            return Err(QuantError::BadLength {
-                ty: self.ty,
-                what: "interleaved dot_tile output",
-                unit: "values (weight rows x activation rows)",
-                expected: n_rows * (acts.len() / arb.max(1)),
-                got: out.len(),
-            });
-        }
+        check_tile(self.ty, n_rows, arb, acts.len(), out.len())?;
         #[cfg(target_arch = "x86_64")]
         {
             let acts: std::borrow::Cow<[super::BlockQ8_0]> =

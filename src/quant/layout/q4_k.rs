@@ -16,9 +16,9 @@
 //! layout's in the last bits, as llama.cpp's do between `--repack` on and
 //! off.
 
-use super::{Interleaved, Rows, GROUP_ROWS};
+use super::{check_tile, group_geometry, Interleaved, Rows, GROUP_ROWS};
 use crate::quant::common::{pack_scale_min_k4, scale_mins_k4};
-use crate::quant::{QuantError, QK_K};
+use crate::quant::QuantError;
 use crate::tensor::GgmlType;
 
 /// Bytes of a Q4_K block and of an eight-row group's super-block.
@@ -79,33 +79,8 @@ fn convert(plain: &mut [[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK]
 }
 
 impl SuperBlocked {
-    /// Super-blocks per row, checking `len` bytes hold whole groups of
-    /// `k`-value rows.
-    fn geometry(k: usize, len: usize) -> Result<usize, QuantError> {
-        let bad = |what, unit, expected, got| QuantError::BadLength {
-            ty: GgmlType::Q4_K,
-            what,
-            unit,
-            expected,
-            got,
-        };
-        if k == 0 || !k.is_multiple_of(QK_K) {
-            return Err(bad("interleaved row", "values (whole blocks)", k.div_ceil(QK_K) * QK_K, k));
-        }
-        let group = k / QK_K * GROUP_BLOCK;
-        if !len.is_multiple_of(group) {
-            return Err(bad(
-                "interleaved matrix",
-                "bytes (whole 8-row groups)",
-                len / group * group,
-                len,
-            ));
-        }
-        Ok(k / QK_K)
-    }
-
     fn permute(&self, k: usize, bytes: &mut [u8], to_packed: bool) -> Result<(), QuantError> {
-        let nb = Self::geometry(k, bytes.len())?;
+        let nb = group_geometry(GgmlType::Q4_K, k, bytes.len())?;
         let mut scratch = vec![0u8; nb * GROUP_BLOCK];
         let mut plain = [[0u8; BLOCK]; GROUP_ROWS];
         let mut packed = [0u8; GROUP_BLOCK];
@@ -153,18 +128,10 @@ impl Interleaved for SuperBlocked {
         out: &mut [f32],
         rows_of: Rows,
     ) -> Result<(), QuantError> {
-        let nb = Self::geometry(k, w.len())?;
+        let nb = group_geometry(GgmlType::Q4_K, k, w.len())?;
         let n_rows = w.len() / (nb * BLOCK);
         let arb = nb * std::mem::size_of::<crate::quant::BlockQ8K>();
-        if !acts.len().is_multiple_of(arb) || out.len() != n_rows * (acts.len() / arb) {
-            return Err(QuantError::BadLength {
-                ty: GgmlType::Q4_K,
-                what: "interleaved dot_tile output",
-                unit: "values (weight rows x activation rows)",
-                expected: n_rows * (acts.len() / arb),
-                got: out.len(),
-            });
-        }
+        check_tile(GgmlType::Q4_K, n_rows, arb, acts.len(), out.len())?;
         #[cfg(target_arch = "x86_64")]
         {
             use crate::quant::simd_x86::packed_k;
