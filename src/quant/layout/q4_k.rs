@@ -173,11 +173,21 @@ impl Interleaved for SuperBlocked {
                     done += 2;
                 }
             }
+            // The rest group by group, read in place for one activation
+            // row, decoded once for more.
+            let mut dec = packed_k::Decoded8::new();
             for (gi, g) in w.chunks_exact(gb).enumerate().skip(done) {
+                if rows.len() > 1 {
+                    dec.decode(g, nb);
+                }
                 for (t, a) in rows.iter().enumerate() {
                     let at = t * n_rows + gi * GROUP_ROWS;
                     let o = (&mut out[at..at + GROUP_ROWS]).try_into().expect("a group of lanes");
-                    packed_k::dot8(g, a, o, t < n_gemm);
+                    if rows.len() > 1 {
+                        dec.dot(a, o, t < n_gemm);
+                    } else {
+                        packed_k::dot8(g, a, o, t < n_gemm);
+                    }
                 }
             }
             Ok(())

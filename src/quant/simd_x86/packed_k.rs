@@ -352,14 +352,32 @@ pub(crate) fn dot8(g: &[u8], a: &[BlockQ8K], out: &mut [f32; 8], gemm: bool) {
     );
     // SAFETY: `layout` hands these kernels out only when the CPU has
     // AVX2 + FMA + F16C; bounds checked above.
-    unsafe {
-        if gemm {
-            dot8_avx2::<true>(g, a, out)
-        } else {
-            dot8_avx2::<false>(g, a, out)
-        }
+    unsafe { row8_any(&Raw8(g), a, out, gemm) }
+}
+
+/// [`row8`] for `gemm`.
+#[inline(always)]
+unsafe fn row8_any<W: Blocks8>(w: &W, a: &[BlockQ8K], out: &mut [f32; 8], gemm: bool) {
+    if gemm {
+        row8::<W, true>(w, a, out)
+    } else {
+        row8::<W, false>(w, a, out)
     }
 }
+
+/// Eight rows of a super-block: scales, mins and quants.
+trait Blocks8 {
+    /// Per sub-block `j`: the rows' scales (`sc[j]`) and mins (`mn[j]`),
+    /// each in both 16-bit halves of its lane.
+    unsafe fn scales(&self, b: usize, sc: &mut [__m256i; 8], mn: &mut [__m256i; 8]);
+    /// `d` and `dmin` of the eight rows.
+    unsafe fn d(&self, b: usize) -> (__m256, __m256);
+    /// Chunk `c`'s low and high nibbles as bytes.
+    unsafe fn chunk(&self, b: usize, c: usize) -> (__m256i, __m256i);
+}
+
+/// One group read in place.
+struct Raw8<'a>(&'a [u8]);
 
 /// Both nibbles of 16 bytes as 32 bytes (byte `2i`: the low nibble of byte
 /// `i`, byte `2i + 1`: its high nibble).
@@ -372,62 +390,167 @@ unsafe fn nibble_pairs(p: *const u8) -> __m256i {
     )
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot8_avx2<const GEMM: bool>(g: &[u8], a: &[BlockQ8K], out: &mut [f32; 8]) {
-    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_min = _mm256_setzero_ps();
-    let mut bytes = [[0u8; 64]; 2];
-    for (b, y) in a.iter().enumerate() {
-        let p = g.as_ptr().add(b * GROUP_BLOCK);
+impl Blocks8 for Raw8<'_> {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize, sc: &mut [__m256i; 8], mn: &mut [__m256i; 8]) {
+        let p = self.0.as_ptr().add(b * GROUP_BLOCK);
+        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
         // Scales (bytes[0]) and mins (bytes[1]) of entry 8j + r.
+        let mut bytes = [[0u8; 64]; 2];
         for h in 0..2 {
             let lo = _mm256_loadu_si256(p.add(SCALES_LO + 32 * h) as *const __m256i);
             let hi = nibble_pairs(p.add(SCALES_HI + 16 * h));
-            let sc = _mm256_or_si256(
+            let s = _mm256_or_si256(
                 _mm256_and_si256(lo, m4),
                 _mm256_and_si256(_mm256_slli_epi16::<4>(hi), m30),
             );
-            let mn = _mm256_or_si256(
+            let m = _mm256_or_si256(
                 _mm256_and_si256(_mm256_srli_epi16::<4>(lo), m4),
                 _mm256_and_si256(_mm256_slli_epi16::<2>(hi), m30),
             );
-            _mm256_storeu_si256(bytes[0].as_mut_ptr().add(32 * h) as *mut __m256i, sc);
-            _mm256_storeu_si256(bytes[1].as_mut_ptr().add(32 * h) as *mut __m256i, mn);
+            _mm256_storeu_si256(bytes[0].as_mut_ptr().add(32 * h) as *mut __m256i, s);
+            _mm256_storeu_si256(bytes[1].as_mut_ptr().add(32 * h) as *mut __m256i, m);
         }
-        // Sub-block j's eight values in both 16-bit halves of each lane.
         let pairs = |v: &[u8; 64], j: usize| {
             let x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(v.as_ptr().add(8 * j) as *const __m128i));
             _mm256_or_si256(x, _mm256_slli_epi32::<16>(x))
         };
+        for j in 0..8 {
+            sc[j] = pairs(&bytes[0], j);
+            mn[j] = pairs(&bytes[1], j);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn d(&self, b: usize) -> (__m256, __m256) {
+        let p = self.0.as_ptr().add(b * GROUP_BLOCK);
+        (
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(DMIN) as *const __m128i)),
+        )
+    }
+
+    #[inline(always)]
+    unsafe fn chunk(&self, b: usize, c: usize) -> (__m256i, __m256i) {
+        let p = self.0.as_ptr().add(b * GROUP_BLOCK + QS + 32 * c);
+        let x = _mm256_loadu_si256(p as *const __m256i);
+        let m4 = _mm256_set1_epi8(0x0F);
+        (
+            _mm256_and_si256(x, m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4),
+        )
+    }
+}
+
+/// One group decoded once for several activation rows on AVX2, as
+/// [`Decoded16`] is for two on AVX-512.
+pub(crate) struct Decoded8 {
+    /// `[b][c][half]`: chunk `c`'s low (`half` 0) or high nibbles.
+    vals: Vec<__m256i>,
+    /// `[b][j]`: scales, then `[b][8 + j]`: mins, in both halves.
+    scales: Vec<__m256i>,
+    /// `[b]`: `(d, dmin)`.
+    d: Vec<(__m256, __m256)>,
+}
+
+impl Blocks8 for Decoded8 {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize, sc: &mut [__m256i; 8], mn: &mut [__m256i; 8]) {
+        let s = self.scales.get_unchecked(16 * b..16 * b + 16);
+        sc.copy_from_slice(&s[..8]);
+        mn.copy_from_slice(&s[8..]);
+    }
+
+    #[inline(always)]
+    unsafe fn d(&self, b: usize) -> (__m256, __m256) {
+        *self.d.get_unchecked(b)
+    }
+
+    #[inline(always)]
+    unsafe fn chunk(&self, b: usize, c: usize) -> (__m256i, __m256i) {
+        let at = 64 * b + 2 * c;
+        (*self.vals.get_unchecked(at), *self.vals.get_unchecked(at + 1))
+    }
+}
+
+impl Decoded8 {
+    pub(crate) fn new() -> Self {
+        Self {
+            vals: Vec::new(),
+            scales: Vec::new(),
+            d: Vec::new(),
+        }
+    }
+
+    /// Decodes group `g` of `nb` super-blocks.
+    ///
+    /// Only where `CpuCaps::has_avx2()`.
+    pub(crate) fn decode(&mut self, g: &[u8], nb: usize) {
+        assert!(g.len() >= nb * GROUP_BLOCK, "interleaved Q4_K group too short");
+        // SAFETY: as in `dot8`; bounds checked above.
+        unsafe { self.decode_avx2(&Raw8(g), nb) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_avx2(&mut self, w: &Raw8, nb: usize) {
+        let zero = _mm256_setzero_si256();
+        self.vals.resize(64 * nb, zero);
+        self.scales.resize(16 * nb, zero);
+        self.d.resize(nb, (_mm256_setzero_ps(), _mm256_setzero_ps()));
+        let (mut sc, mut mn) = ([zero; 8], [zero; 8]);
+        for b in 0..nb {
+            w.scales(b, &mut sc, &mut mn);
+            self.scales[16 * b..16 * b + 8].copy_from_slice(&sc);
+            self.scales[16 * b + 8..16 * b + 16].copy_from_slice(&mn);
+            self.d[b] = w.d(b);
+            for c in 0..32 {
+                let (lo, hi) = w.chunk(b, c);
+                self.vals[64 * b + 2 * c] = lo;
+                self.vals[64 * b + 2 * c + 1] = hi;
+            }
+        }
+    }
+
+    /// The decoded rows against activation row `a`, as [`dot8`].
+    pub(crate) fn dot(&self, a: &[BlockQ8K], out: &mut [f32; 8], gemm: bool) {
+        assert_eq!(a.len(), self.d.len(), "decoded Q4_K group and activation row disagree");
+        // SAFETY: as in `decode`; lengths checked above.
+        unsafe { row8_any(self, a, out, gemm) }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row8<W: Blocks8, const GEMM: bool>(w: &W, a: &[BlockQ8K], out: &mut [f32; 8]) {
+    let zero = _mm256_setzero_si256();
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = _mm256_setzero_ps();
+    let (mut sc, mut mn) = ([zero; 8], [zero; 8]);
+    for (b, y) in a.iter().enumerate() {
+        w.scales(b, &mut sc, &mut mn);
         let act = |at: usize| {
             _mm256_set1_epi32(std::ptr::read_unaligned(y.qs.as_ptr().add(at) as *const i32))
         };
         // `Σ_j mn_j · (bsums[2j] + bsums[2j + 1])` over `js`.
         let mins = |js: std::ops::Range<usize>| {
-            js.fold(_mm256_setzero_si256(), |imin, j| {
+            js.fold(zero, |imin, j| {
                 let bs = std::ptr::read_unaligned(y.bsums.as_ptr().add(2 * j) as *const i32);
-                let prod = _mm256_madd_epi16(pairs(&bytes[1], j), _mm256_set1_epi32(bs));
-                _mm256_add_epi32(imin, prod)
+                _mm256_add_epi32(imin, _mm256_madd_epi16(mn[j], _mm256_set1_epi32(bs)))
             })
         };
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(DMIN) as *const __m128i));
+        let (d, dmin) = w.d(b);
         let da = _mm256_set1_ps(y.d);
         let (dd, dm) = (_mm256_mul_ps(d, da), _mm256_mul_ps(dmin, da));
-        let mut isum = _mm256_setzero_si256();
+        let mut isum = zero;
         for i in 0..4 {
-            let (mut s_lo, mut s_hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            let (mut s_lo, mut s_hi) = (zero, zero);
             for c in 0..8 {
-                let x = _mm256_loadu_si256(p.add(QS + 32 * (8 * i + c)) as *const __m256i);
-                let lo = _mm256_and_si256(x, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+                let (lo, hi) = w.chunk(b, 8 * i + c);
                 s_lo = _mm256_add_epi16(s_lo, _mm256_maddubs_epi16(lo, act(64 * i + 4 * c)));
                 s_hi = _mm256_add_epi16(s_hi, _mm256_maddubs_epi16(hi, act(64 * i + 32 + 4 * c)));
             }
             let sum = _mm256_add_epi32(
-                _mm256_madd_epi16(s_lo, pairs(&bytes[0], 2 * i)),
-                _mm256_madd_epi16(s_hi, pairs(&bytes[0], 2 * i + 1)),
+                _mm256_madd_epi16(s_lo, sc[2 * i]),
+                _mm256_madd_epi16(s_hi, sc[2 * i + 1]),
             );
             if GEMM {
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, acc);
