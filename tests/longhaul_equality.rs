@@ -318,8 +318,8 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
 /// blocking path that prefetch uses):
 /// - Q8_0, which ggml does not repack on x86, keeps the bits of the GGUF
 ///   layout;
-/// - Q4_0 (a synthetic model, Q4_0 throughout)
-///   and MXFP4 (gpt-oss's experts) take ggml's repack order, as llama.cpp
+/// - Q4_0 and Q4_K (synthetic models, one type throughout) and MXFP4
+///   (gpt-oss's experts) take ggml's repack order, as llama.cpp
 ///   does at its defaults: the prompt's logits stay near the GGUF layout's
 ///   (the same products, summed per block in integers before one FMA rather
 ///   than in eight FMA lanes; MXFP4's power-of-two scales leave these tiny
@@ -337,14 +337,23 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
         return;
     }
     let open = |p: &Path| Arc::new(gguf::Model::open(p).expect("open"));
-    let synth_path =
-        std::env::temp_dir().join(format!("longhaul-repack-q4_0-{}.gguf", std::process::id()));
-    let spec = longhaul::synth::SynthSpec {
-        expert_type: GgmlType::Q4_0,
-        dense_type: GgmlType::Q4_0,
-        ..longhaul::synth::SynthSpec::tiny()
-    };
-    longhaul::synth::write(&spec, &synth_path).expect("synthetic model");
+    let mut synth = Vec::new();
+    for (name, ty) in [
+        ("synthetic-q4_0", GgmlType::Q4_0),
+        ("synthetic-q4_k", GgmlType::Q4_K),
+    ] {
+        let path = std::env::temp_dir().join(format!(
+            "longhaul-repack-{name}-{}.gguf",
+            std::process::id()
+        ));
+        let spec = longhaul::synth::SynthSpec {
+            expert_type: ty,
+            dense_type: ty,
+            ..longhaul::synth::SynthSpec::tiny()
+        };
+        longhaul::synth::write(&spec, &path).expect("synthetic model");
+        synth.push((name, path));
+    }
     let mut cases: Vec<(&str, std::path::PathBuf)> = [
         "llama-moe-q8_0",
         "qwen3moe-q8_0",
@@ -354,7 +363,7 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
     .iter()
     .map(|&stem| (stem, fixture(&format!("{stem}.gguf"))))
     .collect();
-    cases.push(("synthetic-q4_0", synth_path.clone()));
+    cases.extend(synth.iter().cloned());
     for (stem, path) in cases {
         let file = open(&path);
         // The fixture's experts and attention take the layout, or this
@@ -432,7 +441,9 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
             assert_bits_eq(&logits, &want_logits, &label);
         }
     }
-    let _ = std::fs::remove_file(&synth_path);
+    for (_, path) in synth {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 fn assert_bits_eq(got: &[f32], want: &[f32], label: &str) {

@@ -107,7 +107,11 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
             return Some(c);
         }
         if ty == GgmlType::Q4_K {
-            return Some(if caps.has_avx512() { &Q4_K_512 } else { &Q4_K_AVX2 });
+            return Some(if caps.has_avx512() {
+                &Q4_K_512
+            } else {
+                &Q4_K_AVX2
+            });
         }
     }
     let _ = ty;
@@ -461,7 +465,9 @@ mod tests {
     /// (one super-block, two, three, many; 16 and 24 rows for AVX-512's
     /// pairs of groups and a lone group).
     fn shapes(ty: GgmlType) -> impl Iterator<Item = (usize, usize)> {
-        SHAPES.map(|(k, rows)| (k / 32 * ty.block_size(), rows)).into_iter()
+        SHAPES
+            .map(|(k, rows)| (k / 32 * ty.block_size(), rows))
+            .into_iter()
     }
 
     #[test]
@@ -477,7 +483,10 @@ mod tests {
                 let (mut x, mut y) = (b.clone(), plain.clone());
                 x.sort_unstable();
                 y.sort_unstable();
-                assert!(ty == GgmlType::Q4_K || x == y, "{ty} {k}x{rows}: not a permutation");
+                assert!(
+                    ty == GgmlType::Q4_K || x == y,
+                    "{ty} {k}x{rows}: not a permutation"
+                );
                 il.deinterleave(k, &mut b).unwrap();
                 assert_eq!(b, plain, "{ty} {k}x{rows}: round trip");
             }
@@ -659,8 +668,12 @@ mod tests {
         assert!(il.interleave(32, &mut seven_rows).is_err());
         assert!(il.interleave(33, &mut [0u8; 18 * 8]).is_err());
         let w = vec![0u8; 18 * 8];
-        assert!(il.dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7], Rows::Gemv).is_err());
-        assert!(il.dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8], Rows::Gemv).is_err());
+        assert!(il
+            .dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7], Rows::Gemv)
+            .is_err());
+        assert!(il
+            .dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8], Rows::Gemv)
+            .is_err());
     }
 
     #[test]

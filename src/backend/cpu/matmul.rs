@@ -180,7 +180,13 @@ pub(super) fn matmul_many(
         .map(|w| {
             let n_mat = w.dims.get(2).copied().unwrap_or(1) as usize;
             contract::matmul(w.row_len(), n_mat, x.cols)?;
-            matrix("matmul", w, x.cols, std::iter::once((0, true)), layout::Rows::Tiles)
+            matrix(
+                "matmul",
+                w,
+                x.cols,
+                std::iter::once((0, true)),
+                layout::Rows::Tiles,
+            )
         })
         .collect::<Result<Vec<_>, _>>()?;
     // Quantised activations per distinct activation type.

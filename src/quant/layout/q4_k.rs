@@ -69,7 +69,10 @@ fn convert(plain: &mut [[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK]
             let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
             for j in 0..8 {
                 let e = 8 * j + r;
-                let (lo, top) = (packed[SCALES_LO + e], packed[SCALES_HI + e / 2] >> (4 * (e % 2)));
+                let (lo, top) = (
+                    packed[SCALES_LO + e],
+                    packed[SCALES_HI + e / 2] >> (4 * (e % 2)),
+                );
                 sc[j] = (lo & 15) | (top & 3) << 4;
                 mn[j] = (lo >> 4) | ((top >> 2) & 3) << 4;
             }
@@ -182,7 +185,9 @@ impl Interleaved for SuperBlocked {
                 }
                 for (t, a) in rows.iter().enumerate() {
                     let at = t * n_rows + gi * GROUP_ROWS;
-                    let o = (&mut out[at..at + GROUP_ROWS]).try_into().expect("a group of lanes");
+                    let o = (&mut out[at..at + GROUP_ROWS])
+                        .try_into()
+                        .expect("a group of lanes");
                     if rows.len() > 1 {
                         dec.dot(a, o, t < n_gemm);
                     } else {

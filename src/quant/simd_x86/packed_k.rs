@@ -62,7 +62,7 @@ unsafe fn scale_min_bytes_512(p: *const u8) -> (__m512i, __m512i) {
 /// (`lo`/`hi`: their 64-bit interleave) as i32 lanes.
 #[inline(always)]
 unsafe fn lanes_of(lo: __m512i, hi: __m512i, j: usize) -> __m512i {
-    let v = if j % 2 == 0 { lo } else { hi };
+    let v = if j.is_multiple_of(2) { lo } else { hi };
     let x = match j / 2 {
         0 => _mm512_extracti32x4_epi32::<0>(v),
         1 => _mm512_extracti32x4_epi32::<1>(v),
@@ -169,7 +169,10 @@ impl Blocks16 for Decoded16 {
     #[inline(always)]
     unsafe fn chunk(&self, b: usize, c: usize) -> (__m512i, __m512i) {
         let at = 64 * b + 2 * c;
-        (*self.vals.get_unchecked(at), *self.vals.get_unchecked(at + 1))
+        (
+            *self.vals.get_unchecked(at),
+            *self.vals.get_unchecked(at + 1),
+        )
     }
 }
 
@@ -199,7 +202,8 @@ impl Decoded16 {
         let zero = _mm512_setzero_si512();
         self.vals.resize(64 * nb, zero);
         self.scales.resize(16 * nb, zero);
-        self.d.resize(nb, (_mm512_setzero_ps(), _mm512_setzero_ps()));
+        self.d
+            .resize(nb, (_mm512_setzero_ps(), _mm512_setzero_ps()));
         let (mut sc, mut mn) = ([zero; 8], [zero; 8]);
         for b in 0..nb {
             w.scales(b, &mut sc, &mut mn);
@@ -245,9 +249,7 @@ unsafe fn tile16_any<W: Blocks16>(w: &W, a: &[&[BlockQ8K]], out: &mut [[f32; 16]
 /// Activation bytes `at..at + 4` of `y` in every i32 lane.
 #[inline(always)]
 unsafe fn act16(y: &BlockQ8K, at: usize) -> __m512i {
-    _mm512_set1_epi32(std::ptr::read_unaligned(
-        y.qs.as_ptr().add(at) as *const i32
-    ))
+    _mm512_set1_epi32(std::ptr::read_unaligned(y.qs.as_ptr().add(at) as *const i32))
 }
 
 /// `bsums[2j]` and `bsums[2j + 1]` of `y` as the two halves of every i32
@@ -298,13 +300,18 @@ unsafe fn tile16<W: Blocks16, const N: usize, const GEMM: bool>(
         let fma = |acc: &mut [__m512; N], acc_min: &mut [__m512; N], t: usize, isum, imin| {
             let da = _mm512_set1_ps(a[t].get_unchecked(b).d);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, da), acc[t]);
-            acc_min[t] =
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dmin, da), acc_min[t]);
+            acc_min[t] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(imin),
+                _mm512_mul_ps(dmin, da),
+                acc_min[t],
+            );
         };
         // `Σ_j mn_j · (bsums[2j] + bsums[2j + 1])` over `js` for row `t`.
         let mins = |t: usize, js: std::ops::Range<usize>| {
             let y = a[t].get_unchecked(b);
-            js.fold(zero, |imin, j| _mm512_dpwssd_epi32(imin, mn[j], bsums16(y, j)))
+            js.fold(zero, |imin, j| {
+                _mm512_dpwssd_epi32(imin, mn[j], bsums16(y, j))
+            })
         };
         let mut isum = [zero; N];
         for i in 0..4 {
@@ -329,8 +336,8 @@ unsafe fn tile16<W: Blocks16, const N: usize, const GEMM: bool>(
             }
         }
         if !GEMM {
-            for t in 0..N {
-                fma(&mut acc, &mut acc_min, t, isum[t], mins(t, 0..8));
+            for (t, &isum) in isum.iter().enumerate() {
+                fma(&mut acc, &mut acc_min, t, isum, mins(t, 0..8));
             }
         }
     }
@@ -469,7 +476,10 @@ impl Blocks8 for Decoded8 {
     #[inline(always)]
     unsafe fn chunk(&self, b: usize, c: usize) -> (__m256i, __m256i) {
         let at = 64 * b + 2 * c;
-        (*self.vals.get_unchecked(at), *self.vals.get_unchecked(at + 1))
+        (
+            *self.vals.get_unchecked(at),
+            *self.vals.get_unchecked(at + 1),
+        )
     }
 }
 
@@ -486,7 +496,10 @@ impl Decoded8 {
     ///
     /// Only where `CpuCaps::has_avx2()`.
     pub(crate) fn decode(&mut self, g: &[u8], nb: usize) {
-        assert!(g.len() >= nb * GROUP_BLOCK, "interleaved Q4_K group too short");
+        assert!(
+            g.len() >= nb * GROUP_BLOCK,
+            "interleaved Q4_K group too short"
+        );
         // SAFETY: as in `dot8`; bounds checked above.
         unsafe { self.decode_avx2(&Raw8(g), nb) }
     }
@@ -496,7 +509,8 @@ impl Decoded8 {
         let zero = _mm256_setzero_si256();
         self.vals.resize(64 * nb, zero);
         self.scales.resize(16 * nb, zero);
-        self.d.resize(nb, (_mm256_setzero_ps(), _mm256_setzero_ps()));
+        self.d
+            .resize(nb, (_mm256_setzero_ps(), _mm256_setzero_ps()));
         let (mut sc, mut mn) = ([zero; 8], [zero; 8]);
         for b in 0..nb {
             w.scales(b, &mut sc, &mut mn);
@@ -513,7 +527,11 @@ impl Decoded8 {
 
     /// The decoded rows against activation row `a`, as [`dot8`].
     pub(crate) fn dot(&self, a: &[BlockQ8K], out: &mut [f32; 8], gemm: bool) {
-        assert_eq!(a.len(), self.d.len(), "decoded Q4_K group and activation row disagree");
+        assert_eq!(
+            a.len(),
+            self.d.len(),
+            "decoded Q4_K group and activation row disagree"
+        );
         // SAFETY: as in `decode`; lengths checked above.
         unsafe { row8_any(self, a, out, gemm) }
     }
