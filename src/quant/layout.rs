@@ -37,7 +37,7 @@ use super::ops::{ops, CpuCaps};
 use super::{QuantError, QuantOps};
 use crate::tensor::GgmlType;
 
-mod q4_k;
+pub(crate) mod q4_k;
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;

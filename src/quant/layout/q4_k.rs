@@ -23,12 +23,14 @@ use crate::tensor::GgmlType;
 
 /// Bytes of a Q4_K block and of an eight-row group's super-block.
 const BLOCK: usize = 144;
-const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
-/// Where a group super-block keeps its parts (see `simd_x86::packed_k`).
-const DMIN: usize = 16;
-const SCALES_LO: usize = 32;
-const SCALES_HI: usize = 96;
-const QS: usize = 128;
+pub(crate) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+/// Where a group super-block keeps its parts (the map is in
+/// `simd_x86::packed_k`'s docs): the rows' `d` at 0, their `dmin`, the low
+/// and the top bits of their scales and mins, the quant chunks.
+pub(crate) const DMIN: usize = 16;
+pub(crate) const SCALES_LO: usize = 32;
+pub(crate) const SCALES_HI: usize = 96;
+pub(crate) const QS: usize = 128;
 
 /// Q4_K on the CPU's kernels: eight rows per AVX2 vector, or sixteen (two
 /// groups) per AVX-512 one.

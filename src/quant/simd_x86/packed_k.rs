@@ -24,16 +24,9 @@
 //! `4(c % 8)..+4` of sub-block `2(c / 8)`, its high nibbles the same
 //! values of sub-block `2(c / 8) + 1`.
 
+use super::super::layout::q4_k::{DMIN, GROUP_BLOCK, QS, SCALES_HI, SCALES_LO};
 use super::super::BlockQ8K;
 use std::arch::x86_64::*;
-
-/// Bytes of one super-block of an eight-row group.
-pub(crate) const GROUP_BLOCK: usize = 8 * 144;
-/// Where a group's super-block keeps its parts.
-pub(crate) const DMIN: usize = 16;
-pub(crate) const SCALES_LO: usize = 32;
-pub(crate) const SCALES_HI: usize = 96;
-pub(crate) const QS: usize = 128;
 
 /// The scales' and mins' bytes of one group super-block at `p` as two
 /// 64-byte vectors (entry `8j + r`).
