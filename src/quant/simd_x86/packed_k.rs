@@ -71,15 +71,19 @@ struct Raw16<'a> {
     g1: &'a [u8],
 }
 
-/// Sixteen rows of a super-block: scales, mins and quants.
-trait Blocks16 {
-    /// Per sub-block `j`: the rows' scales (`sc[j]`) and their mins in both
-    /// 16-bit halves (`mn[j]`), i32 lanes.
-    unsafe fn scales(&self, b: usize, sc: &mut [__m512i; 8], mn: &mut [__m512i; 8]);
-    /// `d` and `dmin` of the sixteen rows.
-    unsafe fn d(&self, b: usize) -> (__m512, __m512);
+/// The rows of a super-block in one vector width (`I` bytes or i32 lanes,
+/// `F` f32 lanes, one row per lane): sixteen on AVX-512, eight on AVX2;
+/// read in place or [`Decoded`].
+trait Blocks {
+    type I: Copy;
+    type F: Copy;
+    /// Per sub-block `j`: the rows' scales and mins, i32 lanes (on AVX2 the
+    /// scales in both 16-bit halves too); the mins in both halves.
+    unsafe fn scales(&self, b: usize, sc: &mut [Self::I; 8], mn: &mut [Self::I; 8]);
+    /// `d` and `dmin` of the rows.
+    unsafe fn d(&self, b: usize) -> (Self::F, Self::F);
     /// Chunk `c`'s low and high nibbles as bytes.
-    unsafe fn chunk(&self, b: usize, c: usize) -> (__m512i, __m512i);
+    unsafe fn chunk(&self, b: usize, c: usize) -> (Self::I, Self::I);
 }
 
 /// Two halves as one 512-bit vector.
@@ -88,7 +92,10 @@ unsafe fn join512(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
-impl Blocks16 for Raw16<'_> {
+impl Blocks for Raw16<'_> {
+    type I = __m512i;
+    type F = __m512;
+
     #[inline(always)]
     unsafe fn scales(&self, b: usize, sc: &mut [__m512i; 8], mn: &mut [__m512i; 8]) {
         let at = b * GROUP_BLOCK;
@@ -134,33 +141,41 @@ impl Blocks16 for Raw16<'_> {
     }
 }
 
-/// Two groups decoded once for a batch of more than four activation rows:
-/// per super-block, the chunks' nibbles as bytes, the scales and mins as
-/// [`Blocks16::scales`] gives them, and `d`/`dmin`.
-pub(crate) struct Decoded16 {
+/// Rows decoded once for a batch of activation rows: per super-block, the
+/// chunks' nibbles as bytes, the scales and mins as [`Blocks::scales`] gives
+/// them, and `d`/`dmin`. [`Decoded16`] on AVX-512, [`Decoded8`] on AVX2.
+pub(crate) struct Decoded<I, F> {
     /// `[b][c][half]`: chunk `c`'s low (`half` 0) or high nibbles.
-    vals: Vec<__m512i>,
-    /// `[b][j]`: scales, then `[b][8 + j]`: mins in both halves.
-    scales: Vec<__m512i>,
+    vals: Vec<I>,
+    /// `[b][j]`: scales, then `[b][8 + j]`: mins.
+    scales: Vec<I>,
     /// `[b]`: `(d, dmin)`.
-    d: Vec<(__m512, __m512)>,
+    d: Vec<(F, F)>,
 }
 
-impl Blocks16 for Decoded16 {
+/// Two groups (sixteen rows) decoded for more than four activation rows.
+pub(crate) type Decoded16 = Decoded<__m512i, __m512>;
+/// One group (eight rows) decoded for more than one activation row.
+pub(crate) type Decoded8 = Decoded<__m256i, __m256>;
+
+impl<I: Copy, F: Copy> Blocks for Decoded<I, F> {
+    type I = I;
+    type F = F;
+
     #[inline(always)]
-    unsafe fn scales(&self, b: usize, sc: &mut [__m512i; 8], mn: &mut [__m512i; 8]) {
+    unsafe fn scales(&self, b: usize, sc: &mut [I; 8], mn: &mut [I; 8]) {
         let s = self.scales.get_unchecked(16 * b..16 * b + 16);
         sc.copy_from_slice(&s[..8]);
         mn.copy_from_slice(&s[8..]);
     }
 
     #[inline(always)]
-    unsafe fn d(&self, b: usize) -> (__m512, __m512) {
+    unsafe fn d(&self, b: usize) -> (F, F) {
         *self.d.get_unchecked(b)
     }
 
     #[inline(always)]
-    unsafe fn chunk(&self, b: usize, c: usize) -> (__m512i, __m512i) {
+    unsafe fn chunk(&self, b: usize, c: usize) -> (I, I) {
         let at = 64 * b + 2 * c;
         (
             *self.vals.get_unchecked(at),
@@ -169,7 +184,7 @@ impl Blocks16 for Decoded16 {
     }
 }
 
-impl Decoded16 {
+impl<I: Copy, F: Copy> Decoded<I, F> {
     pub(crate) fn new() -> Self {
         Self {
             vals: Vec::new(),
@@ -178,6 +193,29 @@ impl Decoded16 {
         }
     }
 
+    /// Decodes `nb` super-blocks of `w` (`zero`: a zero vector of each
+    /// kind); inlined into the callers' `target_feature` functions.
+    #[inline(always)]
+    unsafe fn fill<W: Blocks<I = I, F = F>>(&mut self, w: &W, nb: usize, zero: (I, F)) {
+        self.vals.resize(64 * nb, zero.0);
+        self.scales.resize(16 * nb, zero.0);
+        self.d.resize(nb, (zero.1, zero.1));
+        let (mut sc, mut mn) = ([zero.0; 8], [zero.0; 8]);
+        for b in 0..nb {
+            w.scales(b, &mut sc, &mut mn);
+            self.scales[16 * b..16 * b + 8].copy_from_slice(&sc);
+            self.scales[16 * b + 8..16 * b + 16].copy_from_slice(&mn);
+            self.d[b] = w.d(b);
+            for c in 0..32 {
+                let (lo, hi) = w.chunk(b, c);
+                self.vals[64 * b + 2 * c] = lo;
+                self.vals[64 * b + 2 * c + 1] = hi;
+            }
+        }
+    }
+}
+
+impl Decoded16 {
     /// Decodes groups `g0` and `g1` of `nb` super-blocks each.
     ///
     /// Only where `CpuCaps::has_avx512()`.
@@ -192,23 +230,7 @@ impl Decoded16 {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn decode_512(&mut self, w: &Raw16, nb: usize) {
-        let zero = _mm512_setzero_si512();
-        self.vals.resize(64 * nb, zero);
-        self.scales.resize(16 * nb, zero);
-        self.d
-            .resize(nb, (_mm512_setzero_ps(), _mm512_setzero_ps()));
-        let (mut sc, mut mn) = ([zero; 8], [zero; 8]);
-        for b in 0..nb {
-            w.scales(b, &mut sc, &mut mn);
-            self.scales[16 * b..16 * b + 8].copy_from_slice(&sc);
-            self.scales[16 * b + 8..16 * b + 16].copy_from_slice(&mn);
-            self.d[b] = w.d(b);
-            for c in 0..32 {
-                let (lo, hi) = w.chunk(b, c);
-                self.vals[64 * b + 2 * c] = lo;
-                self.vals[64 * b + 2 * c + 1] = hi;
-            }
-        }
+        self.fill(w, nb, (_mm512_setzero_si512(), _mm512_setzero_ps()));
     }
 
     /// The decoded rows against one to four activation rows, as [`dot16`].
@@ -226,7 +248,12 @@ impl Decoded16 {
 
 /// [`tile16`] for `a.len()` rows and `gemm`.
 #[inline(always)]
-unsafe fn tile16_any<W: Blocks16>(w: &W, a: &[&[BlockQ8K]], out: &mut [[f32; 16]], gemm: bool) {
+unsafe fn tile16_any<W: Blocks<I = __m512i, F = __m512>>(
+    w: &W,
+    a: &[&[BlockQ8K]],
+    out: &mut [[f32; 16]],
+    gemm: bool,
+) {
     match (a.len(), gemm) {
         (4, false) => tile16::<_, 4, false>(w, a, out),
         (4, true) => tile16::<_, 4, true>(w, a, out),
@@ -276,7 +303,7 @@ pub(crate) fn dot16(g0: &[u8], g1: &[u8], a: &[&[BlockQ8K]], out: &mut [[f32; 16
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile16<W: Blocks16, const N: usize, const GEMM: bool>(
+unsafe fn tile16<W: Blocks<I = __m512i, F = __m512>, const N: usize, const GEMM: bool>(
     w: &W,
     a: &[&[BlockQ8K]],
     out: &mut [[f32; 16]],
@@ -357,23 +384,17 @@ pub(crate) fn dot8(g: &[u8], a: &[BlockQ8K], out: &mut [f32; 8], gemm: bool) {
 
 /// [`row8`] for `gemm`.
 #[inline(always)]
-unsafe fn row8_any<W: Blocks8>(w: &W, a: &[BlockQ8K], out: &mut [f32; 8], gemm: bool) {
+unsafe fn row8_any<W: Blocks<I = __m256i, F = __m256>>(
+    w: &W,
+    a: &[BlockQ8K],
+    out: &mut [f32; 8],
+    gemm: bool,
+) {
     if gemm {
         row8::<W, true>(w, a, out)
     } else {
         row8::<W, false>(w, a, out)
     }
-}
-
-/// Eight rows of a super-block: scales, mins and quants.
-trait Blocks8 {
-    /// Per sub-block `j`: the rows' scales (`sc[j]`) and mins (`mn[j]`),
-    /// each in both 16-bit halves of its lane.
-    unsafe fn scales(&self, b: usize, sc: &mut [__m256i; 8], mn: &mut [__m256i; 8]);
-    /// `d` and `dmin` of the eight rows.
-    unsafe fn d(&self, b: usize) -> (__m256, __m256);
-    /// Chunk `c`'s low and high nibbles as bytes.
-    unsafe fn chunk(&self, b: usize, c: usize) -> (__m256i, __m256i);
 }
 
 /// One group read in place.
@@ -390,7 +411,10 @@ unsafe fn nibble_pairs(p: *const u8) -> __m256i {
     )
 }
 
-impl Blocks8 for Raw8<'_> {
+impl Blocks for Raw8<'_> {
+    type I = __m256i;
+    type F = __m256;
+
     #[inline(always)]
     unsafe fn scales(&self, b: usize, sc: &mut [__m256i; 8], mn: &mut [__m256i; 8]) {
         let p = self.0.as_ptr().add(b * GROUP_BLOCK);
@@ -442,49 +466,7 @@ impl Blocks8 for Raw8<'_> {
     }
 }
 
-/// One group decoded once for several activation rows on AVX2, as
-/// [`Decoded16`] is for two on AVX-512.
-pub(crate) struct Decoded8 {
-    /// `[b][c][half]`: chunk `c`'s low (`half` 0) or high nibbles.
-    vals: Vec<__m256i>,
-    /// `[b][j]`: scales, then `[b][8 + j]`: mins, in both halves.
-    scales: Vec<__m256i>,
-    /// `[b]`: `(d, dmin)`.
-    d: Vec<(__m256, __m256)>,
-}
-
-impl Blocks8 for Decoded8 {
-    #[inline(always)]
-    unsafe fn scales(&self, b: usize, sc: &mut [__m256i; 8], mn: &mut [__m256i; 8]) {
-        let s = self.scales.get_unchecked(16 * b..16 * b + 16);
-        sc.copy_from_slice(&s[..8]);
-        mn.copy_from_slice(&s[8..]);
-    }
-
-    #[inline(always)]
-    unsafe fn d(&self, b: usize) -> (__m256, __m256) {
-        *self.d.get_unchecked(b)
-    }
-
-    #[inline(always)]
-    unsafe fn chunk(&self, b: usize, c: usize) -> (__m256i, __m256i) {
-        let at = 64 * b + 2 * c;
-        (
-            *self.vals.get_unchecked(at),
-            *self.vals.get_unchecked(at + 1),
-        )
-    }
-}
-
 impl Decoded8 {
-    pub(crate) fn new() -> Self {
-        Self {
-            vals: Vec::new(),
-            scales: Vec::new(),
-            d: Vec::new(),
-        }
-    }
-
     /// Decodes group `g` of `nb` super-blocks.
     ///
     /// Only where `CpuCaps::has_avx2()`.
@@ -499,23 +481,7 @@ impl Decoded8 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn decode_avx2(&mut self, w: &Raw8, nb: usize) {
-        let zero = _mm256_setzero_si256();
-        self.vals.resize(64 * nb, zero);
-        self.scales.resize(16 * nb, zero);
-        self.d
-            .resize(nb, (_mm256_setzero_ps(), _mm256_setzero_ps()));
-        let (mut sc, mut mn) = ([zero; 8], [zero; 8]);
-        for b in 0..nb {
-            w.scales(b, &mut sc, &mut mn);
-            self.scales[16 * b..16 * b + 8].copy_from_slice(&sc);
-            self.scales[16 * b + 8..16 * b + 16].copy_from_slice(&mn);
-            self.d[b] = w.d(b);
-            for c in 0..32 {
-                let (lo, hi) = w.chunk(b, c);
-                self.vals[64 * b + 2 * c] = lo;
-                self.vals[64 * b + 2 * c + 1] = hi;
-            }
-        }
+        self.fill(w, nb, (_mm256_setzero_si256(), _mm256_setzero_ps()));
     }
 
     /// The decoded rows against activation row `a`, as [`dot8`].
@@ -531,7 +497,11 @@ impl Decoded8 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row8<W: Blocks8, const GEMM: bool>(w: &W, a: &[BlockQ8K], out: &mut [f32; 8]) {
+unsafe fn row8<W: Blocks<I = __m256i, F = __m256>, const GEMM: bool>(
+    w: &W,
+    a: &[BlockQ8K],
+    out: &mut [f32; 8],
+) {
     let zero = _mm256_setzero_si256();
     let mut acc = _mm256_setzero_ps();
     let mut acc_min = _mm256_setzero_ps();
