@@ -136,3 +136,25 @@ fn tile<const T: usize>(b: Bencher, ty: GgmlType) {
         }
     });
 }
+
+/// Conversion to the interleaved layout (`quant::layout`), GB/s of
+/// weights: what a longhaul slot costs on the reading thread as it fills,
+/// and resident `--repack` at load. One expert-sized matrix (768 rows x
+/// 2048, as Qwen3-30B-A3B's gate), from the read buffer to the slot
+/// (`from`) and in place (`in_place`, the load path).
+#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K], consts = [false, true])]
+fn interleave<const IN_PLACE: bool>(b: Bencher, ty: GgmlType) {
+    let Some(il) = longhaul::quant::layout::interleaved(ty) else {
+        return;
+    };
+    let (k, rows) = (2048, 768);
+    let src = weights(ty, k, rows);
+    let mut dst = src.clone();
+    b.counter(BytesCount::new(src.len())).bench_local(|| {
+        if IN_PLACE {
+            il.interleave(k, &mut dst).unwrap();
+        } else {
+            il.interleave_from(k, &src, &mut dst).unwrap();
+        }
+    });
+}

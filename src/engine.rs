@@ -66,6 +66,10 @@ pub struct EngineParams {
     /// Read resident weights into memory instead of mapping the file
     /// (`--no-mmap`, bench's `--load-mode read`).
     pub no_mmap: bool,
+    /// Read resident weights into memory with direct I/O (`-lm dio`,
+    /// llama.cpp's name; implies `no_mmap`). Under longhaul its
+    /// `direct_io` decides instead.
+    pub direct_io: bool,
     /// Keep every weight in GGUF's plain rows (`--no-repack`); by default
     /// matrices with a CPU kernel layout take it (see
     /// [`LoadOptions::no_repack`]).
@@ -171,6 +175,7 @@ impl Default for EngineParams {
             kv_type: GgmlType::F16,
             longhaul: None,
             no_mmap: false,
+            direct_io: false,
             no_repack: false,
             flash_attn: FlashAttn::Auto,
             chat_template: None,
@@ -303,7 +308,8 @@ impl<B: Backend> Engine<B> {
             None => {
                 drop(shapes);
                 let opts = LoadOptions {
-                    no_mmap: params.no_mmap,
+                    no_mmap: params.no_mmap || params.direct_io,
+                    direct_io: params.direct_io,
                     mtp: params.mtp,
                     no_repack: params.no_repack,
                     ..Default::default()

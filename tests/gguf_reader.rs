@@ -720,9 +720,67 @@ fn direct_reads_equal_the_file_bytes_at_any_alignment() {
         let mut buf = vec![0u8; n];
         m.read_at(0, off as u64, &mut buf).unwrap();
         assert!(buf == want[off..off + n], "bytes differ at {off}+{n}");
+        // The same bytes handed over in the read's own buffer (what a slot
+        // converts from), where direct I/O serves the file.
+        if let Some(same) = m
+            .read_direct_with(0, off as u64, n, |b| b == &want[off..off + n])
+            .unwrap()
+        {
+            assert!(same, "read_direct_with bytes differ at {off}+{n}");
+        }
     }
     let mut past = vec![0u8; 10];
     assert!(m.read_at(0, len as u64 - 5, &mut past).is_err());
+    assert!(m.read_direct_with(0, len as u64 - 5, 10, |_| ()).is_err());
+    // Direct I/O off: the caller reads with read_at.
+    m.set_direct_io(false);
+    assert!(m.read_direct_with(0, 0, 10, |_| ()).unwrap().is_none());
+}
+
+/// `longhaul::read_parallel_converting` (a resident matrix that takes the
+/// CPU kernels' layout, converted piece by piece as its reads complete)
+/// gives the bytes the whole-tensor conversion gives, buffered and direct,
+/// for a Q8_0 matrix of two pieces (8 MiB of whole 8-row groups, then the
+/// rest).
+#[test]
+fn piecewise_conversion_at_load_equals_the_whole_tensor_conversion() {
+    use longhaul::backend::{cpu::CpuBackend, Backend};
+    let (k, rows) = (4096usize, 2056usize);
+    let ty = GgmlType::Q8_0;
+    let Some(il) = longhaul::quant::layout::for_matrix(ty, rows) else {
+        return; // no interleaved kernels on this CPU
+    };
+    let dir = tmp_dir("piecewise");
+    let path = dir.join("q8.gguf");
+    let mut rng = Rng(0x51ece);
+    let mut bytes = rng.bytes(ty.row_bytes(k as u64).unwrap() as usize * rows);
+    // Finite f16 scales, so that the bytes are a plausible Q8_0 matrix.
+    for b in bytes.chunks_exact_mut(34) {
+        b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+    }
+    let mut w = Writer::new();
+    w.add_tensor("m", &[k as u64, rows as u64], ty, bytes.clone())
+        .unwrap();
+    w.write(&path).unwrap();
+    let m = Model::open(&path).unwrap();
+    let t = m.tensor("m").unwrap().clone();
+    let mut want = bytes.clone();
+    il.interleave(k, &mut want).unwrap();
+    let pieces = CpuBackend::new().repack_pieces(&t).expect("a Q8_0 layout");
+    assert!(t.len as usize > 8 << 20 && (t.len as usize).is_multiple_of(pieces.unit));
+    for direct in [false, true] {
+        m.set_direct_io(direct);
+        let mut got = vec![0u8; t.len as usize];
+        longhaul::longhaul::read_parallel_converting(&m, t.shard, t.offset, &mut got, &pieces)
+            .unwrap();
+        assert!(got == want, "direct {direct}: converted bytes differ");
+    }
+    // A length that is not whole groups is an error, not a partial layout.
+    let mut short = vec![0u8; pieces.unit + 1];
+    assert!(longhaul::longhaul::read_parallel_converting(
+        &m, t.shard, t.offset, &mut short, &pieces
+    )
+    .is_err());
 }
 
 /// `longhaul::read_parallel` (resident copies at load: 8 MiB pieces read

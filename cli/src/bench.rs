@@ -79,8 +79,10 @@ pub struct BenchArgs {
     /// CPU; also LONGHAUL_DEVICE). `longhaul devices` lists them.
     #[arg(long = "device", value_name = "NAME")]
     pub device: Option<String>,
-    /// How weights are held (comma-separated): mmap (resident, memory-mapped)
-    /// or longhaul (experts streamed; needs --longhaul-cache). Default: mmap,
+    /// How weights are held (comma-separated, -lm): mmap (resident,
+    /// memory-mapped; llama-bench's auto), read (read into memory;
+    /// llama-bench's none), dio (read into memory with direct I/O) or
+    /// longhaul (experts streamed; needs --longhaul-cache). Default: mmap,
     /// or longhaul with --longhaul.
     #[arg(long = "load-mode", value_delimiter = ',')]
     pub load_mode: Vec<String>,
@@ -209,6 +211,8 @@ pub(crate) enum LoadMode {
     Mmap,
     /// Resident weights read into memory (llama.cpp's `--no-mmap`).
     Read,
+    /// Read into memory with direct I/O (llama.cpp's `-lm dio`).
+    Dio,
     Longhaul {
         gib: String,
         budget: u64,
@@ -442,7 +446,8 @@ fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
     let mut modes = Vec::new();
     for n in &names {
         match n.as_str() {
-            "mmap" => modes.push(LoadMode::Mmap),
+            // llama-bench's names too: auto is mmap here, none is read.
+            "mmap" | "auto" => modes.push(LoadMode::Mmap),
             "longhaul" => {
                 let Some(list) = a.longhaul.cache.as_deref() else {
                     anyhow::bail!("--load-mode longhaul needs --longhaul-cache GIB[,GIB...] (expert cache budgets, e.g. 0.5,1,2)");
@@ -461,9 +466,10 @@ fn load_modes(a: &BenchArgs) -> anyhow::Result<Vec<LoadMode>> {
                     }
                 }
             }
-            "read" => modes.push(LoadMode::Read),
+            "read" | "none" => modes.push(LoadMode::Read),
+            "dio" => modes.push(LoadMode::Dio),
             other => anyhow::bail!(
-                "--load-mode {other}: use mmap, read or longhaul (comma-separated for several)"
+                "--load-mode {other}: use mmap, read (none), dio or longhaul (comma-separated for several)"
             ),
         }
     }
@@ -762,7 +768,7 @@ fn bench_mode<B: Backend + 'static>(
     let a = p.a;
     {
         let longhaul = match mode {
-            LoadMode::Mmap | LoadMode::Read => None,
+            LoadMode::Mmap | LoadMode::Read | LoadMode::Dio => None,
             LoadMode::Longhaul { budget, policy, .. } => Some(LonghaulParams {
                 budget: CacheBudget::Bytes(*budget),
                 policy: *policy,
@@ -779,6 +785,7 @@ fn bench_mode<B: Backend + 'static>(
             kv_type: GgmlType::F16,
             longhaul,
             no_mmap: *mode == LoadMode::Read,
+            direct_io: *mode == LoadMode::Dio,
             no_repack: !a.repacks()?,
             flash_attn,
             mtp: p.spec.contains(&SpecType::DraftMtp),

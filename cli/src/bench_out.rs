@@ -44,6 +44,7 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
     let (mode, gib, policy) = match &r.mode {
         LoadMode::Mmap => ("mmap", Value::Null, Value::Null),
         LoadMode::Read => ("read", Value::Null, Value::Null),
+        LoadMode::Dio => ("dio", Value::Null, Value::Null),
         LoadMode::Longhaul { gib, policy, .. } => (
             "longhaul",
             json!(gib.parse::<f64>().unwrap_or(0.0)),
@@ -257,6 +258,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
             Box::new(|r: &Row| match r.mode {
                 LoadMode::Mmap => "mmap".into(),
                 LoadMode::Read => "read".into(),
+                LoadMode::Dio => "dio".into(),
                 LoadMode::Longhaul { .. } => "longhaul".into(),
             }),
         ));
@@ -277,7 +279,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
             false,
             Box::new(|r: &Row| match &r.mode {
                 LoadMode::Longhaul { policy, .. } => format!("{policy:?}").to_lowercase(),
-                LoadMode::Mmap | LoadMode::Read => "-".into(),
+                LoadMode::Mmap | LoadMode::Read | LoadMode::Dio => "-".into(),
             }),
         ));
     }

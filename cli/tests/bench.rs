@@ -292,7 +292,7 @@ fn flag_errors_say_what_to_do() {
     let e = err(&["-m", &m, "-ngl", "0,1"]);
     assert!(e.contains("-ngl 1:") && e.contains("use -ngl 0"), "{e}");
     let e = err(&["-m", &m, "--load-mode", "mapped"]);
-    assert!(e.contains("use mmap, read or longhaul"), "{e}");
+    assert!(e.contains("use mmap, read (none), dio or longhaul"), "{e}");
     let e = err(&["-m", &m, "--load-mode", "longhaul"]);
     assert!(e.contains("needs --longhaul-cache"), "{e}");
     let e = err(&["-m", &m, "--longhaul-cache", "1"]);
@@ -322,7 +322,7 @@ fn read_load_mode_gives_its_own_rows() {
         "-ngl",
         "0",
         "--load-mode",
-        "mmap,read",
+        "mmap,read,dio",
         "-o",
         "jsonl",
     ]);
@@ -330,7 +330,7 @@ fn read_load_mode_gives_its_own_rows() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("jsonl row"))
         .collect();
-    assert_eq!(rows.len(), 4, "2 load modes x 2 tests: {out}");
+    assert_eq!(rows.len(), 6, "3 load modes x 2 tests: {out}");
     let modes: Vec<(&str, bool)> = rows
         .iter()
         .map(|r| {
@@ -346,7 +346,9 @@ fn read_load_mode_gives_its_own_rows() {
             ("mmap", true),
             ("mmap", true),
             ("read", false),
-            ("read", false)
+            ("read", false),
+            ("dio", false),
+            ("dio", false)
         ]
     );
     for r in &rows {

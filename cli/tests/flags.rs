@@ -319,6 +319,30 @@ fn mlock_locks_the_loaded_model_or_says_why_not() {
     }
 }
 
+/// `-lm dio` (llama.cpp's load mode: weights read into memory with direct
+/// I/O) generates what the default mapped load does, and refuses
+/// `--longhaul-io buffered`, which would read the resident weights through
+/// the page cache.
+#[test]
+fn load_mode_dio_reads_the_same_weights() {
+    let args = ["-p", "Once upon a time", "--temp", "0"];
+    let mapped = run_fixture(&args);
+    assert!(mapped.status.success(), "{}", text(&mapped.stderr));
+    let mut dio = args.to_vec();
+    dio.extend(["-lm", "dio"]);
+    let out = run_fixture(&dio);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&mapped.stdout));
+    dio.extend([
+        "--longhaul",
+        "--longhaul-cache",
+        "1",
+        "--longhaul-io",
+        "buffered",
+    ]);
+    fails_with(&run_fixture(&dio), &["-lm dio", "--longhaul-io buffered"]);
+}
+
 /// `longhaul ARGS` with `input` on stdin: stdout and stderr of a
 /// successful run.
 fn run_with_stdin(args: &[&str], input: &[u8]) -> (String, String) {

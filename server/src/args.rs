@@ -220,8 +220,9 @@ pub struct ModelArgs {
     pub mlock: bool,
     /// llama.cpp's load mode (-lm): auto or mmap (the default), none (read
     /// into memory, as --no-mmap), mlock (read and locked), mmap+mlock
-    /// (mapped and locked, as --mlock).
-    #[arg(long = "load-mode", value_name = "MODE", value_parser = ["auto", "none", "mmap", "mlock", "mmap+mlock"])]
+    /// (mapped and locked, as --mlock), dio (read into memory with direct
+    /// I/O, past the page cache; buffered where the file system refuses it).
+    #[arg(long = "load-mode", value_name = "MODE", value_parser = ["auto", "none", "mmap", "mlock", "mmap+mlock", "dio"])]
     pub load_mode: Option<String>,
     /// Keep the weights in the GGUF layout (-nr); by default, as llama.cpp's
     /// --repack, CPU matrices with an interleaved kernel layout (Q4_0,
@@ -410,6 +411,10 @@ impl ModelArgs {
         if self.locks() && self.longhaul.longhaul {
             anyhow::bail!("--mlock locks the whole model in memory, which --longhaul exists to avoid; drop one of them");
         }
+        let dio = self.load_mode.as_deref() == Some("dio");
+        if dio && self.longhaul.longhaul && !self.longhaul.direct_io()? {
+            anyhow::bail!("-lm dio reads the resident weights with direct I/O, but --longhaul-io buffered reads them through the page cache; drop one of them");
+        }
         let k = kv(&self.cache_type_k)?;
         if kv(&self.cache_type_v)? != k {
             anyhow::bail!(
@@ -424,7 +429,9 @@ impl ModelArgs {
             n_ctx_checkpoints: self.ctx_checkpoints,
             kv_type: k,
             longhaul: self.longhaul.params()?,
-            no_mmap: self.no_mmap || matches!(self.load_mode.as_deref(), Some("none" | "mlock")),
+            no_mmap: self.no_mmap
+                || matches!(self.load_mode.as_deref(), Some("none" | "mlock" | "dio")),
+            direct_io: dio,
             no_repack: self.no_repack,
             flash_attn: self.flash_attn,
             chat_template: match (&self.chat_template, &self.chat_template_file) {

@@ -366,10 +366,28 @@ pub struct SlotTensor {
     pub repack: bool,
 }
 
-/// Rewrites one freshly read expert slice of slot tensor `t` into the layout
-/// a store's weights read ([`SlotStore::converter`]).
-pub type SlotConverter =
-    std::sync::Arc<dyn Fn(usize, &mut [u8]) -> Result<(), BackendError> + Send + Sync>;
+/// Writes one freshly read expert slice of slot tensor `t` into `dst` in
+/// the layout a store's weights read ([`SlotStore::converter`]): from `src`
+/// where the read left the bytes elsewhere, else (`None`) in place.
+pub type SlotConverter = std::sync::Arc<
+    dyn Fn(usize, &mut [u8], Option<&[u8]>) -> Result<(), BackendError> + Send + Sync,
+>;
+
+/// A matrix's conversion into a backend's layout for a loader that converts
+/// it piece by piece ([`Backend::repack_pieces`]).
+#[derive(Clone)]
+pub struct RepackPieces {
+    /// Bytes of the smallest piece converted alone (whole row groups); a
+    /// piece is a whole number of them.
+    pub unit: usize,
+    /// Writes `dst` in the layout from `src` where the read left the bytes
+    /// elsewhere, else (`None`) in place.
+    pub convert: PieceConverter,
+}
+
+/// [`RepackPieces::convert`].
+pub type PieceConverter =
+    std::sync::Arc<dyn Fn(&mut [u8], Option<&[u8]>) -> Result<(), BackendError> + Send + Sync>;
 
 /// Fails when a `(tensor, slot)` pair appears twice in `which` (a slot store
 /// hands out one writable buffer per slot).
@@ -481,6 +499,25 @@ pub trait Backend: Send + Sync + Clone {
         bytes: Vec<u8>,
     ) -> Result<Self::Weight, BackendError> {
         self.weight_from_bytes(t, bytes)
+    }
+
+    /// For a loader that rewrites `t` piece by piece as its reads complete
+    /// (on the reading threads, while later pieces are still being read):
+    /// the layout's conversion, in pieces of whole multiples of its `unit`
+    /// bytes. The loader then makes the weight with
+    /// [`Backend::converted_weight`]. `None`: [`Backend::repacked_weight`]
+    /// converts whole tensors (a backend overrides both or neither).
+    fn repack_pieces(&self, _t: &crate::gguf::TensorInfo) -> Option<RepackPieces> {
+        None
+    }
+
+    /// A weight over bytes [`Backend::repack_pieces`]'s conversion wrote.
+    fn converted_weight(
+        &self,
+        t: &crate::gguf::TensorInfo,
+        bytes: Vec<u8>,
+    ) -> Result<Self::Weight, BackendError> {
+        self.repacked_weight(t, bytes)
     }
 
     /// Slot memory for `n_slots` experts of each of `tensors`.

@@ -329,6 +329,40 @@ impl Model {
         s.file.read_exact_at(buf, offset).map_err(io)
     }
 
+    /// Reads `len` bytes at absolute `offset` of shard `shard` with direct
+    /// I/O and hands them to `f` where they landed, in the aligned read
+    /// buffer: a caller that rewrites the bytes anyway (a slot converting
+    /// to its kernels' layout) saves the copy [`Model::read_at`] makes.
+    /// `Ok(None)` when direct I/O is off, unavailable for the file or the
+    /// read too large for one buffer (up to 16 MiB, per reading thread): then read with
+    /// [`Model::read_at`].
+    pub fn read_direct_with<R>(
+        &self,
+        shard: usize,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, GgufError> {
+        if !self.direct_io.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let (s, _) = self.range(shard, offset, len as u64)?;
+        let io = |source| GgufError::Io {
+            path: s.path.clone(),
+            source,
+        };
+        let injected = self
+            .fault
+            .0
+            .read()
+            .ok()
+            .and_then(|g| g.as_ref().and_then(|hook| hook(shard, offset, len)));
+        if let Some(e) = injected {
+            return Err(io(e));
+        }
+        direct::read_with(s, offset, len, f).transpose().map_err(io)
+    }
+
     /// Makes [`Model::read_at`] read with direct I/O (`O_DIRECT`: from the
     /// device into an aligned buffer, then copied, without the page cache's
     /// copy and its eviction work) where the file system allows it, and
@@ -551,6 +585,47 @@ mod direct {
         })
     }
 
+    /// Bytes of the largest read [`read_with`] makes in one piece.
+    const WHOLE: usize = 16 << 20;
+
+    thread_local! {
+        static WHOLE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Reads `len` bytes at `offset` in one aligned read and calls `f` on
+    /// them; `None` when direct I/O is not available for this file or the
+    /// span is over [`WHOLE`].
+    pub(super) fn read_with<R>(
+        s: &Shard,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Option<std::io::Result<R>> {
+        let start = offset - offset % ALIGN as u64;
+        let skip = (offset - start) as usize;
+        let span = (skip + len).next_multiple_of(ALIGN);
+        if span > WHOLE {
+            return None;
+        }
+        let f_ = file(s)?;
+        // Out of the thread-local while `f` runs, so that nothing `f` does
+        // can find it borrowed.
+        let mut b = WHOLE_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        if b.len() < span + ALIGN {
+            b.resize(span + ALIGN, 0);
+        }
+        let lead = b.as_ptr().align_offset(ALIGN);
+        let res = match read_full(f_, &mut b[lead..lead + span], start) {
+            // The file system took the open but not the alignment.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+            Err(e) => Some(Err(e)),
+            Ok(got) if got < skip + len => Some(Err(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(_) => Some(Ok(f(&b[lead + skip..lead + skip + len]))),
+        };
+        WHOLE_BUF.with(|w| *w.borrow_mut() = b);
+        res
+    }
+
     /// Reads into `dst` at `offset` until it is full or the file ends.
     fn read_full(f: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usize> {
         let mut n = 0;
@@ -569,6 +644,15 @@ mod direct {
 #[cfg(not(target_os = "linux"))]
 mod direct {
     pub(super) fn read(_: &super::Shard, _: u64, _: &mut [u8]) -> Option<std::io::Result<()>> {
+        None
+    }
+
+    pub(super) fn read_with<R>(
+        _: &super::Shard,
+        _: u64,
+        _: usize,
+        _: impl FnOnce(&[u8]) -> R,
+    ) -> Option<std::io::Result<R>> {
         None
     }
 }

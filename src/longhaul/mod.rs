@@ -274,6 +274,80 @@ pub fn read_parallel(
         .map_err(|(_, e)| e)
 }
 
+/// [`read_parallel`] for a matrix that takes a backend layout: each piece
+/// (a whole number of `pieces.unit` bytes, about 8 MiB) is converted on the
+/// thread that read it as soon as its read is in, straight from the direct
+/// read's buffer where direct I/O serves it, while other pieces are still
+/// being read: the load goes at the disk's bandwidth, not that plus the
+/// conversion's time.
+pub fn read_parallel_converting(
+    file: &gguf::Model,
+    shard: usize,
+    offset: u64,
+    dst: &mut [u8],
+    pieces: &crate::backend::RepackPieces,
+) -> Result<(), GgufError> {
+    use rayon::prelude::*;
+    const PIECE: usize = 8 << 20;
+    let unit = pieces.unit.max(1);
+    if !dst.len().is_multiple_of(unit) {
+        return Err(GgufError::Io {
+            path: Default::default(),
+            source: std::io::Error::other(format!(
+                "{} bytes to convert in pieces of {unit}",
+                dst.len()
+            )),
+        });
+    }
+    let piece = (PIECE / unit).max(1) * unit;
+    let read = |i: usize, dst: &mut [u8]| {
+        let at = offset + (i * piece) as u64;
+        read_slice(file, shard, at, dst, false, |dst, src| {
+            (pieces.convert)(dst, src)
+        })
+    };
+    let run = |dst: &mut [u8]| {
+        dst.par_chunks_mut(piece)
+            .enumerate()
+            .try_for_each(|(i, dst)| read(i, dst).map(drop))
+    };
+    match loader::io_pool() {
+        Some(pool) => pool.install(|| run(dst)),
+        None => run(dst),
+    }
+}
+
+/// Reads one expert slice into `buf` and puts it in the slot's layout with
+/// `convert(buf, src)`: straight from the direct read's buffer (`src`) where
+/// direct I/O serves it, else after a [`gguf::Model::read_at`] into `buf`
+/// (`src` `None`: in place). Returns the CRC-32 of the bytes as read when
+/// `checksum`, else 0.
+fn read_slice(
+    file: &gguf::Model,
+    shard: usize,
+    offset: u64,
+    buf: &mut [u8],
+    checksum: bool,
+    convert: impl Fn(&mut [u8], Option<&[u8]>) -> Result<(), crate::backend::BackendError>,
+) -> Result<u32, GgufError> {
+    let converted = |e: crate::backend::BackendError| GgufError::Io {
+        path: Default::default(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let len = buf.len();
+    let direct = file.read_direct_with(shard, offset, len, |src| {
+        let crc = if checksum { crc32fast::hash(src) } else { 0 };
+        convert(buf, Some(src)).map(|()| crc)
+    })?;
+    if let Some(done) = direct {
+        return done.map_err(converted);
+    }
+    file.read_at(shard, offset, buf)?;
+    let crc = if checksum { crc32fast::hash(buf) } else { 0 };
+    convert(buf, None).map_err(converted)?;
+    Ok(crc)
+}
+
 /// Prepares a model's files for streaming: no kernel readahead, whose pages
 /// would outlive the slices they were read next to. Call before reading.
 pub fn prepare_files(file: &gguf::Model) {
@@ -514,17 +588,17 @@ impl<S: SlotStore> StreamedLayer<S> {
             let tx = tx.clone();
             io.spawn(move |_| {
                 let mut buf = buf;
-                let res = file
-                    .read_at(shard, offset, &mut buf)
-                    .map(|()| if checksum { crc32fast::hash(&buf) } else { 0 })
-                    .and_then(|crc| match &convert {
-                        Some(f) => f(ti, &mut buf).map(|()| crc).map_err(|e| GgufError::Io {
-                            path: Default::default(),
-                            source: std::io::Error::other(e.to_string()),
-                        }),
-                        None => Ok(crc),
-                    })
-                    .map_err(|e| (shard, e));
+                let res = read_slice(file, shard, offset, &mut buf, checksum, |buf, src| {
+                    match (&convert, src) {
+                        (Some(f), src) => f(ti, buf, src),
+                        (None, Some(src)) => {
+                            buf.copy_from_slice(src);
+                            Ok(())
+                        }
+                        (None, None) => Ok(()),
+                    }
+                })
+                .map_err(|e| (shard, e));
                 // The receiver is gone only when the sync point gave up; the
                 // slot is then recorded empty and gets a fresh buffer.
                 let _ = tx.send(Done { job, buf, res });

@@ -194,6 +194,10 @@ pub struct LoadOptions {
     /// Read resident tensors into memory instead of mapping the file
     /// (llama.cpp's `--no-mmap`; always so in longhaul mode).
     pub no_mmap: bool,
+    /// Read the resident copies with direct I/O (`-lm dio`; see
+    /// [`gguf::Model::set_direct_io`]), bypassing the page cache. Under
+    /// longhaul, [`LonghaulConfig::direct_io`] decides instead.
+    pub direct_io: bool,
     /// Load no weight at all (see [`Model::load_shapes`]).
     pub shapes_only: bool,
     /// Load the first NextN/MTP layer too (llama.cpp loads it only for
@@ -315,6 +319,7 @@ impl<B: Backend> Model<B> {
         let LoadOptions {
             longhaul,
             no_mmap,
+            direct_io,
             shapes_only,
             mtp,
             no_repack,
@@ -325,6 +330,7 @@ impl<B: Backend> Model<B> {
             longhaul: longhaul.is_some(),
             shapes_only,
             repack: !no_repack,
+            repack_progress: None,
         };
         let mapped = !shapes_only && longhaul.is_none() && !no_mmap;
         if mapped && how.repack {
@@ -343,6 +349,7 @@ impl<B: Backend> Model<B> {
                 );
                 how.repack = false;
             }
+            how.repack_progress = progress.clone().map(|p| (p, want));
         }
         let copy = (!shapes_only && (longhaul.is_some() || no_mmap)).then(|| {
             let total: u64 = file
@@ -353,11 +360,10 @@ impl<B: Backend> Model<B> {
                 .sum();
             (progress, total)
         });
-        if let Some(cfg) = &longhaul {
-            // Resident copies are read once and dropped from the page cache:
-            // direct I/O, like the experts' reads.
-            file.set_direct_io(cfg.direct_io);
-        }
+        // Resident copies are read once and dropped from the page cache:
+        // under longhaul with direct I/O like the experts' reads, else as
+        // `-lm dio` asks.
+        file.set_direct_io(longhaul.as_ref().map_or(direct_io, |cfg| cfg.direct_io));
         let mut m = load_layers(backend, file.clone(), spec, hp, &how, copy)?;
         if let Some(cfg) = longhaul {
             stream::attach(&mut m, cfg, !no_repack)?;

@@ -46,10 +46,22 @@ pub const GROUP_ROWS: usize = 8;
 pub trait Interleaved: Send + Sync {
     /// The weight type.
     fn ty(&self) -> GgmlType;
-    /// Rewrites whole matrices of `k`-value rows from the plain layout to
-    /// the interleaved one, in place (`bytes` holds a multiple of
-    /// [`GROUP_ROWS`] rows).
-    fn interleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError>;
+    /// Writes the interleaved layout of `src` (plain rows of `k` values, a
+    /// multiple of [`GROUP_ROWS`] of them) to `dst`, of the same length: one
+    /// pass from where the bytes were read to where they are kept (a slot
+    /// fills from the direct-read buffer this way).
+    fn interleave_from(&self, k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError>;
+    /// [`Interleaved::interleave_from`] in place, through a copy of one
+    /// group at a time.
+    fn interleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
+        let nb = group_geometry(self.ty(), k, bytes.len())?;
+        let mut scratch = vec![0u8; nb * self.ty().type_size() * GROUP_ROWS];
+        for group in bytes.chunks_exact_mut(scratch.len()) {
+            scratch.copy_from_slice(group);
+            self.interleave_from(k, &scratch, group)?;
+        }
+        Ok(())
+    }
     /// The inverse of [`Interleaved::interleave`].
     fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError>;
     /// `out[t * n_rows + r]`: interleaved weight row `r` of `w` (whole
@@ -178,26 +190,35 @@ impl Chunked {
         Ok((self.ty.type_size(), group_geometry(self.ty, k, len)?))
     }
 
-    /// Rewrites every group of `bytes` between the plain and the
-    /// interleaved layout, through a copy of the group.
-    fn permute(&self, k: usize, bytes: &mut [u8], to_interleaved: bool) -> Result<(), QuantError> {
-        let (bb, nb) = self.geometry(k, bytes.len())?;
+    /// Writes `src`'s groups to `dst` (same length, whole groups) in the
+    /// other layout: plain to interleaved, or back (the slow, plain-spoken
+    /// map the tests and [`Interleaved::deinterleave`] use).
+    fn regroup(
+        &self,
+        k: usize,
+        src: &[u8],
+        dst: &mut [u8],
+        to_interleaved: bool,
+    ) -> Result<(), QuantError> {
+        let (bb, nb) = self.geometry(k, src.len())?;
+        check_same_len(self.ty, src.len(), dst.len())?;
         let rb = nb * bb;
         let (sb, chunks) = (self.scale, (bb - self.scale) / 4);
-        let mut scratch = vec![0u8; rb * GROUP_ROWS];
-        for group in bytes.chunks_exact_mut(rb * GROUP_ROWS) {
-            scratch.copy_from_slice(group);
+        for (src, dst) in src
+            .chunks_exact(rb * GROUP_ROWS)
+            .zip(dst.chunks_exact_mut(rb * GROUP_ROWS))
+        {
             for b in 0..nb {
                 let packed = b * bb * GROUP_ROWS;
                 for r in 0..GROUP_ROWS {
                     let plain = r * rb + b * bb;
                     let mut mv = |p: usize, q: usize, len: usize| {
-                        let (src, dst) = if to_interleaved {
+                        let (from, to) = if to_interleaved {
                             (plain + p, packed + q)
                         } else {
                             (packed + q, plain + p)
                         };
-                        group[dst..dst + len].copy_from_slice(&scratch[src..src + len]);
+                        dst[to..to + len].copy_from_slice(&src[from..from + len]);
                     };
                     mv(0, sb * r, sb);
                     for c in 0..chunks {
@@ -208,6 +229,20 @@ impl Chunked {
         }
         Ok(())
     }
+}
+
+/// Checks that a conversion's destination is as long as its source.
+fn check_same_len(ty: GgmlType, src: usize, dst: usize) -> Result<(), QuantError> {
+    if src != dst {
+        return Err(QuantError::BadLength {
+            ty,
+            what: "interleave destination",
+            unit: "bytes (the source's length)",
+            expected: src,
+            got: dst,
+        });
+    }
+    Ok(())
 }
 
 /// Blocks per row of `ty`, checking `len` bytes hold whole groups of
@@ -273,12 +308,35 @@ impl Interleaved for Chunked {
         self.ty
     }
 
-    fn interleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
-        self.permute(k, bytes, true)
+    fn interleave_from(&self, k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
+        let (bb, nb) = self.geometry(k, src.len())?;
+        check_same_len(self.ty, src.len(), dst.len())?;
+        let (rb, sb) = (nb * bb, self.scale);
+        for (src, dst) in src
+            .chunks_exact(rb * GROUP_ROWS)
+            .zip(dst.chunks_exact_mut(rb * GROUP_ROWS))
+        {
+            for (b, out) in dst.chunks_exact_mut(bb * GROUP_ROWS).enumerate() {
+                let (scales, quants) = out.split_at_mut(sb * GROUP_ROWS);
+                let blocks: [&[u8]; GROUP_ROWS] =
+                    std::array::from_fn(|r| &src[r * rb + b * bb..][..bb]);
+                for (r, blk) in blocks.iter().enumerate() {
+                    scales[sb * r..][..sb].copy_from_slice(&blk[..sb]);
+                }
+                // Chunk `c` of row `r` at `(8c + r) * 4` of the quants.
+                for (c, out) in quants.chunks_exact_mut(4 * GROUP_ROWS).enumerate() {
+                    for (r, blk) in blocks.iter().enumerate() {
+                        out[4 * r..4 * r + 4].copy_from_slice(&blk[sb + 4 * c..sb + 4 * c + 4]);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
-        self.permute(k, bytes, false)
+        let copy = bytes.to_vec();
+        self.regroup(k, &copy, bytes, false)
     }
 
     fn dot_tile(
@@ -487,6 +545,10 @@ mod tests {
                     ty == GgmlType::Q4_K || x == y,
                     "{ty} {k}x{rows}: not a permutation"
                 );
+                // From a source to a destination: the same bytes as in place.
+                let mut to = vec![0u8; plain.len()];
+                il.interleave_from(k, &plain, &mut to).unwrap();
+                assert_eq!(to, b, "{ty} {k}x{rows}: interleave_from");
                 il.deinterleave(k, &mut b).unwrap();
                 assert_eq!(b, plain, "{ty} {k}x{rows}: round trip");
             }
@@ -667,6 +729,12 @@ mod tests {
         let mut seven_rows = vec![0u8; 18 * 7];
         assert!(il.interleave(32, &mut seven_rows).is_err());
         assert!(il.interleave(33, &mut [0u8; 18 * 8]).is_err());
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_K] {
+            let Some(il) = interleaved(ty) else { continue };
+            let (k, src) = (ty.block_size(), vec![0u8; 8 * ty.type_size()]);
+            let mut short = vec![0u8; src.len() - 1];
+            assert!(il.interleave_from(k, &src, &mut short).is_err(), "{ty}");
+        }
         let w = vec![0u8; 18 * 8];
         assert!(il
             .dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7], Rows::Gemv)

@@ -270,10 +270,20 @@ fn convert_slot(
     layouts: &[Option<MatrixLayout>],
     t: usize,
     buf: &mut [u8],
+    src: Option<&[u8]>,
 ) -> Result<(), BackendError> {
-    match layouts.get(t).copied().flatten() {
-        Some((il, k)) => Ok(il.interleave(k, buf)?),
-        None => Ok(()),
+    match (layouts.get(t).copied().flatten(), src) {
+        (Some((il, k)), Some(src)) => Ok(il.interleave_from(k, src, buf)?),
+        (Some((il, k)), None) => Ok(il.interleave(k, buf)?),
+        (None, Some(src)) if src.len() == buf.len() => {
+            buf.copy_from_slice(src);
+            Ok(())
+        }
+        (None, Some(src)) => Err(shape_err(
+            "convert_slot",
+            format!("{} bytes for a slot of {}", src.len(), buf.len()),
+        )),
+        (None, None) => Ok(()),
     }
 }
 
@@ -378,7 +388,7 @@ impl SlotStore for HostSlots {
             else {
                 continue;
             };
-            if let Err(e) = convert_slot(&self.layouts, t, buf) {
+            if let Err(e) = convert_slot(&self.layouts, t, buf, None) {
                 res = res.and(Err(e));
             }
         }
@@ -390,8 +400,8 @@ impl SlotStore for HostSlots {
             return None;
         }
         let layouts = self.layouts.clone();
-        Some(Arc::new(move |t, buf: &mut [u8]| {
-            convert_slot(&layouts, t, buf)
+        Some(Arc::new(move |t, buf: &mut [u8], src: Option<&[u8]>| {
+            convert_slot(&layouts, t, buf, src)
         }))
     }
 }
@@ -464,6 +474,31 @@ impl Backend for CpuBackend {
         if bytes.len() as u64 == t.len {
             il.interleave(k, &mut bytes)?;
         }
+        let mut w = self.weight_from_bytes(t, bytes)?;
+        w.layout = Some(il);
+        Ok(w)
+    }
+
+    fn repack_pieces(&self, t: &gguf::TensorInfo) -> Option<crate::backend::RepackPieces> {
+        let (il, k) = matrix_layout(t.ty, &t.dims)?;
+        let group = t.ty.row_bytes(k as u64)? as usize * crate::quant::layout::GROUP_ROWS;
+        let layouts = [Some((il, k))];
+        Some(crate::backend::RepackPieces {
+            unit: group,
+            convert: Arc::new(move |dst: &mut [u8], src: Option<&[u8]>| {
+                convert_slot(&layouts, 0, dst, src)
+            }),
+        })
+    }
+
+    fn converted_weight(
+        &self,
+        t: &gguf::TensorInfo,
+        bytes: Vec<u8>,
+    ) -> Result<CpuWeight, BackendError> {
+        let Some((il, _)) = matrix_layout(t.ty, &t.dims) else {
+            return self.weight_from_bytes(t, bytes);
+        };
         let mut w = self.weight_from_bytes(t, bytes)?;
         w.layout = Some(il);
         Ok(w)

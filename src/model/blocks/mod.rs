@@ -90,6 +90,9 @@ pub(crate) struct LoadHow {
     pub shapes_only: bool,
     /// Give matrices the backend's kernel layout (`--repack`).
     pub repack: bool,
+    /// Reported against the bytes to repack out of the mapping, as they
+    /// are read (a copying load reports through `Loader::copy` instead).
+    pub repack_progress: Option<(super::Progress, u64)>,
 }
 
 /// Loads the tensors an architecture declares, checking each one's shape,
@@ -150,7 +153,15 @@ impl<'a, B: Backend> Loader<'a, B> {
             return Ok(self.backend.load_weight(self.file, t)?);
         }
         let mut bytes = vec![0u8; t.len as usize];
-        crate::longhaul::read_parallel(self.file, t.shard, t.offset, &mut bytes)?;
+        // A layout the backend converts piece by piece is written as the
+        // pieces are read.
+        let pieces = repack.then(|| self.backend.repack_pieces(t)).flatten();
+        match &pieces {
+            Some(p) => crate::longhaul::read_parallel_converting(
+                self.file, t.shard, t.offset, &mut bytes, p,
+            )?,
+            None => crate::longhaul::read_parallel(self.file, t.shard, t.offset, &mut bytes)?,
+        }
         crate::longhaul::release_pages(self.file, t.shard, t.offset, t.len);
         match &self.copy {
             Some((progress, total)) => {
@@ -160,7 +171,15 @@ impl<'a, B: Backend> Loader<'a, B> {
                 }
             }
             // Copied out of the mapping only to take the kernel layout.
-            None => self.repacked.set(self.repacked.get() + t.len),
+            None => {
+                self.repacked.set(self.repacked.get() + t.len);
+                if let Some((p, total)) = &self.how.repack_progress {
+                    p(self.repacked.get(), *total);
+                }
+            }
+        }
+        if pieces.is_some() {
+            return Ok(self.backend.converted_weight(t, bytes)?);
         }
         if repack {
             return Ok(self.backend.repacked_weight(t, bytes)?);

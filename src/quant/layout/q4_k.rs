@@ -16,7 +16,7 @@
 //! layout's in the last bits, as llama.cpp's do between `--repack` on and
 //! off.
 
-use super::{check_tile, group_geometry, Interleaved, Rows, GROUP_ROWS};
+use super::{check_same_len, check_tile, group_geometry, Interleaved, Rows, GROUP_ROWS};
 use crate::quant::common::{pack_scale_min_k4, scale_mins_k4};
 use crate::quant::QuantError;
 use crate::tensor::GgmlType;
@@ -38,77 +38,50 @@ pub(super) struct SuperBlocked {
     pub(super) avx512: bool,
 }
 
-/// Moves one super-block of eight rows between the plain blocks `plain`
-/// (row `r` at `r * BLOCK`) and the group super-block `packed`.
-fn convert(plain: &mut [[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK], to_packed: bool) {
-    for (r, blk) in plain.iter_mut().enumerate() {
-        let (d, rest) = blk.split_at_mut(2);
-        let (dmin, rest) = rest.split_at_mut(2);
-        let (scales, qs) = rest.split_at_mut(12);
-        let mut mv = |p: &mut [u8], q: usize| {
-            if to_packed {
-                packed[q..q + p.len()].copy_from_slice(p);
-            } else {
-                p.copy_from_slice(&packed[q..q + p.len()]);
-            }
-        };
-        mv(d, 2 * r);
-        mv(dmin, DMIN + 2 * r);
-        for (c, chunk) in qs.chunks_exact_mut(4).enumerate() {
-            mv(chunk, QS + (8 * c + r) * 4);
+/// Writes one group super-block from the eight rows' plain blocks.
+fn pack(rows: [&[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK]) {
+    let mut top = [0u8; GROUP_ROWS * 8];
+    for (r, blk) in rows.iter().enumerate() {
+        packed[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+        packed[DMIN + 2 * r..DMIN + 2 * r + 2].copy_from_slice(&blk[2..4]);
+        let scales: &[u8; 12] = blk[4..16].try_into().expect("12 scale bytes");
+        let (sc, mn) = scale_mins_k4(scales);
+        for j in 0..8 {
+            packed[SCALES_LO + 8 * j + r] = (sc[j] & 15) | (mn[j] & 15) << 4;
+            top[8 * j + r] = (sc[j] >> 4) | (mn[j] >> 4) << 2;
         }
-        let scales: &mut [u8; 12] = scales.try_into().expect("12 scale bytes");
-        if to_packed {
-            let (sc, mn) = scale_mins_k4(scales);
-            for j in 0..8 {
-                let e = 8 * j + r;
-                packed[SCALES_LO + e] = (sc[j] & 15) | (mn[j] & 15) << 4;
-                let top = (sc[j] >> 4) | (mn[j] >> 4) << 2;
-                let hi = &mut packed[SCALES_HI + e / 2];
-                *hi = (*hi & !(15 << (4 * (e % 2)))) | top << (4 * (e % 2));
-            }
-        } else {
-            let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
-            for j in 0..8 {
-                let e = 8 * j + r;
-                let (lo, top) = (
-                    packed[SCALES_LO + e],
-                    packed[SCALES_HI + e / 2] >> (4 * (e % 2)),
-                );
-                sc[j] = (lo & 15) | (top & 3) << 4;
-                mn[j] = (lo >> 4) | ((top >> 2) & 3) << 4;
-            }
-            *scales = pack_scale_min_k4(&sc, &mn);
+        // Chunk `c` of row `r` at `QS + (8c + r) * 4`.
+        for (c, chunk) in blk[16..].chunks_exact(4).enumerate() {
+            let at = QS + (8 * c + r) * 4;
+            packed[at..at + 4].copy_from_slice(chunk);
         }
+    }
+    // Two entries' top bits per byte, the even entry's low.
+    for (e, pair) in top.chunks_exact(2).enumerate() {
+        packed[SCALES_HI + e] = pair[0] | pair[1] << 4;
     }
 }
 
-impl SuperBlocked {
-    fn permute(&self, k: usize, bytes: &mut [u8], to_packed: bool) -> Result<(), QuantError> {
-        let nb = group_geometry(GgmlType::Q4_K, k, bytes.len())?;
-        let mut scratch = vec![0u8; nb * GROUP_BLOCK];
-        let mut plain = [[0u8; BLOCK]; GROUP_ROWS];
-        let mut packed = [0u8; GROUP_BLOCK];
-        for group in bytes.chunks_exact_mut(nb * GROUP_BLOCK) {
-            scratch.copy_from_slice(group);
-            for b in 0..nb {
-                let at = |r: usize| (r * nb + b) * BLOCK;
-                if to_packed {
-                    for (r, p) in plain.iter_mut().enumerate() {
-                        p.copy_from_slice(&scratch[at(r)..at(r) + BLOCK]);
-                    }
-                    convert(&mut plain, &mut packed, true);
-                    group[b * GROUP_BLOCK..][..GROUP_BLOCK].copy_from_slice(&packed);
-                } else {
-                    packed.copy_from_slice(&scratch[b * GROUP_BLOCK..][..GROUP_BLOCK]);
-                    convert(&mut plain, &mut packed, false);
-                    for (r, p) in plain.iter().enumerate() {
-                        group[at(r)..at(r) + BLOCK].copy_from_slice(p);
-                    }
-                }
-            }
+/// Reads one group super-block back into the eight rows' plain blocks.
+fn unpack(packed: &[u8; GROUP_BLOCK], rows: &mut [[u8; BLOCK]; GROUP_ROWS]) {
+    for (r, blk) in rows.iter_mut().enumerate() {
+        blk[0..2].copy_from_slice(&packed[2 * r..2 * r + 2]);
+        blk[2..4].copy_from_slice(&packed[DMIN + 2 * r..DMIN + 2 * r + 2]);
+        let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+        for j in 0..8 {
+            let e = 8 * j + r;
+            let (lo, top) = (
+                packed[SCALES_LO + e],
+                packed[SCALES_HI + e / 2] >> (4 * (e % 2)),
+            );
+            sc[j] = (lo & 15) | (top & 3) << 4;
+            mn[j] = (lo >> 4) | ((top >> 2) & 3) << 4;
         }
-        Ok(())
+        blk[4..16].copy_from_slice(&pack_scale_min_k4(&sc, &mn));
+        for (c, chunk) in blk[16..].chunks_exact_mut(4).enumerate() {
+            let at = QS + (8 * c + r) * 4;
+            chunk.copy_from_slice(&packed[at..at + 4]);
+        }
     }
 }
 
@@ -117,12 +90,39 @@ impl Interleaved for SuperBlocked {
         GgmlType::Q4_K
     }
 
-    fn interleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
-        self.permute(k, bytes, true)
+    fn interleave_from(&self, k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
+        let nb = group_geometry(GgmlType::Q4_K, k, src.len())?;
+        check_same_len(GgmlType::Q4_K, src.len(), dst.len())?;
+        let gb = nb * GROUP_BLOCK;
+        for (src, dst) in src.chunks_exact(gb).zip(dst.chunks_exact_mut(gb)) {
+            for (b, packed) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
+                let row = |r: usize| -> &[u8; BLOCK] {
+                    let at = (r * nb + b) * BLOCK;
+                    src[at..at + BLOCK].try_into().expect("one block")
+                };
+                let packed: &mut [u8; GROUP_BLOCK] = packed.try_into().expect("one group block");
+                pack(std::array::from_fn(row), packed);
+            }
+        }
+        Ok(())
     }
 
     fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
-        self.permute(k, bytes, false)
+        let nb = group_geometry(GgmlType::Q4_K, k, bytes.len())?;
+        let mut rows = [[0u8; BLOCK]; GROUP_ROWS];
+        let mut packed = [0u8; GROUP_BLOCK];
+        for group in bytes.chunks_exact_mut(nb * GROUP_BLOCK) {
+            let copy = group.to_vec();
+            for (b, p) in copy.chunks_exact(GROUP_BLOCK).enumerate() {
+                packed.copy_from_slice(p);
+                unpack(&packed, &mut rows);
+                for (r, blk) in rows.iter().enumerate() {
+                    let at = (r * nb + b) * BLOCK;
+                    group[at..at + BLOCK].copy_from_slice(blk);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn dot_tile(
