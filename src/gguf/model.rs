@@ -307,20 +307,11 @@ impl Model {
     /// positional read (`pread`), bypassing the memory map. Safe to call from
     /// many threads at once.
     pub fn read_at(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<(), GgufError> {
-        let (s, _) = self.range(shard, offset, buf.len() as u64)?;
+        let s = self.shard_to_read(shard, offset, buf.len())?;
         let io = |source| GgufError::Io {
             path: s.path.clone(),
             source,
         };
-        let injected = self
-            .fault
-            .0
-            .read()
-            .ok()
-            .and_then(|g| g.as_ref().and_then(|f| f(shard, offset, buf.len())));
-        if let Some(e) = injected {
-            return Err(io(e));
-        }
         if self.direct_io.load(std::sync::atomic::Ordering::Relaxed) {
             if let Some(done) = direct::read(s, offset, buf) {
                 return done.map_err(io);
@@ -334,8 +325,8 @@ impl Model {
     /// buffer: a caller that rewrites the bytes anyway (a slot converting
     /// to its kernels' layout) saves the copy [`Model::read_at`] makes.
     /// `Ok(None)` when direct I/O is off, unavailable for the file or the
-    /// read too large for one buffer (up to 16 MiB, per reading thread): then read with
-    /// [`Model::read_at`].
+    /// read too large for one buffer (up to 16 MiB, per reading thread):
+    /// then read with [`Model::read_at`].
     pub fn read_direct_with<R>(
         &self,
         shard: usize,
@@ -346,21 +337,32 @@ impl Model {
         if !self.direct_io.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
+        let s = self.shard_to_read(shard, offset, len)?;
+        direct::read_with(s, offset, len, f)
+            .transpose()
+            .map_err(|source| GgufError::Io {
+                path: s.path.clone(),
+                source,
+            })
+    }
+
+    /// The shard a read of `len` bytes at `offset` goes to, once the range
+    /// is checked and no injected fault ([`Model::set_read_fault`]) fails it.
+    fn shard_to_read(&self, shard: usize, offset: u64, len: usize) -> Result<&Shard, GgufError> {
         let (s, _) = self.range(shard, offset, len as u64)?;
-        let io = |source| GgufError::Io {
-            path: s.path.clone(),
-            source,
-        };
         let injected = self
             .fault
             .0
             .read()
             .ok()
             .and_then(|g| g.as_ref().and_then(|hook| hook(shard, offset, len)));
-        if let Some(e) = injected {
-            return Err(io(e));
+        match injected {
+            Some(source) => Err(GgufError::Io {
+                path: s.path.clone(),
+                source,
+            }),
+            None => Ok(s),
         }
-        direct::read_with(s, offset, len, f).transpose().map_err(io)
     }
 
     /// Makes [`Model::read_at`] read with direct I/O (`O_DIRECT`: from the
