@@ -325,7 +325,7 @@ impl Model {
     /// buffer: a caller that rewrites the bytes anyway (a slot converting
     /// to its kernels' layout) saves the copy [`Model::read_at`] makes.
     /// `Ok(None)` when direct I/O is off, unavailable for the file or the
-    /// read too large for one buffer (up to 16 MiB, per reading thread):
+    /// read too large for one buffer (up to 4 MiB, per reading thread):
     /// then read with [`Model::read_at`].
     pub fn read_direct_with<R>(
         &self,
@@ -587,8 +587,13 @@ mod direct {
         })
     }
 
-    /// Bytes of the largest read [`read_with`] makes in one piece.
-    const WHOLE: usize = 16 << 20;
+    /// Bytes of the largest read [`read_with`] makes in one piece, at any
+    /// alignment. Each I/O thread keeps a buffer this large (and two
+    /// alignment blocks) once it has made such a
+    /// read: small beside the expert budget (8 threads: 32 MiB), large
+    /// enough for most models' expert slices and for the load's pieces.
+    /// Larger reads go through `read`'s chunks instead.
+    const WHOLE: usize = 4 << 20;
 
     thread_local! {
         static WHOLE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -596,7 +601,7 @@ mod direct {
 
     /// Reads `len` bytes at `offset` in one aligned read and calls `f` on
     /// them; `None` when direct I/O is not available for this file or the
-    /// span is over [`WHOLE`].
+    /// read is over [`WHOLE`] bytes.
     pub(super) fn read_with<R>(
         s: &Shard,
         offset: u64,
@@ -606,7 +611,7 @@ mod direct {
         let start = offset - offset % ALIGN as u64;
         let skip = (offset - start) as usize;
         let span = (skip + len).next_multiple_of(ALIGN);
-        if span > WHOLE {
+        if len > WHOLE {
             return None;
         }
         let f_ = file(s)?;

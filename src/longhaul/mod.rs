@@ -275,7 +275,8 @@ pub fn read_parallel(
 }
 
 /// [`read_parallel`] for a matrix that takes a backend layout: each piece
-/// (a whole number of `pieces.unit` bytes, about 8 MiB) is converted on the
+/// (a whole number of `pieces.unit` bytes, about 4 MiB, so that direct I/O
+/// hands it over in one buffer) is converted on the
 /// thread that read it as soon as its read is in, straight from the direct
 /// read's buffer where direct I/O serves it, while other pieces are still
 /// being read: the load goes at the disk's bandwidth, not that plus the
@@ -288,7 +289,7 @@ pub fn read_parallel_converting(
     pieces: &crate::backend::RepackPieces,
 ) -> Result<(), GgufError> {
     use rayon::prelude::*;
-    const PIECE: usize = 8 << 20;
+    const PIECE: usize = 4 << 20;
     let unit = pieces.unit.max(1);
     if !dst.len().is_multiple_of(unit) {
         return Err(GgufError::Io {
