@@ -589,10 +589,10 @@ mod direct {
 
     /// Bytes of the largest read [`read_with`] makes in one piece, at any
     /// alignment. Each I/O thread keeps a buffer this large (and two
-    /// alignment blocks) once it has made such a
-    /// read: small beside the expert budget (8 threads: 32 MiB), large
-    /// enough for most models' expert slices and for the load's pieces.
-    /// Larger reads go through `read`'s chunks instead.
+    /// alignment blocks) once it has made such a read: small beside the
+    /// expert budget (8 threads: 32 MiB), large enough for most models'
+    /// expert slices and for the load's pieces. Larger reads go through
+    /// `read`'s chunks instead.
     const WHOLE: usize = 4 << 20;
 
     thread_local! {
@@ -608,12 +608,12 @@ mod direct {
         len: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Option<std::io::Result<R>> {
-        let start = offset - offset % ALIGN as u64;
-        let skip = (offset - start) as usize;
-        let span = (skip + len).next_multiple_of(ALIGN);
         if len > WHOLE {
             return None;
         }
+        let start = offset - offset % ALIGN as u64;
+        let skip = (offset - start) as usize;
+        let span = (skip + len).next_multiple_of(ALIGN);
         let f_ = file(s)?;
         // Out of the thread-local while `f` runs, so that nothing `f` does
         // can find it borrowed.

@@ -303,9 +303,7 @@ pub fn read_parallel_converting(
     let piece = (PIECE / unit).max(1) * unit;
     let read = |i: usize, dst: &mut [u8]| {
         let at = offset + (i * piece) as u64;
-        read_slice(file, shard, at, dst, false, |dst, src| {
-            (pieces.convert)(dst, src)
-        })
+        read_slice(file, shard, at, dst, false, Some(&*pieces.convert))
     };
     let run = |dst: &mut [u8]| {
         dst.par_chunks_mut(piece)
@@ -318,34 +316,45 @@ pub fn read_parallel_converting(
     }
 }
 
-/// Reads one expert slice into `buf` and puts it in the slot's layout with
-/// `convert(buf, src)`: straight from the direct read's buffer (`src`) where
-/// direct I/O serves it, else after a [`gguf::Model::read_at`] into `buf`
-/// (`src` `None`: in place). Returns the CRC-32 of the bytes as read when
-/// `checksum`, else 0.
+/// How a slice read by [`read_slice`] takes its store's layout:
+/// `convert(dst, src)` writes `dst` from `src`, or in place when `src` is
+/// `None`.
+type Convert<'a> =
+    &'a (dyn Fn(&mut [u8], Option<&[u8]>) -> Result<(), crate::backend::BackendError> + Sync);
+
+/// Reads one slice into `buf`, in the layout `convert` gives it: straight
+/// from the direct read's buffer where direct I/O serves it, else after a
+/// [`gguf::Model::read_at`] into `buf`, in place. Without `convert` the bytes
+/// stay as read. Returns the CRC-32 of the bytes as read when `checksum`,
+/// else 0.
 fn read_slice(
     file: &gguf::Model,
     shard: usize,
     offset: u64,
     buf: &mut [u8],
     checksum: bool,
-    convert: impl Fn(&mut [u8], Option<&[u8]>) -> Result<(), crate::backend::BackendError>,
+    convert: Option<Convert<'_>>,
 ) -> Result<u32, GgufError> {
+    let crc_of = |b: &[u8]| if checksum { crc32fast::hash(b) } else { 0 };
     let converted = |e: crate::backend::BackendError| GgufError::Io {
         path: Default::default(),
         source: std::io::Error::other(e.to_string()),
     };
-    let len = buf.len();
-    let direct = file.read_direct_with(shard, offset, len, |src| {
-        let crc = if checksum { crc32fast::hash(src) } else { 0 };
-        convert(buf, Some(src)).map(|()| crc)
-    })?;
-    if let Some(done) = direct {
-        return done.map_err(converted);
+    if let Some(convert) = convert {
+        let len = buf.len();
+        let direct = file.read_direct_with(shard, offset, len, |src| {
+            let crc = crc_of(src);
+            convert(buf, Some(src)).map(|()| crc)
+        })?;
+        if let Some(done) = direct {
+            return done.map_err(converted);
+        }
     }
     file.read_at(shard, offset, buf)?;
-    let crc = if checksum { crc32fast::hash(buf) } else { 0 };
-    convert(buf, None).map_err(converted)?;
+    let crc = crc_of(buf);
+    if let Some(convert) = convert {
+        convert(buf, None).map_err(converted)?;
+    }
     Ok(crc)
 }
 
@@ -589,17 +598,12 @@ impl<S: SlotStore> StreamedLayer<S> {
             let tx = tx.clone();
             io.spawn(move |_| {
                 let mut buf = buf;
-                let res = read_slice(file, shard, offset, &mut buf, checksum, |buf, src| {
-                    match (&convert, src) {
-                        (Some(f), src) => f(ti, buf, src),
-                        (None, Some(src)) => {
-                            buf.copy_from_slice(src);
-                            Ok(())
-                        }
-                        (None, None) => Ok(()),
-                    }
-                })
-                .map_err(|e| (shard, e));
+                let to_slot = convert
+                    .as_ref()
+                    .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(ti, buf, src));
+                let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
+                let res = read_slice(file, shard, offset, &mut buf, checksum, to_slot)
+                    .map_err(|e| (shard, e));
                 // The receiver is gone only when the sync point gave up; the
                 // slot is then recorded empty and gets a fresh buffer.
                 let _ = tx.send(Done { job, buf, res });

@@ -190,16 +190,10 @@ impl Chunked {
         Ok((self.ty.type_size(), group_geometry(self.ty, k, len)?))
     }
 
-    /// Writes `src`'s groups to `dst` (same length, whole groups) in the
-    /// other layout: plain to interleaved, or back (the slow, plain-spoken
-    /// map the tests and [`Interleaved::deinterleave`] use).
-    fn regroup(
-        &self,
-        k: usize,
-        src: &[u8],
-        dst: &mut [u8],
-        to_interleaved: bool,
-    ) -> Result<(), QuantError> {
+    /// Writes `src`'s interleaved groups to `dst` (same length) in the
+    /// plain layout: the plain-spoken inverse map the tests check
+    /// [`Interleaved::interleave_from`] against.
+    fn deinterleave_from(&self, k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
         let (bb, nb) = self.geometry(k, src.len())?;
         check_same_len(self.ty, src.len(), dst.len())?;
         let rb = nb * bb;
@@ -213,12 +207,8 @@ impl Chunked {
                 for r in 0..GROUP_ROWS {
                     let plain = r * rb + b * bb;
                     let mut mv = |p: usize, q: usize, len: usize| {
-                        let (from, to) = if to_interleaved {
-                            (plain + p, packed + q)
-                        } else {
-                            (packed + q, plain + p)
-                        };
-                        dst[to..to + len].copy_from_slice(&src[from..from + len]);
+                        dst[plain + p..plain + p + len]
+                            .copy_from_slice(&src[packed + q..packed + q + len]);
                     };
                     mv(0, sb * r, sb);
                     for c in 0..chunks {
@@ -336,7 +326,7 @@ impl Interleaved for Chunked {
 
     fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
         let copy = bytes.to_vec();
-        self.regroup(k, &copy, bytes, false)
+        self.deinterleave_from(k, &copy, bytes)
     }
 
     fn dot_tile(

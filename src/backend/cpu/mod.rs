@@ -272,7 +272,17 @@ fn convert_slot(
     buf: &mut [u8],
     src: Option<&[u8]>,
 ) -> Result<(), BackendError> {
-    match (layouts.get(t).copied().flatten(), src) {
+    convert_matrix(layouts.get(t).copied().flatten(), buf, src)
+}
+
+/// Writes `buf` in `layout` (or as read, without one) from `src`, or in
+/// place when `src` is `None`.
+fn convert_matrix(
+    layout: Option<MatrixLayout>,
+    buf: &mut [u8],
+    src: Option<&[u8]>,
+) -> Result<(), BackendError> {
+    match (layout, src) {
         (Some((il, k)), Some(src)) => Ok(il.interleave_from(k, src, buf)?),
         (Some((il, k)), None) => Ok(il.interleave(k, buf)?),
         (None, Some(src)) if src.len() == buf.len() => {
@@ -466,27 +476,22 @@ impl Backend for CpuBackend {
         t: &gguf::TensorInfo,
         mut bytes: Vec<u8>,
     ) -> Result<CpuWeight, BackendError> {
-        let Some((il, k)) = matrix_layout(t.ty, &t.dims) else {
-            return self.weight_from_bytes(t, bytes);
-        };
         // The length first: a short read is a shape error, not a partial
         // interleave.
-        if bytes.len() as u64 == t.len {
+        if let Some((il, k)) = matrix_layout(t.ty, &t.dims).filter(|_| bytes.len() as u64 == t.len)
+        {
             il.interleave(k, &mut bytes)?;
         }
-        let mut w = self.weight_from_bytes(t, bytes)?;
-        w.layout = Some(il);
-        Ok(w)
+        self.converted_weight(t, bytes)
     }
 
     fn repack_pieces(&self, t: &gguf::TensorInfo) -> Option<crate::backend::RepackPieces> {
         let (il, k) = matrix_layout(t.ty, &t.dims)?;
         let group = t.ty.row_bytes(k as u64)? as usize * crate::quant::layout::GROUP_ROWS;
-        let layouts = [Some((il, k))];
         Some(crate::backend::RepackPieces {
             unit: group,
             convert: Arc::new(move |dst: &mut [u8], src: Option<&[u8]>| {
-                convert_slot(&layouts, 0, dst, src)
+                convert_matrix(Some((il, k)), dst, src)
             }),
         })
     }
@@ -496,11 +501,8 @@ impl Backend for CpuBackend {
         t: &gguf::TensorInfo,
         bytes: Vec<u8>,
     ) -> Result<CpuWeight, BackendError> {
-        let Some((il, _)) = matrix_layout(t.ty, &t.dims) else {
-            return self.weight_from_bytes(t, bytes);
-        };
         let mut w = self.weight_from_bytes(t, bytes)?;
-        w.layout = Some(il);
+        w.layout = matrix_layout(t.ty, &t.dims).map(|(il, _)| il);
         Ok(w)
     }
 
