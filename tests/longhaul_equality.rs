@@ -314,8 +314,8 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
 }
 
 /// The interleaved weight layout (`--repack`, `quant::layout`) in resident
-/// tensors and in longhaul slots (filled on the reading threads, or by the
-/// blocking path that prefetch uses):
+/// tensors and in longhaul slots (converted on the reading threads, for
+/// demand reads and the lookahead's alike):
 /// - Q8_0, which ggml does not repack on x86, keeps the bits of the GGUF
 ///   layout;
 /// - Q4_0 and Q4_K (synthetic models, one type throughout) and MXFP4

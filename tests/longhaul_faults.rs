@@ -14,7 +14,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::argmax;
@@ -414,6 +414,9 @@ mod slot_bytes {
         Batch(Vec<u32>, Option<usize>),
         /// A prefetch; the read numbered `cancel` sets the cancel flag.
         Prefetch(Vec<u32>, Option<usize>),
+        /// A lookahead's reads, left in flight (`start_prefetch`) until the
+        /// next batch's plan settles them; the read numbered `fail` fails.
+        StartPrefetch(Vec<u32>, Option<usize>),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -428,7 +431,96 @@ mod slot_bytes {
                 prop::option::of(0usize..12)
             )
                 .prop_map(|(i, c)| Op::Prefetch(i, c)),
+            (
+                prop::collection::vec(0u32..8, 1..6),
+                prop::option::of(0usize..12)
+            )
+                .prop_map(|(i, f)| Op::StartPrefetch(i, f)),
         ]
+    }
+
+    fn distinct(ids: Vec<u32>) -> Vec<u32> {
+        let mut seen = [false; 8];
+        ids.into_iter()
+            .filter(|&e| !std::mem::replace(&mut seen[e as usize], true))
+            .collect()
+    }
+
+    /// A lookahead returns while its reads are still blocked, holds nothing
+    /// the layer needs to plan, and once its layer's sync point cancels it,
+    /// the reads not yet started are dropped: only experts read in full are
+    /// recorded, and each holds its bytes.
+    #[test]
+    fn a_lookahead_does_not_hold_the_layer_and_its_unstarted_reads_are_dropped() {
+        use std::sync::{Condvar, Mutex};
+        use std::time::{Duration, Instant};
+        let file = shared_file("lookahead.gguf");
+        let ts: Vec<&gguf::TensorInfo> = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+            .iter()
+            .map(|n| file.tensor(&format!("blk.0.{n}.weight")).expect("tensor"))
+            .collect();
+        let specs = slot_tensors(&ts, false).expect("specs");
+        let slots = CpuBackend::new().new_slots(&specs, 6).expect("slots");
+        let mut l = StreamedLayer::new(0, &ts, slots, 6, Policy::Lru).expect("layer");
+        // Every read waits at a gate (at most 20 s) and counts itself in.
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let started = Arc::new(AtomicUsize::new(0));
+        let (g, n) = (gate.clone(), started.clone());
+        file.set_read_fault(Some(Arc::new(move |_, _, _| {
+            n.fetch_add(1, Ordering::SeqCst);
+            let (open, cv) = &*g;
+            let guard = open.lock().unwrap();
+            let _ = cv.wait_timeout_while(guard, Duration::from_secs(20), |o| !*o);
+            None
+        })));
+        let cancel = AtomicBool::new(false);
+        let file: &gguf::Model = &file;
+        let predicted = [5u32, 2, 7, 0, 3, 6];
+        let in_flight = longhaul::longhaul::io_scope(|io| {
+            let t0 = Instant::now();
+            assert!(l.start_prefetch(file, &predicted, &cancel, io));
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "start_prefetch waited for its reads"
+            );
+            // Wait until the pool has taken every read it can take.
+            let mut seen = 0;
+            for _ in 0..100 {
+                std::thread::sleep(Duration::from_millis(50));
+                let now = started.load(Ordering::SeqCst);
+                if now == seen && now > 0 {
+                    break;
+                }
+                seen = now;
+            }
+            // While the reads are blocked, nothing is recorded in their slots.
+            for &e in &predicted {
+                assert_eq!(l.cache.slot(e), None, "expert {e} recorded before its read");
+            }
+            // The sync point: drop what has not started, open the gate.
+            cancel.store(true, Ordering::SeqCst);
+            *gate.0.lock().unwrap() = true;
+            gate.1.notify_all();
+            l.settle_prefetch(file);
+            seen
+        });
+        file.set_read_fault(None);
+        // Reads are taken in order, expert by expert (3 tensors each): the
+        // experts whose three reads had all started are in, the rest not.
+        let full = (in_flight / 3).min(predicted.len());
+        assert!(
+            full < predicted.len(),
+            "the pool took all {in_flight} reads: nothing to drop"
+        );
+        for (i, &e) in predicted.iter().enumerate() {
+            assert_eq!(
+                l.cache.slot(e).is_some(),
+                i < full,
+                "expert {e} ({in_flight} reads started)"
+            );
+        }
+        assert_eq!(l.stats.prefetched, full as u64);
+        check(&mut l, file, &ts).expect("recorded slots hold their bytes");
     }
 
     proptest! {
@@ -449,7 +541,13 @@ mod slot_bytes {
             let slots = CpuBackend::new().new_slots(&specs, n_slots).expect("slots");
             let policy = if lfu { Policy::Lfu } else { Policy::Lru };
             let mut l = StreamedLayer::new(0, &ts, slots, n_slots, policy).expect("layer");
-            for op in ops {
+            // The lookahead's cancel flags outlive the scope its reads run in;
+            // reads started by one operation may still be in flight, under
+            // the next one's faults, while it runs.
+            let flags: Vec<AtomicBool> = ops.iter().map(|_| AtomicBool::new(false)).collect();
+            let file: &gguf::Model = &file;
+            longhaul::longhaul::io_scope(|io| -> Result<(), TestCaseError> {
+            for (op, flag) in ops.into_iter().zip(&flags) {
                 let n = Arc::new(AtomicUsize::new(0));
                 match op {
                     Op::Batch(ids, fail) => {
@@ -458,8 +556,10 @@ mod slot_bytes {
                             (Some(c.fetch_add(1, Ordering::Relaxed)) == fail)
                                 .then(|| std::io::Error::from_raw_os_error(libc::EIO))
                         })));
-                        for w in l.plan(&ids) {
-                            if l.load(&file, &w).is_err() {
+                        // The sync point drops lookahead reads not yet started.
+                        flags.iter().for_each(|f| f.store(true, Ordering::Relaxed));
+                        for w in l.plan(file, &ids) {
+                            if l.load(file, &w).is_err() {
                                 break;
                             }
                             // What the wave computes from is resident.
@@ -469,7 +569,7 @@ mod slot_bytes {
                         }
                     }
                     Op::Prefetch(ids, cancel_at) => {
-                        let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                        let cancel = Arc::new(AtomicBool::new(false));
                         let (c, flag) = (n.clone(), cancel.clone());
                         file.set_read_fault(Some(Arc::new(move |_, _, _| {
                             if Some(c.fetch_add(1, Ordering::Relaxed)) == cancel_at {
@@ -477,14 +577,27 @@ mod slot_bytes {
                             }
                             None
                         })));
-                        let mut seen = [false; 8];
-                        let ids: Vec<u32> = ids.into_iter().filter(|&e| !std::mem::replace(&mut seen[e as usize], true)).collect();
-                        l.prefetch(&file, &ids, &cancel);
+                        l.settle_prefetch(file);
+                        l.prefetch(file, &distinct(ids), &cancel);
+                    }
+                    Op::StartPrefetch(ids, fail) => {
+                        let c = n.clone();
+                        file.set_read_fault(Some(Arc::new(move |_, _, _| {
+                            (Some(c.fetch_add(1, Ordering::Relaxed)) == fail)
+                                .then(|| std::io::Error::from_raw_os_error(libc::EIO))
+                        })));
+                        prop_assert!(l.start_prefetch(file, &distinct(ids), flag, io));
                     }
                 }
+                // The reference reads go through the fault hook too.
                 file.set_read_fault(None);
-                check(&mut l, &file, &ts)?;
+                check(&mut l, file, &ts)?;
             }
+            Ok(())
+            })?;
+            // Nothing read by a lookahead is lost or misplaced once settled.
+            l.settle_prefetch(file);
+            check(&mut l, file, &ts)?;
         }
     }
 }

@@ -174,7 +174,7 @@ pub fn longhaul_phases(s: &longhaul::engine::GenStats) {
             "longhaul {name}: {} misses, {:.2} MiB read per token, reading {:.1} ms per token at {:.0} MB/s, blocked {:.1} ms per token, compute {:.1} ms per token: I/O floor {:.2} tokens per second",
             c.misses,
             c.bytes_read as f64 / (1u64 << 20) as f64 / n as f64,
-            ms(c.read_time),
+            ms(c.reads_time()),
             c.read_throughput() / 1e6,
             ms(c.io_time),
             ms(wall.saturating_sub(c.io_time)),

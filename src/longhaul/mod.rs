@@ -11,7 +11,7 @@ pub mod cache;
 mod loader;
 pub mod trace;
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -96,7 +96,8 @@ pub struct CacheStats {
     pub waves: u64,
     /// Batches that needed more than one wave.
     pub multi_wave_batches: u64,
-    /// Experts read speculatively (lookahead prefetch) and their bytes.
+    /// Experts read speculatively (lookahead prefetch) in full, and every
+    /// byte the lookahead read (with experts whose reads it dropped).
     pub prefetched: u64,
     pub prefetch_bytes: u64,
     /// Prefetched experts the next batch used.
@@ -116,9 +117,23 @@ impl CacheStats {
         }
     }
 
-    /// Bytes per second while demand reads were in flight.
+    /// Bytes per second while demand reads were in flight (the lookahead's
+    /// reads overlap compute, so their time is not measured apart).
     pub fn read_throughput(&self) -> f64 {
-        self.bytes_read as f64 / self.read_time.as_secs_f64().max(1e-9)
+        let demand = self.bytes_read.saturating_sub(self.prefetch_bytes);
+        demand as f64 / self.read_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Time to read every byte read, demand and lookahead, at the demand
+    /// reads' throughput: a lookahead that reads the wrong experts costs
+    /// the disk's time too.
+    pub fn reads_time(&self) -> Duration {
+        let demand = self.bytes_read.saturating_sub(self.prefetch_bytes);
+        if demand == 0 {
+            return self.read_time;
+        }
+        self.read_time
+            .mul_f64(self.bytes_read as f64 / demand as f64)
     }
 
     /// Share of prefetched experts that were used.
@@ -154,11 +169,12 @@ impl CacheStats {
 
     /// The I/O floor of a phase that produced `tokens` in `wall` time with
     /// these counters: tokens per second if each token cost only the larger
-    /// of its demand-read time and its compute time (the wall time less the
-    /// time blocked on reads), i.e. with reads and compute fully overlapped.
+    /// of its read time ([`CacheStats::reads_time`]) and its compute time
+    /// (the wall time less the time blocked on reads), i.e. with reads and
+    /// compute fully overlapped.
     pub fn io_floor_tps(&self, tokens: usize, wall: Duration) -> f64 {
         let compute = wall.saturating_sub(self.io_time);
-        let per = compute.max(self.read_time).as_secs_f64();
+        let per = compute.max(self.reads_time()).as_secs_f64();
         tokens as f64 / per.max(1e-9)
     }
 
@@ -373,16 +389,18 @@ pub fn release_pages(file: &gguf::Model, shard: usize, offset: u64, len: u64) {
 }
 
 /// One finished read of a [`Fill`]: its job, its buffer back, and its
-/// checksum (0 unless verifying) or the shard and error of the failure.
+/// checksum (0 unless verifying), `None` for a speculative read dropped
+/// before it started, or the shard and error of the failure.
 struct Done {
     job: usize,
     buf: Vec<u8>,
-    res: Result<u32, (usize, GgufError)>,
+    res: Result<Option<u32>, (usize, GgufError)>,
 }
 
 /// A wave whose missing experts are being read on the I/O pool while the
 /// layer computes over the experts already in their slots (see
-/// [`StreamedLayer::start_wave`]). Jobs are `(expert, tensor)` reads,
+/// [`StreamedLayer::start_wave`]), or a lookahead's speculative reads (see
+/// [`StreamedLayer::start_prefetch`]). Jobs are `(expert, tensor)` reads,
 /// expert-major in the order of the wave's loads.
 pub struct Fill {
     wave: Wave,
@@ -399,13 +417,49 @@ pub struct Fill {
     crcs: Vec<u32>,
     /// Jobs not yet finished, per load.
     left: Vec<usize>,
+    /// Per load: a job of it was dropped before its read (speculation
+    /// cancelled), so its slot stays empty.
+    dropped: Vec<bool>,
     pending: usize,
     error: Option<(usize, GgufError)>,
+    /// Bytes of the jobs read so far.
     bytes: u64,
     started: Instant,
+    /// Lookahead reads: their time is not a demand read's.
+    speculative: bool,
 }
 
 impl Fill {
+    /// A fill of `wave` with nothing in flight: its cached experts (those
+    /// it does not load) are ready.
+    fn new(wave: &Wave, n_tensors: usize, speculative: bool) -> Self {
+        let which: Vec<(usize, usize)> = wave
+            .loads
+            .iter()
+            .flat_map(|&(_, s)| (0..n_tensors).map(move |t| (t, s as usize)))
+            .collect();
+        Fill {
+            ready: wave
+                .experts
+                .iter()
+                .map(|&(e, _)| e)
+                .filter(|e| !wave.loads.iter().any(|l| l.0 == *e))
+                .collect(),
+            wave: wave.clone(),
+            rx: None,
+            bufs: (0..which.len()).map(|_| None).collect(),
+            crcs: vec![0; which.len()],
+            left: vec![n_tensors; wave.loads.len()],
+            dropped: vec![false; wave.loads.len()],
+            pending: 0,
+            error: None,
+            bytes: 0,
+            started: Instant::now(),
+            speculative,
+            which,
+        }
+    }
+
     /// Whether reads of the wave are still in flight.
     pub fn pending(&self) -> bool {
         self.pending > 0
@@ -426,6 +480,9 @@ pub struct StreamedLayer<S: SlotStore> {
     pub stats: CacheStats,
     /// Experts of the last prefetch, until the next batch is planned.
     prefetched: Vec<u32>,
+    /// Speculative reads started by [`StreamedLayer::start_prefetch`] and
+    /// not yet settled.
+    inflight: Option<Fill>,
     /// With `--longhaul-verify`: the CRC-32 of each `(expert, tensor)` slice
     /// as first read, at `expert * n_tensors + tensor`.
     checksums: Option<Vec<Option<u32>>>,
@@ -463,6 +520,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                 .collect(),
             stats: CacheStats::default(),
             prefetched: Vec::new(),
+            inflight: None,
             checksums: None,
         })
     }
@@ -474,8 +532,11 @@ impl<S: SlotStore> StreamedLayer<S> {
         self
     }
 
-    /// Plans a batch (see [`LayerCache::plan`]) and counts hits and misses.
-    pub fn plan(&mut self, ids: &[u32]) -> Vec<Wave> {
+    /// Plans a batch (see [`LayerCache::plan`]) and counts hits and misses,
+    /// after settling a lookahead's reads still in flight (see
+    /// [`StreamedLayer::settle_prefetch`]).
+    pub fn plan(&mut self, file: &gguf::Model, ids: &[u32]) -> Vec<Wave> {
+        self.settle_prefetch(file);
         let waves = self.cache.plan(ids);
         let mut misses = 0;
         for w in &waves {
@@ -501,14 +562,17 @@ impl<S: SlotStore> StreamedLayer<S> {
     /// recorded empty before the first byte was written), so a retry reads
     /// them again and nothing computes from a partly written slot.
     pub fn load(&mut self, file: &gguf::Model, wave: &Wave) -> Result<(), LonghaulError> {
-        self.begin_wave(wave)?;
+        self.begin_wave(file, wave)?;
         self.read_blocking(file, &wave.loads)?;
         self.cache.finish_wave(wave);
         Ok(())
     }
 
-    /// [`LayerCache::begin_wave`], its stale plan as this layer's error.
-    fn begin_wave(&mut self, wave: &Wave) -> Result<(), LonghaulError> {
+    /// [`LayerCache::begin_wave`], its stale plan as this layer's error,
+    /// after settling a lookahead still in flight (whose slots are recorded
+    /// empty, so a plan may have taken them).
+    fn begin_wave(&mut self, file: &gguf::Model, wave: &Wave) -> Result<(), LonghaulError> {
+        self.settle_prefetch(file);
         self.cache
             .begin_wave(wave)
             .map_err(|s| LonghaulError::StalePlan {
@@ -547,63 +611,60 @@ impl<S: SlotStore> StreamedLayer<S> {
         wave: &Wave,
         io: &IoScope<'s>,
     ) -> Result<Fill, LonghaulError> {
-        self.begin_wave(wave)?;
-        let n_t = self.tensors.len();
-        let which: Vec<(usize, usize)> = wave
-            .loads
-            .iter()
-            .flat_map(|&(_, s)| (0..n_t).map(move |t| (t, s as usize)))
-            .collect();
-        let mut fill = Fill {
-            ready: wave
-                .experts
-                .iter()
-                .map(|&(e, _)| e)
-                .filter(|e| !wave.loads.iter().any(|l| l.0 == *e))
-                .collect(),
-            wave: wave.clone(),
-            rx: None,
-            bufs: (0..which.len()).map(|_| None).collect(),
-            crcs: vec![0; which.len()],
-            left: vec![n_t; wave.loads.len()],
-            pending: 0,
-            error: None,
-            bytes: 0,
-            started: Instant::now(),
-            which,
-        };
+        self.begin_wave(file, wave)?;
+        let mut fill = Fill::new(wave, self.tensors.len(), false);
         if wave.loads.is_empty() {
             return Ok(fill);
         }
+        if !self.spawn_reads(file, &mut fill, io, None)? {
+            self.read_blocking(file, &wave.loads)?;
+            fill.ready.extend(wave.loads.iter().map(|l| l.0));
+        }
+        Ok(fill)
+    }
+
+    /// Lends the slots of `fill`'s loads (already recorded empty) and
+    /// spawns their reads on `io`, each slice taking the store's layout on
+    /// the reading thread; a read not yet started once `cancel` is set is
+    /// dropped. Returns false, having read nothing, when the store cannot
+    /// lend its slots.
+    fn spawn_reads<'s>(
+        &mut self,
+        file: &'s gguf::Model,
+        fill: &mut Fill,
+        io: &IoScope<'s>,
+        cancel: Option<&'s AtomicBool>,
+    ) -> Result<bool, LonghaulError> {
         let lent = match self.slots.detach(&fill.which) {
             Some(lent) => lent?,
-            None => {
-                self.read_blocking(file, &wave.loads)?;
-                fill.ready.extend(wave.loads.iter().map(|l| l.0));
-                return Ok(fill);
-            }
+            None => return Ok(false),
         };
+        let n_t = self.tensors.len();
         let (tx, rx) = mpsc::channel();
         let checksum = self.checksums.is_some();
         // Slices take the store's layout on the reading thread, after the
         // checksum of the bytes as read.
         let convert = self.slots.converter();
         for (job, buf) in lent.into_iter().enumerate() {
-            let e = wave.loads[job / n_t].0;
+            let e = fill.wave.loads[job / n_t].0;
             let ti = job % n_t;
             let t = &self.tensors[ti];
             let convert = convert.clone();
             let (shard, offset) = (t.shard, t.offset + e as u64 * t.expert_bytes);
-            fill.bytes += buf.len() as u64;
             let tx = tx.clone();
             io.spawn(move |_| {
                 let mut buf = buf;
-                let to_slot = convert
-                    .as_ref()
-                    .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(ti, buf, src));
-                let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
-                let res = read_slice(file, shard, offset, &mut buf, checksum, to_slot)
-                    .map_err(|e| (shard, e));
+                let res = if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                    Ok(None)
+                } else {
+                    let to_slot = convert
+                        .as_ref()
+                        .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(ti, buf, src));
+                    let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
+                    read_slice(file, shard, offset, &mut buf, checksum, to_slot)
+                        .map(Some)
+                        .map_err(|e| (shard, e))
+                };
                 // The receiver is gone only when the sync point gave up; the
                 // slot is then recorded empty and gets a fresh buffer.
                 let _ = tx.send(Done { job, buf, res });
@@ -611,7 +672,7 @@ impl<S: SlotStore> StreamedLayer<S> {
             fill.pending += 1;
         }
         fill.rx = Some(rx);
-        Ok(fill)
+        Ok(true)
     }
 
     /// Blocks until at least one more expert of `fill` is read (or nothing
@@ -655,14 +716,18 @@ impl<S: SlotStore> StreamedLayer<S> {
                 break;
             };
             fill.pending -= 1;
+            let li = d.job / n_t;
             match d.res {
-                Ok(crc) => fill.crcs[d.job] = crc,
+                Ok(Some(crc)) => {
+                    fill.crcs[d.job] = crc;
+                    fill.bytes += d.buf.len() as u64;
+                }
+                Ok(None) => fill.dropped[li] = true,
                 Err(e) => {
                     fill.error.get_or_insert(e);
                 }
             }
             fill.bufs[d.job] = Some(d.buf);
-            let li = d.job / n_t;
             fill.left[li] -= 1;
             if fill.left[li] == 0 && fill.error.is_none() {
                 let jobs = li * n_t..(li + 1) * n_t;
@@ -671,8 +736,11 @@ impl<S: SlotStore> StreamedLayer<S> {
                     .filter_map(Option::take)
                     .collect();
                 self.slots.attach(&fill.which[jobs], bufs)?;
-                fill.ready.push(fill.wave.loads[li].0);
-                block = false;
+                // A dropped read leaves its expert's slot empty.
+                if !fill.dropped[li] {
+                    fill.ready.push(fill.wave.loads[li].0);
+                    block = false;
+                }
             }
             if fill.error.is_some() {
                 block = true;
@@ -682,7 +750,9 @@ impl<S: SlotStore> StreamedLayer<S> {
         if fill.pending > 0 {
             return Ok(());
         }
-        self.stats.read_time += fill.started.elapsed();
+        if !fill.speculative {
+            self.stats.read_time += fill.started.elapsed();
+        }
         let Some((shard, source)) = fill.error.take() else {
             return Ok(());
         };
@@ -753,14 +823,105 @@ impl<S: SlotStore> StreamedLayer<S> {
         }
     }
 
+    /// Starts speculative reads of `predicted` experts (deduplicated by the
+    /// caller) on `io` and returns at once: the layer is not held while they
+    /// run. Their slots are recorded empty and lent to the reads until
+    /// [`StreamedLayer::settle_prefetch`] (which the next [`StreamedLayer::plan`]
+    /// runs first) takes them back and records the experts read in full.
+    /// Reads not started once `cancel` is set are dropped, so the layer's
+    /// own demand reads never queue behind them. Returns false, starting
+    /// nothing, when the store cannot lend its slots (use
+    /// [`StreamedLayer::prefetch`]).
+    pub fn start_prefetch<'s>(
+        &mut self,
+        file: &'s gguf::Model,
+        predicted: &[u32],
+        cancel: &'s AtomicBool,
+        io: &IoScope<'s>,
+    ) -> bool {
+        if self.slots.detach(&[]).is_none() {
+            return false;
+        }
+        self.settle_prefetch(file);
+        let loads = self.cache.prefetch(predicted);
+        if loads.is_empty() {
+            return true;
+        }
+        self.cache.begin_loads(&loads);
+        let wave = Wave {
+            experts: loads.clone(),
+            loads,
+        };
+        let mut fill = Fill::new(&wave, self.tensors.len(), true);
+        // A store that fails to lend keeps its slots, recorded empty.
+        if let Ok(true) = self.spawn_reads(file, &mut fill, io, Some(cancel)) {
+            self.inflight = Some(fill);
+        }
+        true
+    }
+
+    /// Waits for the reads of a [`StreamedLayer::start_prefetch`] still in
+    /// flight, puts every lent buffer back, and records the experts whose
+    /// reads all completed (after the file and checksum checks a demand wave
+    /// makes). A failed or dropped read is not an error: its slot stays
+    /// empty, and so do all of them when the file changed.
+    pub fn settle_prefetch(&mut self, file: &gguf::Model) {
+        let Some(mut fill) = self.inflight.take() else {
+            return;
+        };
+        let mut done = Vec::new();
+        while fill.pending() {
+            let waited = self.wait_loaded(file, &mut fill);
+            done.extend(fill.take_ready());
+            if waited.is_err() {
+                break;
+            }
+        }
+        self.stats.bytes_read += fill.bytes;
+        self.stats.prefetch_bytes += fill.bytes;
+        if fill.pending() || fill.error.is_some() {
+            return;
+        }
+        let committed = self.slots.commit();
+        self.release_all(file);
+        if committed.is_err() || file.files_unchanged().is_err() {
+            return;
+        }
+        let loads: Vec<(u32, u32)> = fill
+            .wave
+            .loads
+            .iter()
+            .copied()
+            .filter(|(e, _)| done.contains(e))
+            .collect();
+        if self.checksums.is_some() {
+            let n_t = self.tensors.len();
+            let crcs = fill
+                .wave
+                .loads
+                .iter()
+                .zip(fill.crcs.chunks(n_t.max(1)))
+                .filter(|((e, _), _)| done.contains(e))
+                .flat_map(|(_, c)| c.iter().copied())
+                .collect();
+            if self.check_sums(file, &loads, crcs).is_err() {
+                return;
+            }
+        }
+        self.cache.finish_loads(&loads);
+        self.stats.prefetched += loads.len() as u64;
+        self.prefetched = loads.iter().map(|l| l.0).collect();
+    }
+
     /// Speculatively reads `predicted` experts (deduplicated by the caller)
     /// into slots. Reads not started when `cancel` is set are dropped; a
     /// failed or cancelled prefetch leaves its slots empty and is not an error.
     pub fn prefetch(&mut self, file: &gguf::Model, predicted: &[u32], cancel: &AtomicBool) {
         // Too late: the layer's own sync point came first.
-        if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+        if cancel.load(Ordering::Relaxed) {
             return;
         }
+        self.settle_prefetch(file);
         let loads = self.cache.prefetch(predicted);
         if loads.is_empty() {
             return;
