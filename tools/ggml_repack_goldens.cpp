@@ -1,15 +1,18 @@
 // ggml_repack_goldens: what ggml's CPU repack kernels (llama.cpp's default
 // `--repack`) compute for the types it interleaves on x86 (Q4_0, IQ4_NL,
-// MXFP4: `*_8x8_q8_0`; Q4_K: `q4_K_8x8_q8_K`), for tests/quant_formats.rs
+// MXFP4: `*_8x8_q8_0`; Q4_K: `q4_K_8x8_q8_K`; Q2_K, on AVX-512 CPUs only:
+// `q2_K_8x8_q8_K`), for tests/quant_formats.rs
 // `interleaved_weights_equal_ggml_repack_bit_for_bit`.
 //
 // Per type: a weight [k, m] quantised from seeded normal values with
 // ggml_quantize_chunk, put in the CPU backend's CPU_REPACK buffer (which
 // interleaves it at set_tensor), and activations [k, n] of f32, one MUL_MAT
-// per n; k = 1120 (35 blocks), 1280 for Q4_K (5 super-blocks). m = 24
+// per n; k = 1120 (35 blocks), 1280 for Q4_K and Q2_K (5 super-blocks). m = 24
 // rows: two 8-row groups for the AVX-512 gemm's 16 columns and one for its
 // 8-column tail; n = 1 (gemv) and 9 (two 4-row gemm tiles and a gemv row).
-// The AVX2 and AVX-512 builds give the same file. Prints JSON: per type
+// The AVX2 and AVX-512 builds give the same file, but for Q2_K, which only
+// the AVX-512 build writes (run it on an AVX-512 CPU, with a ggml build
+// whose AMX code that CPU runs: build-noamx where AMX faults). Prints JSON: per type
 // the GGUF-layout weight bytes and, per product, the activations and the
 // output, base64 little-endian.
 //
@@ -50,7 +53,7 @@ static std::string b64(const void *data, size_t len) {
 int main() {
     const int64_t m = 24;
     const int64_t ns[] = {1, 9};
-    const ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K};
+    const ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K, GGML_TYPE_Q2_K};
 
     ggml_backend_t backend = ggml_backend_cpu_init();
     if (!backend) {
@@ -76,7 +79,11 @@ int main() {
            ggml_cpu_has_avx512() ? "avx512" : "avx2", (long long)m);
     bool first_case = true;
     for (ggml_type type : types) {
-        const int64_t k = type == GGML_TYPE_Q4_K ? 1280 : 1120;
+        // ggml repacks Q2_K on AVX-512 CPUs only (last in `types`, so the
+        // other cases' random values are the same in both builds).
+        if (type == GGML_TYPE_Q2_K && !ggml_cpu_has_avx512()) continue;
+        const bool k_quant = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q2_K;
+        const int64_t k = k_quant ? 1280 : 1120;
         std::vector<float> wf((size_t)(k * m));
         for (auto &v : wf) v = normal(rng);
         std::vector<uint8_t> w(ggml_row_size(type, k) * (size_t)m);

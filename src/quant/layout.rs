@@ -37,6 +37,7 @@ use super::ops::{ops, CpuCaps};
 use super::{QuantError, QuantOps};
 use crate::tensor::GgmlType;
 
+pub(crate) mod q2_k;
 pub(crate) mod q4_k;
 
 /// Rows per interleaved group.
@@ -98,7 +99,8 @@ pub enum Rows {
 /// The interleaved layout of `ty` when the running CPU has its kernels
 /// (AVX2 + FMA + F16C, summing with `vpdpbusd` where AVX-512 VNNI is
 /// there; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD kernels): Q4_0,
-/// Q8_0, IQ4_NL, MXFP4 and Q4_K (its own layout, [`q4_k`]).
+/// Q8_0, IQ4_NL, MXFP4 and Q4_K (its own layout, [`q4_k`]); on AVX-512
+/// CPUs, where ggml repacks it too, Q2_K ([`q2_k`]).
 pub fn interleaved(ty: GgmlType) -> Option<&'static dyn Interleaved> {
     interleaved_with_caps(ty, CpuCaps::detect())
 }
@@ -124,6 +126,10 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
             } else {
                 &Q4_K_AVX2
             });
+        }
+        // ggml repacks Q2_K on AVX-512 CPUs only.
+        if ty == GgmlType::Q2_K && caps.has_avx512() {
+            return Some(&q2_k::Interleaved8);
         }
     }
     let _ = ty;
@@ -460,12 +466,16 @@ mod tests {
         let mut v: Vec<u8> = (0..k / ty.block_size() * bb * rows)
             .map(|_| next() as u8)
             .collect();
-        // Q4_K's `dmin` after its `d`.
-        let scales = if ty == GgmlType::Q4_K { 2 } else { 1 };
+        // Q4_K's `dmin` after its `d`; Q2_K's pair ends its block.
+        let (scales, at) = match ty {
+            GgmlType::Q4_K => (2, 0),
+            GgmlType::Q2_K => (2, 80),
+            _ => (1, 0),
+        };
         for blk in v.chunks_exact_mut(bb) {
             for s in 0..scales {
                 let d = half::f16::from_f32((next() % 1000) as f32 / 4096.0 - 0.12);
-                blk[2 * s..2 * s + 2].copy_from_slice(&d.to_bits().to_le_bytes());
+                blk[at + 2 * s..at + 2 * s + 2].copy_from_slice(&d.to_bits().to_le_bytes());
             }
         }
         v
@@ -488,12 +498,13 @@ mod tests {
         out
     }
 
-    const TYPES: [GgmlType; 5] = [
+    const TYPES: [GgmlType; 6] = [
         GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::IQ4_NL,
         GgmlType::MXFP4,
         GgmlType::Q4_K,
+        GgmlType::Q2_K,
     ];
 
     /// The shapes: one block, two, three, many (even and odd counts, for the
@@ -665,6 +676,56 @@ mod tests {
         out
     }
 
+    /// ggml's x86 `q2_K_8x8_q8_K` kernels in scalar form, on plain rows:
+    /// per row, activation row and super-block,
+    /// `isum = Σ_j sc_j · Σ q2 · q8` and `imin = Σ_j m_j · bsums[j]` over
+    /// the sixteen sub-blocks of sixteen values in integers, one FMA into
+    /// `acc` (by `d · d_a`) and one into `acc_min` (by `dmin · d_a`), and
+    /// `acc - acc_min` at the end: the gemv. Its gemm, which takes the
+    /// first `n_gemm` activation rows, sums and FMAs per 128 values instead.
+    fn ggml_q2_k_repack_order(k: usize, w: &[u8], a: &[u8], n_gemm: usize) -> Vec<f32> {
+        use crate::quant::{BlockQ2K, BlockQ8K};
+        let nb = k / 256;
+        let w: Vec<BlockQ2K> = w
+            .chunks_exact(std::mem::size_of::<BlockQ2K>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        let a: Vec<BlockQ8K> = a
+            .chunks_exact(std::mem::size_of::<BlockQ8K>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        let (rows, n) = (w.len() / nb, a.len() / nb);
+        let mut out = vec![0f32; rows * n];
+        for t in 0..n {
+            for r in 0..rows {
+                let (mut acc, mut acc_min) = (0f32, 0f32);
+                for b in 0..nb {
+                    let (x, y) = (&w[r * nb + b], &a[t * nb + b]);
+                    let (mut isum, mut imin) = (0i32, 0i32);
+                    for j in 0..16 {
+                        let (h, s, q) = (j / 8, (j % 8) / 2, j % 2);
+                        let dot: i32 = (0..16)
+                            .map(|i| {
+                                let l = 16 * q + i;
+                                let v = (x.qs[32 * h + l] >> (2 * s)) & 3;
+                                v as i32 * y.qs[128 * h + 32 * s + l] as i32
+                            })
+                            .sum();
+                        isum += (x.scales[j] & 15) as i32 * dot;
+                        imin += (x.scales[j] >> 4) as i32 * y.bsums[j] as i32;
+                        if j % 8 == 7 && t < n_gemm || j == 15 {
+                            acc = (isum as f32).mul_add(x.d.to_f32() * y.d, acc);
+                            acc_min = (imin as f32).mul_add(x.dmin.to_f32() * y.d, acc_min);
+                            (isum, imin) = (0, 0);
+                        }
+                    }
+                }
+                out[t * rows + r] = acc - acc_min;
+            }
+        }
+        out
+    }
+
     #[test]
     fn interleaved_kernels_give_the_bits_of_llamacpps_kernels_at_its_defaults() {
         // Q8_0 (not repacked by ggml on x86): the plain kernels' bits; the
@@ -688,9 +749,11 @@ mod tests {
                     let a = acts(op.act_type(), k, n, n as u64);
                     let mut want = vec![0f32; rows * n];
                     let mut got = vec![f32::NAN; rows * n];
+                    let n_gemm = if rows_of == Rows::Tiles { n / 4 * 4 } else { 0 };
                     if ty == GgmlType::Q4_K {
-                        let n_gemm = if rows_of == Rows::Tiles { n / 4 * 4 } else { 0 };
                         want = ggml_q4_k_repack_order(k, &plain, &a, n_gemm);
+                    } else if ty == GgmlType::Q2_K {
+                        want = ggml_q2_k_repack_order(k, &plain, &a, n_gemm);
                     } else if ty != GgmlType::Q8_0 {
                         want = ggml_repack_order(ty, k, &plain, &a);
                     } else if n == 1 {

@@ -1,0 +1,161 @@
+//! Q2_K's interleaved layout: groups of eight rows rewritten super-block by
+//! super-block so that one vector load holds the same four quant bytes of
+//! all eight rows, their `d`/`dmin` are one `vcvtph2ps` each and one
+//! 8-byte load gives a sub-block's scale-and-min byte of every row (the
+//! byte map is in `simd_x86::packed_q2k`'s docs). The eight rows' 84-byte
+//! blocks become 672 bytes holding the same bytes in another order.
+//!
+//! ggml interleaves Q2_K only on AVX-512 CPUs (`q2_K_8x8_q8_K`, llama.cpp's
+//! default `--repack`), so only those take this layout here: elsewhere
+//! Q2_K keeps the plain layout and `ggml_vec_dot_q2_K_q8_K`'s bits, as
+//! llama.cpp does there. The kernels sum as ggml's repack kernels do: per
+//! super-block and row, the scaled quant products and the mins by the
+//! activation's block sums as two exact integers, one FMA each, and their
+//! difference at the end; not the plain kernel's order, so results differ
+//! from the plain layout's in the last bits, as llama.cpp's do between
+//! `--repack` on and off.
+
+use super::{check_same_len, check_tile, group_geometry, Interleaved, Rows, GROUP_ROWS};
+use crate::quant::QuantError;
+use crate::tensor::GgmlType;
+
+/// Bytes of a Q2_K block and of an eight-row group's super-block.
+const BLOCK: usize = 84;
+pub(crate) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+/// Where a group super-block keeps its parts: the rows' `d` at 0, their
+/// `dmin`, the scale-and-min bytes, the quant chunks.
+pub(crate) const DMIN: usize = 16;
+pub(crate) const SCALES: usize = 32;
+pub(crate) const QS: usize = 160;
+/// Where a plain block keeps them.
+const PLAIN_QS: usize = 16;
+const PLAIN_D: usize = 80;
+
+/// Q2_K on the CPU's AVX-512 kernels.
+pub(super) struct Interleaved8;
+
+/// Byte `i` of plain block `blk` of row `r` goes to `packed[map(r, i)]`.
+fn map(r: usize, i: usize) -> usize {
+    match i {
+        // Sixteen scale-and-min bytes: entry `8j + r`.
+        0..PLAIN_QS => SCALES + 8 * i + r,
+        // Sixty-four quant bytes in sixteen 4-byte chunks.
+        PLAIN_QS..PLAIN_D => {
+            let q = i - PLAIN_QS;
+            QS + (8 * (q / 4) + r) * 4 + q % 4
+        }
+        // `d` then `dmin`.
+        _ => {
+            let x = i - PLAIN_D;
+            DMIN * (x / 2) + 2 * r + x % 2
+        }
+    }
+}
+
+impl Interleaved for Interleaved8 {
+    fn ty(&self) -> GgmlType {
+        GgmlType::Q2_K
+    }
+
+    fn interleave_from(&self, k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
+        let nb = group_geometry(GgmlType::Q2_K, k, src.len())?;
+        check_same_len(GgmlType::Q2_K, src.len(), dst.len())?;
+        let gb = nb * GROUP_BLOCK;
+        for (src, dst) in src.chunks_exact(gb).zip(dst.chunks_exact_mut(gb)) {
+            for (b, packed) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
+                for r in 0..GROUP_ROWS {
+                    let blk = &src[(r * nb + b) * BLOCK..][..BLOCK];
+                    for (i, &byte) in blk.iter().enumerate() {
+                        packed[map(r, i)] = byte;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
+        let nb = group_geometry(GgmlType::Q2_K, k, bytes.len())?;
+        for group in bytes.chunks_exact_mut(nb * GROUP_BLOCK) {
+            let copy = group.to_vec();
+            for (b, packed) in copy.chunks_exact(GROUP_BLOCK).enumerate() {
+                for r in 0..GROUP_ROWS {
+                    let blk = &mut group[(r * nb + b) * BLOCK..][..BLOCK];
+                    for (i, byte) in blk.iter_mut().enumerate() {
+                        *byte = packed[map(r, i)];
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn dot_tile(
+        &self,
+        k: usize,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        rows_of: Rows,
+    ) -> Result<(), QuantError> {
+        let nb = group_geometry(GgmlType::Q2_K, k, w.len())?;
+        let n_rows = w.len() / (nb * BLOCK);
+        let arb = nb * std::mem::size_of::<crate::quant::BlockQ8K>();
+        check_tile(GgmlType::Q2_K, n_rows, arb, acts.len(), out.len())?;
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::quant::simd_x86::packed_q2k;
+            let acts: std::borrow::Cow<[crate::quant::BlockQ8K]> =
+                crate::quant::cast_or_copy(GgmlType::Q8_K, "interleaved activations", acts)?;
+            // The activation rows ggml's gemm takes (in fours), the others
+            // its gemv's (`Rows`).
+            let rows: Vec<&[crate::quant::BlockQ8K]> = acts.chunks_exact(nb).collect();
+            let n_gemm = match rows_of {
+                Rows::Tiles => rows.len() / 4 * 4,
+                Rows::Gemv => 0,
+            };
+            // Four activation rows at a time (ggml's gemm tile), each
+            // weight chunk unpacked once for them.
+            for (gi, g) in w.chunks_exact(nb * GROUP_BLOCK).enumerate() {
+                for (ti, a) in rows.chunks(4).enumerate() {
+                    let gemm = 4 * ti < n_gemm;
+                    let mut res = [[0f32; GROUP_ROWS]; 4];
+                    // SAFETY: this layout is only handed out on CPUs with
+                    // AVX-512 F + BW + VL + VNNI (`interleaved_with_caps`),
+                    // and `g` holds `nb` group super-blocks, as many as each
+                    // activation row holds blocks.
+                    unsafe {
+                        match *a {
+                            [a0, a1, a2, a3] => {
+                                packed_q2k::dot8(g, [a0, a1, a2, a3], &mut res, gemm)
+                            }
+                            [a0, a1, a2] => {
+                                let r = (&mut res[..3]).try_into().expect("three rows");
+                                packed_q2k::dot8(g, [a0, a1, a2], r, gemm)
+                            }
+                            [a0, a1] => {
+                                let r = (&mut res[..2]).try_into().expect("two rows");
+                                packed_q2k::dot8(g, [a0, a1], r, gemm)
+                            }
+                            [a0] => {
+                                let r = (&mut res[..1]).try_into().expect("one row");
+                                packed_q2k::dot8(g, [a0], r, gemm)
+                            }
+                            _ => {}
+                        }
+                    }
+                    for (t, r) in res.iter().take(a.len()).enumerate() {
+                        let at = (4 * ti + t) * n_rows + gi * GROUP_ROWS;
+                        out[at..at + GROUP_ROWS].copy_from_slice(r);
+                    }
+                }
+            }
+            Ok(())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Err(QuantError::Unsupported {
+            ty: GgmlType::Q2_K,
+            what: "interleaved kernels",
+        })
+    }
+}
