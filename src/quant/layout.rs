@@ -803,5 +803,21 @@ mod tests {
         assert!(!interleaves(GgmlType::Q4_0, 12));
         assert!(!interleaves(GgmlType::Q4_K, 12));
         assert!(!interleaves(GgmlType::Q6_K, 16));
+        // Q2_K as ggml has it: interleaved on AVX-512 only.
+        let avx2 = CpuCaps {
+            avx2: true,
+            fma: true,
+            f16c: true,
+            ..CpuCaps::NONE
+        };
+        let avx512 = CpuCaps {
+            avx512: true,
+            ..avx2
+        };
+        assert!(interleaved_with_caps(GgmlType::Q2_K, avx2).is_none());
+        if cfg!(target_arch = "x86_64") {
+            assert!(interleaved_with_caps(GgmlType::Q4_K, avx2).is_some());
+            assert!(interleaved_with_caps(GgmlType::Q2_K, avx512).is_some());
+        }
     }
 }
