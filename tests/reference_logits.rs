@@ -84,16 +84,24 @@ fn f32_and_f16_match_llamacpp_logits_and_greedy_tokens() {
 
 #[test]
 fn quantised_files_match_llamacpp_logits() {
+    // The goldens run llama.cpp's default repack (tools/make_fixtures.py
+    // QUANT_REPACK). Where longhaul has the interleaved kernels (AVX2) its
+    // Q4_K, Q4_0 and MXFP4 products sum in ggml's repack order, and the
+    // logits agree to NMSE ~1e-14 (measured on these files); 1e-10 leaves
+    // margin and still catches the plain order, which is 6e-7 from the
+    // repacked goldens on llama-moe and qwen2moe. Elsewhere: 1e-4.
+    let interleaved = longhaul::quant::layout::interleaved(GgmlType::Q4_K).is_some();
+    let tol = if interleaved { 1e-10 } else { 1e-4 };
     let mut fails = Vec::new();
     for a in ARCHS {
         for q in ["q8_0", "q4_k_m"] {
             fails.extend(check_logits(
                 &format!("{a}-{q}"),
                 &format!("{a}-{q}.json"),
-                1e-4,
+                tol,
             ));
         }
     }
-    fails.extend(check_logits("gpt-oss-mxfp4", "gpt-oss-mxfp4.json", 1e-4));
+    fails.extend(check_logits("gpt-oss-mxfp4", "gpt-oss-mxfp4.json", tol));
     assert_none(fails);
 }

@@ -777,6 +777,13 @@ def nmse(a, b) -> float:
     return float(((a - b) ** 2).sum() / (a ** 2).sum())
 
 
+# Quantised files run llama.cpp's default repack: its x86 Q4_0 / IQ4_NL /
+# MXFP4 / Q4_K (and on AVX-512 Q2_K) kernels then sum as longhaul's
+# interleaved ones do. Q8_0 is not repacked on x86 (without AMX: run on a
+# CPU whose AMX faults with LD_LIBRARY_PATH=$LLAMACPP_DIR/build-noamx/bin).
+QUANT_REPACK = "repack on (llama.cpp's default)"
+
+
 def stage_llama(args):
     import numpy as np
     table = []
@@ -790,8 +797,12 @@ def stage_llama(args):
             if args.stems and stem not in args.stems:
                 continue
             fx = f"{arch}-{stem}.gguf"
+            # Quantised files at llama.cpp's default repack (QUANT_REPACK);
+            # f32/f16 are not repacked.
+            repack = "off" if stem in ("f32", "f16") else "on"
             # greedy is cheap on these models, so every file gets it
-            res = llama_eval(args, args.fixtures / fx, prompts=prompts, n_predict=N_GREEDY)
+            res = llama_eval(args, args.fixtures / fx, prompts=prompts, n_predict=N_GREEDY,
+                             repack=repack)
             out = [{"tokens": p["tokens"], "logits": p["logits"], "greedy": p["greedy"],
                     "greedy_gap_min": p["greedy_gap_min"],
                     "greedy_gaps": [float(f"{g:.6g}") for g in p["greedy_gaps"]]} for p in res["prompts"]]
@@ -799,7 +810,8 @@ def stage_llama(args):
                 "fixture": fx, "reference": "llama.cpp",
                 "generator": f"tools/llama_logits.cpp ({args.llama_version}); one batch per prompt, "
                              "logits for every position, flash attention off, F32 KV cache, 2 threads, "
-                             "no repack; greedy = argmax of raw logits (lowest id on ties), no EOG stop",
+                             + ("no repack" if repack == "off" else QUANT_REPACK)
+                             + "; greedy = argmax of raw logits (lowest id on ties), no EOG stop",
                 "n_vocab": res["n_vocab"], "settings": res["settings"],
             }
             name = f"{arch}-f32.llamacpp.json" if stem == "f32" else f"{arch}-{stem}.json"
