@@ -293,6 +293,53 @@ fn check_tile(
     Ok(())
 }
 
+/// What the super-block layouts' `dot_tile` works on: blocks per row,
+/// weight rows, the Q8_K activation rows, and how many of those (from the
+/// first) ggml's gemm takes, in fours ([`Rows`]).
+#[cfg(target_arch = "x86_64")]
+struct SuperBlockTile<'a> {
+    nb: usize,
+    n_rows: usize,
+    acts: std::borrow::Cow<'a, [super::BlockQ8K]>,
+    n_gemm: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a> SuperBlockTile<'a> {
+    /// Checks a `dot_tile` of `ty` (super-blocks against Q8_K) and views
+    /// its activations as blocks.
+    fn new(
+        ty: GgmlType,
+        k: usize,
+        w_len: usize,
+        acts: &'a [u8],
+        out_len: usize,
+        rows_of: Rows,
+    ) -> Result<Self, QuantError> {
+        let nb = group_geometry(ty, k, w_len)?;
+        let n_rows = w_len / (nb * ty.type_size());
+        let arb = nb * std::mem::size_of::<super::BlockQ8K>();
+        check_tile(ty, n_rows, arb, acts.len(), out_len)?;
+        let acts = super::cast_or_copy(GgmlType::Q8_K, "interleaved activations", acts)?;
+        let n_act = acts.len() / nb;
+        let n_gemm = match rows_of {
+            Rows::Tiles => n_act / 4 * 4,
+            Rows::Gemv => 0,
+        };
+        Ok(SuperBlockTile {
+            nb,
+            n_rows,
+            acts,
+            n_gemm,
+        })
+    }
+
+    /// The activation rows, `nb` blocks each.
+    fn rows(&self) -> Vec<&[super::BlockQ8K]> {
+        self.acts.chunks_exact(self.nb).collect()
+    }
+}
+
 /// Eight results as the kernels' fixed-size output.
 #[cfg(target_arch = "x86_64")]
 fn lanes(o: &mut [f32]) -> &mut [f32; GROUP_ROWS] {
@@ -630,44 +677,34 @@ mod tests {
         out
     }
 
-    /// ggml's x86 `q4_K_8x8_q8_K` kernels (AVX2 and AVX-512) in scalar
-    /// form, on plain rows: per row, activation row and super-block,
-    /// `isum = Σ_j sc_j · Σ q4 · q8` and
-    /// `imin = Σ_j m_j · (bsums[2j] + bsums[2j + 1])` in integers, one FMA
-    /// into `acc` (by `d · d_a`) and one into `acc_min` (by `dmin · d_a`),
-    /// and `acc - acc_min` at the end: the gemv. Its gemm, which takes the
-    /// first `n_gemm` activation rows, sums and FMAs per pair of sub-blocks
-    /// instead.
-    fn ggml_q4_k_repack_order(k: usize, w: &[u8], a: &[u8], n_gemm: usize) -> Vec<f32> {
-        use crate::quant::{BlockQ4K, BlockQ8K};
-        let nb = k / 256;
-        let w: &[BlockQ4K] = bytemuck::cast_slice(w);
-        let a: Vec<BlockQ8K> = a
-            .chunks_exact(std::mem::size_of::<BlockQ8K>())
-            .map(bytemuck::pod_read_unaligned)
-            .collect();
-        let (rows, n) = (w.len() / nb, a.len() / nb);
+    /// ggml's x86 repack kernels for a K-quant in scalar form, on plain
+    /// rows: per row, activation row and super-block, `sums(r, b, t)` gives
+    /// the exact `(isum, imin)` integers of each of the gemm's units (the
+    /// gemv adds them up first), each then takes one FMA into `acc` (by
+    /// `d · d_a`) and one into `acc_min` (by `dmin · d_a`), and
+    /// `acc - acc_min` at the end. The gemm takes the first `n_gemm`
+    /// activation rows. `d_dmin(r, b)` are the block's scales.
+    fn ggml_k_repack_order(
+        (rows, n, nb): (usize, usize, usize),
+        n_gemm: usize,
+        d_a: impl Fn(usize, usize) -> f32,
+        d_dmin: impl Fn(usize, usize) -> (f32, f32),
+        sums: impl Fn(usize, usize, usize) -> Vec<(i32, i32)>,
+    ) -> Vec<f32> {
         let mut out = vec![0f32; rows * n];
         for t in 0..n {
             for r in 0..rows {
                 let (mut acc, mut acc_min) = (0f32, 0f32);
                 for b in 0..nb {
-                    let (x, y) = (&w[r * nb + b], &a[t * nb + b]);
-                    let (sc, m) = x.scale_mins();
-                    let (mut isum, mut imin) = (0i32, 0i32);
-                    for j in 0..8 {
-                        let q = |l: usize| {
-                            let byte = x.qs[32 * (j / 2) + l];
-                            (if j % 2 == 0 { byte & 15 } else { byte >> 4 }) as i32
-                        };
-                        let dot: i32 = (0..32).map(|l| q(l) * y.qs[32 * j + l] as i32).sum();
-                        isum += sc[j] as i32 * dot;
-                        imin += m[j] as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
-                        if j % 2 == 1 && t < n_gemm || j == 7 {
-                            acc = (isum as f32).mul_add(x.d.to_f32() * y.d, acc);
-                            acc_min = (imin as f32).mul_add(x.dmin.to_f32() * y.d, acc_min);
-                            (isum, imin) = (0, 0);
-                        }
+                    let (d, dmin) = d_dmin(r, b);
+                    let mut units = sums(r, b, t);
+                    if t >= n_gemm {
+                        let all = units.iter().fold((0, 0), |s, u| (s.0 + u.0, s.1 + u.1));
+                        units = vec![all];
+                    }
+                    for (isum, imin) in units {
+                        acc = (isum as f32).mul_add(d * d_a(t, b), acc);
+                        acc_min = (imin as f32).mul_add(dmin * d_a(t, b), acc_min);
                     }
                 }
                 out[t * rows + r] = acc - acc_min;
@@ -676,34 +713,60 @@ mod tests {
         out
     }
 
-    /// ggml's x86 `q2_K_8x8_q8_K` kernels in scalar form, on plain rows:
-    /// per row, activation row and super-block,
-    /// `isum = Σ_j sc_j · Σ q2 · q8` and `imin = Σ_j m_j · bsums[j]` over
-    /// the sixteen sub-blocks of sixteen values in integers, one FMA into
-    /// `acc` (by `d · d_a`) and one into `acc_min` (by `dmin · d_a`), and
-    /// `acc - acc_min` at the end: the gemv. Its gemm, which takes the
-    /// first `n_gemm` activation rows, sums and FMAs per 128 values instead.
+    fn blocks<B: bytemuck::Pod>(bytes: &[u8]) -> Vec<B> {
+        bytes
+            .chunks_exact(std::mem::size_of::<B>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect()
+    }
+
+    /// ggml's x86 `q4_K_8x8_q8_K` kernels (AVX2 and AVX-512):
+    /// `isum = Σ_j sc_j · Σ q4 · q8` and
+    /// `imin = Σ_j m_j · (bsums[2j] + bsums[2j + 1])` over 8 sub-blocks of
+    /// 32, units of 64 values in the gemm.
+    fn ggml_q4_k_repack_order(k: usize, w: &[u8], a: &[u8], n_gemm: usize) -> Vec<f32> {
+        use crate::quant::{BlockQ4K, BlockQ8K};
+        let nb = k / 256;
+        let (w, a): (Vec<BlockQ4K>, Vec<BlockQ8K>) = (blocks(w), blocks(a));
+        let shape = (w.len() / nb, a.len() / nb, nb);
+        let sums = |r: usize, b: usize, t: usize| {
+            let (x, y) = (&w[r * nb + b], &a[t * nb + b]);
+            let (sc, m) = x.scale_mins();
+            (0..4)
+                .map(|u| {
+                    let (mut isum, mut imin) = (0, 0);
+                    for j in 2 * u..2 * u + 2 {
+                        let q = |l: usize| {
+                            let byte = x.qs[32 * (j / 2) + l];
+                            (if j % 2 == 0 { byte & 15 } else { byte >> 4 }) as i32
+                        };
+                        let dot: i32 = (0..32).map(|l| q(l) * y.qs[32 * j + l] as i32).sum();
+                        isum += sc[j] as i32 * dot;
+                        imin += m[j] as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
+                    }
+                    (isum, imin)
+                })
+                .collect()
+        };
+        let d_dmin = |r: usize, b: usize| (w[r * nb + b].d.to_f32(), w[r * nb + b].dmin.to_f32());
+        ggml_k_repack_order(shape, n_gemm, |t, b| a[t * nb + b].d, d_dmin, sums)
+    }
+
+    /// ggml's x86 `q2_K_8x8_q8_K` kernels (AVX-512): `isum = Σ_j sc_j · Σ
+    /// q2 · q8` and `imin = Σ_j m_j · bsums[j]` over 16 sub-blocks of 16,
+    /// units of 128 values in the gemm.
     fn ggml_q2_k_repack_order(k: usize, w: &[u8], a: &[u8], n_gemm: usize) -> Vec<f32> {
         use crate::quant::{BlockQ2K, BlockQ8K};
         let nb = k / 256;
-        let w: Vec<BlockQ2K> = w
-            .chunks_exact(std::mem::size_of::<BlockQ2K>())
-            .map(bytemuck::pod_read_unaligned)
-            .collect();
-        let a: Vec<BlockQ8K> = a
-            .chunks_exact(std::mem::size_of::<BlockQ8K>())
-            .map(bytemuck::pod_read_unaligned)
-            .collect();
-        let (rows, n) = (w.len() / nb, a.len() / nb);
-        let mut out = vec![0f32; rows * n];
-        for t in 0..n {
-            for r in 0..rows {
-                let (mut acc, mut acc_min) = (0f32, 0f32);
-                for b in 0..nb {
-                    let (x, y) = (&w[r * nb + b], &a[t * nb + b]);
-                    let (mut isum, mut imin) = (0i32, 0i32);
-                    for j in 0..16 {
-                        let (h, s, q) = (j / 8, (j % 8) / 2, j % 2);
+        let (w, a): (Vec<BlockQ2K>, Vec<BlockQ8K>) = (blocks(w), blocks(a));
+        let shape = (w.len() / nb, a.len() / nb, nb);
+        let sums = |r: usize, b: usize, t: usize| {
+            let (x, y) = (&w[r * nb + b], &a[t * nb + b]);
+            (0..2)
+                .map(|h| {
+                    let (mut isum, mut imin) = (0, 0);
+                    for j in 8 * h..8 * h + 8 {
+                        let (s, q) = ((j % 8) / 2, j % 2);
                         let dot: i32 = (0..16)
                             .map(|i| {
                                 let l = 16 * q + i;
@@ -713,17 +776,13 @@ mod tests {
                             .sum();
                         isum += (x.scales[j] & 15) as i32 * dot;
                         imin += (x.scales[j] >> 4) as i32 * y.bsums[j] as i32;
-                        if j % 8 == 7 && t < n_gemm || j == 15 {
-                            acc = (isum as f32).mul_add(x.d.to_f32() * y.d, acc);
-                            acc_min = (imin as f32).mul_add(x.dmin.to_f32() * y.d, acc_min);
-                            (isum, imin) = (0, 0);
-                        }
                     }
-                }
-                out[t * rows + r] = acc - acc_min;
-            }
-        }
-        out
+                    (isum, imin)
+                })
+                .collect()
+        };
+        let d_dmin = |r: usize, b: usize| (w[r * nb + b].d.to_f32(), w[r * nb + b].dmin.to_f32());
+        ggml_k_repack_order(shape, n_gemm, |t, b| a[t * nb + b].d, d_dmin, sums)
     }
 
     #[test]

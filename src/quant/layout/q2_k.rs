@@ -15,7 +15,7 @@
 //! from the plain layout's in the last bits, as llama.cpp's do between
 //! `--repack` on and off.
 
-use super::{check_same_len, check_tile, group_geometry, Interleaved, Rows, GROUP_ROWS};
+use super::{check_same_len, group_geometry, Interleaved, Rows, GROUP_ROWS};
 use crate::quant::QuantError;
 use crate::tensor::GgmlType;
 
@@ -98,22 +98,13 @@ impl Interleaved for Interleaved8 {
         out: &mut [f32],
         rows_of: Rows,
     ) -> Result<(), QuantError> {
-        let nb = group_geometry(GgmlType::Q2_K, k, w.len())?;
-        let n_rows = w.len() / (nb * BLOCK);
-        let arb = nb * std::mem::size_of::<crate::quant::BlockQ8K>();
-        check_tile(GgmlType::Q2_K, n_rows, arb, acts.len(), out.len())?;
         #[cfg(target_arch = "x86_64")]
         {
             use crate::quant::simd_x86::packed_q2k;
-            let acts: std::borrow::Cow<[crate::quant::BlockQ8K]> =
-                crate::quant::cast_or_copy(GgmlType::Q8_K, "interleaved activations", acts)?;
-            // The activation rows ggml's gemm takes (in fours), the others
-            // its gemv's (`Rows`).
-            let rows: Vec<&[crate::quant::BlockQ8K]> = acts.chunks_exact(nb).collect();
-            let n_gemm = match rows_of {
-                Rows::Tiles => rows.len() / 4 * 4,
-                Rows::Gemv => 0,
-            };
+            let tile =
+                super::SuperBlockTile::new(GgmlType::Q2_K, k, w.len(), acts, out.len(), rows_of)?;
+            let (nb, n_rows, n_gemm) = (tile.nb, tile.n_rows, tile.n_gemm);
+            let rows = tile.rows();
             // Four activation rows at a time (ggml's gemm tile), each
             // weight chunk unpacked once for them.
             for (gi, g) in w.chunks_exact(nb * GROUP_BLOCK).enumerate() {
@@ -153,9 +144,12 @@ impl Interleaved for Interleaved8 {
             Ok(())
         }
         #[cfg(not(target_arch = "x86_64"))]
-        Err(QuantError::Unsupported {
-            ty: GgmlType::Q2_K,
-            what: "interleaved kernels",
-        })
+        {
+            let _ = (k, w, acts, out, rows_of);
+            Err(QuantError::Unsupported {
+                ty: GgmlType::Q2_K,
+                what: "interleaved kernels",
+            })
+        }
     }
 }

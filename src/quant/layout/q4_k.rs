@@ -16,7 +16,7 @@
 //! layout's in the last bits, as llama.cpp's do between `--repack` on and
 //! off.
 
-use super::{check_same_len, check_tile, group_geometry, Interleaved, Rows, GROUP_ROWS};
+use super::{check_same_len, group_geometry, Interleaved, Rows, GROUP_ROWS};
 use crate::quant::common::{pack_scale_min_k4, scale_mins_k4};
 use crate::quant::QuantError;
 use crate::tensor::GgmlType;
@@ -133,23 +133,14 @@ impl Interleaved for SuperBlocked {
         out: &mut [f32],
         rows_of: Rows,
     ) -> Result<(), QuantError> {
-        let nb = group_geometry(GgmlType::Q4_K, k, w.len())?;
-        let n_rows = w.len() / (nb * BLOCK);
-        let arb = nb * std::mem::size_of::<crate::quant::BlockQ8K>();
-        check_tile(GgmlType::Q4_K, n_rows, arb, acts.len(), out.len())?;
         #[cfg(target_arch = "x86_64")]
         {
             use crate::quant::simd_x86::packed_k;
-            let acts: std::borrow::Cow<[crate::quant::BlockQ8K]> =
-                crate::quant::cast_or_copy(GgmlType::Q8_K, "interleaved activations", acts)?;
+            let tile =
+                super::SuperBlockTile::new(GgmlType::Q4_K, k, w.len(), acts, out.len(), rows_of)?;
+            let (nb, n_rows, n_gemm) = (tile.nb, tile.n_rows, tile.n_gemm);
+            let rows = tile.rows();
             let gb = nb * GROUP_BLOCK;
-            let rows: Vec<&[crate::quant::BlockQ8K]> = acts.chunks_exact(nb).collect();
-            // The activation rows ggml's gemm takes (in fours), the others
-            // its gemv's (`Rows`).
-            let n_gemm = match rows_of {
-                Rows::Tiles => rows.len() / 4 * 4,
-                Rows::Gemv => 0,
-            };
             let mut done = 0;
             if self.avx512 {
                 // Pairs of groups (16 rows) against four activation rows at
@@ -200,9 +191,12 @@ impl Interleaved for SuperBlocked {
             Ok(())
         }
         #[cfg(not(target_arch = "x86_64"))]
-        Err(QuantError::Unsupported {
-            ty: GgmlType::Q4_K,
-            what: "interleaved kernels",
-        })
+        {
+            let _ = (k, w, acts, out, rows_of);
+            Err(QuantError::Unsupported {
+                ty: GgmlType::Q4_K,
+                what: "interleaved kernels",
+            })
+        }
     }
 }
