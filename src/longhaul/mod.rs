@@ -1081,5 +1081,25 @@ mod stats_tests {
         assert_eq!(s(4, 5).io_floor_tps(12, wall), 2.0);
         // 8 s of reads beat 6 s of compute.
         assert_eq!(s(4, 8).io_floor_tps(12, wall), 1.5);
+        // A lookahead's bytes cost the disk's time at the demand reads'
+        // throughput: 300 bytes in 4 s of demand reads, 100 more read ahead,
+        // is 5.33 s of reads, which beats 10 - 5 = 5 s of compute.
+        let ahead = CacheStats {
+            io_time: Duration::from_secs(5),
+            read_time: Duration::from_secs(4),
+            bytes_read: 400,
+            prefetch_bytes: 100,
+            ..CacheStats::default()
+        };
+        assert_eq!(ahead.read_throughput(), 75.0);
+        assert!((ahead.reads_time().as_secs_f64() - 16.0 / 3.0).abs() < 1e-9);
+        assert!((ahead.io_floor_tps(16, wall) - 3.0).abs() < 1e-9);
+        // All reads ahead, none on demand: the demand read time as it is.
+        let all_ahead = CacheStats {
+            bytes_read: 100,
+            prefetch_bytes: 100,
+            ..s(0, 0)
+        };
+        assert_eq!(all_ahead.reads_time(), Duration::ZERO);
     }
 }
