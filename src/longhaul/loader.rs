@@ -1,7 +1,9 @@
 //! Concurrent positional reads of expert slices straight into their slots,
-//! on a small I/O thread pool separate from the compute threads, and advice
-//! to the kernel to drop the pages read (the slots are the cache; keeping the
-//! same bytes in the page cache would double the memory).
+//! and of resident tensors at load (converted into the backend's layout on
+//! the reading threads), on a small I/O thread pool separate from the
+//! compute threads, and advice to the kernel to drop the pages read (the
+//! slots are the cache; keeping the same bytes in the page cache would
+//! double the memory).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -106,4 +108,141 @@ pub(super) fn read_all(
         None => run(jobs)?,
     };
     Ok((total, if checksum { crcs } else { Vec::new() }))
+}
+
+/// The scope longhaul's lookahead reads are spawned on while layers compute.
+pub type IoScope<'s> = rayon::Scope<'s>;
+
+/// Runs `f` with a scope whose spawned tasks run on the longhaul I/O pool
+/// (for reads that overlap compute), waiting for them before returning.
+pub fn io_scope<'s, R>(f: impl FnOnce(&IoScope<'s>) -> R) -> R {
+    match io_pool() {
+        Some(pool) => pool.in_place_scope(f),
+        None => rayon::in_place_scope(f),
+    }
+}
+
+/// Reads `dst.len()` bytes at `offset` of shard `shard` as concurrent
+/// positional reads of 8 MiB pieces on the longhaul I/O pool: resident
+/// tensors copied at load go at the disk's bandwidth, not one read's.
+pub fn read_parallel(
+    file: &gguf::Model,
+    shard: usize,
+    offset: u64,
+    dst: &mut [u8],
+) -> Result<(), GgufError> {
+    const PIECE: usize = 8 << 20;
+    if dst.len() <= PIECE {
+        return file.read_at(shard, offset, dst);
+    }
+    let jobs = dst
+        .chunks_mut(PIECE)
+        .enumerate()
+        .map(|(i, dst)| Job {
+            shard,
+            offset: offset + (i * PIECE) as u64,
+            dst,
+        })
+        .collect();
+    read_all(file, jobs, None, false)
+        .map(|_| ())
+        .map_err(|(_, e)| e)
+}
+
+/// [`read_parallel`] for a matrix that takes a backend layout: each piece
+/// (a whole number of `pieces.unit` bytes, about 4 MiB, so that direct I/O
+/// hands it over in one buffer) is converted on the
+/// thread that read it as soon as its read is in, straight from the direct
+/// read's buffer where direct I/O serves it, while other pieces are still
+/// being read: the load goes at the disk's bandwidth, not that plus the
+/// conversion's time.
+pub fn read_parallel_converting(
+    file: &gguf::Model,
+    shard: usize,
+    offset: u64,
+    dst: &mut [u8],
+    pieces: &crate::backend::RepackPieces,
+) -> Result<(), GgufError> {
+    use rayon::prelude::*;
+    const PIECE: usize = 4 << 20;
+    let unit = pieces.unit.max(1);
+    if !dst.len().is_multiple_of(unit) {
+        return Err(GgufError::Io {
+            path: Default::default(),
+            source: std::io::Error::other(format!(
+                "{} bytes to convert in pieces of {unit}",
+                dst.len()
+            )),
+        });
+    }
+    let piece = (PIECE / unit).max(1) * unit;
+    let read = |i: usize, dst: &mut [u8]| {
+        let at = offset + (i * piece) as u64;
+        read_slice(file, shard, at, dst, false, Some(&*pieces.convert))
+    };
+    let run = |dst: &mut [u8]| {
+        dst.par_chunks_mut(piece)
+            .enumerate()
+            .try_for_each(|(i, dst)| read(i, dst).map(drop))
+    };
+    match io_pool() {
+        Some(pool) => pool.install(|| run(dst)),
+        None => run(dst),
+    }
+}
+
+/// How a slice read by [`read_slice`] takes its store's layout:
+/// `convert(dst, src)` writes `dst` from `src`, or in place when `src` is
+/// `None`.
+pub(super) type Convert<'a> =
+    &'a (dyn Fn(&mut [u8], Option<&[u8]>) -> Result<(), crate::backend::BackendError> + Sync);
+
+/// Reads one slice into `buf`, in the layout `convert` gives it: straight
+/// from the direct read's buffer where direct I/O serves it, else after a
+/// [`gguf::Model::read_at`] into `buf`, in place. Without `convert` the bytes
+/// stay as read. Returns the CRC-32 of the bytes as read when `checksum`,
+/// else 0.
+pub(super) fn read_slice(
+    file: &gguf::Model,
+    shard: usize,
+    offset: u64,
+    buf: &mut [u8],
+    checksum: bool,
+    convert: Option<Convert<'_>>,
+) -> Result<u32, GgufError> {
+    let crc_of = |b: &[u8]| if checksum { crc32fast::hash(b) } else { 0 };
+    let converted = |e: crate::backend::BackendError| GgufError::Io {
+        path: Default::default(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    if let Some(convert) = convert {
+        let len = buf.len();
+        let direct = file.read_direct_with(shard, offset, len, |src| {
+            let crc = crc_of(src);
+            convert(buf, Some(src)).map(|()| crc)
+        })?;
+        if let Some(done) = direct {
+            return done.map_err(converted);
+        }
+    }
+    file.read_at(shard, offset, buf)?;
+    let crc = crc_of(buf);
+    if let Some(convert) = convert {
+        convert(buf, None).map_err(converted)?;
+    }
+    Ok(crc)
+}
+
+/// Prepares a model's files for streaming: no kernel readahead, whose pages
+/// would outlive the slices they were read next to. Call before reading.
+pub fn prepare_files(file: &gguf::Model) {
+    advise_random(file);
+}
+
+/// Advises the kernel to drop the page cache of a range already copied into
+/// memory (resident tensors in longhaul mode, expert slices in slots).
+pub fn release_pages(file: &gguf::Model, shard: usize, offset: u64, len: u64) {
+    if let Some(f) = file.file(shard) {
+        drop_pages(f, offset, len);
+    }
 }

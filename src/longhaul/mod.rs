@@ -9,15 +9,21 @@
 pub mod advisor;
 pub mod cache;
 mod loader;
+mod stats;
 pub mod trace;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::backend::{BackendError, SlotStore, SlotTensor};
 use crate::gguf::{self, GgufError, TensorInfo};
 pub use cache::{LayerCache, Policy, Wave};
+pub use loader::{
+    io_scope, prepare_files, read_parallel, read_parallel_converting, release_pages, IoScope,
+};
+use loader::{read_slice, Convert};
+pub use stats::CacheStats;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LonghaulError {
@@ -79,121 +85,6 @@ pub struct LonghaulConfig {
     pub direct_io: bool,
 }
 
-/// Cache counters of one layer (or summed over layers).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct CacheStats {
-    /// Distinct (batch, expert) uses served from a slot.
-    pub hits: u64,
-    /// Distinct (batch, expert) uses that needed a read.
-    pub misses: u64,
-    pub bytes_read: u64,
-    /// Time the sync point waited for reads (not hidden behind compute).
-    pub io_time: Duration,
-    /// Time from the first demand read of a wave to its last.
-    pub read_time: Duration,
-    /// Experts computed while reads of their wave were still in flight.
-    pub overlapped: u64,
-    pub waves: u64,
-    /// Batches that needed more than one wave.
-    pub multi_wave_batches: u64,
-    /// Experts read speculatively (lookahead prefetch) in full, and every
-    /// byte the lookahead read (with experts whose reads it dropped).
-    pub prefetched: u64,
-    pub prefetch_bytes: u64,
-    /// Prefetched experts the next batch used.
-    pub prefetch_used: u64,
-    /// Experts the batches after a prefetch needed that were not cached
-    /// before it (what a perfect prefetch would have read).
-    pub prefetch_wanted: u64,
-}
-
-impl CacheStats {
-    pub fn hit_rate(&self) -> f64 {
-        let n = self.hits + self.misses;
-        if n == 0 {
-            0.0
-        } else {
-            self.hits as f64 / n as f64
-        }
-    }
-
-    /// Bytes per second while demand reads were in flight (the lookahead's
-    /// reads overlap compute, so their time is not measured apart).
-    pub fn read_throughput(&self) -> f64 {
-        let demand = self.bytes_read.saturating_sub(self.prefetch_bytes);
-        demand as f64 / self.read_time.as_secs_f64().max(1e-9)
-    }
-
-    /// Time to read every byte read, demand and lookahead, at the demand
-    /// reads' throughput: a lookahead that reads the wrong experts costs
-    /// the disk's time too.
-    pub fn reads_time(&self) -> Duration {
-        let demand = self.bytes_read.saturating_sub(self.prefetch_bytes);
-        if demand == 0 {
-            return self.read_time;
-        }
-        self.read_time
-            .mul_f64(self.bytes_read as f64 / demand as f64)
-    }
-
-    /// Share of prefetched experts that were used.
-    pub fn prefetch_precision(&self) -> f64 {
-        self.prefetch_used as f64 / self.prefetched.max(1) as f64
-    }
-
-    /// Share of would-be misses that a prefetch covered.
-    pub fn prefetch_recall(&self) -> f64 {
-        self.prefetch_used as f64 / self.prefetch_wanted.max(1) as f64
-    }
-
-    /// The counters accumulated since `earlier` (a snapshot of the same
-    /// layers): the cost of one phase, such as a prompt or its decode.
-    pub fn since(&self, earlier: &CacheStats) -> CacheStats {
-        CacheStats {
-            hits: self.hits.saturating_sub(earlier.hits),
-            misses: self.misses.saturating_sub(earlier.misses),
-            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
-            io_time: self.io_time.saturating_sub(earlier.io_time),
-            read_time: self.read_time.saturating_sub(earlier.read_time),
-            overlapped: self.overlapped.saturating_sub(earlier.overlapped),
-            waves: self.waves.saturating_sub(earlier.waves),
-            multi_wave_batches: self
-                .multi_wave_batches
-                .saturating_sub(earlier.multi_wave_batches),
-            prefetched: self.prefetched.saturating_sub(earlier.prefetched),
-            prefetch_bytes: self.prefetch_bytes.saturating_sub(earlier.prefetch_bytes),
-            prefetch_used: self.prefetch_used.saturating_sub(earlier.prefetch_used),
-            prefetch_wanted: self.prefetch_wanted.saturating_sub(earlier.prefetch_wanted),
-        }
-    }
-
-    /// The I/O floor of a phase that produced `tokens` in `wall` time with
-    /// these counters: tokens per second if each token cost only the larger
-    /// of its read time ([`CacheStats::reads_time`]) and its compute time
-    /// (the wall time less the time blocked on reads), i.e. with reads and
-    /// compute fully overlapped.
-    pub fn io_floor_tps(&self, tokens: usize, wall: Duration) -> f64 {
-        let compute = wall.saturating_sub(self.io_time);
-        let per = compute.max(self.reads_time()).as_secs_f64();
-        tokens as f64 / per.max(1e-9)
-    }
-
-    pub fn add(&mut self, o: &CacheStats) {
-        self.prefetched += o.prefetched;
-        self.prefetch_bytes += o.prefetch_bytes;
-        self.prefetch_used += o.prefetch_used;
-        self.prefetch_wanted += o.prefetch_wanted;
-        self.hits += o.hits;
-        self.misses += o.misses;
-        self.bytes_read += o.bytes_read;
-        self.io_time += o.io_time;
-        self.read_time += o.read_time;
-        self.overlapped += o.overlapped;
-        self.waves += o.waves;
-        self.multi_wave_batches += o.multi_wave_batches;
-    }
-}
-
 /// Where a routed tensor's experts live in the file.
 #[derive(Clone, Debug)]
 struct ExpertTensor {
@@ -249,143 +140,6 @@ pub fn slots_for_budget(
         });
     }
     Ok(n.min(n_expert))
-}
-
-/// The scope longhaul's lookahead reads are spawned on while layers compute.
-pub type IoScope<'s> = rayon::Scope<'s>;
-
-/// Runs `f` with a scope whose spawned tasks run on the longhaul I/O pool
-/// (for reads that overlap compute), waiting for them before returning.
-pub fn io_scope<'s, R>(f: impl FnOnce(&IoScope<'s>) -> R) -> R {
-    match loader::io_pool() {
-        Some(pool) => pool.in_place_scope(f),
-        None => rayon::in_place_scope(f),
-    }
-}
-
-/// Reads `dst.len()` bytes at `offset` of shard `shard` as concurrent
-/// positional reads of 8 MiB pieces on the longhaul I/O pool: resident
-/// tensors copied at load go at the disk's bandwidth, not one read's.
-pub fn read_parallel(
-    file: &gguf::Model,
-    shard: usize,
-    offset: u64,
-    dst: &mut [u8],
-) -> Result<(), GgufError> {
-    const PIECE: usize = 8 << 20;
-    if dst.len() <= PIECE {
-        return file.read_at(shard, offset, dst);
-    }
-    let jobs = dst
-        .chunks_mut(PIECE)
-        .enumerate()
-        .map(|(i, dst)| loader::Job {
-            shard,
-            offset: offset + (i * PIECE) as u64,
-            dst,
-        })
-        .collect();
-    loader::read_all(file, jobs, None, false)
-        .map(|_| ())
-        .map_err(|(_, e)| e)
-}
-
-/// [`read_parallel`] for a matrix that takes a backend layout: each piece
-/// (a whole number of `pieces.unit` bytes, about 4 MiB, so that direct I/O
-/// hands it over in one buffer) is converted on the
-/// thread that read it as soon as its read is in, straight from the direct
-/// read's buffer where direct I/O serves it, while other pieces are still
-/// being read: the load goes at the disk's bandwidth, not that plus the
-/// conversion's time.
-pub fn read_parallel_converting(
-    file: &gguf::Model,
-    shard: usize,
-    offset: u64,
-    dst: &mut [u8],
-    pieces: &crate::backend::RepackPieces,
-) -> Result<(), GgufError> {
-    use rayon::prelude::*;
-    const PIECE: usize = 4 << 20;
-    let unit = pieces.unit.max(1);
-    if !dst.len().is_multiple_of(unit) {
-        return Err(GgufError::Io {
-            path: Default::default(),
-            source: std::io::Error::other(format!(
-                "{} bytes to convert in pieces of {unit}",
-                dst.len()
-            )),
-        });
-    }
-    let piece = (PIECE / unit).max(1) * unit;
-    let read = |i: usize, dst: &mut [u8]| {
-        let at = offset + (i * piece) as u64;
-        read_slice(file, shard, at, dst, false, Some(&*pieces.convert))
-    };
-    let run = |dst: &mut [u8]| {
-        dst.par_chunks_mut(piece)
-            .enumerate()
-            .try_for_each(|(i, dst)| read(i, dst).map(drop))
-    };
-    match loader::io_pool() {
-        Some(pool) => pool.install(|| run(dst)),
-        None => run(dst),
-    }
-}
-
-/// How a slice read by [`read_slice`] takes its store's layout:
-/// `convert(dst, src)` writes `dst` from `src`, or in place when `src` is
-/// `None`.
-type Convert<'a> =
-    &'a (dyn Fn(&mut [u8], Option<&[u8]>) -> Result<(), crate::backend::BackendError> + Sync);
-
-/// Reads one slice into `buf`, in the layout `convert` gives it: straight
-/// from the direct read's buffer where direct I/O serves it, else after a
-/// [`gguf::Model::read_at`] into `buf`, in place. Without `convert` the bytes
-/// stay as read. Returns the CRC-32 of the bytes as read when `checksum`,
-/// else 0.
-fn read_slice(
-    file: &gguf::Model,
-    shard: usize,
-    offset: u64,
-    buf: &mut [u8],
-    checksum: bool,
-    convert: Option<Convert<'_>>,
-) -> Result<u32, GgufError> {
-    let crc_of = |b: &[u8]| if checksum { crc32fast::hash(b) } else { 0 };
-    let converted = |e: crate::backend::BackendError| GgufError::Io {
-        path: Default::default(),
-        source: std::io::Error::other(e.to_string()),
-    };
-    if let Some(convert) = convert {
-        let len = buf.len();
-        let direct = file.read_direct_with(shard, offset, len, |src| {
-            let crc = crc_of(src);
-            convert(buf, Some(src)).map(|()| crc)
-        })?;
-        if let Some(done) = direct {
-            return done.map_err(converted);
-        }
-    }
-    file.read_at(shard, offset, buf)?;
-    let crc = crc_of(buf);
-    if let Some(convert) = convert {
-        convert(buf, None).map_err(converted)?;
-    }
-    Ok(crc)
-}
-
-/// Prepares a model's files for streaming: no kernel readahead, whose pages
-/// would outlive the slices they were read next to. Call before reading.
-pub fn prepare_files(file: &gguf::Model) {
-    loader::advise_random(file);
-}
-
-/// Advises the kernel to drop the page cache of a range already copied into
-/// memory (resident tensors in longhaul mode, expert slices in slots).
-pub fn release_pages(file: &gguf::Model, shard: usize, offset: u64, len: u64) {
-    if let Some(f) = file.file(shard) {
-        loader::drop_pages(f, offset, len);
-    }
 }
 
 /// One finished read of a [`Fill`]: its job, its buffer back, and its
@@ -796,21 +550,33 @@ impl<S: SlotStore> StreamedLayer<S> {
             ));
         }
         if fill.rx.take().is_some() {
-            self.slots.commit()?;
-            self.release_all(file);
-            file.files_unchanged()
-                .map_err(|source| LonghaulError::FileChanged {
-                    layer: self.layer,
-                    source,
-                })?;
-            if self.checksums.is_some() {
-                let crcs = std::mem::take(&mut fill.crcs);
-                self.check_sums(file, &fill.wave.loads, crcs)?;
-            }
+            let crcs = std::mem::take(&mut fill.crcs);
+            self.check_landed(file, &fill.wave.loads, crcs)?;
             self.stats.bytes_read += fill.bytes;
         }
         self.cache.finish_wave(&fill.wave);
         Ok(())
+    }
+
+    /// What must hold before `loads` (read through lent buffers, now back
+    /// in their slots) are recorded as filled: the slots made visible to the
+    /// backend, the reads' pages dropped, the file unchanged, and (with
+    /// `--longhaul-verify`) each slice's checksum `crcs` (expert-major, as
+    /// read) equal to its first read's.
+    fn check_landed(
+        &mut self,
+        file: &gguf::Model,
+        loads: &[(u32, u32)],
+        crcs: Vec<u32>,
+    ) -> Result<(), LonghaulError> {
+        self.slots.commit()?;
+        self.release_all(file);
+        file.files_unchanged()
+            .map_err(|source| LonghaulError::FileChanged {
+                layer: self.layer,
+                source,
+            })?;
+        self.check_sums(file, loads, crcs)
     }
 
     /// Drops the page cache of every stacked routed tensor of the layer.
@@ -882,31 +648,18 @@ impl<S: SlotStore> StreamedLayer<S> {
         if fill.pending() || fill.error.is_some() {
             return;
         }
-        let committed = self.slots.commit();
-        self.release_all(file);
-        if committed.is_err() || file.files_unchanged().is_err() {
-            return;
-        }
-        let loads: Vec<(u32, u32)> = fill
+        // The experts read in full, with their slices' checksums.
+        let n_t = self.tensors.len().max(1);
+        let (loads, crcs): (Vec<(u32, u32)>, Vec<&[u32]>) = fill
             .wave
             .loads
             .iter()
-            .copied()
-            .filter(|(e, _)| done.contains(e))
-            .collect();
-        if self.checksums.is_some() {
-            let n_t = self.tensors.len();
-            let crcs = fill
-                .wave
-                .loads
-                .iter()
-                .zip(fill.crcs.chunks(n_t.max(1)))
-                .filter(|((e, _), _)| done.contains(e))
-                .flat_map(|(_, c)| c.iter().copied())
-                .collect();
-            if self.check_sums(file, &loads, crcs).is_err() {
-                return;
-            }
+            .zip(fill.crcs.chunks(n_t))
+            .filter(|((e, _), _)| done.contains(e))
+            .unzip();
+        let crcs = crcs.concat();
+        if self.check_landed(file, &loads, crcs).is_err() {
+            return;
         }
         self.cache.finish_loads(&loads);
         self.stats.prefetched += loads.len() as u64;
@@ -1034,72 +787,5 @@ impl<S: SlotStore> StreamedLayer<S> {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod stats_tests {
-    use super::*;
-
-    #[test]
-    fn a_phase_is_the_difference_of_two_snapshots() {
-        let prompt = CacheStats {
-            hits: 3,
-            misses: 5,
-            bytes_read: 500,
-            io_time: Duration::from_millis(40),
-            read_time: Duration::from_millis(70),
-            overlapped: 2,
-            waves: 4,
-            ..CacheStats::default()
-        };
-        let decode = CacheStats {
-            hits: 7,
-            misses: 1,
-            bytes_read: 100,
-            io_time: Duration::from_millis(5),
-            read_time: Duration::from_millis(9),
-            overlapped: 1,
-            waves: 8,
-            ..CacheStats::default()
-        };
-        let mut total = prompt;
-        total.add(&decode);
-        assert_eq!(total.since(&prompt), decode);
-        assert_eq!(total.since(&total), CacheStats::default());
-    }
-
-    #[test]
-    fn the_io_floor_takes_the_larger_of_reads_and_compute() {
-        let s = |io, read| CacheStats {
-            io_time: Duration::from_secs(io),
-            read_time: Duration::from_secs(read),
-            ..CacheStats::default()
-        };
-        let wall = Duration::from_secs(10);
-        // Compute 10 - 4 = 6 s beats 5 s of reads: 12 tokens / 6 s.
-        assert_eq!(s(4, 5).io_floor_tps(12, wall), 2.0);
-        // 8 s of reads beat 6 s of compute.
-        assert_eq!(s(4, 8).io_floor_tps(12, wall), 1.5);
-        // A lookahead's bytes cost the disk's time at the demand reads'
-        // throughput: 300 bytes in 4 s of demand reads, 100 more read ahead,
-        // is 5.33 s of reads, which beats 10 - 5 = 5 s of compute.
-        let ahead = CacheStats {
-            io_time: Duration::from_secs(5),
-            read_time: Duration::from_secs(4),
-            bytes_read: 400,
-            prefetch_bytes: 100,
-            ..CacheStats::default()
-        };
-        assert_eq!(ahead.read_throughput(), 75.0);
-        assert!((ahead.reads_time().as_secs_f64() - 16.0 / 3.0).abs() < 1e-9);
-        assert!((ahead.io_floor_tps(16, wall) - 3.0).abs() < 1e-9);
-        // All reads ahead, none on demand: the demand read time as it is.
-        let all_ahead = CacheStats {
-            bytes_read: 100,
-            prefetch_bytes: 100,
-            ..s(0, 0)
-        };
-        assert_eq!(all_ahead.reads_time(), Duration::ZERO);
     }
 }

@@ -1,0 +1,187 @@
+//! Cache counters of the streamed layers: hits and misses, bytes and time
+//! read, time blocked on reads, the lookahead's precision, and the I/O floor
+//! of a phase.
+
+use std::time::Duration;
+
+/// Cache counters of one layer (or summed over layers).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CacheStats {
+    /// Distinct (batch, expert) uses served from a slot.
+    pub hits: u64,
+    /// Distinct (batch, expert) uses that needed a read.
+    pub misses: u64,
+    pub bytes_read: u64,
+    /// Time the sync point waited for reads (not hidden behind compute).
+    pub io_time: Duration,
+    /// Time from the first demand read of a wave to its last.
+    pub read_time: Duration,
+    /// Experts computed while reads of their wave were still in flight.
+    pub overlapped: u64,
+    pub waves: u64,
+    /// Batches that needed more than one wave.
+    pub multi_wave_batches: u64,
+    /// Experts read speculatively (lookahead prefetch) in full, and every
+    /// byte the lookahead read (with experts whose reads it dropped).
+    pub prefetched: u64,
+    pub prefetch_bytes: u64,
+    /// Prefetched experts the next batch used.
+    pub prefetch_used: u64,
+    /// Experts the batches after a prefetch needed that were not cached
+    /// before it (what a perfect prefetch would have read).
+    pub prefetch_wanted: u64,
+}
+
+impl CacheStats {
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+
+    /// Bytes per second while demand reads were in flight (the lookahead's
+    /// reads overlap compute, so their time is not measured apart).
+    pub fn read_throughput(&self) -> f64 {
+        let demand = self.bytes_read.saturating_sub(self.prefetch_bytes);
+        demand as f64 / self.read_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Time to read every byte read, demand and lookahead, at the demand
+    /// reads' throughput: a lookahead that reads the wrong experts costs
+    /// the disk's time too.
+    pub fn reads_time(&self) -> Duration {
+        let demand = self.bytes_read.saturating_sub(self.prefetch_bytes);
+        if demand == 0 {
+            return self.read_time;
+        }
+        self.read_time
+            .mul_f64(self.bytes_read as f64 / demand as f64)
+    }
+
+    /// Share of prefetched experts that were used.
+    pub fn prefetch_precision(&self) -> f64 {
+        self.prefetch_used as f64 / self.prefetched.max(1) as f64
+    }
+
+    /// Share of would-be misses that a prefetch covered.
+    pub fn prefetch_recall(&self) -> f64 {
+        self.prefetch_used as f64 / self.prefetch_wanted.max(1) as f64
+    }
+
+    /// The counters accumulated since `earlier` (a snapshot of the same
+    /// layers): the cost of one phase, such as a prompt or its decode.
+    pub fn since(&self, earlier: &CacheStats) -> CacheStats {
+        CacheStats {
+            hits: self.hits.saturating_sub(earlier.hits),
+            misses: self.misses.saturating_sub(earlier.misses),
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            io_time: self.io_time.saturating_sub(earlier.io_time),
+            read_time: self.read_time.saturating_sub(earlier.read_time),
+            overlapped: self.overlapped.saturating_sub(earlier.overlapped),
+            waves: self.waves.saturating_sub(earlier.waves),
+            multi_wave_batches: self
+                .multi_wave_batches
+                .saturating_sub(earlier.multi_wave_batches),
+            prefetched: self.prefetched.saturating_sub(earlier.prefetched),
+            prefetch_bytes: self.prefetch_bytes.saturating_sub(earlier.prefetch_bytes),
+            prefetch_used: self.prefetch_used.saturating_sub(earlier.prefetch_used),
+            prefetch_wanted: self.prefetch_wanted.saturating_sub(earlier.prefetch_wanted),
+        }
+    }
+
+    /// The I/O floor of a phase that produced `tokens` in `wall` time with
+    /// these counters: tokens per second if each token cost only the larger
+    /// of its read time ([`CacheStats::reads_time`]) and its compute time
+    /// (the wall time less the time blocked on reads), i.e. with reads and
+    /// compute fully overlapped.
+    pub fn io_floor_tps(&self, tokens: usize, wall: Duration) -> f64 {
+        let compute = wall.saturating_sub(self.io_time);
+        let per = compute.max(self.reads_time()).as_secs_f64();
+        tokens as f64 / per.max(1e-9)
+    }
+
+    pub fn add(&mut self, o: &CacheStats) {
+        self.prefetched += o.prefetched;
+        self.prefetch_bytes += o.prefetch_bytes;
+        self.prefetch_used += o.prefetch_used;
+        self.prefetch_wanted += o.prefetch_wanted;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.bytes_read += o.bytes_read;
+        self.io_time += o.io_time;
+        self.read_time += o.read_time;
+        self.overlapped += o.overlapped;
+        self.waves += o.waves;
+        self.multi_wave_batches += o.multi_wave_batches;
+    }
+}
+
+#[cfg(test)]
+mod stats_tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_is_the_difference_of_two_snapshots() {
+        let prompt = CacheStats {
+            hits: 3,
+            misses: 5,
+            bytes_read: 500,
+            io_time: Duration::from_millis(40),
+            read_time: Duration::from_millis(70),
+            overlapped: 2,
+            waves: 4,
+            ..CacheStats::default()
+        };
+        let decode = CacheStats {
+            hits: 7,
+            misses: 1,
+            bytes_read: 100,
+            io_time: Duration::from_millis(5),
+            read_time: Duration::from_millis(9),
+            overlapped: 1,
+            waves: 8,
+            ..CacheStats::default()
+        };
+        let mut total = prompt;
+        total.add(&decode);
+        assert_eq!(total.since(&prompt), decode);
+        assert_eq!(total.since(&total), CacheStats::default());
+    }
+
+    #[test]
+    fn the_io_floor_takes_the_larger_of_reads_and_compute() {
+        let s = |io, read| CacheStats {
+            io_time: Duration::from_secs(io),
+            read_time: Duration::from_secs(read),
+            ..CacheStats::default()
+        };
+        let wall = Duration::from_secs(10);
+        // Compute 10 - 4 = 6 s beats 5 s of reads: 12 tokens / 6 s.
+        assert_eq!(s(4, 5).io_floor_tps(12, wall), 2.0);
+        // 8 s of reads beat 6 s of compute.
+        assert_eq!(s(4, 8).io_floor_tps(12, wall), 1.5);
+        // A lookahead's bytes cost the disk's time at the demand reads'
+        // throughput: 300 bytes in 4 s of demand reads, 100 more read ahead,
+        // is 5.33 s of reads, which beats 10 - 5 = 5 s of compute.
+        let ahead = CacheStats {
+            io_time: Duration::from_secs(5),
+            read_time: Duration::from_secs(4),
+            bytes_read: 400,
+            prefetch_bytes: 100,
+            ..CacheStats::default()
+        };
+        assert_eq!(ahead.read_throughput(), 75.0);
+        assert!((ahead.reads_time().as_secs_f64() - 16.0 / 3.0).abs() < 1e-9);
+        assert!((ahead.io_floor_tps(16, wall) - 3.0).abs() < 1e-9);
+        // All reads ahead, none on demand: the demand read time as it is.
+        let all_ahead = CacheStats {
+            bytes_read: 100,
+            prefetch_bytes: 100,
+            ..s(0, 0)
+        };
+        assert_eq!(all_ahead.reads_time(), Duration::ZERO);
+    }
+}
