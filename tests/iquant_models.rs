@@ -5,9 +5,12 @@
 //! three prompts equal llama.cpp's at the exact path (`-fa off`, F32 cache;
 //! smollm2-<fmt>-greedy.json, plus the last prompt row within NMSE 1e-4) and
 //! at its defaults (smollm2-<fmt>-greedy-default.json). Goldens from
-//! tools/llama_logits.cpp, which never repacks weights (`llama-completion
-//! --no-repack` gives the same texts; with repack, llama.cpp's x86 Q4_0 /
-//! IQ4_NL repacked kernels round differently).
+//! tools/llama_logits.cpp at llama.cpp's default repack, as longhaul runs:
+//! the 576-wide IQ4_NL / Q4_0 rows (and, on AVX-512, the Q2_K fallbacks) take
+//! ggml's interleaved kernels' sums; `llama-completion` at its defaults
+//! prints the default goldens' texts (their `llama_completion_check`). The
+//! goldens come from an AVX-512 build, so on an AVX2-only CPU the Q2_K layers
+//! of the IQ2_XXS and IQ1_M files sum in ggml's AVX2 order and may differ.
 //!
 //! Ignored in CI: the three files are made by `tools/make-iq-fixtures.sh
 //! smollm2-iq` with a llama.cpp build (tools/build-llamacpp.sh), since

