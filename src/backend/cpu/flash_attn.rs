@@ -80,6 +80,8 @@ struct Scratch {
     kq: Vec<f32>,
     /// Split kernel: the merged state of each head.
     fin: Vec<f32>,
+    /// Tiled kernel: the V row of a cell a query row does not see.
+    zeros: Vec<f32>,
 }
 
 /// Row `j` (elements `at..at + len`) of `rows` as f16 values in f32.
@@ -218,13 +220,22 @@ fn attend_item<W: Widen>(
     sc: &mut Scratch,
     dst: &mut [f32],
 ) {
+    if kernel == Kernel::Tiled {
+        let rows = TiledRows {
+            qs,
+            q_stride: qs.len(),
+            pos,
+            ts: t..t + 1,
+            kvh,
+        };
+        let stride = dst.len();
+        tiled_rows::<W>(kv, sinks, p, &rows, sc, dst, stride);
+        return;
+    }
     let (hd, dv) = (p.head_dim, p.head_dim_v);
     let group = p.n_head / p.n_head_kv;
     let qp = pos.pos0 + t;
-    let lo = match p.window {
-        Some(w) => (qp + 1).saturating_sub(w as usize),
-        None => 0,
-    };
+    let lo = window_start(p, qp);
     let sink = |g: usize| sinks.map(|s| s[kvh * group + g]);
     let Scratch {
         q,
@@ -233,10 +244,8 @@ fn attend_item<W: Widen>(
         acc,
         m,
         s,
-        kt,
-        vt,
-        kq,
         fin,
+        ..
     } = sc;
     acc.clear();
     acc.resize(group * dv, 0.0);
@@ -312,98 +321,212 @@ fn attend_item<W: Widen>(
                 }
             }
         }
-        Kernel::Tiled => {
-            m.clear();
-            m.resize(group, f32::NEG_INFINITY);
-            s.clear();
-            s.resize(group, 0.0);
-            kt.resize(hd * TILE_KV, 0.0);
-            vt.resize(TILE_KV * dv, 0.0);
-            kq.resize(TILE_KV, 0.0);
-            // Tiles holding a visible cell (the others change nothing).
-            for ic in (lo / TILE_KV * TILE_KV..=qp).step_by(TILE_KV) {
-                for tk in 0..TILE_KV {
-                    let j = ic + tk;
-                    let seen = j >= lo && j <= qp;
-                    if seen {
-                        load_f16::<W>(kv.k, j * kv.n_embd_k + kvh * hd, hd, k);
-                        for (dk, x) in k.iter().enumerate() {
-                            kt[dk * TILE_KV + tk] = *x;
-                        }
-                        load_f16::<W>(kv.v, j * kv.n_embd_v + kvh * kv.v_head, dv, v);
-                        vt[tk * dv..(tk + 1) * dv].copy_from_slice(v);
-                    } else {
-                        for dk in 0..hd {
-                            kt[dk * TILE_KV + tk] = 0.0;
-                        }
-                        vt[tk * dv..(tk + 1) * dv].iter_mut().for_each(|x| *x = 0.0);
-                    }
+        // Handled above.
+        Kernel::Tiled => {}
+    }
+}
+
+/// The first cell a query at position `qp` sees.
+fn window_start(p: &AttnParams, qp: usize) -> usize {
+    match p.window {
+        Some(w) => (qp + 1).saturating_sub(w as usize),
+        None => 0,
+    }
+}
+
+/// Consecutive query rows `ts` of one sequence (at `pos`) for kv head
+/// `kvh`: row `t`'s query heads are `qs[(t - ts.start) * q_stride..]`,
+/// `group * head_dim` values.
+struct TiledRows<'a> {
+    qs: &'a [f32],
+    q_stride: usize,
+    pos: BatchPos,
+    ts: std::ops::Range<usize>,
+    kvh: usize,
+}
+
+/// The tiled kernel for `rows`, results to `dst` (row `t`'s query heads
+/// at `(t - ts.start) * dst_stride`). Each K/V tile is converted once for
+/// all the rows; each row then runs exactly ggml's per-row steps over the
+/// tiles holding a cell it sees, in order, as if it were alone: cells it
+/// does not see score `-inf` and add a zero V row, as ggml's masked cells
+/// do, so its bits do not depend on the other rows.
+#[inline(always)]
+fn tiled_rows<W: Widen>(
+    kv: &KvView,
+    sinks: Option<&[f32]>,
+    p: &AttnParams,
+    rows: &TiledRows,
+    sc: &mut Scratch,
+    dst: &mut [f32],
+    dst_stride: usize,
+) {
+    let (hd, dv) = (p.head_dim, p.head_dim_v);
+    let group = p.n_head / p.n_head_kv;
+    let (pos, kvh, n) = (rows.pos, rows.kvh, rows.ts.len());
+    if n == 0 {
+        return;
+    }
+    let Scratch {
+        k,
+        v,
+        acc,
+        m,
+        s,
+        kt,
+        vt,
+        kq,
+        zeros,
+        ..
+    } = sc;
+    m.clear();
+    m.resize(n * group, f32::NEG_INFINITY);
+    s.clear();
+    s.resize(n * group, 0.0);
+    acc.clear();
+    acc.resize(n * group * dv, 0.0);
+    kt.resize(hd * TILE_KV, 0.0);
+    vt.resize(TILE_KV * dv, 0.0);
+    kq.resize(TILE_KV, 0.0);
+    zeros.clear();
+    zeros.resize(dv, 0.0);
+    // The cells some row sees: the window start grows with the position.
+    let lo_all = window_start(p, pos.pos0 + rows.ts.start);
+    let qp_all = pos.pos0 + rows.ts.end - 1;
+    for ic in (lo_all / TILE_KV * TILE_KV..=qp_all).step_by(TILE_KV) {
+        for tk in 0..TILE_KV {
+            let j = ic + tk;
+            if j >= lo_all && j <= qp_all {
+                load_f16::<W>(kv.k, j * kv.n_embd_k + kvh * hd, hd, k);
+                for (dk, x) in k.iter().enumerate() {
+                    kt[dk * TILE_KV + tk] = *x;
                 }
-                for (g, qrow) in qs.chunks_exact(hd).enumerate() {
-                    // kq[tk] = sum_dk q[dk] * k[tk][dk], one fused chain per cell.
-                    kq.iter_mut().for_each(|x| *x = 0.0);
-                    for (dk, &qd) in qrow.iter().enumerate() {
-                        let kr = &kt[dk * TILE_KV..(dk + 1) * TILE_KV];
-                        for (a, kx) in kq.iter_mut().zip(kr) {
-                            *a = kx.mul_add(qd, *a);
-                        }
-                    }
-                    for (tk, x) in kq.iter_mut().enumerate() {
-                        let j = ic + tk;
-                        *x = if j >= lo && j <= qp {
-                            *x * p.scale + 0.0
-                        } else {
-                            f32::NEG_INFINITY
-                        };
-                    }
-                    let tile_max = kq.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let m_old = m[g];
-                    let m_new = m_old.max(tile_max);
-                    let accg = &mut acc[g * dv..(g + 1) * dv];
-                    if m_new > m_old {
-                        let ms = (m_old - m_new).exp();
-                        accg.iter_mut().for_each(|x| *x *= ms);
-                        s[g] *= ms;
-                    }
-                    m[g] = m_new;
-                    let mut sum = 0f64;
-                    for blk in kq.as_chunks_mut::<16>().0 {
-                        for x in blk.iter_mut() {
-                            *x -= m_new;
-                        }
-                        v_expf16(blk);
-                        sum += reduce16(blk) as f64;
-                    }
-                    s[g] = (s[g] as f64 + sum) as f32;
-                    for (tk, &pk) in kq.iter().enumerate() {
-                        let vr = &vt[tk * dv..(tk + 1) * dv];
-                        for (a, x) in accg.iter_mut().zip(vr) {
-                            *a = x.mul_add(pk, *a);
-                        }
-                    }
+                load_f16::<W>(kv.v, j * kv.n_embd_v + kvh * kv.v_head, dv, v);
+                vt[tk * dv..(tk + 1) * dv].copy_from_slice(v);
+            } else {
+                for dk in 0..hd {
+                    kt[dk * TILE_KV + tk] = 0.0;
                 }
+                vt[tk * dv..(tk + 1) * dv].iter_mut().for_each(|x| *x = 0.0);
             }
-            for (g, dst) in dst.chunks_exact_mut(dv).enumerate() {
-                let mut h = HeadState {
-                    m: m[g],
-                    s: s[g],
-                    acc: &mut acc[g * dv..(g + 1) * dv],
-                };
-                if let Some(sn) = sink(g) {
-                    // The tiled kernel scales the accumulator but keeps M.
-                    let (mut ms, mut vs) = (1.0f32, 1.0f32);
-                    if sn > h.m {
-                        ms = (h.m - sn).exp();
-                        h.acc.iter_mut().for_each(|x| *x *= ms);
-                    } else {
-                        vs = (sn - h.m).exp();
+        }
+        for (r, t) in rows.ts.clone().enumerate() {
+            let qp = pos.pos0 + t;
+            let lo = window_start(p, qp);
+            // ggml visits the tiles holding a cell the row sees.
+            if ic < lo / TILE_KV * TILE_KV || ic > qp {
+                continue;
+            }
+            let seen = |tk: usize| (lo..=qp).contains(&(ic + tk));
+            let qrows = &rows.qs[r * rows.q_stride..][..group * hd];
+            for (g, qrow) in qrows.chunks_exact(hd).enumerate() {
+                let h = r * group + g;
+                // kq[tk] = sum_dk q[dk] * k[tk][dk], one fused chain per
+                // cell, the tile's chains in registers.
+                let mut chains = [0f32; TILE_KV];
+                for (kr, &qd) in kt.as_chunks::<TILE_KV>().0.iter().zip(qrow) {
+                    for (a, kx) in chains.iter_mut().zip(kr) {
+                        *a = kx.mul_add(qd, *a);
                     }
-                    h.s = h.s * ms + vs;
                 }
-                finish(&h, dst);
+                kq.copy_from_slice(&chains);
+                for (tk, x) in kq.iter_mut().enumerate() {
+                    *x = if seen(tk) {
+                        *x * p.scale + 0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                }
+                let tile_max = kq.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let m_old = m[h];
+                let m_new = m_old.max(tile_max);
+                let acch = &mut acc[h * dv..(h + 1) * dv];
+                if m_new > m_old {
+                    let ms = (m_old - m_new).exp();
+                    acch.iter_mut().for_each(|x| *x *= ms);
+                    s[h] *= ms;
+                }
+                m[h] = m_new;
+                let mut sum = 0f64;
+                for blk in kq.as_chunks_mut::<16>().0 {
+                    for x in blk.iter_mut() {
+                        *x -= m_new;
+                    }
+                    v_expf16(blk);
+                    sum += reduce16(blk) as f64;
+                }
+                s[h] = (s[h] as f64 + sum) as f32;
+                // acc[d] += v[tk][d] * p[tk] over the cells in order, one
+                // fused chain per dimension; 64 dimensions at a time in
+                // registers, then the rest.
+                let v_row = |tk: usize, d0: usize| -> &[f32] {
+                    if seen(tk) {
+                        &vt[tk * dv + d0..(tk + 1) * dv]
+                    } else {
+                        &zeros[d0..dv]
+                    }
+                };
+                let (full, rest) = acch.as_chunks_mut::<PV_DIMS>();
+                for (ci, ac) in full.iter_mut().enumerate() {
+                    let mut chains = *ac;
+                    for (tk, &pk) in kq.iter().enumerate() {
+                        if let Some(vr) = v_row(tk, ci * PV_DIMS).first_chunk::<PV_DIMS>() {
+                            for (a, x) in chains.iter_mut().zip(vr) {
+                                *a = x.mul_add(pk, *a);
+                            }
+                        }
+                    }
+                    *ac = chains;
+                }
+                let d0 = full.len() * PV_DIMS;
+                for (tk, &pk) in kq.iter().enumerate() {
+                    for (a, x) in rest.iter_mut().zip(v_row(tk, d0)) {
+                        *a = x.mul_add(pk, *a);
+                    }
+                }
             }
         }
     }
+    for r in 0..n {
+        for g in 0..group {
+            let h = r * group + g;
+            let mut hs = HeadState {
+                m: m[h],
+                s: s[h],
+                acc: &mut acc[h * dv..(h + 1) * dv],
+            };
+            if let Some(sn) = sinks.map(|sk| sk[kvh * group + g]) {
+                // The tiled kernel scales the accumulator but keeps M.
+                let (mut ms, mut vs) = (1.0f32, 1.0f32);
+                if sn > hs.m {
+                    ms = (hs.m - sn).exp();
+                    hs.acc.iter_mut().for_each(|x| *x *= ms);
+                } else {
+                    vs = (sn - hs.m).exp();
+                }
+                hs.s = hs.s * ms + vs;
+            }
+            finish(&hs, &mut dst[r * dst_stride + g * dv..][..dv]);
+        }
+    }
+}
+
+/// [`tiled_rows`] compiled with AVX2, FMA and F16C.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiled_rows_fma(
+    kv: &KvView,
+    sinks: Option<&[f32]>,
+    p: &AttnParams,
+    rows: &TiledRows,
+    sc: &mut Scratch,
+    dst: &mut [f32],
+    dst_stride: usize,
+) {
+    tiled_rows::<super::attention::F16c>(kv, sinks, p, rows, sc, dst, dst_stride)
 }
 
 /// [`attend_item`] compiled with AVX2, FMA and F16C.
@@ -448,28 +571,98 @@ pub(super) fn attend(
         .zip(seqs)
         .map(|(kv, pos)| kernel(kv, *pos, n_threads))
         .collect();
-    let mut out = CpuTensor::zeros(q.rows, p.n_head * dv);
-    out.data
-        .par_chunks_mut((group * dv).max(1))
-        .enumerate()
-        .for_each_init(Scratch::default, |sc, (i, dst)| {
-            let tok = i / p.n_head_kv;
-            let kvh = i % p.n_head_kv;
-            let si = starts.partition_point(|&st| st <= tok) - 1;
-            let (kv, pos) = (&views[si], seqs[si]);
-            let t = tok - starts[si];
-            let qr = tok * q.cols + kvh * group * hd;
-            let qs = &q.data[qr..qr + group * hd];
-            #[cfg(target_arch = "x86_64")]
-            if fma {
-                // SAFETY: the caller checked the CPU with has_fma().
-                unsafe { attend_item_fma(kv, qs, sinks, pos, p, t, kvh, kernels[si], sc, dst) };
-                return;
+    let cols = p.n_head * dv;
+    let mut out = CpuTensor::zeros(q.rows, cols);
+    // The work: a tiled sequence's rows in blocks of tokens (all kv heads;
+    // each K/V tile is converted once per block and head, not once per
+    // row), every other row one (token, kv head) at a time.
+    let mut units: Vec<Unit> = Vec::new();
+    let mut rest: &mut [f32] = &mut out.data;
+    for (si, &st) in starts.iter().enumerate() {
+        let end = starts.get(si + 1).copied().unwrap_or(q.rows).min(q.rows);
+        let n_rows = end.saturating_sub(st);
+        let (seq, tail) = std::mem::take(&mut rest).split_at_mut(n_rows * cols);
+        rest = tail;
+        if kernels[si] == Kernel::Tiled {
+            let block = n_rows.div_ceil(4 * n_threads.max(1)).clamp(1, TILED_BLOCK);
+            for (b, dst) in seq.chunks_mut(block * cols).enumerate() {
+                units.push(Unit::Block {
+                    si,
+                    t0: b * block,
+                    dst,
+                });
             }
-            let _ = fma;
-            attend_item::<Portable>(kv, qs, sinks, pos, p, t, kvh, kernels[si], sc, dst)
+        } else {
+            for (i, dst) in seq.chunks_mut((group * dv).max(1)).enumerate() {
+                units.push(Unit::Item {
+                    si,
+                    t: i / p.n_head_kv,
+                    kvh: i % p.n_head_kv,
+                    dst,
+                });
+            }
+        }
+    }
+    units
+        .into_par_iter()
+        .for_each_init(Scratch::default, |sc, unit| match unit {
+            Unit::Item { si, t, kvh, dst } => {
+                let (kv, pos) = (&views[si], seqs[si]);
+                let qr = (starts[si] + t) * q.cols + kvh * group * hd;
+                let qs = &q.data[qr..qr + group * hd];
+                #[cfg(target_arch = "x86_64")]
+                if fma {
+                    // SAFETY: the caller checked the CPU with has_fma().
+                    unsafe { attend_item_fma(kv, qs, sinks, pos, p, t, kvh, kernels[si], sc, dst) };
+                    return;
+                }
+                attend_item::<Portable>(kv, qs, sinks, pos, p, t, kvh, kernels[si], sc, dst)
+            }
+            Unit::Block { si, t0, dst } => {
+                let n = dst.len() / cols.max(1);
+                for kvh in 0..p.n_head_kv {
+                    let rows = TiledRows {
+                        qs: &q.data[(starts[si] + t0) * q.cols + kvh * group * hd..],
+                        q_stride: q.cols,
+                        pos: seqs[si],
+                        ts: t0..t0 + n,
+                        kvh,
+                    };
+                    let dst = &mut dst[kvh * group * dv..];
+                    #[cfg(target_arch = "x86_64")]
+                    if fma {
+                        // SAFETY: the caller checked the CPU with has_fma().
+                        unsafe { tiled_rows_fma(&views[si], sinks, p, &rows, sc, dst, cols) };
+                        continue;
+                    }
+                    tiled_rows::<Portable>(&views[si], sinks, p, &rows, sc, dst, cols)
+                }
+            }
         });
+    let _ = fma;
     out
+}
+
+/// Value dimensions the tiled kernel accumulates at a time in registers.
+const PV_DIMS: usize = 64;
+
+/// Query rows per work unit of a tiled sequence, at most.
+const TILED_BLOCK: usize = 32;
+
+/// One work unit of [`attend`]: token `t` of sequence `si` for one kv head,
+/// or rows `t0..` of a tiled sequence for every kv head (`dst`: whole rows).
+enum Unit<'a> {
+    Item {
+        si: usize,
+        t: usize,
+        kvh: usize,
+        dst: &'a mut [f32],
+    },
+    Block {
+        si: usize,
+        t0: usize,
+        dst: &'a mut [f32],
+    },
 }
 
 #[cfg(test)]
@@ -661,12 +854,15 @@ mod tests {
                 window,
                 flash_attn: true,
             };
-            // (pos0, n_tokens, n_ctx): decode, a short batch, a tiled batch
-            // past a tile edge, and split-KV decodes (512 and 768 cells).
+            // (pos0, n_tokens, n_ctx): decode, a short batch, tiled batches
+            // past a tile edge (the longer one in several blocks of rows,
+            // with blocks whose rows visit different tiles), and split-KV
+            // decodes (512 and 768 cells).
             let seqs = [
                 (0, 1, 256),
                 (60, 5, 256),
                 (40, 70, 256),
+                (100, 163, 512),
                 (300, 1, 1024),
                 (600, 1, 1024),
             ];
