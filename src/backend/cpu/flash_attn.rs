@@ -80,8 +80,6 @@ struct Scratch {
     kq: Vec<f32>,
     /// Split kernel: the merged state of each head.
     fin: Vec<f32>,
-    /// Tiled kernel: the V row of a cell a query row does not see.
-    zeros: Vec<f32>,
 }
 
 /// Row `j` (elements `at..at + len`) of `rows` as f16 values in f32.
@@ -376,7 +374,6 @@ fn tiled_rows<W: Widen>(
         kt,
         vt,
         kq,
-        zeros,
         ..
     } = sc;
     m.clear();
@@ -388,8 +385,6 @@ fn tiled_rows<W: Widen>(
     kt.resize(hd * TILE_KV, 0.0);
     vt.resize(TILE_KV * dv, 0.0);
     kq.resize(TILE_KV, 0.0);
-    zeros.clear();
-    zeros.resize(dv, 0.0);
     // The cells some row sees: the window start grows with the position.
     let lo_all = window_start(p, pos.pos0 + rows.ts.start);
     let qp_all = pos.pos0 + rows.ts.end - 1;
@@ -458,30 +453,46 @@ fn tiled_rows<W: Widen>(
                 s[h] = (s[h] as f64 + sum) as f32;
                 // acc[d] += v[tk][d] * p[tk] over the cells in order, one
                 // fused chain per dimension; 64 dimensions at a time in
-                // registers, then the rest.
-                let v_row = |tk: usize, d0: usize| -> &[f32] {
-                    if seen(tk) {
-                        &vt[tk * dv + d0..(tk + 1) * dv]
-                    } else {
-                        &zeros[d0..dv]
-                    }
-                };
+                // registers, then the rest. The row sees cells `s0..s1` of
+                // the tile; each cell it does not see adds `0 * 0` (a zero V
+                // row, `p = 0`), which changes only a `-0` sum (to `+0`), so
+                // the cells before and after the seen ones add it once each.
+                let (s0, s1) = (
+                    lo.saturating_sub(ic).min(TILE_KV),
+                    (qp + 1 - ic).min(TILE_KV),
+                );
+                let seen_v = &vt[s0 * dv..s1 * dv];
+                let pv = &kq[s0..s1];
                 let (full, rest) = acch.as_chunks_mut::<PV_DIMS>();
                 for (ci, ac) in full.iter_mut().enumerate() {
                     let mut chains = *ac;
-                    for (tk, &pk) in kq.iter().enumerate() {
-                        if let Some(vr) = v_row(tk, ci * PV_DIMS).first_chunk::<PV_DIMS>() {
+                    if s0 > 0 {
+                        chains.iter_mut().for_each(|a| *a = 0f32.mul_add(0.0, *a));
+                    }
+                    for (vrow, &pk) in seen_v.chunks_exact(dv).zip(pv) {
+                        if let Some(vr) = vrow[ci * PV_DIMS..].first_chunk::<PV_DIMS>() {
                             for (a, x) in chains.iter_mut().zip(vr) {
                                 *a = x.mul_add(pk, *a);
                             }
                         }
                     }
+                    if s1 < TILE_KV {
+                        chains.iter_mut().for_each(|a| *a = 0f32.mul_add(0.0, *a));
+                    }
                     *ac = chains;
                 }
                 let d0 = full.len() * PV_DIMS;
-                for (tk, &pk) in kq.iter().enumerate() {
-                    for (a, x) in rest.iter_mut().zip(v_row(tk, d0)) {
-                        *a = x.mul_add(pk, *a);
+                if !rest.is_empty() {
+                    if s0 > 0 {
+                        rest.iter_mut().for_each(|a| *a = 0f32.mul_add(0.0, *a));
+                    }
+                    for (vrow, &pk) in seen_v.chunks_exact(dv).zip(pv) {
+                        for (a, x) in rest.iter_mut().zip(&vrow[d0..]) {
+                            *a = x.mul_add(pk, *a);
+                        }
+                    }
+                    if s1 < TILE_KV {
+                        rest.iter_mut().for_each(|a| *a = 0f32.mul_add(0.0, *a));
                     }
                 }
             }
