@@ -569,14 +569,23 @@ impl<S: SlotStore> StreamedLayer<S> {
         loads: &[(u32, u32)],
         crcs: Vec<u32>,
     ) -> Result<(), LonghaulError> {
-        self.slots.commit()?;
+        self.land(file)?;
+        self.check_sums(file, loads, crcs)
+    }
+
+    /// After reads into lent slot buffers: the slots made visible to the
+    /// backend, the reads' pages dropped (also when that fails), and the
+    /// file checked unchanged, since bytes read while it changed are not the
+    /// model's. Nothing read may be recorded as filled before this passes.
+    fn land(&mut self, file: &gguf::Model) -> Result<(), LonghaulError> {
+        let committed = self.slots.commit();
         self.release_all(file);
+        committed?;
         file.files_unchanged()
             .map_err(|source| LonghaulError::FileChanged {
                 layer: self.layer,
                 source,
-            })?;
-        self.check_sums(file, loads, crcs)
+            })
     }
 
     /// Drops the page cache of every stacked routed tensor of the layer.
@@ -717,16 +726,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                 .collect();
             loader::read_all(file, jobs, cancel, self.checksums.is_some())
         };
-        let committed = self.slots.commit();
-        self.release_all(file);
-        committed?;
-        // Bytes read while the file changed are not the model's: check the
-        // stamps after the reads, before any slot is recorded as filled.
-        file.files_unchanged()
-            .map_err(|source| LonghaulError::FileChanged {
-                layer: self.layer,
-                source,
-            })?;
+        self.land(file)?;
         let (bytes, crcs) = res.map_err(|(shard, source)| {
             let path = file
                 .shards()

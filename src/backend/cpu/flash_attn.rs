@@ -386,24 +386,19 @@ fn tiled_rows<W: Widen>(
     vt.resize(TILE_KV * dv, 0.0);
     kq.resize(TILE_KV, 0.0);
     // The cells some row sees: the window start grows with the position.
+    // Only they are loaded; the others' scores are masked and their V rows
+    // never read.
     let lo_all = window_start(p, pos.pos0 + rows.ts.start);
     let qp_all = pos.pos0 + rows.ts.end - 1;
     for ic in (lo_all / TILE_KV * TILE_KV..=qp_all).step_by(TILE_KV) {
-        for tk in 0..TILE_KV {
+        for tk in lo_all.saturating_sub(ic).min(TILE_KV)..(qp_all + 1 - ic).min(TILE_KV) {
             let j = ic + tk;
-            if j >= lo_all && j <= qp_all {
-                load_f16::<W>(kv.k, j * kv.n_embd_k + kvh * hd, hd, k);
-                for (dk, x) in k.iter().enumerate() {
-                    kt[dk * TILE_KV + tk] = *x;
-                }
-                load_f16::<W>(kv.v, j * kv.n_embd_v + kvh * kv.v_head, dv, v);
-                vt[tk * dv..(tk + 1) * dv].copy_from_slice(v);
-            } else {
-                for dk in 0..hd {
-                    kt[dk * TILE_KV + tk] = 0.0;
-                }
-                vt[tk * dv..(tk + 1) * dv].iter_mut().for_each(|x| *x = 0.0);
+            load_f16::<W>(kv.k, j * kv.n_embd_k + kvh * hd, hd, k);
+            for (dk, x) in k.iter().enumerate() {
+                kt[dk * TILE_KV + tk] = *x;
             }
+            load_f16::<W>(kv.v, j * kv.n_embd_v + kvh * kv.v_head, dv, v);
+            vt[tk * dv..(tk + 1) * dv].copy_from_slice(v);
         }
         for (r, t) in rows.ts.clone().enumerate() {
             let qp = pos.pos0 + t;
