@@ -747,7 +747,7 @@ fn interleaved_weights_equal_ggml_repack_bit_for_bit() {
                 acts.extend_from_slice(&q);
             }
             let mut got = vec![f32::NAN; m * n];
-            il.dot_tile(k, &w, &acts, &mut got, layout::Rows::Tiles)
+            il.dot_tile(k, &w, &acts, &mut got, layout::Rows::Tiles, n)
                 .unwrap();
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(

@@ -108,6 +108,90 @@ pub(super) trait TiledBlock: GgmlBlock<Act = BlockQ8K> {
     }
 }
 
+/// Where a tiled kernel reads its weight blocks: plain rows of `B`, or an
+/// interleaved layout's groups ([`Q6KGroups`]), decoded straight into the
+/// same [`Tile`].
+pub(super) trait Blocks<B: TiledBlock> {
+    /// Blocks in all rows.
+    fn len(&self) -> usize;
+    /// Decodes block `j` of row `r` (rows of `nb` blocks).
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn decode_at(&self, nb: usize, r: usize, j: usize, t: &mut Tile);
+}
+
+impl<B: TiledBlock> Blocks<B> for [B] {
+    fn len(&self) -> usize {
+        <[B]>::len(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_at(&self, nb: usize, r: usize, j: usize, t: &mut Tile) {
+        self[r * nb + j].decode_simd(t)
+    }
+}
+
+/// Q6_K rows in their interleaved layout (`layout::q6_k`: groups of eight
+/// rows, super-block by super-block), decoded where they lie: each row's
+/// codes come from its 4-byte chunks, as `BlockQ6K::quants` takes them
+/// from the plain bytes, so the tiles and the bits are the plain rows'.
+pub(super) struct Q6KGroups<'a> {
+    /// Whole groups of `nb` super-blocks.
+    pub(super) bytes: &'a [u8],
+}
+
+impl Blocks<BlockQ6K> for Q6KGroups<'_> {
+    fn len(&self) -> usize {
+        self.bytes.len() / std::mem::size_of::<BlockQ6K>()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_at(&self, nb: usize, r: usize, j: usize, t: &mut Tile) {
+        use super::layout::q6_k::{D, GROUP_BLOCK, QH, SCALES};
+        use super::layout::GROUP_ROWS;
+        use std::arch::x86_64::*;
+        let at = ((r / GROUP_ROWS) * nb + j) * GROUP_BLOCK;
+        let p = &self.bytes[at..at + GROUP_BLOCK];
+        let rr = r % GROUP_ROWS;
+        // Eight chunks of the row 32 bytes apart: 32 bytes of its `ql` or
+        // `qh` in their plain order.
+        let base = p.as_ptr().add(4 * rr) as *const i32;
+        let stride = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
+        let gather = |c: usize| _mm256_i32gather_epi32::<4>(base.add(8 * c), stride);
+        let (m4, m3, off) = (
+            _mm256_set1_epi8(0x0F),
+            _mm256_set1_epi8(3),
+            _mm256_set1_epi8(32),
+        );
+        let q = t.q.as_mut_ptr() as *mut __m256i;
+        for n in 0..2 {
+            let qh = gather(QH / 32 + 8 * n);
+            for u in 0..2 {
+                let ql = gather(16 * n + 8 * u);
+                let top = |s: usize| {
+                    let h = match s {
+                        0 => qh,
+                        1 => _mm256_srli_epi16::<2>(qh),
+                        2 => _mm256_srli_epi16::<4>(qh),
+                        _ => _mm256_srli_epi16::<6>(qh),
+                    };
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3))
+                };
+                let lo = _mm256_or_si256(_mm256_and_si256(ql, m4), top(u));
+                let hi =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql), m4), top(u + 2));
+                _mm256_storeu_si256(q.add(4 * n + u), _mm256_sub_epi8(lo, off));
+                _mm256_storeu_si256(q.add(4 * n + u + 2), _mm256_sub_epi8(hi, off));
+            }
+        }
+        for (g, sc) in t.sc.iter_mut().enumerate() {
+            *sc = p[SCALES + 16 * (g / 2) + 2 * rr + g % 2] as i8 as i16;
+        }
+        t.d0 = f16::from_le_bytes([p[D + 2 * rr], p[D + 2 * rr + 1]]).to_f32();
+    }
+}
+
 impl TiledBlock for BlockQ2K {
     const HAS_MIN: bool = true;
     const SUB: usize = 16;
@@ -573,14 +657,37 @@ pub(super) fn tiled_avx2<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out:
 pub(super) fn tiled_avx512<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
     if shape_ok(nb, w.len(), a.len(), out.len()) {
         // SAFETY: only selected where CpuCaps::has_avx512().
-        unsafe {
-            // Below 16 rows the interleaved lanes would sit idle.
-            if a.len() / nb >= 16 {
-                vnni16::tiled(nb, w, a, out)
-            } else {
-                avx512::tiled(nb, w, a, out)
-            }
-        }
+        unsafe { tiled_blocks_avx512(nb, w, a, out) }
+    }
+}
+
+/// [`tiled_avx512`] on interleaved Q6_K groups ([`Q6KGroups`]; `g` whole
+/// groups of `nb` super-blocks): the plain rows' bits.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL/VNNI (the layout exists only there).
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn tiled_q6k_groups_avx512(nb: usize, g: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
+    let w = Q6KGroups { bytes: g };
+    if shape_ok(nb, Blocks::<BlockQ6K>::len(&w), a.len(), out.len()) {
+        tiled_blocks_avx512(nb, &w, a, out)
+    }
+}
+
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL/VNNI; the shapes are checked.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiled_blocks_avx512<B: TiledBlock, W: Blocks<B> + ?Sized>(
+    nb: usize,
+    w: &W,
+    a: &[BlockQ8K],
+    out: &mut [f32],
+) {
+    // Below 16 rows the interleaved lanes would sit idle.
+    if a.len() / nb >= 16 {
+        vnni16::tiled(nb, w, a, out)
+    } else {
+        avx512::tiled(nb, w, a, out)
     }
 }
 
@@ -653,9 +760,9 @@ macro_rules! tiled_driver {
         const GROUPS: usize = TILE_T / 8;
 
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn tiled<B: TiledBlock>(
+        pub(super) unsafe fn tiled<B: TiledBlock, W: Blocks<B> + ?Sized>(
             nb: usize,
-            w: &[B],
+            w: &W,
             a: &[BlockQ8K],
             out: &mut [f32],
         ) {
@@ -676,10 +783,10 @@ macro_rules! tiled_driver {
                         *dv = _mm256_loadu_ps(d.as_ptr().add(8 * g));
                     }
                 }
-                for (r, row) in w.chunks_exact(nb).enumerate() {
+                for r in 0..nr {
                     let mut acc = [_mm256_setzero_ps(); GROUPS];
-                    for (j, x) in row.iter().enumerate() {
-                        x.decode_simd(&mut tile);
+                    for j in 0..nb {
+                        w.decode_at(nb, r, j, &mut tile);
                         let v = vecs::<B>(&tile);
                         let d0 = _mm256_set1_ps(tile.d0);
                         let dmin = _mm256_set1_ps(tile.dmin);
@@ -714,7 +821,7 @@ macro_rules! tiled_driver {
 /// `madd` by the two group scales.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Codes, Tile, TiledBlock, QK, TILE_T};
+    use super::{Blocks, Codes, Tile, TiledBlock, QK, TILE_T};
     use crate::quant::BlockQ8K;
     use std::arch::x86_64::*;
 
@@ -786,7 +893,7 @@ mod avx2 {
 /// the four group scales; the same integers as the AVX2 kernel.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Codes, Tile, TiledBlock, QK, TILE_T};
+    use super::{Blocks, Codes, Tile, TiledBlock, QK, TILE_T};
     use crate::quant::BlockQ8K;
     use std::arch::x86_64::*;
 
@@ -869,7 +976,7 @@ mod avx512 {
 /// as the other kernels, then the same float steps.
 #[cfg(target_arch = "x86_64")]
 mod vnni16 {
-    use super::{Codes, Tile, TiledBlock, QK};
+    use super::{Blocks, Codes, Tile, TiledBlock, QK};
     use crate::quant::BlockQ8K;
     use std::arch::x86_64::*;
 
@@ -1015,8 +1122,8 @@ mod vnni16 {
     /// Rows `r0..r0 + R` of `w` against the interleaved groups.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn rows<B: TiledBlock, const R: usize>(
-        w: &[B],
+    unsafe fn rows<B: TiledBlock, W: Blocks<B> + ?Sized, const R: usize>(
+        w: &W,
         nb: usize,
         r0: usize,
         acts: &[Acts],
@@ -1031,7 +1138,7 @@ mod vnni16 {
         let mut acc = [[_mm512_setzero_ps(); R]; GROUPS];
         for j in 0..nb {
             for (r, dec) in dec.iter_mut().enumerate().take(R) {
-                w[(r0 + r) * nb + j].decode_simd(&mut dec.tile);
+                w.decode_at(nb, r0 + r, j, &mut dec.tile);
                 let flip = _mm512_set1_epi32(flip as i32);
                 for k in 0..QK / 64 {
                     let q = _mm512_loadu_si512(dec.tile.q.as_ptr().add(64 * k) as *const __m512i);
@@ -1051,12 +1158,17 @@ mod vnni16 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    pub(super) unsafe fn tiled<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
+    pub(super) unsafe fn tiled<B: TiledBlock, W: Blocks<B> + ?Sized>(
+        nb: usize,
+        w: &W,
+        a: &[BlockQ8K],
+        out: &mut [f32],
+    ) {
         let mut dec: [Dec; BAND] = std::array::from_fn(|_| Dec {
             u: [0; KG],
             tile: Tile::new(),
         });
-        ACTS.with_borrow_mut(|acts| run::<B>(nb, w, a, out, &mut dec, acts))
+        ACTS.with_borrow_mut(|acts| run::<B, W>(nb, w, a, out, &mut dec, acts))
     }
 
     thread_local! {
@@ -1065,9 +1177,9 @@ mod vnni16 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn run<B: TiledBlock>(
+    unsafe fn run<B: TiledBlock, W: Blocks<B> + ?Sized>(
         nb: usize,
-        w: &[B],
+        w: &W,
         a: &[BlockQ8K],
         out: &mut [f32],
         dec: &mut [Dec; BAND],
@@ -1086,10 +1198,10 @@ mod vnni16 {
             let mut r0 = 0;
             while r0 < nr {
                 let rn = if nr - r0 >= BAND {
-                    rows::<B, BAND>(w, nb, r0, &acts[..ng], dec, &mut lanes);
+                    rows::<B, W, BAND>(w, nb, r0, &acts[..ng], dec, &mut lanes);
                     BAND
                 } else {
-                    rows::<B, 1>(w, nb, r0, &acts[..ng], dec, &mut lanes);
+                    rows::<B, W, 1>(w, nb, r0, &acts[..ng], dec, &mut lanes);
                     1
                 };
                 for (r, lanes) in lanes.iter().enumerate().take(rn) {

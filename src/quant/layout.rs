@@ -21,7 +21,10 @@
 //!   lane `j` of the plain 8-lane chain (bytes `4j..4j + 4` of a block)
 //!   becomes accumulator `j` here, with row `r` in lane `r`, and the final
 //!   `hsum` tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` is the
-//!   same adds on whole vectors.
+//!   same adds on whole vectors. Q6_K ([`q6_k`], AVX-512 only), which ggml
+//!   does not repack on x86 either, does the same with `vec_dot`'s
+//!   super-block lanes, and takes its tiled path's bits for batches of its
+//!   size.
 //!
 //! A group of `b`-byte blocks (a scale first: `f16`, or MXFP4's one-byte
 //! `e8m0`; then quant bytes) is laid out block by block: the eight rows'
@@ -39,6 +42,7 @@ use crate::tensor::GgmlType;
 
 pub(crate) mod q2_k;
 pub(crate) mod q4_k;
+pub(crate) mod q6_k;
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
@@ -68,7 +72,10 @@ pub trait Interleaved: Send + Sync {
     /// `out[t * n_rows + r]`: interleaved weight row `r` of `w` (whole
     /// groups) against activation row `t` of `acts` (rows of `k` values in
     /// the type's activation format), in the order of llama.cpp's kernels
-    /// for the type at its defaults (module docs), those `rows` names.
+    /// for the type at its defaults (module docs), those `rows` names. The
+    /// whole product has `batch` activation rows (1 for a mat-vec; see
+    /// [`QuantOps::vec_dot_tile_batch`]): for the types ggml does not
+    /// repack, its kernel depends on that count.
     fn dot_tile(
         &self,
         k: usize,
@@ -76,6 +83,7 @@ pub trait Interleaved: Send + Sync {
         acts: &[u8],
         out: &mut [f32],
         rows: Rows,
+        batch: usize,
     ) -> Result<(), QuantError>;
 }
 
@@ -100,7 +108,8 @@ pub enum Rows {
 /// (AVX2 + FMA + F16C, summing with `vpdpbusd` where AVX-512 VNNI is
 /// there; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD kernels): Q4_0,
 /// Q8_0, IQ4_NL, MXFP4 and Q4_K (its own layout, [`q4_k`]); on AVX-512
-/// CPUs, where ggml repacks it too, Q2_K ([`q2_k`]).
+/// CPUs, where ggml repacks it too, Q2_K ([`q2_k`]), and Q6_K, with the
+/// plain kernels' bits ([`q6_k`]).
 pub fn interleaved(ty: GgmlType) -> Option<&'static dyn Interleaved> {
     interleaved_with_caps(ty, CpuCaps::detect())
 }
@@ -127,9 +136,13 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
                 &Q4_K_AVX2
             });
         }
-        // ggml repacks Q2_K on AVX-512 CPUs only.
+        // ggml repacks Q2_K on AVX-512 CPUs only; Q6_K, which it does not
+        // repack on x86, takes a layout of the same bits there ([`q6_k`]).
         if ty == GgmlType::Q2_K && caps.has_avx512() {
             return Some(&q2_k::Interleaved8);
+        }
+        if ty == GgmlType::Q6_K && caps.has_avx512() {
+            return Some(&q6_k::Interleaved8);
         }
     }
     let _ = ty;
@@ -389,6 +402,7 @@ impl Interleaved for Chunked {
         acts: &[u8],
         out: &mut [f32],
         _rows: Rows,
+        _batch: usize,
     ) -> Result<(), QuantError> {
         let (bb, nb) = self.geometry(k, w.len())?;
         let n_rows = w.len() / (nb * bb);
@@ -513,10 +527,12 @@ mod tests {
         let mut v: Vec<u8> = (0..k / ty.block_size() * bb * rows)
             .map(|_| next() as u8)
             .collect();
-        // Q4_K's `dmin` after its `d`; Q2_K's pair ends its block.
+        // Q4_K's `dmin` after its `d`; Q2_K's pair and Q6_K's `d` end
+        // their blocks.
         let (scales, at) = match ty {
             GgmlType::Q4_K => (2, 0),
             GgmlType::Q2_K => (2, 80),
+            GgmlType::Q6_K => (1, 208),
             _ => (1, 0),
         };
         for blk in v.chunks_exact_mut(bb) {
@@ -545,13 +561,14 @@ mod tests {
         out
     }
 
-    const TYPES: [GgmlType; 6] = [
+    const TYPES: [GgmlType; 7] = [
         GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::IQ4_NL,
         GgmlType::MXFP4,
         GgmlType::Q4_K,
         GgmlType::Q2_K,
+        GgmlType::Q6_K,
     ];
 
     /// The shapes: one block, two, three, many (even and odd counts, for the
@@ -787,8 +804,9 @@ mod tests {
 
     #[test]
     fn interleaved_kernels_give_the_bits_of_llamacpps_kernels_at_its_defaults() {
-        // Q8_0 (not repacked by ggml on x86): the plain kernels' bits; the
-        // 4-bit types: ggml's repack order.
+        // Q8_0 and Q6_K (not repacked by ggml on x86): the plain kernels'
+        // bits, `vec_dot`'s below ggml's tiled floor and its tiled path's
+        // from there on (33 rows); the others: ggml's repack order.
         for (ty, caps) in TYPES
             .iter()
             .flat_map(|&t| kernel_sets().into_iter().map(move |c| (t, c)))
@@ -813,14 +831,14 @@ mod tests {
                         want = ggml_q4_k_repack_order(k, &plain, &a, n_gemm);
                     } else if ty == GgmlType::Q2_K {
                         want = ggml_q2_k_repack_order(k, &plain, &a, n_gemm);
-                    } else if ty != GgmlType::Q8_0 {
+                    } else if ty != GgmlType::Q8_0 && ty != GgmlType::Q6_K {
                         want = ggml_repack_order(ty, k, &plain, &a);
                     } else if n == 1 {
                         op.vec_dot_rows(k, &plain, &a, &mut want).unwrap();
                     } else {
                         op.vec_dot_tile_batch(k, &plain, &a, &mut want, n).unwrap();
                     }
-                    il.dot_tile(k, &w, &a, &mut got, rows_of).unwrap();
+                    il.dot_tile(k, &w, &a, &mut got, rows_of, n).unwrap();
                     for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                         assert_eq!(
                             g.to_bits(),
@@ -830,6 +848,35 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_part_of_a_batch_takes_the_whole_batchs_kernel() {
+        // ggml picks Q6_K's kernel by the whole product's row count: a work
+        // item's three rows of a 33-row batch take the tiled path's bits,
+        // the same three rows as a batch of their own `vec_dot`'s.
+        let Some(il) = interleaved(GgmlType::Q6_K) else {
+            return;
+        };
+        let op = ops(GgmlType::Q6_K).unwrap();
+        let (k, rows) = (512, 16);
+        let plain = random_rows(GgmlType::Q6_K, k, rows, 5);
+        let mut w = plain.clone();
+        il.interleave(k, &mut w).unwrap();
+        let a = acts(op.act_type(), k, 3, 3);
+        let mut tiled = vec![0f32; rows * 3];
+        let mut own = vec![0f32; rows * 3];
+        op.vec_dot_tile_batch(k, &plain, &a, &mut tiled, 33)
+            .unwrap();
+        op.vec_dot_tile_batch(k, &plain, &a, &mut own, 3).unwrap();
+        assert_ne!(tiled, own, "the two kernels should differ somewhere");
+        for (batch, want) in [(33, &tiled), (3, &own)] {
+            let mut got = vec![f32::NAN; rows * 3];
+            il.dot_tile(k, &w, &a, &mut got, Rows::Tiles, batch)
+                .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(want), "batch {batch}");
         }
     }
 
@@ -849,10 +896,10 @@ mod tests {
         }
         let w = vec![0u8; 18 * 8];
         assert!(il
-            .dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7], Rows::Gemv)
+            .dot_tile(32, &w, &[0u8; 34], &mut [0f32; 7], Rows::Gemv, 1)
             .is_err());
         assert!(il
-            .dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8], Rows::Gemv)
+            .dot_tile(32, &w, &[0u8; 33], &mut [0f32; 8], Rows::Gemv, 1)
             .is_err());
     }
 
@@ -861,8 +908,8 @@ mod tests {
         assert!(interleaved_with_caps(GgmlType::Q4_0, CpuCaps::NONE).is_none());
         assert!(!interleaves(GgmlType::Q4_0, 12));
         assert!(!interleaves(GgmlType::Q4_K, 12));
-        assert!(!interleaves(GgmlType::Q6_K, 16));
-        // Q2_K as ggml has it: interleaved on AVX-512 only.
+        assert!(!interleaves(GgmlType::Q6_K, 12));
+        // Q2_K as ggml has it: interleaved on AVX-512 only; Q6_K too.
         let avx2 = CpuCaps {
             avx2: true,
             fma: true,
@@ -874,9 +921,11 @@ mod tests {
             ..avx2
         };
         assert!(interleaved_with_caps(GgmlType::Q2_K, avx2).is_none());
+        assert!(interleaved_with_caps(GgmlType::Q6_K, avx2).is_none());
         if cfg!(target_arch = "x86_64") {
             assert!(interleaved_with_caps(GgmlType::Q4_K, avx2).is_some());
             assert!(interleaved_with_caps(GgmlType::Q2_K, avx512).is_some());
+            assert!(interleaved_with_caps(GgmlType::Q6_K, avx512).is_some());
         }
     }
 }

@@ -117,7 +117,7 @@ impl Matrix<'_> {
         batch: Option<usize>,
     ) -> Result<(), quant::QuantError> {
         match (self.layout, batch) {
-            (Some(il), _) => il.dot_tile(self.k, w_rows, acts, out, self.rows),
+            (Some(il), b) => il.dot_tile(self.k, w_rows, acts, out, self.rows, b.unwrap_or(1)),
             (None, None) => self.ops.vec_dot_rows(self.k, w_rows, acts, out),
             (None, Some(b)) => self.ops.vec_dot_tile_batch(self.k, w_rows, acts, out, b),
         }

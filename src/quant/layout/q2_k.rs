@@ -97,6 +97,7 @@ impl Interleaved for Interleaved8 {
         acts: &[u8],
         out: &mut [f32],
         rows_of: Rows,
+        _batch: usize,
     ) -> Result<(), QuantError> {
         #[cfg(target_arch = "x86_64")]
         {

@@ -132,6 +132,7 @@ impl Interleaved for SuperBlocked {
         acts: &[u8],
         out: &mut [f32],
         rows_of: Rows,
+        _batch: usize,
     ) -> Result<(), QuantError> {
         #[cfg(target_arch = "x86_64")]
         {

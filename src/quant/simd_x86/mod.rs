@@ -147,6 +147,7 @@ mod nvfp4;
 pub(crate) mod packed;
 pub(crate) mod packed_k;
 pub(crate) mod packed_q2k;
+pub(crate) mod packed_q6k;
 use nvfp4::dot_nvfp4_avx2;
 pub(super) use nvfp4::dot_nvfp4_with;
 mod iq_tiles;
