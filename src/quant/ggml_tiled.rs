@@ -198,6 +198,53 @@ unsafe fn decode_q6k_row(p: &[u8], rr: usize, t: &mut Tile) {
     t.d0 = f16::from_le_bytes([p[D + 2 * rr], p[D + 2 * rr + 1]]).to_f32();
 }
 
+/// IQ4_XS rows in their interleaved layout (`layout::iq4_xs`), each block
+/// gathered back into its plain bytes (the row's 4-byte `qs` chunks lie 32
+/// bytes apart) and decoded as those are.
+pub(super) struct IQ4XSGroups<'a> {
+    /// Whole groups of `nb` super-blocks.
+    pub(super) bytes: &'a [u8],
+}
+
+impl Blocks<BlockIQ4XS> for IQ4XSGroups<'_> {
+    fn len(&self) -> usize {
+        self.bytes.len() / std::mem::size_of::<BlockIQ4XS>()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode_at(&self, nb: usize, r: usize, j: usize, t: &mut Tile) {
+        use super::layout::{iq4_xs::GROUP_BLOCK, GROUP_ROWS};
+        let at = ((r / GROUP_ROWS) * nb + j) * GROUP_BLOCK;
+        iq4xs_row(&self.bytes[at..at + GROUP_BLOCK], r % GROUP_ROWS).decode_simd(t)
+    }
+}
+
+/// Row `rr`'s plain block from one interleaved IQ4_XS group super-block.
+///
+/// # Safety
+/// The CPU has AVX2; `p` is one group super-block.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn iq4xs_row(p: &[u8], rr: usize) -> BlockIQ4XS {
+    use super::layout::iq4_xs::{D, GROUP_BLOCK, SCALES_H, SCALES_L};
+    use std::arch::x86_64::*;
+    assert!(p.len() == GROUP_BLOCK && rr < 8);
+    let base = p.as_ptr().add(4 * rr) as *const i32;
+    let stride = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
+    let mut qs = [0u8; 128];
+    for i in 0..4 {
+        let v = _mm256_i32gather_epi32::<4>(base.add(64 * i), stride);
+        _mm256_storeu_si256(qs.as_mut_ptr().add(32 * i) as *mut __m256i, v);
+    }
+    let two = |at: usize| [p[at + 2 * rr], p[at + 2 * rr + 1]];
+    BlockIQ4XS {
+        d: f16::from_le_bytes(two(D)),
+        scales_h: u16::from_le_bytes(two(SCALES_H)),
+        scales_l: std::array::from_fn(|i| p[SCALES_L + 4 * rr + i]),
+        qs,
+    }
+}
+
 impl TiledBlock for BlockQ2K {
     const HAS_MIN: bool = true;
     const SUB: usize = 16;
@@ -661,34 +708,25 @@ pub(super) fn tiled_avx2<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out:
 /// `CpuCaps::has_avx512`): the same integers, so the same bits.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn tiled_avx512<B: TiledBlock>(nb: usize, w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
-    if shape_ok(nb, w.len(), a.len(), out.len()) {
-        // SAFETY: only selected where CpuCaps::has_avx512().
-        unsafe { tiled_blocks_avx512(nb, w, a, out) }
-    }
+    // SAFETY: only selected where CpuCaps::has_avx512().
+    unsafe { tiled_blocks_avx512(nb, w, a, out) }
 }
 
-/// [`tiled_avx512`] on interleaved Q6_K groups ([`Q6KGroups`]; `g` whole
-/// groups of `nb` super-blocks): the plain rows' bits.
+/// [`tiled_avx512`] on any source of blocks: an interleaved layout's
+/// groups ([`Q6KGroups`], [`IQ4XSGroups`]) give the plain rows' bits.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F/BW/VL/VNNI (the layout exists only there).
+/// The CPU must have AVX-512 F/BW/VL/VNNI (where those layouts exist).
 #[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn tiled_q6k_groups_avx512(nb: usize, g: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
-    let w = Q6KGroups { bytes: g };
-    if shape_ok(nb, Blocks::<BlockQ6K>::len(&w), a.len(), out.len()) {
-        tiled_blocks_avx512(nb, &w, a, out)
-    }
-}
-
-/// # Safety
-/// The CPU must have AVX-512 F/BW/VL/VNNI; the shapes are checked.
-#[cfg(target_arch = "x86_64")]
-unsafe fn tiled_blocks_avx512<B: TiledBlock, W: Blocks<B> + ?Sized>(
+pub(super) unsafe fn tiled_blocks_avx512<B: TiledBlock, W: Blocks<B> + ?Sized>(
     nb: usize,
     w: &W,
     a: &[BlockQ8K],
     out: &mut [f32],
 ) {
+    if !shape_ok(nb, w.len(), a.len(), out.len()) {
+        return;
+    }
     // Below 16 rows the interleaved lanes would sit idle.
     if a.len() / nb >= 16 {
         vnni16::tiled(nb, w, a, out)

@@ -21,10 +21,10 @@
 //!   lane `j` of the plain 8-lane chain (bytes `4j..4j + 4` of a block)
 //!   becomes accumulator `j` here, with row `r` in lane `r`, and the final
 //!   `hsum` tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` is the
-//!   same adds on whole vectors. Q6_K ([`q6_k`], AVX-512 only), which ggml
-//!   does not repack on x86 either, does the same with `vec_dot`'s
-//!   super-block lanes, and takes its tiled path's bits for batches of its
-//!   size.
+//!   same adds on whole vectors. Q6_K and IQ4_XS ([`q6_k`], [`iq4_xs`],
+//!   AVX-512 only), which ggml does not repack on x86 either, do the same
+//!   with `vec_dot`'s super-block lanes, and take its tiled path's bits for
+//!   batches of its size.
 //!
 //! A group of `b`-byte blocks (a scale first: `f16`, or MXFP4's one-byte
 //! `e8m0`; then quant bytes) is laid out block by block: the eight rows'
@@ -40,6 +40,7 @@ use super::ops::{ops, CpuCaps};
 use super::{QuantError, QuantOps};
 use crate::tensor::GgmlType;
 
+pub(crate) mod iq4_xs;
 pub(crate) mod q2_k;
 pub(crate) mod q4_k;
 pub(crate) mod q6_k;
@@ -108,8 +109,8 @@ pub enum Rows {
 /// (AVX2 + FMA + F16C, summing with `vpdpbusd` where AVX-512 VNNI is
 /// there; `LONGHAUL_NO_SIMD=1` turns it off with the SIMD kernels): Q4_0,
 /// Q8_0, IQ4_NL, MXFP4 and Q4_K (its own layout, [`q4_k`]); on AVX-512
-/// CPUs, where ggml repacks it too, Q2_K ([`q2_k`]), and Q6_K, with the
-/// plain kernels' bits ([`q6_k`]).
+/// CPUs, where ggml repacks it too, Q2_K ([`q2_k`]), and Q6_K and IQ4_XS,
+/// with the plain kernels' bits ([`q6_k`], [`iq4_xs`]).
 pub fn interleaved(ty: GgmlType) -> Option<&'static dyn Interleaved> {
     interleaved_with_caps(ty, CpuCaps::detect())
 }
@@ -136,13 +137,17 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
                 &Q4_K_AVX2
             });
         }
-        // ggml repacks Q2_K on AVX-512 CPUs only; Q6_K, which it does not
-        // repack on x86, takes a layout of the same bits there ([`q6_k`]).
+        // ggml repacks Q2_K on AVX-512 CPUs only; Q6_K and IQ4_XS, which
+        // it does not repack on x86, take layouts of the same bits there
+        // ([`q6_k`], [`iq4_xs`]).
         if ty == GgmlType::Q2_K && caps.has_avx512() {
             return Some(&q2_k::Interleaved8);
         }
         if ty == GgmlType::Q6_K && caps.has_avx512() {
             return Some(&q6_k::Interleaved8);
+        }
+        if ty == GgmlType::IQ4_XS && caps.has_avx512() {
+            return Some(&iq4_xs::Interleaved8);
         }
     }
     let _ = ty;
@@ -353,6 +358,167 @@ impl<'a> SuperBlockTile<'a> {
     }
 }
 
+/// A kernel over one group of eight interleaved rows (x86, AVX-512):
+/// `dot::<N>(g, a, out, gemm)` puts activation row `t`'s eight products in
+/// `out[t]`, each chunk of `g` unpacked once for the `N` (1 to 4) rows;
+/// `gemm` picks ggml's 4-row gemm order where the type has one.
+#[cfg(target_arch = "x86_64")]
+trait GroupDot {
+    /// # Safety
+    /// The CPU has the kernel's features (AVX-512 F/BW/VL/VNNI); `g` holds
+    /// as many group super-blocks as each of `a` holds blocks.
+    unsafe fn dot<const N: usize>(
+        g: &[u8],
+        a: [&[super::BlockQ8K]; N],
+        out: &mut [[f32; GROUP_ROWS]; N],
+        gemm: bool,
+    );
+}
+
+/// Every group of `w` (`gb` bytes each) against the activation `rows` four
+/// at a time ([`GroupDot`]), the first `n_gemm` of them in the gemm's
+/// order: `out[t * n_rows + r]`.
+///
+/// # Safety
+/// As [`GroupDot::dot`], for every group.
+#[cfg(target_arch = "x86_64")]
+unsafe fn groups_in_fours<K: GroupDot>(
+    w: &[u8],
+    gb: usize,
+    rows: &[&[super::BlockQ8K]],
+    n_gemm: usize,
+    n_rows: usize,
+    out: &mut [f32],
+) {
+    for (gi, g) in w.chunks_exact(gb).enumerate() {
+        for (ti, a) in rows.chunks(4).enumerate() {
+            let gemm = 4 * ti < n_gemm;
+            let mut res = [[0f32; GROUP_ROWS]; 4];
+            match *a {
+                [a0, a1, a2, a3] => K::dot(g, [a0, a1, a2, a3], &mut res, gemm),
+                [a0, a1, a2] => {
+                    let r = (&mut res[..3]).try_into().expect("three rows");
+                    K::dot(g, [a0, a1, a2], r, gemm)
+                }
+                [a0, a1] => {
+                    let r = (&mut res[..2]).try_into().expect("two rows");
+                    K::dot(g, [a0, a1], r, gemm)
+                }
+                [a0] => {
+                    let r = (&mut res[..1]).try_into().expect("one row");
+                    K::dot(g, [a0], r, gemm)
+                }
+                _ => {}
+            }
+            for (t, r) in res.iter().take(a.len()).enumerate() {
+                let at = (4 * ti + t) * n_rows + gi * GROUP_ROWS;
+                out[at..at + GROUP_ROWS].copy_from_slice(r);
+            }
+        }
+    }
+}
+
+/// `dot_tile` of a layout that keeps the plain kernels' bits for a type
+/// ggml does not repack on x86 (Q6_K, IQ4_XS): a mat-vec and every part of
+/// a product of fewer than ggml's tiled floor take `vec_dot`'s bits through
+/// the group kernel `K`, four activation rows at a time; larger batches the
+/// tiled path's, its kernels decoding each block from the layout (`blocks`,
+/// the same bytes as `w`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI (these layouts exist only there).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn plain_bits_tile<K: GroupDot, B: super::ggml_tiled::TiledBlock>(
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+    batch: usize,
+    blocks: &impl super::ggml_tiled::Blocks<B>,
+) -> Result<(), QuantError> {
+    let tile = SuperBlockTile::new(ty, k, w.len(), acts, out.len(), Rows::Gemv)?;
+    let (nb, n_rows) = (tile.nb, tile.n_rows);
+    if batch >= super::ggml_tiled::MIN_BATCH {
+        super::ggml_tiled::tiled_blocks_avx512(nb, blocks, &tile.acts, out);
+    } else {
+        let gb = nb * ty.type_size() * GROUP_ROWS;
+        groups_in_fours::<K>(w, gb, &tile.rows(), 0, n_rows, out);
+    }
+    Ok(())
+}
+
+/// A layout that moves each plain block's bytes, in pieces of 4 and of 2
+/// bytes, to their places in the group super-block (Q6_K, IQ4_XS): the same
+/// bytes in another order.
+trait Moved {
+    const TY: GgmlType;
+    /// Where byte `i` of row `r`'s plain block goes in the group
+    /// super-block; a piece's bytes go to consecutive places.
+    fn map(r: usize, i: usize) -> usize;
+    /// The plain bytes moved in 4-byte pieces, and those moved in 2-byte
+    /// pieces: the whole block between them.
+    const FOURS: std::ops::Range<usize>;
+    const TWOS: std::ops::Range<usize>;
+}
+
+/// Moves row `r`'s plain block to (`to_packed`) or from its places in a
+/// group super-block, one fixed-size load and store per piece.
+#[inline(always)]
+fn move_block<M: Moved>(r: usize, blk: &mut [u8], packed: &mut [u8], to_packed: bool) {
+    #[inline(always)]
+    fn mv<const N: usize>(blk: &mut [u8], packed: &mut [u8], i: usize, at: usize, to: bool) {
+        let x: &mut [u8; N] = (&mut blk[i..i + N]).try_into().expect("a piece");
+        let y: &mut [u8; N] = (&mut packed[at..at + N]).try_into().expect("a piece");
+        if to {
+            *y = *x
+        } else {
+            *x = *y
+        }
+    }
+    for i in M::FOURS.step_by(4) {
+        mv::<4>(blk, packed, i, M::map(r, i), to_packed);
+    }
+    for i in M::TWOS.step_by(2) {
+        mv::<2>(blk, packed, i, M::map(r, i), to_packed);
+    }
+}
+
+/// [`Interleaved::interleave_from`] of a [`Moved`] layout.
+fn interleave_moved<M: Moved>(k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
+    let nb = group_geometry(M::TY, k, src.len())?;
+    check_same_len(M::TY, src.len(), dst.len())?;
+    let (bb, gb) = (M::TY.type_size(), M::TY.type_size() * GROUP_ROWS);
+    let mut blk = vec![0u8; bb];
+    for (src, dst) in src.chunks_exact(nb * gb).zip(dst.chunks_exact_mut(nb * gb)) {
+        for (b, packed) in dst.chunks_exact_mut(gb).enumerate() {
+            for r in 0..GROUP_ROWS {
+                blk.copy_from_slice(&src[(r * nb + b) * bb..][..bb]);
+                move_block::<M>(r, &mut blk, packed, true);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`Interleaved::deinterleave`] of a [`Moved`] layout.
+fn deinterleave_moved<M: Moved>(k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
+    let nb = group_geometry(M::TY, k, bytes.len())?;
+    let (bb, gb) = (M::TY.type_size(), M::TY.type_size() * GROUP_ROWS);
+    let mut copy = vec![0u8; nb * gb];
+    for group in bytes.chunks_exact_mut(nb * gb) {
+        copy.copy_from_slice(group);
+        for (b, packed) in copy.chunks_exact_mut(gb).enumerate() {
+            for r in 0..GROUP_ROWS {
+                let blk = &mut group[(r * nb + b) * bb..][..bb];
+                move_block::<M>(r, blk, packed, false);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Eight results as the kernels' fixed-size output.
 #[cfg(target_arch = "x86_64")]
 fn lanes(o: &mut [f32]) -> &mut [f32; GROUP_ROWS] {
@@ -561,7 +727,7 @@ mod tests {
         out
     }
 
-    const TYPES: [GgmlType; 7] = [
+    const TYPES: [GgmlType; 8] = [
         GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::IQ4_NL,
@@ -569,6 +735,7 @@ mod tests {
         GgmlType::Q4_K,
         GgmlType::Q2_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
     ];
 
     /// The shapes: one block, two, three, many (even and odd counts, for the
@@ -804,8 +971,8 @@ mod tests {
 
     #[test]
     fn interleaved_kernels_give_the_bits_of_llamacpps_kernels_at_its_defaults() {
-        // Q8_0 and Q6_K (not repacked by ggml on x86): the plain kernels'
-        // bits, `vec_dot`'s below ggml's tiled floor and its tiled path's
+        // Q8_0, Q6_K and IQ4_XS (not repacked by ggml on x86): the plain
+        // kernels' bits, `vec_dot`'s below ggml's tiled floor and its tiled path's
         // from there on (33 rows); the others: ggml's repack order.
         for (ty, caps) in TYPES
             .iter()
@@ -831,7 +998,7 @@ mod tests {
                         want = ggml_q4_k_repack_order(k, &plain, &a, n_gemm);
                     } else if ty == GgmlType::Q2_K {
                         want = ggml_q2_k_repack_order(k, &plain, &a, n_gemm);
-                    } else if ty != GgmlType::Q8_0 && ty != GgmlType::Q6_K {
+                    } else if ![GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::IQ4_XS].contains(&ty) {
                         want = ggml_repack_order(ty, k, &plain, &a);
                     } else if n == 1 {
                         op.vec_dot_rows(k, &plain, &a, &mut want).unwrap();
@@ -853,30 +1020,31 @@ mod tests {
 
     #[test]
     fn a_part_of_a_batch_takes_the_whole_batchs_kernel() {
-        // ggml picks Q6_K's kernel by the whole product's row count: a work
-        // item's three rows of a 33-row batch take the tiled path's bits,
-        // the same three rows as a batch of their own `vec_dot`'s.
-        let Some(il) = interleaved(GgmlType::Q6_K) else {
-            return;
-        };
-        let op = ops(GgmlType::Q6_K).unwrap();
-        let (k, rows) = (512, 16);
-        let plain = random_rows(GgmlType::Q6_K, k, rows, 5);
-        let mut w = plain.clone();
-        il.interleave(k, &mut w).unwrap();
-        let a = acts(op.act_type(), k, 3, 3);
-        let mut tiled = vec![0f32; rows * 3];
-        let mut own = vec![0f32; rows * 3];
-        op.vec_dot_tile_batch(k, &plain, &a, &mut tiled, 33)
-            .unwrap();
-        op.vec_dot_tile_batch(k, &plain, &a, &mut own, 3).unwrap();
-        assert_ne!(tiled, own, "the two kernels should differ somewhere");
-        for (batch, want) in [(33, &tiled), (3, &own)] {
-            let mut got = vec![f32::NAN; rows * 3];
-            il.dot_tile(k, &w, &a, &mut got, Rows::Tiles, batch)
+        // ggml picks Q6_K's and IQ4_XS's kernel by the whole product's row
+        // count: a work item's three rows of a 33-row batch take the tiled
+        // path's bits, the same three rows as a batch of their own
+        // `vec_dot`'s.
+        for ty in [GgmlType::Q6_K, GgmlType::IQ4_XS] {
+            let Some(il) = interleaved(ty) else { continue };
+            let op = ops(ty).unwrap();
+            let (k, rows) = (512, 16);
+            let plain = random_rows(ty, k, rows, 5);
+            let mut w = plain.clone();
+            il.interleave(k, &mut w).unwrap();
+            let a = acts(op.act_type(), k, 3, 3);
+            let mut tiled = vec![0f32; rows * 3];
+            let mut own = vec![0f32; rows * 3];
+            op.vec_dot_tile_batch(k, &plain, &a, &mut tiled, 33)
                 .unwrap();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(want), "batch {batch}");
+            op.vec_dot_tile_batch(k, &plain, &a, &mut own, 3).unwrap();
+            assert_ne!(tiled, own, "{ty}: the two kernels should differ somewhere");
+            for (batch, want) in [(33, &tiled), (3, &own)] {
+                let mut got = vec![f32::NAN; rows * 3];
+                il.dot_tile(k, &w, &a, &mut got, Rows::Tiles, batch)
+                    .unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(want), "{ty} batch {batch}");
+            }
         }
     }
 

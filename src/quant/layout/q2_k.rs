@@ -52,6 +52,23 @@ fn map(r: usize, i: usize) -> usize {
     }
 }
 
+/// [`packed_q2k::dot8`](crate::quant::simd_x86::packed_q2k::dot8) as a
+/// group kernel.
+#[cfg(target_arch = "x86_64")]
+struct Kernel;
+
+#[cfg(target_arch = "x86_64")]
+impl super::GroupDot for Kernel {
+    unsafe fn dot<const N: usize>(
+        g: &[u8],
+        a: [&[crate::quant::BlockQ8K]; N],
+        out: &mut [[f32; GROUP_ROWS]; N],
+        gemm: bool,
+    ) {
+        crate::quant::simd_x86::packed_q2k::dot8(g, a, out, gemm)
+    }
+}
+
 impl Interleaved for Interleaved8 {
     fn ty(&self) -> GgmlType {
         GgmlType::Q2_K
@@ -101,47 +118,25 @@ impl Interleaved for Interleaved8 {
     ) -> Result<(), QuantError> {
         #[cfg(target_arch = "x86_64")]
         {
-            use crate::quant::simd_x86::packed_q2k;
             let tile =
                 super::SuperBlockTile::new(GgmlType::Q2_K, k, w.len(), acts, out.len(), rows_of)?;
             let (nb, n_rows, n_gemm) = (tile.nb, tile.n_rows, tile.n_gemm);
-            let rows = tile.rows();
             // Four activation rows at a time (ggml's gemm tile), each
             // weight chunk unpacked once for them.
-            for (gi, g) in w.chunks_exact(nb * GROUP_BLOCK).enumerate() {
-                for (ti, a) in rows.chunks(4).enumerate() {
-                    let gemm = 4 * ti < n_gemm;
-                    let mut res = [[0f32; GROUP_ROWS]; 4];
-                    // SAFETY: this layout is only handed out on CPUs with
-                    // AVX-512 F + BW + VL + VNNI (`interleaved_with_caps`),
-                    // and `g` holds `nb` group super-blocks, as many as each
-                    // activation row holds blocks.
-                    unsafe {
-                        match *a {
-                            [a0, a1, a2, a3] => {
-                                packed_q2k::dot8(g, [a0, a1, a2, a3], &mut res, gemm)
-                            }
-                            [a0, a1, a2] => {
-                                let r = (&mut res[..3]).try_into().expect("three rows");
-                                packed_q2k::dot8(g, [a0, a1, a2], r, gemm)
-                            }
-                            [a0, a1] => {
-                                let r = (&mut res[..2]).try_into().expect("two rows");
-                                packed_q2k::dot8(g, [a0, a1], r, gemm)
-                            }
-                            [a0] => {
-                                let r = (&mut res[..1]).try_into().expect("one row");
-                                packed_q2k::dot8(g, [a0], r, gemm)
-                            }
-                            _ => {}
-                        }
-                    }
-                    for (t, r) in res.iter().take(a.len()).enumerate() {
-                        let at = (4 * ti + t) * n_rows + gi * GROUP_ROWS;
-                        out[at..at + GROUP_ROWS].copy_from_slice(r);
-                    }
-                }
-            }
+            // SAFETY: this layout is only handed out on CPUs with AVX-512
+            // F + BW + VL + VNNI (`interleaved_with_caps`), and `w` holds
+            // whole groups of `nb` super-blocks, as many as each activation
+            // row holds blocks.
+            unsafe {
+                super::groups_in_fours::<Kernel>(
+                    w,
+                    nb * GROUP_BLOCK,
+                    &tile.rows(),
+                    n_gemm,
+                    n_rows,
+                    out,
+                )
+            };
             Ok(())
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -20,7 +20,7 @@
 //! quants; on AVX2 the eight-row kernel would run as many instructions per
 //! value as the plain one.
 
-use super::{check_same_len, group_geometry, Interleaved, Rows, GROUP_ROWS};
+use super::{Interleaved, Rows, GROUP_ROWS};
 use crate::quant::QuantError;
 use crate::tensor::GgmlType;
 
@@ -61,41 +61,30 @@ fn map(r: usize, i: usize) -> usize {
     }
 }
 
-/// Moves one plain block of row `r` to or from its places in a group
-/// super-block: `to_packed` copies `blk` into `packed`, else back. The
-/// pieces have fixed sizes, so each is one load and one store.
-#[inline(always)]
-fn move_block(r: usize, blk: &mut [u8; BLOCK], packed: &mut [u8; GROUP_BLOCK], to_packed: bool) {
-    let mut mv = |plain: usize, at: usize, n: usize| {
-        let (x, y) = (&mut blk[plain..plain + n], &mut packed[at..at + n]);
-        if to_packed {
-            y.copy_from_slice(x)
-        } else {
-            x.copy_from_slice(y)
-        }
-    };
-    // The 48 four-byte chunks of `ql` then `qh` (`QH` is where chunk 32
-    // lands, so one formula places both).
-    for c in 0..(PLAIN_SCALES / 4) {
-        mv(4 * c, map(r, 4 * c), 4);
+impl super::Moved for Interleaved8 {
+    const TY: GgmlType = GgmlType::Q6_K;
+    fn map(r: usize, i: usize) -> usize {
+        map(r, i)
     }
-    for p in 0..8 {
-        mv(PLAIN_SCALES + 2 * p, map(r, PLAIN_SCALES + 2 * p), 2);
-    }
-    mv(PLAIN_D, map(r, PLAIN_D), 2);
+    // The 48 four-byte chunks of `ql` then `qh`; the scale pairs and `d`.
+    const FOURS: std::ops::Range<usize> = 0..PLAIN_SCALES;
+    const TWOS: std::ops::Range<usize> = PLAIN_SCALES..BLOCK;
 }
 
-/// Copies `nb` super-blocks of one interleaved group `g` back into the
-/// eight rows' plain blocks in `plain` (`nb` blocks per row).
-fn unpack_group(nb: usize, g: &[u8], plain: &mut [u8]) {
-    let mut packed = [0u8; GROUP_BLOCK];
-    for (b, src) in g.chunks_exact(GROUP_BLOCK).take(nb).enumerate() {
-        packed.copy_from_slice(src);
-        for r in 0..GROUP_ROWS {
-            let at = (r * nb + b) * BLOCK;
-            let blk: &mut [u8; BLOCK] = (&mut plain[at..at + BLOCK]).try_into().expect("one block");
-            move_block(r, blk, &mut packed, false);
-        }
+/// [`packed_q6k::dot8`](crate::quant::simd_x86::packed_q6k::dot8) as a
+/// group kernel (`vec_dot`'s order whatever `gemm` says).
+#[cfg(target_arch = "x86_64")]
+struct Kernel;
+
+#[cfg(target_arch = "x86_64")]
+impl super::GroupDot for Kernel {
+    unsafe fn dot<const N: usize>(
+        g: &[u8],
+        a: [&[crate::quant::BlockQ8K]; N],
+        out: &mut [[f32; GROUP_ROWS]; N],
+        _gemm: bool,
+    ) {
+        crate::quant::simd_x86::packed_q6k::dot8(g, a, out)
     }
 }
 
@@ -105,31 +94,11 @@ impl Interleaved for Interleaved8 {
     }
 
     fn interleave_from(&self, k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
-        let nb = group_geometry(GgmlType::Q6_K, k, src.len())?;
-        check_same_len(GgmlType::Q6_K, src.len(), dst.len())?;
-        let gb = nb * GROUP_BLOCK;
-        for (src, dst) in src.chunks_exact(gb).zip(dst.chunks_exact_mut(gb)) {
-            for (b, out) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
-                let mut packed = [0u8; GROUP_BLOCK];
-                for r in 0..GROUP_ROWS {
-                    let at = (r * nb + b) * BLOCK;
-                    let mut blk: [u8; BLOCK] = src[at..at + BLOCK].try_into().expect("one block");
-                    move_block(r, &mut blk, &mut packed, true);
-                }
-                out.copy_from_slice(&packed);
-            }
-        }
-        Ok(())
+        super::interleave_moved::<Self>(k, src, dst)
     }
 
     fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
-        let nb = group_geometry(GgmlType::Q6_K, k, bytes.len())?;
-        let mut copy = vec![0u8; nb * GROUP_BLOCK];
-        for group in bytes.chunks_exact_mut(nb * GROUP_BLOCK) {
-            copy.copy_from_slice(group);
-            unpack_group(nb, &copy, group);
-        }
-        Ok(())
+        super::deinterleave_moved::<Self>(k, bytes)
     }
 
     fn dot_tile(
@@ -141,64 +110,12 @@ impl Interleaved for Interleaved8 {
         _rows: Rows,
         batch: usize,
     ) -> Result<(), QuantError> {
+        // SAFETY: this layout is only handed out on CPUs with AVX-512 F +
+        // BW + VL + VNNI (`interleaved_with_caps`).
         #[cfg(target_arch = "x86_64")]
-        {
-            use crate::quant::ggml_tiled::{self, MIN_BATCH};
-            use crate::quant::simd_x86::packed_q6k;
-            // Q6_K is not repacked by ggml on x86: a mat-vec and every
-            // part of a product of fewer than MIN_BATCH rows take
-            // `vec_dot`'s bits (`Rows` does not matter), larger batches the
-            // tiled path's, its blocks decoded from this layout.
-            let tile = super::SuperBlockTile::new(
-                GgmlType::Q6_K,
-                k,
-                w.len(),
-                acts,
-                out.len(),
-                Rows::Gemv,
-            )?;
-            let (nb, n_rows) = (tile.nb, tile.n_rows);
-            if batch >= MIN_BATCH {
-                // SAFETY: AVX-512 F/BW/VL/VNNI as below; the kernel checks
-                // the lengths (`SuperBlockTile::new` has).
-                unsafe { ggml_tiled::tiled_q6k_groups_avx512(nb, w, &tile.acts, out) };
-                return Ok(());
-            }
-            let rows = tile.rows();
-            // Up to four activation rows at a time, each weight chunk
-            // unpacked once for them.
-            for (gi, g) in w.chunks_exact(nb * GROUP_BLOCK).enumerate() {
-                for (ti, a) in rows.chunks(4).enumerate() {
-                    let mut res = [[0f32; GROUP_ROWS]; 4];
-                    // SAFETY: this layout is only handed out on CPUs with
-                    // AVX-512 F + BW + VL + VNNI (`interleaved_with_caps`),
-                    // and `g` holds `nb` group super-blocks, as many as each
-                    // activation row holds blocks.
-                    unsafe {
-                        match *a {
-                            [a0, a1, a2, a3] => packed_q6k::dot8(g, [a0, a1, a2, a3], &mut res),
-                            [a0, a1, a2] => {
-                                let r = (&mut res[..3]).try_into().expect("three rows");
-                                packed_q6k::dot8(g, [a0, a1, a2], r)
-                            }
-                            [a0, a1] => {
-                                let r = (&mut res[..2]).try_into().expect("two rows");
-                                packed_q6k::dot8(g, [a0, a1], r)
-                            }
-                            [a0] => {
-                                let r = (&mut res[..1]).try_into().expect("one row");
-                                packed_q6k::dot8(g, [a0], r)
-                            }
-                            _ => {}
-                        }
-                    }
-                    for (t, r) in res.iter().take(a.len()).enumerate() {
-                        let at = (4 * ti + t) * n_rows + gi * GROUP_ROWS;
-                        out[at..at + GROUP_ROWS].copy_from_slice(r);
-                    }
-                }
-            }
-            Ok(())
+        unsafe {
+            let blocks = crate::quant::ggml_tiled::Q6KGroups { bytes: w };
+            super::plain_bits_tile::<Kernel, _>(GgmlType::Q6_K, k, w, acts, out, batch, &blocks)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -226,7 +143,7 @@ mod tests {
             // `move_block` moves what `map` says, byte by byte.
             let mut blk: [u8; BLOCK] = std::array::from_fn(|i| i as u8);
             let mut packed = [0u8; GROUP_BLOCK];
-            move_block(r, &mut blk, &mut packed, true);
+            super::super::move_block::<Interleaved8>(r, &mut blk, &mut packed, true);
             for i in 0..BLOCK {
                 assert_eq!(packed[map(r, i)], i as u8, "row {r} byte {i}");
             }

@@ -145,6 +145,7 @@ safe_wrapper!(dot_nvfp4, dot_nvfp4_avx2, BlockNVFP4, BlockQ8_0);
 
 mod nvfp4;
 pub(crate) mod packed;
+pub(crate) mod packed_iq4xs;
 pub(crate) mod packed_k;
 pub(crate) mod packed_q2k;
 pub(crate) mod packed_q6k;
