@@ -144,10 +144,13 @@ fn interleaved_with_caps(ty: GgmlType, caps: CpuCaps) -> Option<&'static dyn Int
             return Some(&q2_k::Interleaved8);
         }
         if ty == GgmlType::Q6_K && caps.has_avx512() {
-            return Some(&q6_k::Interleaved8);
+            static Q6_K: PlainBitsLayout<q6_k::Q6K> = PlainBitsLayout(std::marker::PhantomData);
+            return Some(&Q6_K);
         }
         if ty == GgmlType::IQ4_XS && caps.has_avx512() {
-            return Some(&iq4_xs::Interleaved8);
+            static IQ4_XS: PlainBitsLayout<iq4_xs::IQ4XS> =
+                PlainBitsLayout(std::marker::PhantomData);
+            return Some(&IQ4_XS);
         }
     }
     let _ = ty;
@@ -418,35 +421,61 @@ unsafe fn groups_in_fours<K: GroupDot>(
     }
 }
 
-/// `dot_tile` of a layout that keeps the plain kernels' bits for a type
-/// ggml does not repack on x86 (Q6_K, IQ4_XS): a mat-vec and every part of
-/// a product of fewer than ggml's tiled floor take `vec_dot`'s bits through
-/// the group kernel `K`, four activation rows at a time; larger batches the
-/// tiled path's, its kernels decoding each block from the layout (`blocks`,
-/// the same bytes as `w`).
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI (these layouts exist only there).
+/// A [`Moved`] layout that keeps the plain kernels' bits for a type ggml
+/// does not repack on x86 (Q6_K, IQ4_XS; taken on AVX-512 CPUs only): a
+/// mat-vec and every part of a product of fewer than ggml's tiled floor
+/// take `vec_dot`'s bits through its group kernel ([`GroupDot`], four
+/// activation rows at a time); larger batches the tiled path's, its
+/// kernels reading each block from the layout ([`PlainBits::blocks`]).
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn plain_bits_tile<K: GroupDot, B: super::ggml_tiled::TiledBlock>(
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    acts: &[u8],
-    out: &mut [f32],
-    batch: usize,
-    blocks: &impl super::ggml_tiled::Blocks<B>,
-) -> Result<(), QuantError> {
-    let tile = SuperBlockTile::new(ty, k, w.len(), acts, out.len(), Rows::Gemv)?;
-    let (nb, n_rows) = (tile.nb, tile.n_rows);
-    if batch >= super::ggml_tiled::MIN_BATCH {
-        super::ggml_tiled::tiled_blocks_avx512(nb, blocks, &tile.acts, out);
-    } else {
-        let gb = nb * ty.type_size() * GROUP_ROWS;
-        groups_in_fours::<K>(w, gb, &tile.rows(), 0, n_rows, out);
+trait PlainBits: Moved + GroupDot {
+    type Block: super::ggml_tiled::TiledBlock;
+    /// The layout's bytes (whole groups) as the tiled kernels' blocks.
+    fn blocks(bytes: &[u8]) -> impl super::ggml_tiled::Blocks<Self::Block> + '_;
+}
+
+/// The [`Interleaved`] of a [`PlainBits`] layout.
+#[cfg(target_arch = "x86_64")]
+struct PlainBitsLayout<M>(std::marker::PhantomData<M>);
+
+#[cfg(target_arch = "x86_64")]
+impl<M: PlainBits + Send + Sync> Interleaved for PlainBitsLayout<M> {
+    fn ty(&self) -> GgmlType {
+        M::TY
     }
-    Ok(())
+
+    fn interleave_from(&self, k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
+        interleave_moved::<M>(k, src, dst)
+    }
+
+    fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
+        deinterleave_moved::<M>(k, bytes)
+    }
+
+    fn dot_tile(
+        &self,
+        k: usize,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        _rows: Rows,
+        batch: usize,
+    ) -> Result<(), QuantError> {
+        let tile = SuperBlockTile::new(M::TY, k, w.len(), acts, out.len(), Rows::Gemv)?;
+        let (nb, n_rows) = (tile.nb, tile.n_rows);
+        // SAFETY: these layouts are only handed out on CPUs with AVX-512 F
+        // + BW + VL + VNNI (`interleaved_with_caps`); the lengths are
+        // checked, `w` holds whole groups of `nb` super-blocks.
+        unsafe {
+            if batch >= super::ggml_tiled::MIN_BATCH {
+                super::ggml_tiled::tiled_blocks_avx512(nb, &M::blocks(w), &tile.acts, out);
+            } else {
+                let gb = nb * M::TY.type_size() * GROUP_ROWS;
+                groups_in_fours::<M>(w, gb, &tile.rows(), 0, n_rows, out);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A layout that moves each plain block's bytes, in pieces of 4 and of 2
@@ -758,6 +787,51 @@ mod tests {
         SHAPES
             .map(|(k, rows)| (k / 32 * ty.block_size(), rows))
             .into_iter()
+    }
+
+    #[test]
+    fn moved_layouts_map_each_byte_once_and_move_pieces_whole() {
+        fn check<M: Moved>() {
+            let (bb, gb) = (M::TY.type_size(), M::TY.type_size() * GROUP_ROWS);
+            // The pieces cover the block once.
+            let mut cover: Vec<usize> = M::FOURS.chain(M::TWOS).collect();
+            cover.sort_unstable();
+            assert_eq!(cover, (0..bb).collect::<Vec<_>>(), "{}", M::TY);
+            assert!(
+                M::FOURS.len() % 4 == 0 && M::TWOS.len() % 2 == 0,
+                "{}",
+                M::TY
+            );
+            let mut to = vec![false; gb];
+            for r in 0..GROUP_ROWS {
+                for i in 0..bb {
+                    assert!(
+                        !to[M::map(r, i)],
+                        "{}: packed byte {} twice",
+                        M::TY,
+                        M::map(r, i)
+                    );
+                    to[M::map(r, i)] = true;
+                }
+                // `move_block` moves what `map` says, byte by byte, both ways.
+                let mut blk: Vec<u8> = (0..bb).map(|i| i as u8).collect();
+                let mut packed = vec![0u8; gb];
+                move_block::<M>(r, &mut blk, &mut packed, true);
+                for i in 0..bb {
+                    assert_eq!(packed[M::map(r, i)], i as u8, "{} row {r} byte {i}", M::TY);
+                }
+                let mut back = vec![0u8; bb];
+                move_block::<M>(r, &mut back, &mut packed, false);
+                assert_eq!(back, blk, "{} row {r}", M::TY);
+            }
+            assert!(
+                to.iter().all(|&t| t),
+                "{}: a packed byte is never written",
+                M::TY
+            );
+        }
+        check::<q6_k::Q6K>();
+        check::<iq4_xs::IQ4XS>();
     }
 
     #[test]

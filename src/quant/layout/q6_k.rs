@@ -20,8 +20,7 @@
 //! quants; on AVX2 the eight-row kernel would run as many instructions per
 //! value as the plain one.
 
-use super::{Interleaved, Rows, GROUP_ROWS};
-use crate::quant::QuantError;
+use super::GROUP_ROWS;
 use crate::tensor::GgmlType;
 
 /// Bytes of a Q6_K block and of an eight-row group's super-block.
@@ -37,47 +36,40 @@ const PLAIN_QH: usize = 128;
 const PLAIN_SCALES: usize = 192;
 const PLAIN_D: usize = 208;
 
-/// Q6_K on the CPU's AVX-512 kernel.
-pub(super) struct Interleaved8;
+/// Q6_K in this layout ([`super::PlainBits`]).
+pub(super) struct Q6K;
 
-/// Byte `i` of plain block `blk` of row `r` goes to `packed[map(r, i)]`.
-/// Every part but `d` is moved in runs of whole 2- or 4-byte pieces.
-fn map(r: usize, i: usize) -> usize {
-    match i {
-        // 128 low-nibble bytes in 32 chunks of 4: chunk `c` of row `r` at
-        // `(8c + r) * 4`.
-        0..PLAIN_QH => (8 * (i / 4) + r) * 4 + i % 4,
-        // 64 high-bit bytes in 16 chunks of 4, the same way.
-        PLAIN_QH..PLAIN_SCALES => {
-            let q = i - PLAIN_QH;
-            QH + (8 * (q / 4) + r) * 4 + q % 4
-        }
-        // Sixteen scales in pairs: pair `p` of row `r` at `16p + 2r`.
-        PLAIN_SCALES..PLAIN_D => {
-            let s = i - PLAIN_SCALES;
-            SCALES + 16 * (s / 2) + 2 * r + s % 2
-        }
-        _ => D + 2 * r + (i - PLAIN_D),
-    }
-}
-
-impl super::Moved for Interleaved8 {
+impl super::Moved for Q6K {
     const TY: GgmlType = GgmlType::Q6_K;
+    /// Byte `i` of row `r`'s plain block goes to `packed[map(r, i)]`.
     fn map(r: usize, i: usize) -> usize {
-        map(r, i)
+        match i {
+            // 128 low-nibble bytes in 32 chunks of 4: chunk `c` of row `r` at
+            // `(8c + r) * 4`.
+            0..PLAIN_QH => (8 * (i / 4) + r) * 4 + i % 4,
+            // 64 high-bit bytes in 16 chunks of 4, the same way.
+            PLAIN_QH..PLAIN_SCALES => {
+                let q = i - PLAIN_QH;
+                QH + (8 * (q / 4) + r) * 4 + q % 4
+            }
+            // Sixteen scales in pairs: pair `p` of row `r` at `16p + 2r`.
+            PLAIN_SCALES..PLAIN_D => {
+                let s = i - PLAIN_SCALES;
+                SCALES + 16 * (s / 2) + 2 * r + s % 2
+            }
+            _ => D + 2 * r + (i - PLAIN_D),
+        }
     }
     // The 48 four-byte chunks of `ql` then `qh`; the scale pairs and `d`.
     const FOURS: std::ops::Range<usize> = 0..PLAIN_SCALES;
     const TWOS: std::ops::Range<usize> = PLAIN_SCALES..BLOCK;
 }
 
-/// [`packed_q6k::dot8`](crate::quant::simd_x86::packed_q6k::dot8) as a
-/// group kernel (`vec_dot`'s order whatever `gemm` says).
+/// The kernels: [`packed_q6k::dot8`](crate::quant::simd_x86::packed_q6k::dot8)
+/// (`vec_dot`'s order whatever `gemm` says), and the tiled path's blocks
+/// read from the layout.
 #[cfg(target_arch = "x86_64")]
-struct Kernel;
-
-#[cfg(target_arch = "x86_64")]
-impl super::GroupDot for Kernel {
+impl super::GroupDot for Q6K {
     unsafe fn dot<const N: usize>(
         g: &[u8],
         a: [&[crate::quant::BlockQ8K]; N],
@@ -88,66 +80,10 @@ impl super::GroupDot for Kernel {
     }
 }
 
-impl Interleaved for Interleaved8 {
-    fn ty(&self) -> GgmlType {
-        GgmlType::Q6_K
-    }
-
-    fn interleave_from(&self, k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
-        super::interleave_moved::<Self>(k, src, dst)
-    }
-
-    fn deinterleave(&self, k: usize, bytes: &mut [u8]) -> Result<(), QuantError> {
-        super::deinterleave_moved::<Self>(k, bytes)
-    }
-
-    fn dot_tile(
-        &self,
-        k: usize,
-        w: &[u8],
-        acts: &[u8],
-        out: &mut [f32],
-        _rows: Rows,
-        batch: usize,
-    ) -> Result<(), QuantError> {
-        // SAFETY: this layout is only handed out on CPUs with AVX-512 F +
-        // BW + VL + VNNI (`interleaved_with_caps`).
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            let blocks = crate::quant::ggml_tiled::Q6KGroups { bytes: w };
-            super::plain_bits_tile::<Kernel, _>(GgmlType::Q6_K, k, w, acts, out, batch, &blocks)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (k, w, acts, out, batch);
-            Err(QuantError::Unsupported {
-                ty: GgmlType::Q6_K,
-                what: "interleaved kernels",
-            })
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_map_is_a_bijection_and_moves_pieces_whole() {
-        let mut to = vec![false; GROUP_BLOCK];
-        for r in 0..GROUP_ROWS {
-            for i in 0..BLOCK {
-                assert!(!to[map(r, i)], "packed byte {} twice", map(r, i));
-                to[map(r, i)] = true;
-            }
-            // `move_block` moves what `map` says, byte by byte.
-            let mut blk: [u8; BLOCK] = std::array::from_fn(|i| i as u8);
-            let mut packed = [0u8; GROUP_BLOCK];
-            super::super::move_block::<Interleaved8>(r, &mut blk, &mut packed, true);
-            for i in 0..BLOCK {
-                assert_eq!(packed[map(r, i)], i as u8, "row {r} byte {i}");
-            }
-        }
-        assert!(to.iter().all(|&t| t));
+#[cfg(target_arch = "x86_64")]
+impl super::PlainBits for Q6K {
+    type Block = crate::quant::BlockQ6K;
+    fn blocks(bytes: &[u8]) -> impl crate::quant::ggml_tiled::Blocks<Self::Block> + '_ {
+        crate::quant::ggml_tiled::Q6KGroups { bytes }
     }
 }
