@@ -109,8 +109,8 @@ pub(super) trait TiledBlock: GgmlBlock<Act = BlockQ8K> {
 }
 
 /// Where a tiled kernel reads its weight blocks: plain rows of `B`, or an
-/// interleaved layout's groups ([`Q6KGroups`]), decoded straight into the
-/// same [`Tile`].
+/// interleaved layout's groups ([`Q6KGroups`], [`IQ4XSGroups`]), decoded
+/// into the same [`Tile`] as the plain bytes give.
 pub(super) trait Blocks<B: TiledBlock> {
     /// Blocks in all rows.
     fn len(&self) -> usize;
