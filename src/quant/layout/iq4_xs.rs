@@ -30,10 +30,10 @@ const PLAIN_SCALES_H: usize = 2;
 const PLAIN_SCALES_L: usize = 4;
 const PLAIN_QS: usize = 8;
 
-/// IQ4_XS in this layout ([`super::PlainBits`]).
+/// IQ4_XS in this layout ([`super::plain_bits::PlainBits`]).
 pub(super) struct IQ4XS;
 
-impl super::Moved for IQ4XS {
+impl super::plain_bits::Moved for IQ4XS {
     const TY: GgmlType = GgmlType::IQ4_XS;
     /// Byte `i` of row `r`'s plain block goes to `packed[map(r, i)]`.
     fn map(r: usize, i: usize) -> usize {
@@ -70,7 +70,7 @@ impl super::GroupDot for IQ4XS {
 }
 
 #[cfg(target_arch = "x86_64")]
-impl super::PlainBits for IQ4XS {
+impl super::plain_bits::PlainBits for IQ4XS {
     type Block = crate::quant::BlockIQ4XS;
     fn blocks(bytes: &[u8]) -> impl crate::quant::ggml_tiled::Blocks<Self::Block> + '_ {
         crate::quant::ggml_tiled::IQ4XSGroups { bytes }

@@ -36,10 +36,10 @@ const PLAIN_QH: usize = 128;
 const PLAIN_SCALES: usize = 192;
 const PLAIN_D: usize = 208;
 
-/// Q6_K in this layout ([`super::PlainBits`]).
+/// Q6_K in this layout ([`super::plain_bits::PlainBits`]).
 pub(super) struct Q6K;
 
-impl super::Moved for Q6K {
+impl super::plain_bits::Moved for Q6K {
     const TY: GgmlType = GgmlType::Q6_K;
     /// Byte `i` of row `r`'s plain block goes to `packed[map(r, i)]`.
     fn map(r: usize, i: usize) -> usize {
@@ -81,7 +81,7 @@ impl super::GroupDot for Q6K {
 }
 
 #[cfg(target_arch = "x86_64")]
-impl super::PlainBits for Q6K {
+impl super::plain_bits::PlainBits for Q6K {
     type Block = crate::quant::BlockQ6K;
     fn blocks(bytes: &[u8]) -> impl crate::quant::ggml_tiled::Blocks<Self::Block> + '_ {
         crate::quant::ggml_tiled::Q6KGroups { bytes }
