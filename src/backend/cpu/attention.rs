@@ -33,7 +33,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::{CpuKv, CpuTensor, KvStore};
+use super::{grain, CpuKv, CpuTensor, KvStore};
 use crate::backend::{AttnParams, BackendError, BatchPos};
 use crate::quant::ggml_f32::tinyblas_dot;
 pub(super) use crate::quant::ggml_f32::{reduce16, vec_dot_f32};
@@ -636,8 +636,12 @@ pub(super) fn attend(
         1
     };
     let items_per_tok = p.n_head_kv / per_item;
+    // An item reads every key and value its rows see.
+    let seen = seqs.iter().map(|s| s.pos0 + s.n_tokens).max().unwrap_or(0);
+    let item_work = per_item * group * (p.head_dim + dv) * seen * grain::FLOP;
     out.data
         .par_chunks_mut((per_item * group * dv).max(1))
+        .with_min_len(grain::min_items(item_work))
         .enumerate()
         .for_each_init(
             || Row {

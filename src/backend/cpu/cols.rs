@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::CpuTensor;
+use super::{grain, CpuTensor};
 use crate::backend::{contract, Act, BackendError};
 
 pub(super) fn reshape(t: CpuTensor, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
@@ -61,6 +61,7 @@ pub(super) fn mul_act(x: &mut CpuTensor, g: &CpuTensor, act: Act) -> Result<(), 
     x.data
         .par_chunks_mut(x.cols)
         .zip(g.data.par_chunks(g.cols))
+        .with_min_len(grain::min_items(x.cols * grain::EXP))
         .for_each(|(row, gates)| {
             // ggml applies the activation to the gate tensor first, row by
             // row (SiLU's vector blocks depend on the row).

@@ -41,7 +41,7 @@
 use rayon::prelude::*;
 
 use super::attention::{reduce16, v_expf16, vec_dot_f16, KvRows, KvView, Portable, Widen};
-use super::CpuTensor;
+use super::{grain, CpuTensor};
 use crate::backend::{AttnParams, BatchPos};
 
 /// `GGML_FA_TILE_Q` and `GGML_FA_TILE_KV` (ggml-cpu/common.h).
@@ -609,8 +609,12 @@ pub(super) fn attend(
             }
         }
     }
+    // A unit reads every key and value its rows see.
+    let seen = seqs.iter().map(|s| s.pos0 + s.n_tokens).max().unwrap_or(0);
+    let unit_work = q.rows * p.n_head * (hd + dv) * seen * grain::FLOP / units.len().max(1);
     units
         .into_par_iter()
+        .with_min_len(grain::min_items(unit_work))
         .for_each_init(Scratch::default, |sc, unit| match unit {
             Unit::Item { si, t, kvh, dst } => {
                 let (kv, pos) = (&views[si], seqs[si]);

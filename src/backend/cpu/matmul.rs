@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::{CpuTensor, CpuWeight};
+use super::{grain, CpuTensor, CpuWeight};
 use crate::backend::{contract, BackendError};
 use crate::quant::layout::{self, Interleaved};
 use crate::quant::{self, QuantOps};
@@ -30,6 +30,7 @@ pub(super) fn quantize_rows(
     let mut acts = vec![0u8; arb * x.rows];
     acts.par_chunks_mut(arb.max(1))
         .zip(x.data.par_chunks(x.cols.max(1)))
+        .with_min_len(grain::min_items(x.cols * grain::VALUE))
         .try_for_each_init(Vec::new, |tmp, (dst, row)| -> Result<(), BackendError> {
             tmp.clear();
             quant::quantize_activations(act_ty, row, tmp)?;
@@ -219,7 +220,15 @@ pub(super) fn matmul_many(
         .enumerate()
         .flat_map(|(i, m)| (0..m.n.div_ceil(chunks[i])).map(move |c| (i, c)))
         .collect();
+    let item_work = ms
+        .iter()
+        .zip(&chunks)
+        .map(|(m, &c)| c * m.k)
+        .min()
+        .unwrap_or(1)
+        * n_tok;
     work.par_iter()
+        .with_min_len(grain::min_items(item_work))
         .try_for_each_init(Vec::new, |tmp, &(i, c)| {
             let (m, ptr) = (&ms[i], ptrs[i]);
             let (_, acts, arb) = &acts[act_of[i]];
@@ -342,7 +351,9 @@ pub(super) fn mul_mat_id(
         .collect();
     let mut out = CpuTensor::zeros(ids.len(), m.n);
     let ptr = OutPtr(out.data.as_mut_ptr());
+    let item_work = chunk * m.k * ids.len() / work.len().div_ceil(n_chunks).max(1);
     work.par_iter()
+        .with_min_len(grain::min_items(item_work))
         .try_for_each_init(Vec::new, |tmp, &(e, c)| {
             let r0 = c * chunk;
             let rows = chunk.min(m.n - r0);

@@ -6,6 +6,7 @@ mod attention;
 mod cols;
 mod delta_chunked;
 mod flash_attn;
+mod grain;
 mod matmul;
 #[cfg(test)]
 mod mla_tests;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::{CpuTensor, CpuWeight};
+use super::{grain, CpuTensor, CpuWeight};
 use crate::backend::rope_math::{rope_cache, yarn_corr_dims};
 use crate::backend::{contract, BackendError, BatchPos, Glu, RopeMode, RopeParams};
 
@@ -45,14 +45,17 @@ pub(super) fn rms_norm(
     let weight = w.to_f32()?;
     contract::rms_norm(x.cols, group, weight.len())?;
     let mut out = x.clone();
-    out.data.par_chunks_mut(group).for_each(|g| {
-        let sum: f64 = g.iter().map(|&v| (v * v) as f64).sum();
-        let mean = (sum / group as f64) as f32;
-        let scale = 1.0f32 / (mean + eps).sqrt();
-        g.iter_mut()
-            .zip(&weight)
-            .for_each(|(v, w)| *v = (*v * scale) * w);
-    });
+    out.data
+        .par_chunks_mut(group)
+        .with_min_len(grain::min_items(group * grain::VALUE))
+        .for_each(|g| {
+            let sum: f64 = g.iter().map(|&v| (v * v) as f64).sum();
+            let mean = (sum / group as f64) as f32;
+            let scale = 1.0f32 / (mean + eps).sqrt();
+            g.iter_mut()
+                .zip(&weight)
+                .for_each(|(v, w)| *v = (*v * scale) * w);
+        });
     Ok(out)
 }
 
@@ -85,6 +88,7 @@ pub(super) fn rope_rows(
     x.data
         .par_chunks_mut(cols)
         .zip(table.cache.par_chunks(half.max(1)))
+        .with_min_len(grain::min_items(cols * grain::VALUE))
         .for_each(|(row, cache)| {
             for head in row.chunks_mut(head_dim) {
                 for (i, &(c, s)) in cache.iter().enumerate() {
@@ -133,6 +137,7 @@ fn rope_table(p: &RopeParams, positions: Vec<usize>) -> Arc<RopeTable> {
         cache
             .par_chunks_mut(half)
             .zip(positions.par_iter())
+            .with_min_len(grain::min_items(half * grain::EXP))
             .for_each(|(c, &pos)| rope_cache(p, pos as f32, corr, c));
     }
     let t = Arc::new(RopeTable {
@@ -192,6 +197,7 @@ fn swiglu_rows(g: &mut [f32], u: &[f32], cols: usize) {
     let fma = false;
     g.par_chunks_mut(cols.max(1))
         .zip(u.par_chunks(cols.max(1)))
+        .with_min_len(grain::min_items(cols * grain::EXP))
         .for_each(|(g, u)| {
             #[cfg(target_arch = "x86_64")]
             if fma {

@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use super::{CpuTensor, CpuWeight};
+use super::{grain, CpuTensor, CpuWeight};
 use crate::backend::{contract, Act, BackendError, BatchPos, DeltaNetParams, KHeadMap};
 
 /// ggml-cpu's `ggml_vec_silu_f32` on one row: whole blocks of 16 through
@@ -65,10 +65,15 @@ pub(super) fn act(x: &mut CpuTensor, act: Act) {
         return;
     }
     match act {
-        Act::Silu => x.data.par_chunks_mut(x.cols).for_each(silu_row),
+        Act::Silu => x
+            .data
+            .par_chunks_mut(x.cols)
+            .with_min_len(grain::min_items(x.cols * grain::EXP))
+            .for_each(silu_row),
         _ => x
             .data
             .par_chunks_mut(x.cols)
+            .with_min_len(grain::min_items(x.cols * grain::EXP))
             .for_each(|r| r.iter_mut().for_each(|v| *v = act.apply(*v))),
     }
 }
@@ -79,6 +84,7 @@ pub(super) fn mul_vec(x: &mut CpuTensor, w: &CpuWeight) -> Result<(), BackendErr
     if !x.data.is_empty() {
         x.data
             .par_chunks_mut(x.cols)
+            .with_min_len(grain::min_items(x.cols * grain::VALUE))
             .for_each(|r| r.iter_mut().zip(&w).for_each(|(a, b)| *a *= b));
     }
     Ok(())
@@ -90,12 +96,15 @@ pub(super) fn l2_norm(x: &CpuTensor, group: usize, eps: f32) -> Result<CpuTensor
     // ggml_rms_norm(x, eps / n) then ggml_scale(1 / sqrt(n)), in ggml's
     // f32 steps.
     let (eps_n, post) = (eps / group as f32, 1.0 / (group as f32).sqrt());
-    out.data.par_chunks_mut(group).for_each(|g| {
-        let sum: f64 = g.iter().map(|&v| (v * v) as f64).sum();
-        let mean = (sum / group as f64) as f32;
-        let scale = 1.0f32 / (mean + eps_n).sqrt();
-        g.iter_mut().for_each(|v| *v = (*v * scale) * post);
-    });
+    out.data
+        .par_chunks_mut(group)
+        .with_min_len(grain::min_items(group * grain::VALUE))
+        .for_each(|g| {
+            let sum: f64 = g.iter().map(|&v| (v * v) as f64).sum();
+            let mean = (sum / group as f64) as f32;
+            let scale = 1.0f32 / (mean + eps_n).sqrt();
+            g.iter_mut().for_each(|v| *v = (*v * scale) * post);
+        });
     Ok(out)
 }
 
