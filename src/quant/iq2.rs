@@ -178,7 +178,7 @@ fn vec_dot<B: Iq2Groups>(w: &[B], a: &[BlockQ8K]) -> f32 {
 }
 
 macro_rules! iq2_block {
-    ($b:ty, $ty:ident, $kernel:ident) => {
+    ($b:ty, $ty:ident, $($kernels:tt)*) => {
         impl GgmlBlock for $b {
             const TYPE: GgmlType = GgmlType::$ty;
             const BLOCK: usize = QK_K;
@@ -192,11 +192,11 @@ macro_rules! iq2_block {
                 vec_dot(w, a)
             }
 
-            x86_kernels!(avx2: $kernel);
+            x86_kernels!($($kernels)*);
         }
     };
 }
 
-iq2_block!(BlockIQ2XXS, IQ2_XXS, dot_iq2_xxs);
-iq2_block!(BlockIQ2XS, IQ2_XS, dot_iq2_xs);
-iq2_block!(BlockIQ2S, IQ2_S, dot_iq2_s);
+iq2_block!(BlockIQ2XXS, IQ2_XXS, avx2: dot_iq2_xxs, avx512: dot_iq2_xxs);
+iq2_block!(BlockIQ2XS, IQ2_XS, avx2: dot_iq2_xs);
+iq2_block!(BlockIQ2S, IQ2_S, avx2: dot_iq2_s);

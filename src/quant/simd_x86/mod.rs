@@ -841,7 +841,9 @@ mod iq3;
 pub(crate) use iq1::{dot_iq1_m, dot_iq1_m_pdep, dot_iq1_s, dot_iq1_s_pdep};
 pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
 mod iq2;
+mod iq2_512;
 pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs};
+pub(crate) use iq2_512::dot_iq2_xxs_512;
 mod iq2_tiles;
 pub(crate) use iq2_tiles::{tile_iq2_s, tile_iq2_xs, tile_iq2_xxs};
 

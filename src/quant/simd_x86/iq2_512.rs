@@ -1,0 +1,90 @@
+//! IQ2_XXS against Q8_K on AVX-512 (F + BW + VL + VNNI) CPUs: the i32 lanes
+//! of ggml's AVX2 `ggml_vec_dot_iq2_xxs_q8_K` (see iq2.rs), from fewer
+//! instructions, then its float steps. Per super-block the 64 bytes of
+//! `qs` are read as one vector and split once into the grid indices and
+//! the sign words (`vpcompressd`); the sign words become ggml's sign bytes
+//! (`KSIGNS_IQ2XS`: seven stored bits and their parity), which are then
+//! directly the byte masks of a masked negation of the activations, in
+//! place of `_mm256_sign_epi8` against 8-byte table entries. Two 32-weight
+//! sub-blocks go per step: their 8 grid points in one gather, `maddubs`,
+//! and `vpdpwssd` by each sub-block's `2 * ls + 1`. The integer lanes are
+//! the same sums as ggml's `sumi1 + sumi2` (exact: `maddubs` cannot
+//! saturate on grid bytes of at most 43), so the result is ggml's bits.
+
+use super::super::iq_tables::IQ2XXS_GRID;
+use super::super::{BlockIQ2XXS, BlockQ8K};
+use super::iq2::PARITY_80;
+use super::{h2f, hsum_ps};
+use std::arch::x86_64::*;
+
+pub(crate) fn dot_iq2_xxs_512(_n: usize, w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: only selected when CpuCaps::has_avx512().
+    unsafe { dot_iq2_xxs_vnni(w, a) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_iq2_xxs_vnni(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
+    let grid = IQ2XXS_GRID.as_ptr() as *const i64;
+    let zero = _mm512_setzero_si512();
+    let low4 = _mm512_set1_epi8(0x0F);
+    let parity = _mm512_broadcast_i32x4(_mm_loadu_si128(PARITY_80.as_ptr() as *const __m128i));
+    // Step j's scales: sub-block 2j's in the low 8 lanes, 2j + 1's above.
+    let scale_at: [__m512i; 4] = std::array::from_fn(|j| {
+        let j = 2 * j as i32;
+        _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(j + 1), 1)
+    });
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let d = h2f(x.d) * y.d;
+        // Sub-block ib: u32 word 2 ib holds its four grid indices, word
+        // 2 ib + 1 its four 7-bit sign fields and its 4-bit scale.
+        let q = _mm512_loadu_si512(x.qs.as_ptr() as *const _);
+        let index = _mm512_maskz_compress_epi32(0x5555, q);
+        let sw = _mm512_maskz_compress_epi32(0xAAAA, q);
+        let s = _mm512_add_epi32(
+            _mm512_slli_epi32(_mm512_srli_epi32(sw, 28), 1),
+            _mm512_set1_epi32(1),
+        );
+        let scales = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+        let m7 = |shift: u32| _mm512_set1_epi32(0x7F << (8 * shift));
+        let fields = _mm512_or_si512(
+            _mm512_or_si512(
+                _mm512_and_si512(sw, m7(0)),
+                _mm512_and_si512(_mm512_slli_epi32(sw, 1), m7(1)),
+            ),
+            _mm512_or_si512(
+                _mm512_and_si512(_mm512_slli_epi32(sw, 2), m7(2)),
+                _mm512_and_si512(_mm512_slli_epi32(sw, 3), m7(3)),
+            ),
+        );
+        let odd = _mm512_xor_si512(
+            _mm512_shuffle_epi8(parity, _mm512_and_si512(fields, low4)),
+            _mm512_shuffle_epi8(parity, _mm512_and_si512(_mm512_srli_epi16(fields, 4), low4)),
+        );
+        let mut signs = [0u64; 4];
+        let mut indices = [0u64; 4];
+        _mm256_storeu_si256(
+            signs.as_mut_ptr() as *mut __m256i,
+            _mm512_castsi512_si256(_mm512_or_si512(fields, odd)),
+        );
+        _mm256_storeu_si256(
+            indices.as_mut_ptr() as *mut __m256i,
+            _mm512_castsi512_si256(index),
+        );
+        let mut sumi = _mm512_setzero_si512();
+        for j in 0..4 {
+            let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * j) as *const _);
+            let q8s = _mm512_mask_sub_epi8(q8, signs[j], zero, q8);
+            let gi = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(indices[j] as i64));
+            let g = _mm512_i64gather_epi64::<8>(gi, grid);
+            let dot = _mm512_maddubs_epi16(g, q8s);
+            sumi = _mm512_dpwssd_epi32(sumi, dot, _mm512_permutexvar_epi32(scale_at[j], scales));
+        }
+        let sumi = _mm256_add_epi32(
+            _mm512_castsi512_si256(sumi),
+            _mm512_extracti64x4_epi64(sumi, 1),
+        );
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    0.125 * hsum_ps(acc)
+}
