@@ -225,5 +225,5 @@ impl GgmlBlock for BlockIQ1M {
         sumf
     }
 
-    x86_kernels!(avx2: dot_iq1_m, bmi2: dot_iq1_m_pdep);
+    x86_kernels!(avx2: dot_iq1_m, avx512: dot_iq1_m, bmi2: dot_iq1_m_pdep);
 }

@@ -1,0 +1,133 @@
+//! IQ1_M against Q8_K on AVX-512 (F + BW + VL + VNNI) CPUs: the i32 lanes
+//! of ggml's AVX2 `ggml_vec_dot_iq1_m_q8_K` (see iq1.rs) from fewer
+//! instructions, then its two FMA chains and `hsum(accum1) + IQ1M_DELTA *
+//! hsum(accum2)`, so ggml's bits.
+//!
+//! - The 32 grid indices of a super-block (8 low bits from `qs`, 3 from the
+//!   `qh` nibbles) are built once, as 16-bit lanes of one vector; each step
+//!   of two sub-blocks gathers its 8 grid points.
+//! - ggml multiplies the grid values (-1, 0, 1) as `maddubs(|g|, sign(q,
+//!   g))`. Here the grid is read with 1 added to each byte ([`GRID_PLUS_1`],
+//!   0..2, unsigned), so `maddubs(g + 1, q) - maddubs(1, q)` gives the same
+//!   i16 pairs `g * q` for every activation ggml's Q8_K quantiser makes
+//!   (`-127..=127`; only -128, which it never makes, would differ).
+//! - The delta term `maddubs(1, sign(q, delta))` is `maddubs(1, q)` negated
+//!   in the i16 lanes of the groups whose delta is negative (a mask from
+//!   the `qh` sign bits).
+//! - `vpdpwssd` applies each 16 weights' `2 s + 1`; the two halves of the
+//!   vector (the even and the odd sub-block) added at the end are ggml's
+//!   `sumi1` and `sumi2` lanes.
+
+use super::{h2f, hsum_ps};
+use crate::quant::iq1::IQ1_DELTA;
+use crate::quant::iq_tables::IQ1S_GRID;
+use crate::quant::{BlockIQ1M, BlockQ8K};
+use std::arch::x86_64::*;
+
+/// `IQ1S_GRID` with 1 added to each byte: values 0, 1, 2.
+static GRID_PLUS_1: [u64; 2048] = grid_plus_1();
+
+const fn grid_plus_1() -> [u64; 2048] {
+    let mut t = [0u64; 2048];
+    let mut i = 0;
+    while i < 2048 {
+        let mut b = 0;
+        while b < 8 {
+            let v = (IQ1S_GRID[i] >> (8 * b)) as u8 as i8;
+            t[i] |= ((v + 1) as u8 as u64) << (8 * b);
+            b += 1;
+        }
+        i += 1;
+    }
+    t
+}
+
+pub(crate) fn dot_iq1_m_512(_n: usize, w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: only selected when CpuCaps::has_avx512().
+    unsafe { dot_iq1_m_vnni(w, a) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_iq1_m_vnni(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
+    let grid = GRID_PLUS_1.as_ptr() as *const i64;
+    let zero = _mm512_setzero_si512();
+    let ones = _mm512_set1_epi8(1);
+    let m7 = _mm512_set1_epi32(7);
+    // Scale `i` (half `i % 2` of sub-block `i / 2`) is bits `3 (i % 4)..`
+    // of scale word `i / 4`: dword `i` below holds words `2 (i / 8)` and
+    // `2 (i / 8) + 1`, so it shifts by `16 (i / 4 % 2) + 3 (i % 4)`.
+    let shifts = _mm512_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25, 0, 3, 6, 9, 16, 19, 22, 25);
+    // Step j's scales, 16 weights (4 lanes) each: 4j, 4j + 1, 4j + 2, 4j + 3.
+    let scale_at: [__m512i; 4] = std::array::from_fn(|j| {
+        let j = 4 * j as i32;
+        _mm512_setr_epi32(
+            j,
+            j,
+            j,
+            j,
+            j + 1,
+            j + 1,
+            j + 1,
+            j + 1,
+            j + 2,
+            j + 2,
+            j + 2,
+            j + 2,
+            j + 3,
+            j + 3,
+            j + 3,
+            j + 3,
+        )
+    });
+    let mut accum1 = _mm256_setzero_ps();
+    let mut accum2 = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let sc = u64::from_le_bytes(x.scales);
+        let words = _mm512_inserti64x4(
+            _mm512_set1_epi32(sc as i32),
+            _mm256_set1_epi32((sc >> 32) as i32),
+            1,
+        );
+        let s = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), m7);
+        let s = _mm512_add_epi32(_mm512_slli_epi32(s, 1), _mm512_set1_epi32(1));
+        let scales = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+        // Group g's index: qs[g] | (nibble g of qh, low 3 bits) << 8; dword
+        // i of `nib` holds groups 2i and 2i + 1 as its two 16-bit halves.
+        let qh = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
+        let high = _mm512_or_si512(
+            _mm512_slli_epi32(_mm512_and_si512(qh, m7), 8),
+            _mm512_slli_epi32(_mm512_and_si512(qh, _mm512_set1_epi32(0x70)), 20),
+        );
+        let low = _mm512_cvtepu8_epi16(_mm256_loadu_si256(x.qs.as_ptr() as *const __m256i));
+        let mut index = [0u16; 32];
+        _mm512_storeu_si512(index.as_mut_ptr() as *mut _, _mm512_or_si512(low, high));
+        let mut sumi1 = _mm512_setzero_si512();
+        let mut sumi2 = _mm512_setzero_si512();
+        for j in 0..4 {
+            let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * j) as *const _);
+            let gi =
+                _mm512_cvtepu16_epi64(_mm_loadu_si128(index.as_ptr().add(8 * j) as *const __m128i));
+            let g = _mm512_i64gather_epi64::<8>(gi, grid);
+            let sum_q = _mm512_maddubs_epi16(ones, q8);
+            let dot1 = _mm512_sub_epi16(_mm512_maddubs_epi16(g, q8), sum_q);
+            // Bit 3 of nibble k of these 4 qh bytes: group k's delta is
+            // negative; its 8 bytes are i16 lanes 4k..4k + 4.
+            let qh4 = u32::from_le_bytes(x.qh[4 * j..4 * j + 4].try_into().unwrap_or([0; 4]));
+            let neg = ((qh4 & 0x8888_8888) >> 3) * 0xF;
+            let dot2 = _mm512_mask_sub_epi16(sum_q, neg, zero, sum_q);
+            let scale = _mm512_permutexvar_epi32(scale_at[j], scales);
+            sumi1 = _mm512_dpwssd_epi32(sumi1, dot1, scale);
+            sumi2 = _mm512_dpwssd_epi32(sumi2, dot2, scale);
+        }
+        let half = |v: __m512i| {
+            _mm256_cvtepi32_ps(_mm256_add_epi32(
+                _mm512_castsi512_si256(v),
+                _mm512_extracti64x4_epi64(v, 1),
+            ))
+        };
+        let d = _mm256_set1_ps(y.d * h2f(x.d()));
+        accum1 = _mm256_fmadd_ps(d, half(sumi1), accum1);
+        accum2 = _mm256_fmadd_ps(d, half(sumi2), accum2);
+    }
+    hsum_ps(accum1) + IQ1_DELTA * hsum_ps(accum2)
+}
