@@ -178,7 +178,7 @@ impl GgmlBlock for BlockIQ1S {
         sumf
     }
 
-    x86_kernels!(avx2: dot_iq1_s, bmi2: dot_iq1_s_pdep);
+    x86_kernels!(avx2: dot_iq1_s, avx512: dot_iq1_s, bmi2: dot_iq1_s_pdep);
 }
 
 impl GgmlBlock for BlockIQ1M {

@@ -1,11 +1,11 @@
-//! IQ1_M against Q8_K on AVX-512 (F + BW + VL + VNNI) CPUs: the i32 lanes
-//! of ggml's AVX2 `ggml_vec_dot_iq1_m_q8_K` (see iq1.rs) from fewer
-//! instructions, then its two FMA chains and `hsum(accum1) + IQ1M_DELTA *
-//! hsum(accum2)`, so ggml's bits.
+//! IQ1_S and IQ1_M against Q8_K on AVX-512 (F + BW + VL + VNNI) CPUs: the
+//! i32 lanes of ggml's AVX2 `ggml_vec_dot_iq1_s_q8_K` and
+//! `ggml_vec_dot_iq1_m_q8_K` (see iq1.rs) from fewer instructions, then
+//! their float steps, so ggml's bits.
 //!
-//! - The 32 grid indices of a super-block (8 low bits from `qs`, 3 from the
-//!   `qh` nibbles) are built once, as 16-bit lanes of one vector; each step
-//!   of two sub-blocks gathers its 8 grid points.
+//! - The 32 grid indices of a super-block (8 low bits from `qs`, 3 from
+//!   `qh`) are built once, as 16-bit lanes of one vector; each step of two
+//!   sub-blocks gathers its 8 grid points.
 //! - ggml multiplies the grid values (-1, 0, 1) as `maddubs(|g|, sign(q,
 //!   g))`. Here the grid is read with 1 added to each byte ([`GRID_PLUS_1`],
 //!   0..2, unsigned), so `maddubs(g + 1, q) - maddubs(1, q)` gives the same
@@ -21,7 +21,7 @@
 use super::{h2f, hsum_ps};
 use crate::quant::iq1::IQ1_DELTA;
 use crate::quant::iq_tables::IQ1S_GRID;
-use crate::quant::{BlockIQ1M, BlockQ8K};
+use crate::quant::{BlockIQ1M, BlockIQ1S, BlockQ8K};
 use std::arch::x86_64::*;
 
 /// `IQ1S_GRID` with 1 added to each byte: values 0, 1, 2.
@@ -40,6 +40,75 @@ const fn grid_plus_1() -> [u64; 2048] {
         i += 1;
     }
     t
+}
+
+pub(crate) fn dot_iq1_s_512(_n: usize, w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: only selected when CpuCaps::has_avx512().
+    unsafe { dot_iq1_s_vnni(w, a) }
+}
+
+/// ggml's IQ1_S steps: one 8-lane FMA chain for the grid term and a scalar
+/// FMA chain for the delta term (`d * sumi1`, its sub-block sums from the
+/// activations' `bsums`), `hsum(accum) + IQ1S_DELTA * accum1`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_iq1_s_vnni(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
+    let grid = GRID_PLUS_1.as_ptr() as *const i64;
+    let ones = _mm512_set1_epi8(1);
+    // Group g's high index bits: bits 3 (g % 4).. of qh[g / 4].
+    let spread = _mm512_set_epi64(
+        0x0007_0007_0007_0007,
+        0x0006_0006_0006_0006,
+        0x0005_0005_0005_0005,
+        0x0004_0004_0004_0004,
+        0x0003_0003_0003_0003,
+        0x0002_0002_0002_0002,
+        0x0001_0001_0001_0001,
+        0,
+    );
+    let shifts = _mm512_set1_epi64(0x0009_0006_0003_0000);
+    // Step j's scales: sub-block 2j's in the low 8 lanes, 2j + 1's above.
+    let scale_at: [__m512i; 4] = std::array::from_fn(|j| {
+        let j = 2 * j as i32;
+        _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(j + 1), 1)
+    });
+    let mut accum = _mm256_setzero_ps();
+    let mut accum1 = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let qh = _mm512_castsi128_si512(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
+        let high = _mm512_srlv_epi16(_mm512_permutexvar_epi16(spread, qh), shifts);
+        let high = _mm512_slli_epi16(_mm512_and_si512(high, _mm512_set1_epi16(7)), 8);
+        let low = _mm512_cvtepu8_epi16(_mm256_loadu_si256(x.qs.as_ptr() as *const __m256i));
+        let mut index = [0u16; 32];
+        _mm512_storeu_si512(index.as_mut_ptr() as *mut _, _mm512_or_si512(low, high));
+        let s = _mm512_zextsi256_si512(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+            x.qh.as_ptr() as *const __m128i
+        )));
+        let s = _mm512_and_si512(_mm512_srli_epi32(s, 12), _mm512_set1_epi32(7));
+        let s = _mm512_add_epi32(_mm512_slli_epi32(s, 1), _mm512_set1_epi32(1));
+        let scales = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+        let mut sumi = _mm512_setzero_si512();
+        for (j, scale_j) in scale_at.iter().enumerate() {
+            let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * j) as *const _);
+            let gi =
+                _mm512_cvtepu16_epi64(_mm_loadu_si128(index.as_ptr().add(8 * j) as *const __m128i));
+            let g = _mm512_i64gather_epi64::<8>(gi, grid);
+            let dot = _mm512_sub_epi16(_mm512_maddubs_epi16(g, q8), _mm512_maddubs_epi16(ones, q8));
+            sumi = _mm512_dpwssd_epi32(sumi, dot, _mm512_permutexvar_epi32(*scale_j, scales));
+        }
+        let mut sumi1 = 0i32;
+        for ib in 0..8 {
+            let bsum = y.bsums[2 * ib] as i32 + y.bsums[2 * ib + 1] as i32;
+            sumi1 += bsum * x.delta_sign(ib) * x.scale(ib);
+        }
+        let sumi = _mm256_add_epi32(
+            _mm512_castsi512_si256(sumi),
+            _mm512_extracti64x4_epi64(sumi, 1),
+        );
+        let d = y.d * h2f(x.d);
+        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accum);
+        accum1 = d.mul_add(sumi1 as f32, accum1);
+    }
+    hsum_ps(accum) + IQ1_DELTA * accum1
 }
 
 pub(crate) fn dot_iq1_m_512(_n: usize, w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
@@ -103,7 +172,7 @@ unsafe fn dot_iq1_m_vnni(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
         _mm512_storeu_si512(index.as_mut_ptr() as *mut _, _mm512_or_si512(low, high));
         let mut sumi1 = _mm512_setzero_si512();
         let mut sumi2 = _mm512_setzero_si512();
-        for j in 0..4 {
+        for (j, scale_j) in scale_at.iter().enumerate() {
             let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * j) as *const _);
             let gi =
                 _mm512_cvtepu16_epi64(_mm_loadu_si128(index.as_ptr().add(8 * j) as *const __m128i));
@@ -115,7 +184,7 @@ unsafe fn dot_iq1_m_vnni(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
             let qh4 = u32::from_le_bytes(x.qh[4 * j..4 * j + 4].try_into().unwrap_or([0; 4]));
             let neg = ((qh4 & 0x8888_8888) >> 3) * 0xF;
             let dot2 = _mm512_mask_sub_epi16(sum_q, neg, zero, sum_q);
-            let scale = _mm512_permutexvar_epi32(scale_at[j], scales);
+            let scale = _mm512_permutexvar_epi32(*scale_j, scales);
             sumi1 = _mm512_dpwssd_epi32(sumi1, dot1, scale);
             sumi2 = _mm512_dpwssd_epi32(sumi2, dot2, scale);
         }
