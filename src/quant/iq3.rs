@@ -147,7 +147,7 @@ impl GgmlBlock for BlockIQ3XXS {
         0.25 * sumf
     }
 
-    x86_kernels!(avx2: dot_iq3_xxs);
+    x86_kernels!(avx2: dot_iq3_xxs, avx512: dot_iq3_xxs);
 }
 
 impl GgmlBlock for BlockIQ3S {
@@ -199,5 +199,5 @@ impl GgmlBlock for BlockIQ3S {
         sumf
     }
 
-    x86_kernels!(avx2: dot_iq3_s);
+    x86_kernels!(avx2: dot_iq3_s, avx512: dot_iq3_s);
 }

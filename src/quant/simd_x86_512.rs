@@ -45,6 +45,8 @@ macro_rules! safe_wrapper {
 pub(crate) use super::simd_x86::dot_iq1_m_512 as dot_iq1_m;
 pub(crate) use super::simd_x86::dot_iq1_s_512 as dot_iq1_s;
 pub(crate) use super::simd_x86::dot_iq2_xxs_512 as dot_iq2_xxs;
+pub(crate) use super::simd_x86::dot_iq3_s_512 as dot_iq3_s;
+pub(crate) use super::simd_x86::dot_iq3_xxs_512 as dot_iq3_xxs;
 safe_wrapper!(dot_mxfp4, dot_mxfp4_vnni, BlockMXFP4, BlockQ8_0);
 safe_wrapper!(dot_iq4_nl, dot_iq4_nl_vnni, BlockIQ4NL, BlockQ8_0);
 safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);

@@ -26,8 +26,6 @@ pub(crate) fn dot_iq2_xxs_512(_n: usize, w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f
 unsafe fn dot_iq2_xxs_vnni(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
     let grid = IQ2XXS_GRID.as_ptr() as *const i64;
     let zero = _mm512_setzero_si512();
-    let low4 = _mm512_set1_epi8(0x0F);
-    let parity = _mm512_broadcast_i32x4(_mm_loadu_si128(PARITY_80.as_ptr() as *const __m128i));
     // Step j's scales: sub-block 2j's in the low 8 lanes, 2j + 1's above.
     let scale_at: [__m512i; 4] = std::array::from_fn(|j| {
         let j = 2 * j as i32;
@@ -46,39 +44,24 @@ unsafe fn dot_iq2_xxs_vnni(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
             _mm512_set1_epi32(1),
         );
         let scales = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
-        let m7 = |shift: u32| _mm512_set1_epi32(0x7F << (8 * shift));
-        let fields = _mm512_or_si512(
-            _mm512_or_si512(
-                _mm512_and_si512(sw, m7(0)),
-                _mm512_and_si512(_mm512_slli_epi32(sw, 1), m7(1)),
-            ),
-            _mm512_or_si512(
-                _mm512_and_si512(_mm512_slli_epi32(sw, 2), m7(2)),
-                _mm512_and_si512(_mm512_slli_epi32(sw, 3), m7(3)),
-            ),
-        );
-        let odd = _mm512_xor_si512(
-            _mm512_shuffle_epi8(parity, _mm512_and_si512(fields, low4)),
-            _mm512_shuffle_epi8(parity, _mm512_and_si512(_mm512_srli_epi16(fields, 4), low4)),
-        );
         let mut signs = [0u64; 4];
         let mut indices = [0u64; 4];
         _mm256_storeu_si256(
             signs.as_mut_ptr() as *mut __m256i,
-            _mm512_castsi512_si256(_mm512_or_si512(fields, odd)),
+            _mm512_castsi512_si256(sign_bytes(sw)),
         );
         _mm256_storeu_si256(
             indices.as_mut_ptr() as *mut __m256i,
             _mm512_castsi512_si256(index),
         );
         let mut sumi = _mm512_setzero_si512();
-        for j in 0..4 {
+        for (j, scale_j) in scale_at.iter().enumerate() {
             let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * j) as *const _);
             let q8s = _mm512_mask_sub_epi8(q8, signs[j], zero, q8);
             let gi = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(indices[j] as i64));
             let g = _mm512_i64gather_epi64::<8>(gi, grid);
             let dot = _mm512_maddubs_epi16(g, q8s);
-            sumi = _mm512_dpwssd_epi32(sumi, dot, _mm512_permutexvar_epi32(scale_at[j], scales));
+            sumi = _mm512_dpwssd_epi32(sumi, dot, _mm512_permutexvar_epi32(*scale_j, scales));
         }
         let sumi = _mm256_add_epi32(
             _mm512_castsi512_si256(sumi),
@@ -87,4 +70,31 @@ unsafe fn dot_iq2_xxs_vnni(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     0.125 * hsum_ps(acc)
+}
+
+/// ggml's sign bytes (`KSIGNS_IQ2XS`) of the sign words in `sw`: byte `l`
+/// of each 32-bit lane is its bits `7 l..7 l + 7`, with their parity as
+/// bit 7 (the eighth sign, which makes the minus signs even in number).
+/// Bits 28.. of each lane (a scale) are ignored.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn sign_bytes(sw: __m512i) -> __m512i {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let parity = _mm512_broadcast_i32x4(_mm_loadu_si128(PARITY_80.as_ptr() as *const __m128i));
+    let m7 = |shift: u32| _mm512_set1_epi32(0x7F << (8 * shift));
+    let fields = _mm512_or_si512(
+        _mm512_or_si512(
+            _mm512_and_si512(sw, m7(0)),
+            _mm512_and_si512(_mm512_slli_epi32(sw, 1), m7(1)),
+        ),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_slli_epi32(sw, 2), m7(2)),
+            _mm512_and_si512(_mm512_slli_epi32(sw, 3), m7(3)),
+        ),
+    );
+    let odd = _mm512_xor_si512(
+        _mm512_shuffle_epi8(parity, _mm512_and_si512(fields, low4)),
+        _mm512_shuffle_epi8(parity, _mm512_and_si512(_mm512_srli_epi16(fields, 4), low4)),
+    );
+    _mm512_or_si512(fields, odd)
 }
