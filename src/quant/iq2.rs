@@ -198,5 +198,5 @@ macro_rules! iq2_block {
 }
 
 iq2_block!(BlockIQ2XXS, IQ2_XXS, avx2: dot_iq2_xxs, avx512: dot_iq2_xxs);
-iq2_block!(BlockIQ2XS, IQ2_XS, avx2: dot_iq2_xs);
-iq2_block!(BlockIQ2S, IQ2_S, avx2: dot_iq2_s);
+iq2_block!(BlockIQ2XS, IQ2_XS, avx2: dot_iq2_xs, avx512: dot_iq2_xs);
+iq2_block!(BlockIQ2S, IQ2_S, avx2: dot_iq2_s, avx512: dot_iq2_s);

@@ -44,6 +44,8 @@ macro_rules! safe_wrapper {
 
 pub(crate) use super::simd_x86::dot_iq1_m_512 as dot_iq1_m;
 pub(crate) use super::simd_x86::dot_iq1_s_512 as dot_iq1_s;
+pub(crate) use super::simd_x86::dot_iq2_s_512 as dot_iq2_s;
+pub(crate) use super::simd_x86::dot_iq2_xs_512 as dot_iq2_xs;
 pub(crate) use super::simd_x86::dot_iq2_xxs_512 as dot_iq2_xxs;
 pub(crate) use super::simd_x86::dot_iq3_s_512 as dot_iq3_s;
 pub(crate) use super::simd_x86::dot_iq3_xxs_512 as dot_iq3_xxs;

@@ -18,6 +18,7 @@
 //!   vector (the even and the odd sub-block) added at the end are ggml's
 //!   `sumi1` and `sumi2` lanes.
 
+use super::iq2_512::{half_scales, halves, odd_pairs, quarter_scales};
 use super::{h2f, hsum_ps};
 use crate::quant::iq1::IQ1_DELTA;
 use crate::quant::iq_tables::IQ1S_GRID;
@@ -66,11 +67,7 @@ unsafe fn dot_iq1_s_vnni(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
         0,
     );
     let shifts = _mm512_set1_epi64(0x0009_0006_0003_0000);
-    // Step j's scales: sub-block 2j's in the low 8 lanes, 2j + 1's above.
-    let scale_at: [__m512i; 4] = std::array::from_fn(|j| {
-        let j = 2 * j as i32;
-        _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(j + 1), 1)
-    });
+    let scale_at = half_scales();
     let mut accum = _mm256_setzero_ps();
     let mut accum1 = 0.0f32;
     for (x, y) in w.iter().zip(a) {
@@ -83,9 +80,10 @@ unsafe fn dot_iq1_s_vnni(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
         let s = _mm512_zextsi256_si512(_mm256_cvtepu16_epi32(_mm_loadu_si128(
             x.qh.as_ptr() as *const __m128i
         )));
-        let s = _mm512_and_si512(_mm512_srli_epi32(s, 12), _mm512_set1_epi32(7));
-        let s = _mm512_add_epi32(_mm512_slli_epi32(s, 1), _mm512_set1_epi32(1));
-        let scales = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+        let scales = odd_pairs(_mm512_and_si512(
+            _mm512_srli_epi32(s, 12),
+            _mm512_set1_epi32(7),
+        ));
         let mut sumi = _mm512_setzero_si512();
         for (j, scale_j) in scale_at.iter().enumerate() {
             let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * j) as *const _);
@@ -100,12 +98,9 @@ unsafe fn dot_iq1_s_vnni(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
             let bsum = y.bsums[2 * ib] as i32 + y.bsums[2 * ib + 1] as i32;
             sumi1 += bsum * x.delta_sign(ib) * x.scale(ib);
         }
-        let sumi = _mm256_add_epi32(
-            _mm512_castsi512_si256(sumi),
-            _mm512_extracti64x4_epi64(sumi, 1),
-        );
+        let sumi = halves(sumi);
         let d = y.d * h2f(x.d);
-        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accum);
+        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accum);
         accum1 = d.mul_add(sumi1 as f32, accum1);
     }
     hsum_ps(accum) + IQ1_DELTA * accum1
@@ -126,28 +121,7 @@ unsafe fn dot_iq1_m_vnni(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
     // of scale word `i / 4`: dword `i` below holds words `2 (i / 8)` and
     // `2 (i / 8) + 1`, so it shifts by `16 (i / 4 % 2) + 3 (i % 4)`.
     let shifts = _mm512_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25, 0, 3, 6, 9, 16, 19, 22, 25);
-    // Step j's scales, 16 weights (4 lanes) each: 4j, 4j + 1, 4j + 2, 4j + 3.
-    let scale_at: [__m512i; 4] = std::array::from_fn(|j| {
-        let j = 4 * j as i32;
-        _mm512_setr_epi32(
-            j,
-            j,
-            j,
-            j,
-            j + 1,
-            j + 1,
-            j + 1,
-            j + 1,
-            j + 2,
-            j + 2,
-            j + 2,
-            j + 2,
-            j + 3,
-            j + 3,
-            j + 3,
-            j + 3,
-        )
-    });
+    let scale_at = quarter_scales();
     let mut accum1 = _mm256_setzero_ps();
     let mut accum2 = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
@@ -157,9 +131,7 @@ unsafe fn dot_iq1_m_vnni(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
             _mm256_set1_epi32((sc >> 32) as i32),
             1,
         );
-        let s = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), m7);
-        let s = _mm512_add_epi32(_mm512_slli_epi32(s, 1), _mm512_set1_epi32(1));
-        let scales = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+        let scales = odd_pairs(_mm512_and_si512(_mm512_srlv_epi32(words, shifts), m7));
         // Group g's index: qs[g] | (nibble g of qh, low 3 bits) << 8; dword
         // i of `nib` holds groups 2i and 2i + 1 as its two 16-bit halves.
         let qh = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
@@ -188,15 +160,9 @@ unsafe fn dot_iq1_m_vnni(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
             sumi1 = _mm512_dpwssd_epi32(sumi1, dot1, scale);
             sumi2 = _mm512_dpwssd_epi32(sumi2, dot2, scale);
         }
-        let half = |v: __m512i| {
-            _mm256_cvtepi32_ps(_mm256_add_epi32(
-                _mm512_castsi512_si256(v),
-                _mm512_extracti64x4_epi64(v, 1),
-            ))
-        };
         let d = _mm256_set1_ps(y.d * h2f(x.d()));
-        accum1 = _mm256_fmadd_ps(d, half(sumi1), accum1);
-        accum2 = _mm256_fmadd_ps(d, half(sumi2), accum2);
+        accum1 = _mm256_fmadd_ps(d, halves(sumi1), accum1);
+        accum2 = _mm256_fmadd_ps(d, halves(sumi2), accum2);
     }
     hsum_ps(accum1) + IQ1_DELTA * hsum_ps(accum2)
 }

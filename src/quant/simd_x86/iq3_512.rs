@@ -8,7 +8,7 @@
 //! bytes of at most 62: no saturation) and `vpdpwssd` by each sub-block's
 //! `2 s + 1`.
 
-use super::iq2_512::sign_bytes;
+use super::iq2_512::{half_scales, halves, odd_pairs, sign_bytes};
 use super::{h2f, hsum_ps};
 use crate::quant::iq_tables::{IQ3S_GRID, IQ3XXS_GRID};
 use crate::quant::{BlockIQ3S, BlockIQ3XXS, BlockQ8K, QK_K};
@@ -24,39 +24,11 @@ pub(crate) fn dot_iq3_s_512(_n: usize, w: &[BlockIQ3S], a: &[BlockQ8K]) -> f32 {
     unsafe { dot_iq3_s_vnni(w, a) }
 }
 
-/// Step j's scales: sub-block 2j's in the low 8 lanes, 2j + 1's above.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn scale_lanes() -> [__m512i; 4] {
-    std::array::from_fn(|j| {
-        let j = 2 * j as i32;
-        _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(j + 1), 1)
-    })
-}
-
-/// `2 s + 1` in both 16-bit halves of each 32-bit lane, for `vpdpwssd`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn odd_pairs(s: __m512i) -> __m512i {
-    let s = _mm512_add_epi32(_mm512_slli_epi32(s, 1), _mm512_set1_epi32(1));
-    _mm512_or_si512(s, _mm512_slli_epi32(s, 16))
-}
-
-/// ggml's `sumi1 + sumi2`: the even and the odd sub-blocks' lanes added.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn halves(v: __m512i) -> __m256 {
-    _mm256_cvtepi32_ps(_mm256_add_epi32(
-        _mm512_castsi512_si256(v),
-        _mm512_extracti64x4_epi64(v, 1),
-    ))
-}
-
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_iq3_xxs_vnni(w: &[BlockIQ3XXS], a: &[BlockQ8K]) -> f32 {
     let grid = IQ3XXS_GRID.as_ptr() as *const i32;
     let zero = _mm512_setzero_si512();
-    let scale_at = scale_lanes();
+    let scale_at = half_scales();
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = h2f(x.d) * y.d;
@@ -91,7 +63,7 @@ unsafe fn dot_iq3_s_vnni(w: &[BlockIQ3S], a: &[BlockQ8K]) -> f32 {
     let grid = IQ3S_GRID.as_ptr() as *const i32;
     let zero = _mm512_setzero_si512();
     let bit8 = _mm512_set1_epi32(256);
-    let scale_at = scale_lanes();
+    let scale_at = half_scales();
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = h2f(x.d) * y.d;
