@@ -164,6 +164,12 @@ pub trait ActBlock: Pod + Send + Sync + 'static {
 /// NVFP4, whose 64-element blocks span two Q8_0 blocks).
 pub type DotFn<B> = fn(usize, &[B], &[<B as GgmlBlock>::Act]) -> f32;
 
+/// A kernel of two weight rows against one activation row: `[dot(n, w0,
+/// a), dot(n, w1, a)]`, each with the bits of the type's [`DotFn`] at the
+/// same [`CpuCaps`]. For the formats whose one-row dot is one FMA chain
+/// bound by its latency, two rows side by side run their chains together.
+pub type PairDotFn<B> = fn(usize, &[B], &[B], &[<B as GgmlBlock>::Act]) -> [f32; 2];
+
 /// A dot-product kernel and a name for logs and benches ("avx2", "scalar").
 pub struct Kernel<B: GgmlBlock> {
     pub name: &'static str,
@@ -197,6 +203,11 @@ pub trait GgmlBlock: Pod + Send + Sync + 'static {
     }
     /// The fastest kernel available with `caps`, if faster than the reference.
     fn simd_dot(_caps: CpuCaps) -> Option<Kernel<Self>> {
+        None
+    }
+    /// A row-pair kernel with the bits of [`GgmlBlock::simd_dot`]'s, where
+    /// one is faster than two calls of it.
+    fn simd_pair(_caps: CpuCaps) -> Option<PairDotFn<Self>> {
         None
     }
 }

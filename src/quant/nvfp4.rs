@@ -78,6 +78,15 @@ impl GgmlBlock for BlockNVFP4 {
     }
 
     x86_kernels!(avx2: dot_nvfp4, avx512: dot_nvfp4);
+
+    fn simd_pair(caps: super::CpuCaps) -> Option<super::PairDotFn<Self>> {
+        #[cfg(target_arch = "x86_64")]
+        if caps.has_avx512() {
+            return Some(super::simd_x86_512::pair_nvfp4);
+        }
+        let _ = caps;
+        None
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use super::{
     cast_or_copy, ActBlock, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ2K, BlockQ3K,
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    BlockQ8_1, DotFn, GgmlBlock, QuantError,
+    BlockQ8_1, DotFn, GgmlBlock, PairDotFn, QuantError,
 };
 use super::{BlockIQ1M, BlockIQ1S, BlockIQ3S, BlockIQ3XXS};
 use super::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS};
@@ -353,6 +353,8 @@ impl TileKernels for BlockMXFP4 {}
 /// [`QuantOps`] for block type `B` with a fixed dot kernel.
 struct BlockOps<B: GgmlBlock> {
     dot: DotFn<B>,
+    /// Two rows against one activation row, with `dot`'s bits per row.
+    pair: Option<PairDotFn<B>>,
     tile: Option<TileFn<B>>,
     /// ggml's tiled-path kernel, for batches of `ggml_tiled::MIN_BATCH`+ rows.
     batch: Option<TileFn<B>>,
@@ -364,12 +366,14 @@ impl<B: TileKernels + BatchKernel> BlockOps<B> {
         match B::simd_dot(caps) {
             Some(k) => BlockOps {
                 dot: k.dot,
+                pair: B::simd_pair(caps),
                 tile: B::tile_kernel(caps),
                 batch: B::batch_kernel(caps),
                 name: k.name,
             },
             None => BlockOps {
                 dot: B::vec_dot,
+                pair: None,
                 tile: None,
                 batch: None,
                 name: "scalar",
@@ -527,9 +531,7 @@ impl<B: TileKernels + BatchKernel> QuantOps for BlockOps<B> {
         // One activation row streams the weights from memory: the one-row
         // kernel measured faster there than the tile kernels' interleaved
         // rows (SmolLM2 tg32, 2 threads).
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(nb)) {
-            *o = (self.dot)(n, row, &a);
-        }
+        self.dot_rows(n, nb, &w, &a, out);
         Ok(())
     }
 
@@ -613,11 +615,25 @@ impl<B: TileKernels + BatchKernel> BlockOps<B> {
         }
         let nab = n / <B::Act as ActBlock>::BLOCK;
         for (o, act) in out.chunks_exact_mut(n_rows).zip(a.chunks_exact(nab)) {
-            for (o, row) in o.iter_mut().zip(w.chunks_exact(nb)) {
-                *o = (self.dot)(n, row, act);
-            }
+            self.dot_rows(n, nb, &w, act, o);
         }
         Ok(())
+    }
+
+    /// `out[r] = dot(row r of w, act)` for the rows of `nb` blocks in `w`:
+    /// two rows at a time where the type has a row-pair kernel.
+    fn dot_rows(&self, n: usize, nb: usize, w: &[B], act: &[B::Act], out: &mut [f32]) {
+        let mut done = 0;
+        if let Some(pair) = self.pair {
+            for (o, rows) in out.chunks_exact_mut(2).zip(w.chunks_exact(2 * nb)) {
+                let (w0, w1) = rows.split_at(nb);
+                o.copy_from_slice(&pair(n, w0, w1, act));
+                done += 2;
+            }
+        }
+        for (o, row) in out[done..].iter_mut().zip(w[done * nb..].chunks_exact(nb)) {
+            *o = (self.dot)(n, row, act);
+        }
     }
 }
 

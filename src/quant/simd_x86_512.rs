@@ -14,6 +14,9 @@
 //! paired tile kernels at the end pair weight rows instead, which keeps
 //! every chain.
 //!
+//! The i-quants' AVX-512 dots (IQ1_S..IQ3_S) live next to their AVX2
+//! kernels in `simd_x86/iq*_512.rs` and are re-exported here.
+//!
 //! As in simd_x86.rs, the safe wrappers are only handed out when
 //! [`CpuCaps::has_avx512`](super::CpuCaps::has_avx512) is true.
 //!
@@ -49,6 +52,7 @@ pub(crate) use super::simd_x86::dot_iq2_xs_512 as dot_iq2_xs;
 pub(crate) use super::simd_x86::dot_iq2_xxs_512 as dot_iq2_xxs;
 pub(crate) use super::simd_x86::dot_iq3_s_512 as dot_iq3_s;
 pub(crate) use super::simd_x86::dot_iq3_xxs_512 as dot_iq3_xxs;
+pub(crate) use super::simd_x86::pair_nvfp4_512 as pair_nvfp4;
 safe_wrapper!(dot_mxfp4, dot_mxfp4_vnni, BlockMXFP4, BlockQ8_0);
 safe_wrapper!(dot_iq4_nl, dot_iq4_nl_vnni, BlockIQ4NL, BlockQ8_0);
 safe_wrapper!(dot_q6_k, dot_q6_k_512, BlockQ6K, BlockQ8K);

@@ -1,6 +1,8 @@
 //! AVX2 kernels of IQ2_XXS, IQ2_XS and IQ2_S against Q8_K: ggml's x86
 //! `ggml_vec_dot_iq2_*_q8_K` AVX2 paths, which are also what ggml runs on
-//! AVX-512 CPUs (it has no wider variant of these).
+//! AVX-512 CPUs (it has no wider variant of these). On AVX-512 CPUs
+//! longhaul runs iq2_512.rs instead: the same integer lanes and float
+//! steps from gathers and masks, so the same bits in less time.
 //!
 //! Each 32-weight sub-block becomes four grid points (`_mm256_set_epi64x`),
 //! the signs are applied to the activations, `maddubs` pairs the unsigned

@@ -151,6 +151,7 @@ pub(crate) mod packed_q2k;
 pub(crate) mod packed_q6k;
 use nvfp4::dot_nvfp4_avx2;
 pub(super) use nvfp4::dot_nvfp4_with;
+pub(crate) use nvfp4::pair_nvfp4_512;
 mod iq_tiles;
 pub(crate) use iq_tiles::{tile_iq1_m, tile_iq1_s, tile_iq3_s, tile_iq3_xxs, tile_nvfp4};
 
