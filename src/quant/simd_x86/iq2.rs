@@ -45,7 +45,7 @@ const fn keven_signs() -> [u64; 128] {
 /// 0x80 where the 4-bit index has an odd number of set bits (ggml's
 /// `k_bit_helper`): the eighth sign bit of IQ2_XS, whose minus signs are
 /// even in number.
-pub(super) static PARITY_80: [u8; 16] = parity_80();
+pub(crate) static PARITY_80: [u8; 16] = parity_80();
 
 const fn parity_80() -> [u8; 16] {
     let mut t = [0u8; 16];

@@ -72,7 +72,7 @@ unsafe fn dot_iq2_xxs_vnni(w: &[BlockIQ2XXS], a: &[BlockQ8K]) -> f32 {
 /// Bits 28.. of each lane (a scale) are ignored.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn sign_bytes(sw: __m512i) -> __m512i {
+pub(crate) unsafe fn sign_bytes(sw: __m512i) -> __m512i {
     let low4 = _mm512_set1_epi8(0x0F);
     let parity = _mm512_broadcast_i32x4(_mm_loadu_si128(PARITY_80.as_ptr() as *const __m128i));
     let m7 = |shift: u32| _mm512_set1_epi32(0x7F << (8 * shift));

@@ -847,8 +847,8 @@ pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
 pub(crate) use iq3_512::{dot_iq3_s_512, dot_iq3_xxs_512};
 mod iq2;
 mod iq2_512;
-pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs};
-pub(crate) use iq2_512::{dot_iq2_s_512, dot_iq2_xs_512, dot_iq2_xxs_512};
+pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs, PARITY_80};
+pub(crate) use iq2_512::{dot_iq2_s_512, dot_iq2_xs_512, dot_iq2_xxs_512, sign_bytes};
 mod iq2_tiles;
 pub(crate) use iq2_tiles::{tile_iq2_s, tile_iq2_xs, tile_iq2_xxs};
 
