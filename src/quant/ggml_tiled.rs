@@ -339,7 +339,7 @@ macro_rules! iq2_tiled {
             #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn decode_512(&self, t: &mut Tile) {
-                simd512::Codes512::codes(self, t);
+                simd512::signed(self, t);
                 t.d0 = self.d().to_f32() * 0.125;
             }
         }
@@ -390,7 +390,7 @@ impl TiledBlock for BlockIQ3XXS {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn decode_512(&self, t: &mut Tile) {
-        simd512::Codes512::codes(self, t);
+        simd512::signed(self, t);
         t.d0 = self.d.to_f32() * 0.25;
     }
 }
@@ -432,7 +432,7 @@ impl TiledBlock for BlockIQ3S {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn decode_512(&self, t: &mut Tile) {
-        simd512::Codes512::codes(self, t);
+        simd512::signed(self, t);
         t.d0 = self.d.to_f32();
     }
 }
@@ -486,7 +486,7 @@ impl TiledBlock for BlockIQ1S {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn decode_512(&self, t: &mut Tile) {
-        simd512::Codes512::codes(self, t);
+        simd512::iq1_s(self, t);
         t.d0 = self.d.to_f32() * 0.125;
     }
 }
@@ -523,7 +523,7 @@ impl TiledBlock for BlockIQ1M {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn decode_512(&self, t: &mut Tile) {
-        simd512::Codes512::codes(self, t);
+        simd512::iq1_m(self, t);
         t.d0 = self.d().to_f32() * 0.125;
     }
 }
@@ -625,61 +625,53 @@ mod simd {
     }
 }
 
-/// AVX-512 decoders of the i-quants: the one-row kernels' gathers and
-/// sign masks (`simd_x86::iq*_512`) writing the same `Tile` codes and
-/// scales as the AVX2 decoders.
+/// AVX-512 decoders of the i-quants: the one-row kernels' steps
+/// (`simd_x86::SignedGrid`, and IQ1's gathers) writing the same `Tile`
+/// codes and scales as the AVX2 decoders.
 #[cfg(target_arch = "x86_64")]
 mod simd512 {
-    use super::super::simd_x86::sign_bytes;
-    use super::super::{
-        BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
-    };
-    use super::{Tile, IQ1S_GRID, IQ3S_GRID, IQ3XXS_GRID, QK};
-    use crate::quant::iq_tables::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
+    use super::super::simd_x86::SignedGrid;
+    use super::super::{BlockIQ1M, BlockIQ1S};
+    use super::{Tile, IQ1S_GRID};
     use std::arch::x86_64::*;
 
-    /// A block's codes and scales into a `Tile` (not `d0`).
-    pub(super) trait Codes512 {
-        /// # Safety
-        /// AVX-512 F, BW, VL and VNNI, AVX2 and FMA.
-        unsafe fn codes(&self, t: &mut Tile);
-    }
-
-    /// `2 s + 1` of each 32-bit lane's `s` in both its 16-bit halves: the
-    /// scales of the two groups of 16 of sub-block `i` from lane `i`.
+    /// Codes `±g` from the steps of a [`SignedGrid`], and its scales.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn sub_scales(t: &mut Tile, s: __m512i) {
-        let s = _mm512_add_epi32(_mm512_slli_epi32(s, 1), _mm512_set1_epi32(1));
-        let s = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
-        _mm256_storeu_si256(t.sc.as_mut_ptr() as *mut __m256i, _mm512_castsi512_si256(s));
-    }
-
-    /// IQ2_XS / IQ2_S: a nibble per 16 codes, `2 s + 1`, in code order.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn nibble_scales(t: &mut Tile, scales: &[u8; 8]) {
-        let b = _mm_cvtsi64_si128(i64::from_le_bytes(*scales));
-        let m4 = _mm_set1_epi8(0x0F);
-        let b = _mm_unpacklo_epi8(
-            _mm_and_si128(b, m4),
-            _mm_and_si128(_mm_srli_epi16(b, 4), m4),
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn signed<B: SignedGrid>(x: &B, t: &mut Tile) {
+        let (p, scales) = x.prep();
+        // Each lane holds its scale in both halves: the low one is it.
+        _mm256_storeu_si256(
+            t.sc.as_mut_ptr() as *mut __m256i,
+            _mm512_cvtepi32_epi16(scales),
         );
-        let s = _mm_add_epi8(_mm_slli_epi16(b, 1), _mm_set1_epi8(1));
-        _mm256_storeu_si256(t.sc.as_mut_ptr() as *mut __m256i, _mm256_cvtepu8_epi16(s));
+        for j in 0..4 {
+            let (g, signs) = x.step(&p, j);
+            let q = _mm512_mask_sub_epi8(g, signs, _mm512_setzero_si512(), g);
+            _mm512_storeu_si512(t.q.as_mut_ptr().add(64 * j) as *mut _, q);
+        }
     }
 
-    /// Step `j`'s 64 codes: `g` negated where the bits of `signs` are set.
+    /// `2 s + 1` of the 32-bit lanes' `s`, as the tile's 16 scales.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn put_signed(t: &mut Tile, j: usize, g: __m512i, signs: u64) {
-        let q = _mm512_mask_sub_epi8(g, signs, _mm512_setzero_si512(), g);
-        _mm512_storeu_si512(t.q.as_mut_ptr().add(64 * j) as *mut _, q);
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn put_scales(t: &mut Tile, s: __m512i) {
+        let s = _mm512_add_epi32(_mm512_slli_epi32(s, 1), _mm512_set1_epi32(1));
+        _mm256_storeu_si256(t.sc.as_mut_ptr() as *mut __m256i, _mm512_cvtepi32_epi16(s));
     }
 
-    /// IQ1: codes `8 g + delta`, `delta` -1 in the 8-code groups of `neg`.
+    /// Step j's 8 IQ1 grid points: indices from `qs` and the high bits.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn iq1_gather(qs: &[u8; 32], high: __m512i, j: usize) -> __m512i {
+        let low = _mm512_cvtepu8_epi64(_mm_loadl_epi64(qs.as_ptr().add(8 * j) as *const __m128i));
+        _mm512_i64gather_epi64::<8>(_mm512_or_si512(low, high), IQ1S_GRID.as_ptr() as *const i64)
+    }
+
+    /// IQ1 step j's codes `8 g + delta`, `delta` -1 in the 8-code groups
+    /// of `neg`, else 1.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn put_iq1(t: &mut Tile, j: usize, g: __m512i, neg: __mmask8) {
         let g2 = _mm512_add_epi8(g, g);
         let g4 = _mm512_add_epi8(g2, g2);
@@ -689,218 +681,52 @@ mod simd512 {
         _mm512_storeu_si512(t.q.as_mut_ptr().add(64 * j) as *mut _, q);
     }
 
-    impl Codes512 for BlockIQ2XXS {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-        unsafe fn codes(&self, t: &mut Tile) {
-            let q = _mm512_loadu_si512(self.qs.as_ptr() as *const _);
-            let index = _mm512_maskz_compress_epi32(0x5555, q);
-            let sw = _mm512_maskz_compress_epi32(0xAAAA, q);
-            sub_scales(t, _mm512_srli_epi32(sw, 28));
-            let (mut signs, mut indices) = ([0u64; 4], [0u64; 4]);
-            _mm256_storeu_si256(
-                signs.as_mut_ptr() as *mut __m256i,
-                _mm512_castsi512_si256(sign_bytes(sw)),
-            );
-            _mm256_storeu_si256(
-                indices.as_mut_ptr() as *mut __m256i,
-                _mm512_castsi512_si256(index),
-            );
-            for (j, (&s, &i)) in signs.iter().zip(&indices).enumerate() {
-                let gi = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(i as i64));
-                put_signed(
-                    t,
-                    j,
-                    _mm512_i64gather_epi64::<8>(gi, IQ2XXS_GRID.as_ptr() as *const i64),
-                    s,
-                );
-            }
-        }
-    }
-
-    impl Codes512 for BlockIQ2XS {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-        unsafe fn codes(&self, t: &mut Tile) {
-            let q = _mm512_loadu_si512(self.qs.as_ptr() as *const _);
-            let mut index = [0u16; 32];
-            _mm512_storeu_si512(
-                index.as_mut_ptr() as *mut _,
-                _mm512_and_si512(q, _mm512_set1_epi16(511)),
-            );
-            let parity = _mm512_broadcast_i32x4(_mm_loadu_si128(
-                super::super::simd_x86::PARITY_80.as_ptr() as *const __m128i,
-            ));
-            let partial = _mm512_srli_epi16(q, 9);
-            let folded = _mm512_xor_si512(partial, _mm512_srli_epi16(q, 13));
-            let full = _mm512_or_si512(partial, _mm512_shuffle_epi8(parity, folded));
-            let mut signs = [0u64; 4];
-            _mm256_storeu_si256(
-                signs.as_mut_ptr() as *mut __m256i,
-                _mm512_cvtepi16_epi8(full),
-            );
-            nibble_scales(t, &self.scales);
-            for (j, &s) in signs.iter().enumerate() {
-                let gi = _mm512_cvtepu16_epi64(_mm_loadu_si128(
-                    index.as_ptr().add(8 * j) as *const __m128i
-                ));
-                put_signed(
-                    t,
-                    j,
-                    _mm512_i64gather_epi64::<8>(gi, IQ2XS_GRID.as_ptr() as *const i64),
-                    s,
-                );
-            }
-        }
-    }
-
-    impl Codes512 for BlockIQ2S {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-        unsafe fn codes(&self, t: &mut Tile) {
-            nibble_scales(t, &self.scales);
-            let shifts = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
-            for j in 0..4 {
-                let s = u64::from_le_bytes(
-                    self.qs[32 + 8 * j..40 + 8 * j].try_into().unwrap_or([0; 8]),
-                );
-                let qh = u16::from_le_bytes([self.qh[2 * j], self.qh[2 * j + 1]]);
-                let high = _mm512_srlv_epi64(_mm512_set1_epi64(qh as i64), shifts);
-                let high = _mm512_slli_epi64(_mm512_and_si512(high, _mm512_set1_epi64(3)), 8);
-                let low = _mm512_cvtepu8_epi64(_mm_loadl_epi64(
-                    self.qs.as_ptr().add(8 * j) as *const __m128i
-                ));
-                let g = _mm512_i64gather_epi64::<8>(
-                    _mm512_or_si512(low, high),
-                    IQ2S_GRID.as_ptr() as *const i64,
-                );
-                put_signed(t, j, g, s);
-            }
-        }
-    }
-
-    impl Codes512 for BlockIQ3XXS {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-        unsafe fn codes(&self, t: &mut Tile) {
-            let sw = _mm512_zextsi256_si512(_mm256_loadu_si256(
-                self.qs.as_ptr().add(QK / 4) as *const __m256i
-            ));
-            sub_scales(t, _mm512_srli_epi32(sw, 28));
-            let mut signs = [0u64; 4];
-            _mm256_storeu_si256(
-                signs.as_mut_ptr() as *mut __m256i,
-                _mm512_castsi512_si256(sign_bytes(sw)),
-            );
-            for (j, &s) in signs.iter().enumerate() {
-                let gi = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                    self.qs.as_ptr().add(16 * j) as *const __m128i
-                ));
-                put_signed(
-                    t,
-                    j,
-                    _mm512_i32gather_epi32::<4>(gi, IQ3XXS_GRID.as_ptr() as *const i32),
-                    s,
-                );
-            }
-        }
-    }
-
-    impl Codes512 for BlockIQ3S {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-        unsafe fn codes(&self, t: &mut Tile) {
-            let sc = _mm512_zextsi256_si512(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(
-                i32::from_le_bytes(self.scales),
-            )));
-            let sc = _mm512_permutexvar_epi32(
-                _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0),
-                sc,
-            );
-            let sc = _mm512_srlv_epi32(
-                sc,
-                _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0),
-            );
-            sub_scales(t, _mm512_and_si512(sc, _mm512_set1_epi32(0xF)));
-            for j in 0..4 {
-                let s =
-                    u64::from_le_bytes(self.signs[8 * j..8 * j + 8].try_into().unwrap_or([0; 8]));
-                let low = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                    self.qs.as_ptr().add(16 * j) as *const __m128i
-                ));
-                let high = u16::from_le_bytes([self.qh[2 * j], self.qh[2 * j + 1]]);
-                let gi = _mm512_mask_or_epi32(low, high, low, _mm512_set1_epi32(256));
-                put_signed(
-                    t,
-                    j,
-                    _mm512_i32gather_epi32::<4>(gi, IQ3S_GRID.as_ptr() as *const i32),
-                    s,
-                );
-            }
-        }
-    }
-
-    /// IQ1_S / IQ1_M grid indices, 8 low bits from `qs`, 3 from `high`.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-    unsafe fn iq1_gather(qs: &[u8; 32], high: __m512i, j: usize) -> __m512i {
-        let low = _mm512_cvtepu8_epi64(_mm_loadl_epi64(qs.as_ptr().add(8 * j) as *const __m128i));
-        _mm512_i64gather_epi64::<8>(_mm512_or_si512(low, high), IQ1S_GRID.as_ptr() as *const i64)
-    }
-
-    impl Codes512 for BlockIQ1S {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-        unsafe fn codes(&self, t: &mut Tile) {
-            let qh = _mm512_zextsi256_si512(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-                self.qh.as_ptr() as *const __m128i,
-            )));
-            sub_scales(
-                t,
-                _mm512_and_si512(_mm512_srli_epi32(qh, 12), _mm512_set1_epi32(7)),
-            );
-            // Group l of sub-block ib: bits 3l..3l + 3 of qh[ib].
-            let shifts = _mm512_setr_epi64(0, 3, 6, 9, 0, 3, 6, 9);
-            for j in 0..4 {
-                let (h0, h1) = (self.qh[2 * j] as i64, self.qh[2 * j + 1] as i64);
-                let h = _mm512_mask_set1_epi64(_mm512_set1_epi64(h0), 0xF0, h1);
-                let high = _mm512_slli_epi64(
-                    _mm512_and_si512(_mm512_srlv_epi64(h, shifts), _mm512_set1_epi64(7)),
-                    8,
-                );
-                let neg = ((((h0 >> 15) & 1) * 0x0F) | (((h1 >> 15) & 1) * 0xF0)) as u8;
-                put_iq1(t, j, iq1_gather(&self.qs, high, j), neg);
-            }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn iq1_s(x: &BlockIQ1S, t: &mut Tile) {
+        let qh = _mm512_zextsi256_si512(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+            x.qh.as_ptr() as *const __m128i
+        )));
+        // Sub-block ib's scale (bits 12..15 of qh[ib]) for both its groups.
+        let s = _mm512_and_si512(_mm512_srli_epi32(qh, 12), _mm512_set1_epi32(7));
+        let twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        put_scales(t, _mm512_permutexvar_epi32(twice, s));
+        // Group l of sub-block ib: bits 3l..3l + 3 of qh[ib].
+        let shifts = _mm512_setr_epi64(0, 3, 6, 9, 0, 3, 6, 9);
+        for j in 0..4 {
+            let (h0, h1) = (x.qh[2 * j] as i64, x.qh[2 * j + 1] as i64);
+            let h = _mm512_mask_set1_epi64(_mm512_set1_epi64(h0), 0xF0, h1);
+            let high = _mm512_and_si512(_mm512_srlv_epi64(h, shifts), _mm512_set1_epi64(7));
+            let neg = ((((h0 >> 15) & 1) * 0x0F) | (((h1 >> 15) & 1) * 0xF0)) as u8;
+            put_iq1(t, j, iq1_gather(&x.qs, _mm512_slli_epi64(high, 8), j), neg);
         }
     }
 
-    impl Codes512 for BlockIQ1M {
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-        unsafe fn codes(&self, t: &mut Tile) {
-            // Scale i (half i % 2 of sub-block i / 2): bits 3 (i % 4).. of
-            // scale word i / 4, as the one-row kernel reads them.
-            let sc = u64::from_le_bytes(self.scales);
-            let words = _mm512_inserti64x4(
-                _mm512_set1_epi32(sc as i32),
-                _mm256_set1_epi32((sc >> 32) as i32),
-                1,
-            );
-            let shifts = _mm512_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25, 0, 3, 6, 9, 16, 19, 22, 25);
-            let s = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(7));
-            let s = _mm512_add_epi32(_mm512_slli_epi32(s, 1), _mm512_set1_epi32(1));
-            _mm256_storeu_si256(t.sc.as_mut_ptr() as *mut __m256i, _mm512_cvtepi32_epi16(s));
-            // Group k of the step: nibble k of these 4 qh bytes, bits 0..3
-            // extend its index, bit 3 is its delta's sign.
-            let shifts = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
-            for j in 0..4 {
-                let qh4 =
-                    u32::from_le_bytes(self.qh[4 * j..4 * j + 4].try_into().unwrap_or([0; 4]));
-                let nib = _mm512_srlv_epi64(_mm512_set1_epi64(qh4 as i64), shifts);
-                let high = _mm512_slli_epi64(_mm512_and_si512(nib, _mm512_set1_epi64(7)), 8);
-                let neg = _mm512_test_epi64_mask(nib, _mm512_set1_epi64(8));
-                put_iq1(t, j, iq1_gather(&self.qs, high, j), neg);
-            }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn iq1_m(x: &BlockIQ1M, t: &mut Tile) {
+        // Scale i (half i % 2 of sub-block i / 2): bits 3 (i % 4).. of
+        // scale word i / 4, as the one-row kernel reads them.
+        let sc = u64::from_le_bytes(x.scales);
+        let words = _mm512_inserti64x4(
+            _mm512_set1_epi32(sc as i32),
+            _mm256_set1_epi32((sc >> 32) as i32),
+            1,
+        );
+        let shifts = _mm512_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25, 0, 3, 6, 9, 16, 19, 22, 25);
+        put_scales(
+            t,
+            _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(7)),
+        );
+        // Group k of the step: nibble k of these 4 qh bytes, bits 0..3
+        // extend its index, bit 3 is its delta's sign.
+        let shifts = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+        for j in 0..4 {
+            let qh4 = u32::from_le_bytes(x.qh[4 * j..4 * j + 4].try_into().unwrap_or([0; 4]));
+            let nib = _mm512_srlv_epi64(_mm512_set1_epi64(qh4 as i64), shifts);
+            let high = _mm512_slli_epi64(_mm512_and_si512(nib, _mm512_set1_epi64(7)), 8);
+            let neg = _mm512_test_epi64_mask(nib, _mm512_set1_epi64(8));
+            put_iq1(t, j, iq1_gather(&x.qs, high, j), neg);
         }
     }
 }

@@ -15,7 +15,7 @@
 //! every chain.
 //!
 //! The i-quants' AVX-512 dots (IQ1_S..IQ3_S) live next to their AVX2
-//! kernels in `simd_x86/iq*_512.rs` and are re-exported here.
+//! kernels in `simd_x86/grid_512.rs` and `simd_x86/iq1_512.rs` and are re-exported here.
 //!
 //! As in simd_x86.rs, the safe wrappers are only handed out when
 //! [`CpuCaps::has_avx512`](super::CpuCaps::has_avx512) is true.

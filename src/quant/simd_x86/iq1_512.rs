@@ -18,7 +18,7 @@
 //!   vector (the even and the odd sub-block) added at the end are ggml's
 //!   `sumi1` and `sumi2` lanes.
 
-use super::iq2_512::{half_scales, halves, odd_pairs, quarter_scales};
+use super::grid_512::{halves, odd_pairs, quarter_scales, sub_block_pairs};
 use super::{h2f, hsum_ps};
 use crate::quant::iq1::IQ1_DELTA;
 use crate::quant::iq_tables::IQ1S_GRID;
@@ -67,7 +67,7 @@ unsafe fn dot_iq1_s_vnni(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
         0,
     );
     let shifts = _mm512_set1_epi64(0x0009_0006_0003_0000);
-    let scale_at = half_scales();
+    let scale_at = quarter_scales();
     let mut accum = _mm256_setzero_ps();
     let mut accum1 = 0.0f32;
     for (x, y) in w.iter().zip(a) {
@@ -80,7 +80,7 @@ unsafe fn dot_iq1_s_vnni(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
         let s = _mm512_zextsi256_si512(_mm256_cvtepu16_epi32(_mm_loadu_si128(
             x.qh.as_ptr() as *const __m128i
         )));
-        let scales = odd_pairs(_mm512_and_si512(
+        let scales = sub_block_pairs(_mm512_and_si512(
             _mm512_srli_epi32(s, 12),
             _mm512_set1_epi32(7),
         ));

@@ -1,7 +1,7 @@
 //! AVX2 kernels of IQ2_XXS, IQ2_XS and IQ2_S against Q8_K: ggml's x86
 //! `ggml_vec_dot_iq2_*_q8_K` AVX2 paths, which are also what ggml runs on
 //! AVX-512 CPUs (it has no wider variant of these). On AVX-512 CPUs
-//! longhaul runs iq2_512.rs instead: the same integer lanes and float
+//! longhaul runs grid_512.rs instead: the same integer lanes and float
 //! steps from gathers and masks, so the same bits in less time.
 //!
 //! Each 32-weight sub-block becomes four grid points (`_mm256_set_epi64x`),
@@ -45,7 +45,7 @@ const fn keven_signs() -> [u64; 128] {
 /// 0x80 where the 4-bit index has an odd number of set bits (ggml's
 /// `k_bit_helper`): the eighth sign bit of IQ2_XS, whose minus signs are
 /// even in number.
-pub(crate) static PARITY_80: [u8; 16] = parity_80();
+pub(super) static PARITY_80: [u8; 16] = parity_80();
 
 const fn parity_80() -> [u8; 16] {
     let mut t = [0u8; 16];

@@ -3,7 +3,7 @@
 //! with the same integer work and the same float accumulation (one 8-lane
 //! FMA chain per row, reduced by `hsum_float_8`), so the results are
 //! bit-identical to ggml's. ggml has no AVX-512 variant of these; on
-//! AVX-512 CPUs longhaul runs iq3_512.rs, the same integer lanes and float
+//! AVX-512 CPUs longhaul runs grid_512.rs, the same integer lanes and float
 //! steps in less time.
 
 use super::{h2f, hsum_ps, load32};

@@ -841,14 +841,14 @@ mod iq1;
 mod iq1_512;
 pub(crate) use iq1_512::{dot_iq1_m_512, dot_iq1_s_512};
 mod iq3;
-mod iq3_512;
 pub(crate) use iq1::{dot_iq1_m, dot_iq1_m_pdep, dot_iq1_s, dot_iq1_s_pdep};
 pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
-pub(crate) use iq3_512::{dot_iq3_s_512, dot_iq3_xxs_512};
+mod grid_512;
 mod iq2;
-mod iq2_512;
-pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs, PARITY_80};
-pub(crate) use iq2_512::{dot_iq2_s_512, dot_iq2_xs_512, dot_iq2_xxs_512, sign_bytes};
+pub(crate) use grid_512::{
+    dot_iq2_s_512, dot_iq2_xs_512, dot_iq2_xxs_512, dot_iq3_s_512, dot_iq3_xxs_512, SignedGrid,
+};
+pub(crate) use iq2::{dot_iq2_s, dot_iq2_xs, dot_iq2_xxs};
 mod iq2_tiles;
 pub(crate) use iq2_tiles::{tile_iq2_s, tile_iq2_xs, tile_iq2_xxs};
 
