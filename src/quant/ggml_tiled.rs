@@ -1495,31 +1495,27 @@ mod tests {
         for x in &w {
             #[cfg(target_arch = "x86_64")]
             if crate::quant::CpuCaps::detect().has_avx2() {
+                x.decode(&mut tile);
+                let same = |fast: &Tile, how: &str| {
+                    assert_eq!(fast.q, tile.q, "{:?} {how} codes", B::TYPE);
+                    assert_eq!(fast.sc, tile.sc, "{:?} {how} scales", B::TYPE);
+                    assert_eq!(
+                        fast.d0.to_bits(),
+                        tile.d0.to_bits(),
+                        "{:?} {how} d0",
+                        B::TYPE
+                    );
+                };
                 let mut fast = Tile::new();
                 // SAFETY: AVX2 and FMA checked.
                 unsafe { x.decode_simd(&mut fast) };
-                x.decode(&mut tile);
+                same(&fast, "decode_simd");
                 if crate::quant::CpuCaps::detect().has_avx512() {
                     let mut wide = Tile::new();
                     // SAFETY: AVX-512 F, BW, VL and VNNI checked.
                     unsafe { x.decode_512(&mut wide) };
-                    assert_eq!(wide.q, tile.q, "{:?} decode_512 codes", B::TYPE);
-                    assert_eq!(wide.sc, tile.sc, "{:?} decode_512 scales", B::TYPE);
-                    assert_eq!(
-                        wide.d0.to_bits(),
-                        tile.d0.to_bits(),
-                        "{:?} decode_512 d0",
-                        B::TYPE
-                    );
+                    same(&wide, "decode_512");
                 }
-                assert_eq!(fast.q, tile.q, "{:?} decode_simd codes", B::TYPE);
-                assert_eq!(fast.sc, tile.sc, "{:?} decode_simd scales", B::TYPE);
-                assert_eq!(
-                    fast.d0.to_bits(),
-                    tile.d0.to_bits(),
-                    "{:?} decode_simd d0",
-                    B::TYPE
-                );
             }
             x.decode(&mut tile);
             let (rw, rm, rd0, _) = reference::decode(x);
