@@ -43,6 +43,90 @@ const fn grid_plus_1() -> [u64; 2048] {
     t
 }
 
+/// What both the dots here and ggml_tiled's AVX-512 decoder read of an
+/// IQ1 block: its 32 grid indices (8 bits from `qs`, 3 from `qh`) and its
+/// 16 scales `2 s + 1`, one per 16 codes, in both 16-bit halves of 32-bit
+/// lanes.
+pub(crate) trait Iq1Parts {
+    /// # Safety
+    /// AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C.
+    unsafe fn parts(&self) -> ([u16; 32], __m512i);
+}
+
+impl Iq1Parts for BlockIQ1S {
+    /// Group l of sub-block ib: high index bits `3 l..` of `qh[ib]`; the
+    /// sub-block's scale in bits 12..15.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn parts(&self) -> ([u16; 32], __m512i) {
+        // Group g's high bits: word g / 4 of qh, shifted by 3 (g % 4).
+        let spread = _mm512_set_epi64(
+            0x0007_0007_0007_0007,
+            0x0006_0006_0006_0006,
+            0x0005_0005_0005_0005,
+            0x0004_0004_0004_0004,
+            0x0003_0003_0003_0003,
+            0x0002_0002_0002_0002,
+            0x0001_0001_0001_0001,
+            0,
+        );
+        let shifts = _mm512_set1_epi64(0x0009_0006_0003_0000);
+        let qh = _mm512_castsi128_si512(_mm_loadu_si128(self.qh.as_ptr() as *const __m128i));
+        let high = _mm512_srlv_epi16(_mm512_permutexvar_epi16(spread, qh), shifts);
+        let high = _mm512_slli_epi16(_mm512_and_si512(high, _mm512_set1_epi16(7)), 8);
+        let low = _mm512_cvtepu8_epi16(_mm256_loadu_si256(self.qs.as_ptr() as *const __m256i));
+        let mut index = [0u16; 32];
+        _mm512_storeu_si512(index.as_mut_ptr() as *mut _, _mm512_or_si512(low, high));
+        let s = _mm512_zextsi256_si512(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+            self.qh.as_ptr() as *const __m128i
+        )));
+        let s = _mm512_and_si512(_mm512_srli_epi32(s, 12), _mm512_set1_epi32(7));
+        (index, sub_block_pairs(s))
+    }
+}
+
+impl Iq1Parts for BlockIQ1M {
+    /// Group g's high index bits: the low 3 bits of nibble g of `qh`.
+    /// Scale i (half i % 2 of sub-block i / 2): bits `3 (i % 4)..` of scale
+    /// word i / 4.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn parts(&self) -> ([u16; 32], __m512i) {
+        let m7 = _mm512_set1_epi32(7);
+        // Dword i of `high` holds groups 2i and 2i + 1 as its two halves.
+        let qh = _mm512_cvtepu8_epi32(_mm_loadu_si128(self.qh.as_ptr() as *const __m128i));
+        let high = _mm512_or_si512(
+            _mm512_slli_epi32(_mm512_and_si512(qh, m7), 8),
+            _mm512_slli_epi32(_mm512_and_si512(qh, _mm512_set1_epi32(0x70)), 20),
+        );
+        let low = _mm512_cvtepu8_epi16(_mm256_loadu_si256(self.qs.as_ptr() as *const __m256i));
+        let mut index = [0u16; 32];
+        _mm512_storeu_si512(index.as_mut_ptr() as *mut _, _mm512_or_si512(low, high));
+        // Dword i holds scale words 2 (i / 8) and 2 (i / 8) + 1, so scale i
+        // is `16 (i / 4 % 2) + 3 (i % 4)` bits up.
+        let sc = u64::from_le_bytes(self.scales);
+        let words = _mm512_inserti64x4(
+            _mm512_set1_epi32(sc as i32),
+            _mm256_set1_epi32((sc >> 32) as i32),
+            1,
+        );
+        let shifts = _mm512_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25, 0, 3, 6, 9, 16, 19, 22, 25);
+        (
+            index,
+            odd_pairs(_mm512_and_si512(_mm512_srlv_epi32(words, shifts), m7)),
+        )
+    }
+}
+
+/// Step j's 8 grid points (groups 8j..8j + 8) from `grid`: `IQ1S_GRID`, or
+/// [`GRID_PLUS_1`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn iq1_step(index: &[u16; 32], j: usize, grid: &[u64; 2048]) -> __m512i {
+    let gi = _mm512_cvtepu16_epi64(_mm_loadu_si128(index.as_ptr().add(8 * j) as *const __m128i));
+    _mm512_i64gather_epi64::<8>(gi, grid.as_ptr() as *const i64)
+}
+
 pub(crate) fn dot_iq1_s_512(_n: usize, w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
     // SAFETY: only selected when CpuCaps::has_avx512().
     unsafe { dot_iq1_s_vnni(w, a) }
@@ -53,43 +137,16 @@ pub(crate) fn dot_iq1_s_512(_n: usize, w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
 /// activations' `bsums`), `hsum(accum) + IQ1S_DELTA * accum1`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_iq1_s_vnni(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
-    let grid = GRID_PLUS_1.as_ptr() as *const i64;
     let ones = _mm512_set1_epi8(1);
-    // Group g's high index bits: bits 3 (g % 4).. of qh[g / 4].
-    let spread = _mm512_set_epi64(
-        0x0007_0007_0007_0007,
-        0x0006_0006_0006_0006,
-        0x0005_0005_0005_0005,
-        0x0004_0004_0004_0004,
-        0x0003_0003_0003_0003,
-        0x0002_0002_0002_0002,
-        0x0001_0001_0001_0001,
-        0,
-    );
-    let shifts = _mm512_set1_epi64(0x0009_0006_0003_0000);
     let scale_at = quarter_scales();
     let mut accum = _mm256_setzero_ps();
     let mut accum1 = 0.0f32;
     for (x, y) in w.iter().zip(a) {
-        let qh = _mm512_castsi128_si512(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
-        let high = _mm512_srlv_epi16(_mm512_permutexvar_epi16(spread, qh), shifts);
-        let high = _mm512_slli_epi16(_mm512_and_si512(high, _mm512_set1_epi16(7)), 8);
-        let low = _mm512_cvtepu8_epi16(_mm256_loadu_si256(x.qs.as_ptr() as *const __m256i));
-        let mut index = [0u16; 32];
-        _mm512_storeu_si512(index.as_mut_ptr() as *mut _, _mm512_or_si512(low, high));
-        let s = _mm512_zextsi256_si512(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-            x.qh.as_ptr() as *const __m128i
-        )));
-        let scales = sub_block_pairs(_mm512_and_si512(
-            _mm512_srli_epi32(s, 12),
-            _mm512_set1_epi32(7),
-        ));
+        let (index, scales) = x.parts();
         let mut sumi = _mm512_setzero_si512();
         for (j, scale_j) in scale_at.iter().enumerate() {
             let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * j) as *const _);
-            let gi =
-                _mm512_cvtepu16_epi64(_mm_loadu_si128(index.as_ptr().add(8 * j) as *const __m128i));
-            let g = _mm512_i64gather_epi64::<8>(gi, grid);
+            let g = iq1_step(&index, j, &GRID_PLUS_1);
             let dot = _mm512_sub_epi16(_mm512_maddubs_epi16(g, q8), _mm512_maddubs_epi16(ones, q8));
             sumi = _mm512_dpwssd_epi32(sumi, dot, _mm512_permutexvar_epi32(*scale_j, scales));
         }
@@ -98,9 +155,8 @@ unsafe fn dot_iq1_s_vnni(w: &[BlockIQ1S], a: &[BlockQ8K]) -> f32 {
             let bsum = y.bsums[2 * ib] as i32 + y.bsums[2 * ib + 1] as i32;
             sumi1 += bsum * x.delta_sign(ib) * x.scale(ib);
         }
-        let sumi = halves(sumi);
         let d = y.d * h2f(x.d);
-        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accum);
+        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), halves(sumi), accum);
         accum1 = d.mul_add(sumi1 as f32, accum1);
     }
     hsum_ps(accum) + IQ1_DELTA * accum1
@@ -113,42 +169,18 @@ pub(crate) fn dot_iq1_m_512(_n: usize, w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_iq1_m_vnni(w: &[BlockIQ1M], a: &[BlockQ8K]) -> f32 {
-    let grid = GRID_PLUS_1.as_ptr() as *const i64;
     let zero = _mm512_setzero_si512();
     let ones = _mm512_set1_epi8(1);
-    let m7 = _mm512_set1_epi32(7);
-    // Scale `i` (half `i % 2` of sub-block `i / 2`) is bits `3 (i % 4)..`
-    // of scale word `i / 4`: dword `i` below holds words `2 (i / 8)` and
-    // `2 (i / 8) + 1`, so it shifts by `16 (i / 4 % 2) + 3 (i % 4)`.
-    let shifts = _mm512_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25, 0, 3, 6, 9, 16, 19, 22, 25);
     let scale_at = quarter_scales();
     let mut accum1 = _mm256_setzero_ps();
     let mut accum2 = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
-        let sc = u64::from_le_bytes(x.scales);
-        let words = _mm512_inserti64x4(
-            _mm512_set1_epi32(sc as i32),
-            _mm256_set1_epi32((sc >> 32) as i32),
-            1,
-        );
-        let scales = odd_pairs(_mm512_and_si512(_mm512_srlv_epi32(words, shifts), m7));
-        // Group g's index: qs[g] | (nibble g of qh, low 3 bits) << 8; dword
-        // i of `nib` holds groups 2i and 2i + 1 as its two 16-bit halves.
-        let qh = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
-        let high = _mm512_or_si512(
-            _mm512_slli_epi32(_mm512_and_si512(qh, m7), 8),
-            _mm512_slli_epi32(_mm512_and_si512(qh, _mm512_set1_epi32(0x70)), 20),
-        );
-        let low = _mm512_cvtepu8_epi16(_mm256_loadu_si256(x.qs.as_ptr() as *const __m256i));
-        let mut index = [0u16; 32];
-        _mm512_storeu_si512(index.as_mut_ptr() as *mut _, _mm512_or_si512(low, high));
+        let (index, scales) = x.parts();
         let mut sumi1 = _mm512_setzero_si512();
         let mut sumi2 = _mm512_setzero_si512();
         for (j, scale_j) in scale_at.iter().enumerate() {
             let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * j) as *const _);
-            let gi =
-                _mm512_cvtepu16_epi64(_mm_loadu_si128(index.as_ptr().add(8 * j) as *const __m128i));
-            let g = _mm512_i64gather_epi64::<8>(gi, grid);
+            let g = iq1_step(&index, j, &GRID_PLUS_1);
             let sum_q = _mm512_maddubs_epi16(ones, q8);
             let dot1 = _mm512_sub_epi16(_mm512_maddubs_epi16(g, q8), sum_q);
             // Bit 3 of nibble k of these 4 qh bytes: group k's delta is

@@ -839,7 +839,7 @@ unsafe fn dot_iq4_xs_avx2(w: &[BlockIQ4XS], a: &[BlockQ8K]) -> f32 {
 
 mod iq1;
 mod iq1_512;
-pub(crate) use iq1_512::{dot_iq1_m_512, dot_iq1_s_512};
+pub(crate) use iq1_512::{dot_iq1_m_512, dot_iq1_s_512, iq1_step, Iq1Parts};
 mod iq3;
 pub(crate) use iq1::{dot_iq1_m, dot_iq1_m_pdep, dot_iq1_s, dot_iq1_s_pdep};
 pub(crate) use iq3::{dot_iq3_s, dot_iq3_xxs};
