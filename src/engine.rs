@@ -135,6 +135,8 @@ pub struct LonghaulParams {
     pub verify: bool,
     /// Direct I/O for expert reads (`--longhaul-io dio`).
     pub direct_io: bool,
+    /// Expert reads batched through io_uring (`--longhaul-io uring`).
+    pub uring: bool,
 }
 
 /// What longhaul set up, for the start-up log and for clients.
@@ -362,6 +364,7 @@ impl<B: Backend> Engine<B> {
             prefetch: lp.prefetch,
             verify: lp.verify,
             direct_io: lp.direct_io,
+            uring: lp.uring,
         };
         let info = LonghaulInfo {
             n_moe_layers,

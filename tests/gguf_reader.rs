@@ -737,6 +737,118 @@ fn direct_reads_equal_the_file_bytes_at_any_alignment() {
     assert!(m.read_direct_with(0, 0, 10, |_| ()).unwrap().is_none());
 }
 
+/// io_uring's batched direct reads (`longhaul::longhaul::uring::read_batch`,
+/// `--longhaul-io uring`) hand over exactly the file's bytes for 140
+/// slices in one batch (many more than it keeps in flight, so the queue
+/// refills), at unaligned offsets and lengths up to the file's last byte;
+/// a slice past the end and one the fault seam fails are errors that leave
+/// the other slices' bytes right; slices not started once cancelled are
+/// dropped; with direct I/O off every slice is handed back to be read
+/// the usual way.
+#[cfg(target_os = "linux")]
+#[test]
+fn uring_batches_equal_the_file_bytes_at_any_alignment() {
+    use longhaul::longhaul::uring::{self, Landed, Slice};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepseek3-lite-f32.gguf");
+    let want = std::fs::read(&path).unwrap();
+    let m = Model::open(&path).unwrap();
+    m.set_direct_io(true);
+    let direct = m.read_direct_with(0, 0, 1, |_| ()).unwrap().is_some();
+    if !uring::available() || !direct {
+        eprintln!(
+            "skipped: io_uring available {}, direct I/O {direct}",
+            uring::available()
+        );
+        return;
+    }
+    let len = want.len();
+    let mut rng = Rng(0x0071);
+    let mut slices = vec![
+        (0, 1),
+        (1, 4095),
+        (4095, 2),
+        (4097, (2 << 20) + 3),
+        (len - 1, 1),
+        (3, len - 3),
+    ];
+    while slices.len() < 140 {
+        let off = rng.below(len);
+        slices.push((off, 1 + rng.below((len - off).min(1 << 20))));
+    }
+    let past = slices.len();
+    slices.push((len - 5, 10));
+    let faulty = slices.len();
+    slices.push((12_345, 678));
+    let slices: Vec<Slice> = slices
+        .iter()
+        .map(|&(offset, len)| Slice {
+            shard: 0,
+            offset: offset as u64,
+            len,
+        })
+        .collect();
+    m.set_read_fault(Some(std::sync::Arc::new(|_, off, n| {
+        (off == 12_345 && n == 678).then(|| std::io::Error::from_raw_os_error(libc::EIO))
+    })));
+    let mut seen = vec![0usize; slices.len()];
+    let read = uring::read_batch(
+        &m,
+        &slices,
+        || false,
+        |i, landed| {
+            seen[i] += 1;
+            let Slice { offset, len, .. } = slices[i];
+            let (off, n) = (offset as usize, len);
+            match landed {
+                Landed::Bytes(b) => {
+                    assert!(i != past && i != faulty, "slice {i} should have failed");
+                    assert!(
+                        b.bytes() == &want[off..off + n],
+                        "bytes differ at {off}+{n}"
+                    );
+                }
+                Landed::Failed(e) => {
+                    assert!(i == past || i == faulty, "slice {i} failed: {e}");
+                }
+                Landed::Elsewhere | Landed::Dropped => panic!("slice {i} not read"),
+            }
+        },
+    );
+    m.set_read_fault(None);
+    assert!(
+        seen.iter().all(|&n| n == 1),
+        "each slice lands once: {seen:?}"
+    );
+    assert_eq!(read as usize, slices.len() - 2);
+    // Cancelled before the first submission: nothing is read.
+    let read = uring::read_batch(
+        &m,
+        &slices[..5],
+        || true,
+        |i, landed| {
+            assert!(
+                matches!(landed, Landed::Dropped),
+                "slice {i} was not dropped"
+            );
+        },
+    );
+    assert_eq!(read, 0);
+    // Direct I/O off: handed back.
+    m.set_direct_io(false);
+    let read = uring::read_batch(
+        &m,
+        &slices[..5],
+        || false,
+        |i, landed| {
+            assert!(
+                matches!(landed, Landed::Elsewhere),
+                "slice {i} was not handed back"
+            );
+        },
+    );
+    assert_eq!(read, 0);
+}
+
 /// `longhaul::read_parallel_converting` (a resident matrix that takes the
 /// CPU kernels' layout, converted piece by piece as its reads complete)
 /// gives the bytes the whole-tensor conversion gives, buffered and direct,

@@ -223,6 +223,7 @@ fn gpu_longhaul_equals_gpu_resident() {
                 prefetch,
                 verify: false,
                 direct_io: true,
+                uring: false,
             };
             let m = Model::load_with(g.clone(), open(&name), Some(cfg)).expect("longhaul load");
             assert_eq!(m.n_slots(), slots);
@@ -264,6 +265,7 @@ fn gpu_longhaul_retry_after_a_failed_read_equals_resident() {
                 prefetch,
                 verify: false,
                 direct_io: true,
+                uring: false,
             };
             let m = Model::load_with(g.clone(), file.clone(), Some(cfg)).expect("longhaul load");
             // Another prompt first: the run below starts on a warm cache,

@@ -302,6 +302,7 @@ fn longhaul_lru(budget_bytes: u64) -> LonghaulConfig {
         prefetch: false,
         verify: false,
         direct_io: true,
+        uring: false,
     }
 }
 

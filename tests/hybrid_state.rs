@@ -219,6 +219,7 @@ fn a_failed_read_mid_batch_leaves_the_recurrent_state_usable() {
         prefetch: false,
         verify: false,
         direct_io: true,
+        uring: false,
     };
     let mut failures = 0;
     for checkpoint in [true, false] {

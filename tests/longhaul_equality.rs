@@ -45,6 +45,7 @@ fn longhaul_model(
     cost: (usize, u64),
     policy: Policy,
     prefetch: bool,
+    uring: bool,
 ) -> Model<CpuBackend> {
     let file = Arc::new(gguf::Model::open(path).expect("open"));
     let cfg = LonghaulConfig {
@@ -53,10 +54,27 @@ fn longhaul_model(
         prefetch,
         verify: false,
         direct_io: true,
+        uring,
     };
     let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul load");
     assert_eq!(m.n_slots(), slots);
     m
+}
+
+/// Whether io_uring can serve direct reads of `path` here (see
+/// `longhaul::longhaul::uring`): the kernel gives a ring and the file
+/// system takes `O_DIRECT`.
+fn ring_serves(path: &Path) -> bool {
+    let file = gguf::Model::open(path).expect("open");
+    file.set_direct_io(true);
+    let direct = file
+        .read_direct_with(0, 0, 1, |_| ())
+        .expect("direct read")
+        .is_some();
+    if !longhaul::longhaul::uring::available() {
+        eprintln!("io_uring is not available here: the uring runs read with the I/O threads");
+    }
+    direct && longhaul::longhaul::uring::available()
 }
 
 fn check(path: &Path, label: &str) {
@@ -67,13 +85,17 @@ fn check(path: &Path, label: &str) {
     let mut sizes: Vec<usize> = vec![1, 2, n_expert / 2, n_expert - 1, n_expert];
     sizes.retain(|&s| s >= 1);
     sizes.dedup();
+    // Whether io_uring serves this file: the kernel gives a ring and the
+    // file system takes direct reads.
+    let ring_reads = ring_serves(path);
     for &slots in &sizes {
-        for (policy, prefetch) in [
-            (Policy::Lru, false),
-            (Policy::Lfu, false),
-            (Policy::Lru, true),
+        for (policy, prefetch, uring) in [
+            (Policy::Lru, false, false),
+            (Policy::Lfu, false, false),
+            (Policy::Lru, true, false),
+            (Policy::Lru, false, true),
         ] {
-            let m = longhaul_model(path, slots, cost, policy, prefetch);
+            let m = longhaul_model(path, slots, cost, policy, prefetch, uring);
             // No warmup: not one expert byte is read before the first real batch.
             let untouched = m
                 .longhaul_stats()
@@ -84,7 +106,7 @@ fn check(path: &Path, label: &str) {
             let (logits, tokens) = run(&m);
             assert_eq!(
                 tokens, want_tokens,
-                "{label}: {slots} slots, {policy:?}, prefetch {prefetch}: tokens differ"
+                "{label}: {slots} slots, {policy:?}, prefetch {prefetch}, uring {uring}: tokens differ"
             );
             let same = logits
                 .iter()
@@ -92,7 +114,7 @@ fn check(path: &Path, label: &str) {
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(
                 same && logits.len() == want_logits.len(),
-                "{label}: {slots} slots, {policy:?}, prefetch {prefetch}: logits are not bit-identical"
+                "{label}: {slots} slots, {policy:?}, prefetch {prefetch}, uring {uring}: logits are not bit-identical"
             );
             let stats = m.longhaul_stats().expect("stats");
             let total = stats
@@ -105,6 +127,19 @@ fn check(path: &Path, label: &str) {
                 total.misses > 0 && total.bytes_read > 0,
                 "{label}: nothing was streamed"
             );
+            // The ring read every missed expert's slices (two or three
+            // routed tensors each) where it serves the file, and nothing
+            // without `uring`.
+            if uring && ring_reads {
+                assert!(
+                    total.uring_reads >= 2 * total.misses,
+                    "{label}: {slots} slots: {} slices through io_uring for {} misses",
+                    total.uring_reads,
+                    total.misses
+                );
+            } else {
+                assert_eq!(total.uring_reads, 0, "{label}: uring {uring}");
+            }
             if slots < m.hp.n_expert_used {
                 assert!(
                     total.multi_wave_batches > 0,
@@ -256,6 +291,7 @@ fn mixed_expert_types_size_each_layers_slots() {
             prefetch: false,
             verify: false,
             direct_io: true,
+            uring: false,
         };
         let m = Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("load");
         assert_eq!(m.n_slots(), slots, "budget {budget}");
@@ -282,6 +318,7 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
         prefetch: false,
         verify: true,
         direct_io: true,
+        uring: false,
     };
     let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("load");
     file.set_read_fault(Some(Arc::new(|_, _, _| {
@@ -427,6 +464,7 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
                 prefetch,
                 verify: false,
                 direct_io: true,
+                uring: false,
             };
             let m = Model::load_opts(
                 CpuBackend::new(),

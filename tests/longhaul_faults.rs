@@ -69,6 +69,7 @@ fn longhaul(path: &Path) -> Model<CpuBackend> {
         prefetch: true,
         verify: false,
         direct_io: true,
+        uring: false,
     };
     Model::load_with(CpuBackend::new(), file, Some(cfg)).expect("longhaul")
 }
@@ -188,6 +189,7 @@ fn longhaul_slots(
     n_slots: usize,
     policy: Policy,
     prefetch: bool,
+    uring: bool,
 ) -> Model<CpuBackend> {
     let probe = Model::load(CpuBackend::new(), file.clone()).expect("load");
     let (layers, bytes) = probe.expert_slot_cost().expect("cost");
@@ -197,6 +199,7 @@ fn longhaul_slots(
         prefetch,
         verify: false,
         direct_io: true,
+        uring,
     };
     let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul");
     assert_eq!(m.n_slots(), n_slots);
@@ -256,9 +259,11 @@ fn every_failed_read(path: &Path, slot_counts: &[usize]) {
     let want = logit_bits(&resident, &PROMPT, 3).expect("resident run");
     let mut failed_runs = 0;
     for &n_slots in slot_counts {
-        for prefetch in [false, true] {
+        // io_uring (`--longhaul-io uring`) checks each slice at submission,
+        // where the fault seam fails it.
+        for (prefetch, uring) in [(false, false), (true, false), (false, true)] {
             let warm = || {
-                let m = longhaul_slots(&file, n_slots, Policy::Lru, prefetch);
+                let m = longhaul_slots(&file, n_slots, Policy::Lru, prefetch, uring);
                 logit_bits(&m, &WARMUP, 2).expect("warm-up");
                 m
             };
@@ -283,14 +288,17 @@ fn every_failed_read(path: &Path, slot_counts: &[usize]) {
                         assert_read_error(Err::<(), _>(e), path);
                     }
                     // A failed prefetch is not an error: output must be exact.
-                    Ok(got) => assert_eq!(got, want, "{n_slots} slots, read {at} failed quietly"),
+                    Ok(got) => assert_eq!(
+                        got, want,
+                        "{n_slots} slots, uring {uring}, read {at} failed quietly"
+                    ),
                 }
                 file.set_read_fault(None);
                 for retry in 0..2 {
                     assert_eq!(
                         logit_bits(&m, &PROMPT, 3).expect("retry"),
                         want,
-                        "{n_slots} slots, prefetch {prefetch}, read {at} failed, retry {retry}"
+                        "{n_slots} slots, prefetch {prefetch}, uring {uring}, read {at} failed, retry {retry}"
                     );
                 }
             }
@@ -310,8 +318,9 @@ fn xorshift(s: &mut u64) -> u64 {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Random prompts through a cache of random size, with reads failing at
-    /// random, then the same prompts without faults: every one equals the
+    /// Random prompts through a cache of random size (reads through the
+    /// I/O threads or io_uring), with reads failing at random, then the
+    /// same prompts without faults: every one equals the
     /// resident run bit for bit.
     #[test]
     fn random_faults_over_random_streams_leave_the_cache_exact(
@@ -319,13 +328,14 @@ proptest! {
         n_slots in 1usize..=8,
         lfu in any::<bool>(),
         prefetch in any::<bool>(),
+        uring in any::<bool>(),
         fault_seed in 1u64..u64::MAX,
         one_in in 2u64..12,
     ) {
         let file = shared_file("random-streams.gguf");
         let resident = Model::load(CpuBackend::new(), file.clone()).expect("resident");
         let policy = if lfu { Policy::Lfu } else { Policy::Lru };
-        let m = longhaul_slots(&file, n_slots, policy, prefetch);
+        let m = longhaul_slots(&file, n_slots, policy, prefetch, uring);
         let faults = Arc::new(std::sync::Mutex::new(fault_seed));
         for p in &prompts {
             let state = faults.clone();
@@ -618,6 +628,7 @@ fn verify_refuses_an_expert_whose_bytes_changed_between_reads() {
             prefetch: false,
             verify,
             direct_io: true,
+            uring: false,
         };
         Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul")
     };

@@ -117,6 +117,7 @@ fn memory_stays_within_budget_and_page_cache_does_not_fill() {
             prefetch: true,
             verify: false,
             direct_io: true,
+            uring: false,
         }),
     )
     .expect("longhaul");

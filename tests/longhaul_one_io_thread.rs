@@ -47,6 +47,7 @@ fn check(path: &Path) {
             prefetch: true,
             verify: false,
             direct_io: true,
+            uring: false,
         };
         let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("longhaul");
         assert_eq!(generate(&m, 24), want, "{slots} slots");

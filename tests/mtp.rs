@@ -199,6 +199,7 @@ fn engine_for(model: &str, exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBac
             prefetch: false,
             verify: false,
             direct_io: true,
+            uring: false,
         }),
         ..EngineParams::default()
     };

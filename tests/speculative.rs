@@ -48,6 +48,7 @@ fn params(n_ctx: usize, budget: Option<u64>) -> EngineParams {
             prefetch: false,
             verify: false,
             direct_io: true,
+            uring: false,
         }),
         ..EngineParams::default()
     }
@@ -784,6 +785,7 @@ fn the_auto_expert_budget_leaves_out_the_draft_model() {
         prefetch: false,
         verify: false,
         direct_io: true,
+        uring: false,
     });
     let plain = load(&target, p.clone());
     p.draft_model = Some(draft.clone());

@@ -35,6 +35,7 @@ fn params(n_ctx: usize, kv: GgmlType, longhaul: bool) -> EngineParams {
             prefetch: false,
             verify: false,
             direct_io: true,
+            uring: false,
         }),
         ..EngineParams::default()
     }

@@ -775,6 +775,7 @@ fn bench_mode<B: Backend + 'static>(
                 prefetch: a.longhaul.prefetch,
                 verify: a.longhaul.verify,
                 direct_io: a.longhaul.direct_io()?,
+                uring: a.longhaul.uring()?,
             }),
         };
         // Longhaul skips warmup: no expert byte is read before the first real run.

@@ -138,6 +138,7 @@ fn demo_on<B: Backend>(
         prefetch: false,
         verify: false,
         direct_io: true,
+        uring: false,
     };
     let (eng_l, out_l, text_l, st_l) = gen(EngineParams {
         longhaul: Some(lp),

@@ -113,6 +113,19 @@ pub fn longhaul_start<B: Backend>(e: &Engine<B>) {
         mib(i.resident_bytes),
         mib(i.kv_bytes)
     );
+    if e.params.longhaul.is_some_and(|l| l.uring) && !uring_available() {
+        eprintln!("longhaul: --longhaul-io uring: this system gives no io_uring (an old kernel or a sandbox that forbids it); expert reads go through the I/O threads as with dio");
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn uring_available() -> bool {
+    longhaul::longhaul::uring::available()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn uring_available() -> bool {
+    false
 }
 
 /// Speculative decoding's counters, as llama.cpp's `draft acceptance rate`

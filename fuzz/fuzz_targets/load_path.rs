@@ -255,6 +255,7 @@ fn run(data: &[u8]) {
         prefetch: knobs.prefetch,
         verify: knobs.verify,
         direct_io: true,
+        uring: false,
     };
     let streamed = stage(
         "longhaul load",

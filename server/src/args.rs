@@ -352,11 +352,13 @@ pub struct LonghaulArgs {
     #[arg(long = "longhaul-verify")]
     pub verify: bool,
     /// How experts are read: dio (direct I/O, llama.cpp's name; the
-    /// default, buffered where the file system refuses it) or buffered
-    /// (through the page cache, whose pages are dropped after each read).
+    /// default, buffered where the file system refuses it), uring (direct
+    /// I/O, each layer's reads submitted at once through io_uring; Linux,
+    /// else as dio) or buffered (through the page cache, whose pages are
+    /// dropped after each read).
     #[arg(
         long = "longhaul-io",
-        value_name = "dio|buffered",
+        value_name = "dio|uring|buffered",
         default_value = "dio"
     )]
     pub io: String,
@@ -367,10 +369,15 @@ impl LonghaulArgs {
     pub fn direct_io(&self) -> anyhow::Result<bool> {
         match self.io.as_str() {
             // Empty: a `Default` value, which means the default.
-            "dio" | "" => Ok(true),
+            "dio" | "uring" | "" => Ok(true),
             "buffered" => Ok(false),
-            v => anyhow::bail!("--longhaul-io {v}: use dio or buffered"),
+            v => anyhow::bail!("--longhaul-io {v}: use dio, uring or buffered"),
         }
+    }
+
+    /// `--longhaul-io uring`: whether expert reads go through io_uring.
+    pub fn uring(&self) -> anyhow::Result<bool> {
+        Ok(self.direct_io()? && self.io == "uring")
     }
 
     pub fn params(&self) -> anyhow::Result<Option<LonghaulParams>> {
@@ -396,6 +403,7 @@ impl LonghaulArgs {
             prefetch: self.prefetch,
             verify: self.verify,
             direct_io,
+            uring: self.uring()?,
         }))
     }
 }

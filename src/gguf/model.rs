@@ -346,6 +346,24 @@ impl Model {
             })
     }
 
+    /// For reads submitted elsewhere (io_uring): after the range check and
+    /// the fault seam every read goes through, the shard's file opened with
+    /// `O_DIRECT`, whose reads need the offset, length and buffer aligned to
+    /// [`DIRECT_ALIGN`]. `Ok(None)` when direct I/O is off or unavailable
+    /// for the file: then read with [`Model::read_at`].
+    pub fn direct_file(
+        &self,
+        shard: usize,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<&File>, GgufError> {
+        if !self.direct_io.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let s = self.shard_to_read(shard, offset, len)?;
+        Ok(direct::file(s))
+    }
+
     /// The shard a read of `len` bytes at `offset` goes to, once the range
     /// is checked and no injected fault ([`Model::set_read_fault`]) fails it.
     fn shard_to_read(&self, shard: usize, offset: u64, len: usize) -> Result<&Shard, GgufError> {
@@ -516,6 +534,10 @@ fn check_shard(
     Ok(())
 }
 
+/// Alignment of direct reads' offsets, lengths and buffers (4 KiB covers
+/// 512-byte and 4 KiB logical blocks).
+pub const DIRECT_ALIGN: usize = 4096;
+
 /// Direct positional reads: `O_DIRECT` needs the offset, length and buffer
 /// aligned to the device's block size, so each read covers the aligned range
 /// around the wanted bytes, in a per-thread aligned buffer, and copies them
@@ -528,9 +550,7 @@ mod direct {
 
     use super::Shard;
 
-    /// Alignment of offsets, lengths and buffers (4 KiB covers 512-byte and
-    /// 4 KiB logical blocks).
-    const ALIGN: usize = 4096;
+    const ALIGN: usize = super::DIRECT_ALIGN;
     /// Bytes per direct read.
     const CHUNK: usize = 2 << 20;
 
@@ -540,7 +560,7 @@ mod direct {
 
     /// The shard reopened with `O_DIRECT` through `/proc/self/fd`, so it is
     /// the same open file whatever happened to the path since.
-    fn file(s: &Shard) -> Option<&File> {
+    pub(super) fn file(s: &Shard) -> Option<&File> {
         s.direct
             .get_or_init(|| {
                 use std::os::fd::AsRawFd;
@@ -650,6 +670,10 @@ mod direct {
 
 #[cfg(not(target_os = "linux"))]
 mod direct {
+    pub(super) fn file(_: &super::Shard) -> Option<&std::fs::File> {
+        None
+    }
+
     pub(super) fn read(_: &super::Shard, _: u64, _: &mut [u8]) -> Option<std::io::Result<()>> {
         None
     }

@@ -11,6 +11,8 @@ pub mod cache;
 mod loader;
 mod stats;
 pub mod trace;
+#[cfg(target_os = "linux")]
+pub mod uring;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -83,6 +85,11 @@ pub struct LonghaulConfig {
     /// (`--longhaul-io dio`, the default): the slots are the cache, so the
     /// page cache's copy, its eviction and its CPU time are waste.
     pub direct_io: bool,
+    /// Direct reads submitted a wave at a time through io_uring
+    /// (`--longhaul-io uring`, Linux), each slice converted into its slot
+    /// on another I/O thread as it lands. Where the kernel gives no ring,
+    /// or direct I/O is off or refused, slices are read the usual way.
+    pub uring: bool,
 }
 
 /// Where a routed tensor's experts live in the file.
@@ -149,6 +156,8 @@ struct Done {
     job: usize,
     buf: Vec<u8>,
     res: Result<Option<u32>, (usize, GgufError)>,
+    /// Read through io_uring.
+    ring: bool,
 }
 
 /// A wave whose missing experts are being read on the I/O pool while the
@@ -225,6 +234,140 @@ impl Fill {
     }
 }
 
+/// One slice of a [`Fill`]'s reads: job `job` (tensor `tensor` of its
+/// expert) into the lent slot buffer `buf`, answered on `tx`.
+struct SliceRead {
+    job: usize,
+    tensor: usize,
+    shard: usize,
+    offset: u64,
+    buf: Vec<u8>,
+    tx: mpsc::Sender<Done>,
+}
+
+/// What every read of a [`Fill`] shares.
+#[derive(Clone)]
+struct ReadCtx<'s> {
+    file: &'s gguf::Model,
+    checksum: bool,
+    convert: Option<crate::backend::SlotConverter>,
+    cancel: Option<&'s AtomicBool>,
+}
+
+impl ReadCtx<'_> {
+    fn cancelled(&self) -> bool {
+        self.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// Answers `r` with `res`. The receiver is gone only when the sync
+    /// point gave up; the slot is then recorded empty and gets a fresh
+    /// buffer.
+    /// `ring`: the bytes came through io_uring.
+    fn answer(r: SliceRead, res: Result<Option<u32>, (usize, GgufError)>, ring: bool) {
+        let _ = r.tx.send(Done {
+            job: r.job,
+            buf: r.buf,
+            res,
+            ring,
+        });
+    }
+
+    /// Reads `r` with a positional read on this thread, into the store's
+    /// layout, unless cancelled first.
+    fn read_one(&self, mut r: SliceRead) {
+        let res = if self.cancelled() {
+            Ok(None)
+        } else {
+            let ti = r.tensor;
+            let to_slot = self
+                .convert
+                .as_ref()
+                .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(ti, buf, src));
+            let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
+            read_slice(
+                self.file,
+                r.shard,
+                r.offset,
+                &mut r.buf,
+                self.checksum,
+                to_slot,
+            )
+            .map(Some)
+            .map_err(|e| (r.shard, e))
+        };
+        Self::answer(r, res, false);
+    }
+
+    /// Reads every slice of `reads` through this thread's io_uring; each
+    /// slice that lands is converted into its slot on another I/O thread,
+    /// and one the ring cannot serve is read there with [`ReadCtx::read_one`].
+    #[cfg(target_os = "linux")]
+    fn read_batched<'s>(&self, reads: Vec<SliceRead>, io: &IoScope<'s>)
+    where
+        Self: 's,
+    {
+        let slices: Vec<uring::Slice> = reads
+            .iter()
+            .map(|r| uring::Slice {
+                shard: r.shard,
+                offset: r.offset,
+                len: r.buf.len(),
+            })
+            .collect();
+        let mut reads: Vec<Option<SliceRead>> = reads.into_iter().map(Some).collect();
+        uring::read_batch(
+            self.file,
+            &slices,
+            || self.cancelled(),
+            |i, landed| {
+                let Some(r) = reads.get_mut(i).and_then(Option::take) else {
+                    return;
+                };
+                let ctx = self.clone();
+                match landed {
+                    uring::Landed::Bytes(src) => io.spawn(move |_| ctx.convert_landed(r, src)),
+                    uring::Landed::Elsewhere => io.spawn(move |_| ctx.read_one(r)),
+                    uring::Landed::Dropped => Self::answer(r, Ok(None), false),
+                    uring::Landed::Failed(e) => {
+                        let shard = r.shard;
+                        Self::answer(r, Err((shard, e)), false)
+                    }
+                }
+            },
+        );
+    }
+
+    /// Writes a slice that landed in `src` into its slot buffer, in the
+    /// store's layout.
+    #[cfg(target_os = "linux")]
+    fn convert_landed(&self, mut r: SliceRead, src: uring::Bounce) {
+        let bytes = src.bytes();
+        let crc = if self.checksum {
+            crc32fast::hash(bytes)
+        } else {
+            0
+        };
+        let res = match &self.convert {
+            Some(f) => f(r.tensor, &mut r.buf, Some(bytes)).map_err(|e| {
+                let source = std::io::Error::other(e.to_string());
+                let path = self
+                    .file
+                    .shards()
+                    .get(r.shard)
+                    .map(|s| s.path.clone())
+                    .unwrap_or_default();
+                (r.shard, GgufError::Io { path, source })
+            }),
+            None => {
+                r.buf.copy_from_slice(bytes);
+                Ok(())
+            }
+        };
+        drop(src);
+        Self::answer(r, res.map(|()| Some(crc)), true);
+    }
+}
+
 /// The streamed experts of one MoE layer: planner, slots and file layout.
 pub struct StreamedLayer<S: SlotStore> {
     layer: usize,
@@ -240,6 +383,8 @@ pub struct StreamedLayer<S: SlotStore> {
     /// With `--longhaul-verify`: the CRC-32 of each `(expert, tensor)` slice
     /// as first read, at `expert * n_tensors + tensor`.
     checksums: Option<Vec<Option<u32>>>,
+    /// Reads through io_uring ([`LonghaulConfig::uring`]).
+    uring: bool,
 }
 
 impl<S: SlotStore> StreamedLayer<S> {
@@ -276,7 +421,16 @@ impl<S: SlotStore> StreamedLayer<S> {
             prefetched: Vec::new(),
             inflight: None,
             checksums: None,
+            uring: false,
         })
+    }
+
+    /// Submits each wave's reads in one batch through io_uring (see
+    /// [`LonghaulConfig::uring`]) instead of one positional read per I/O
+    /// thread.
+    pub fn batched_reads(mut self, on: bool) -> Self {
+        self.uring = on;
+        self
     }
 
     /// Checksums every expert slice read from now on (see
@@ -379,9 +533,11 @@ impl<S: SlotStore> StreamedLayer<S> {
 
     /// Lends the slots of `fill`'s loads (already recorded empty) and
     /// spawns their reads on `io`, each slice taking the store's layout on
-    /// the reading thread; a read not yet started once `cancel` is set is
-    /// dropped. Returns false, having read nothing, when the store cannot
-    /// lend its slots.
+    /// an I/O thread; a read not yet started once `cancel` is set is
+    /// dropped. With io_uring (`--longhaul-io uring`), one I/O thread
+    /// submits the whole wave's reads and the others convert each slice as
+    /// it lands; else each slice is one task's positional read. Returns
+    /// false, having read nothing, when the store cannot lend its slots.
     fn spawn_reads<'s>(
         &mut self,
         file: &'s gguf::Model,
@@ -395,37 +551,40 @@ impl<S: SlotStore> StreamedLayer<S> {
         };
         let n_t = self.tensors.len();
         let (tx, rx) = mpsc::channel();
-        let checksum = self.checksums.is_some();
-        // Slices take the store's layout on the reading thread, after the
-        // checksum of the bytes as read.
-        let convert = self.slots.converter();
-        for (job, buf) in lent.into_iter().enumerate() {
-            let e = fill.wave.loads[job / n_t].0;
-            let ti = job % n_t;
-            let t = &self.tensors[ti];
-            let convert = convert.clone();
-            let (shard, offset) = (t.shard, t.offset + e as u64 * t.expert_bytes);
-            let tx = tx.clone();
-            io.spawn(move |_| {
-                let mut buf = buf;
-                let res = if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                    Ok(None)
-                } else {
-                    let to_slot = convert
-                        .as_ref()
-                        .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(ti, buf, src));
-                    let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
-                    read_slice(file, shard, offset, &mut buf, checksum, to_slot)
-                        .map(Some)
-                        .map_err(|e| (shard, e))
-                };
-                // The receiver is gone only when the sync point gave up; the
-                // slot is then recorded empty and gets a fresh buffer.
-                let _ = tx.send(Done { job, buf, res });
-            });
-            fill.pending += 1;
-        }
+        let reads: Vec<SliceRead> = lent
+            .into_iter()
+            .enumerate()
+            .map(|(job, buf)| {
+                let e = fill.wave.loads[job / n_t].0;
+                let ti = job % n_t;
+                let t = &self.tensors[ti];
+                SliceRead {
+                    job,
+                    tensor: ti,
+                    shard: t.shard,
+                    offset: t.offset + e as u64 * t.expert_bytes,
+                    buf,
+                    tx: tx.clone(),
+                }
+            })
+            .collect();
+        fill.pending += reads.len();
         fill.rx = Some(rx);
+        let ctx = ReadCtx {
+            file,
+            checksum: self.checksums.is_some(),
+            convert: self.slots.converter(),
+            cancel,
+        };
+        #[cfg(target_os = "linux")]
+        if self.uring {
+            io.spawn(move |io| ctx.read_batched(reads, io));
+            return Ok(true);
+        }
+        for r in reads {
+            let ctx = ctx.clone();
+            io.spawn(move |_| ctx.read_one(r));
+        }
         Ok(true)
     }
 
@@ -475,6 +634,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                 Ok(Some(crc)) => {
                     fill.crcs[d.job] = crc;
                     fill.bytes += d.buf.len() as u64;
+                    self.stats.uring_reads += d.ring as u64;
                 }
                 Ok(None) => fill.dropped[li] = true,
                 Err(e) => {

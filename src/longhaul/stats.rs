@@ -30,6 +30,9 @@ pub struct CacheStats {
     /// Experts the batches after a prefetch needed that were not cached
     /// before it (what a perfect prefetch would have read).
     pub prefetch_wanted: u64,
+    /// Slices read through io_uring (`--longhaul-io uring`); the rest of
+    /// `bytes_read` went through the I/O threads' positional reads.
+    pub uring_reads: u64,
 }
 
 impl CacheStats {
@@ -89,6 +92,7 @@ impl CacheStats {
             prefetch_bytes: self.prefetch_bytes.saturating_sub(earlier.prefetch_bytes),
             prefetch_used: self.prefetch_used.saturating_sub(earlier.prefetch_used),
             prefetch_wanted: self.prefetch_wanted.saturating_sub(earlier.prefetch_wanted),
+            uring_reads: self.uring_reads.saturating_sub(earlier.uring_reads),
         }
     }
 
@@ -116,6 +120,7 @@ impl CacheStats {
         self.overlapped += o.overlapped;
         self.waves += o.waves;
         self.multi_wave_batches += o.multi_wave_batches;
+        self.uring_reads += o.uring_reads;
     }
 }
 
@@ -133,6 +138,7 @@ mod stats_tests {
             read_time: Duration::from_millis(70),
             overlapped: 2,
             waves: 4,
+            uring_reads: 6,
             ..CacheStats::default()
         };
         let decode = CacheStats {

@@ -163,7 +163,7 @@ pub(super) fn attach<B: Backend>(
     for (il, ts) in layers {
         let specs = longhaul::slot_tensors(&ts, repack)?;
         let slots = m.backend.new_slots(&specs, n_slots)?;
-        let l = StreamedLayer::new(il, &ts, slots, n_slots, cfg.policy)?;
+        let l = StreamedLayer::new(il, &ts, slots, n_slots, cfg.policy)?.batched_reads(cfg.uring);
         m.runtime.streamed[il] = Some(Mutex::new(if cfg.verify { l.verify_reads() } else { l }));
     }
     m.runtime.n_slots = n_slots;

@@ -95,6 +95,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
             prefetch: false,
             verify: false,
             direct_io: true,
+            uring: false,
         }),
         no_mmap: false,
         chat_template: o.chat_template.clone(),
