@@ -303,7 +303,8 @@ fn mixed_expert_types_size_each_layers_slots() {
 /// wave's missing experts are still being read, and each missing one once
 /// its reads are in: with every read slowed by 10 ms (the reader's fault
 /// seam sleeps and lets the read through), experts are computed with reads
-/// of their wave in flight, and the logits are still resident's, bit for bit.
+/// of their wave in flight, and the logits are still resident's, bit for
+/// bit, through the I/O threads and through io_uring.
 #[test]
 fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
     let path = fixture("qwen3moe-q4_k_m.gguf");
@@ -311,43 +312,47 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
     let (want_logits, want_tokens) = run(&resident);
     let cost = resident.expert_slot_cost().expect("cost");
     let slots = resident.hp.n_expert / 2;
-    let file = Arc::new(gguf::Model::open(&path).expect("open"));
-    let cfg = LonghaulConfig {
-        budget_bytes: slots as u64 * cost.0 as u64 * cost.1,
-        policy: Policy::Lru,
-        prefetch: false,
-        verify: true,
-        direct_io: true,
-        uring: false,
-    };
-    let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("load");
-    file.set_read_fault(Some(Arc::new(|_, _, _| {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        None
-    })));
-    let (logits, tokens) = run(&m);
-    file.set_read_fault(None);
-    assert_eq!(tokens, want_tokens, "tokens differ");
-    assert!(
-        logits.len() == want_logits.len()
-            && logits
-                .iter()
-                .zip(&want_logits)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "logits are not bit-identical"
-    );
-    let total = m.longhaul_stats().expect("stats").iter().fold(
-        longhaul::longhaul::CacheStats::default(),
-        |mut a, s| {
-            a.add(s);
-            a
-        },
-    );
-    assert!(total.misses > 0 && total.hits > 0, "{total:?}");
-    assert!(
+    // Through the I/O threads, then through io_uring (whose submitting
+    // thread meets the slow seam before each read).
+    for uring in [false, true] {
+        let file = Arc::new(gguf::Model::open(&path).expect("open"));
+        let cfg = LonghaulConfig {
+            budget_bytes: slots as u64 * cost.0 as u64 * cost.1,
+            policy: Policy::Lru,
+            prefetch: false,
+            verify: true,
+            direct_io: true,
+            uring,
+        };
+        let m = Model::load_with(CpuBackend::new(), file.clone(), Some(cfg)).expect("load");
+        file.set_read_fault(Some(Arc::new(|_, _, _| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            None
+        })));
+        let (logits, tokens) = run(&m);
+        file.set_read_fault(None);
+        assert_eq!(tokens, want_tokens, "uring {uring}: tokens differ");
+        assert!(
+            logits.len() == want_logits.len()
+                && logits
+                    .iter()
+                    .zip(&want_logits)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "uring {uring}: logits are not bit-identical"
+        );
+        let total = m.longhaul_stats().expect("stats").iter().fold(
+            longhaul::longhaul::CacheStats::default(),
+            |mut a, s| {
+                a.add(s);
+                a
+            },
+        );
+        assert!(total.misses > 0 && total.hits > 0, "{total:?}");
+        assert!(
         total.overlapped > 0,
-        "no expert was computed while its wave's reads were in flight: {total:?}"
+        "uring {uring}: no expert was computed while its wave's reads were in flight: {total:?}"
     );
+    }
 }
 
 /// The interleaved weight layout (`--repack`, `quant::layout`) in resident
