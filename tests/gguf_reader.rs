@@ -739,10 +739,10 @@ fn direct_reads_equal_the_file_bytes_at_any_alignment() {
 
 /// io_uring's batched direct reads (`longhaul::longhaul::uring::read_batch`,
 /// `--longhaul-io uring`) hand over exactly the file's bytes for 140
-/// slices in one batch (many more than it keeps in flight, so the queue
-/// refills), at unaligned offsets and lengths up to the file's last byte;
+/// slices in one batch (8 in flight, so the queue refills), at unaligned offsets and lengths up to the file's last byte;
 /// a slice past the end and one the fault seam fails are errors that leave
-/// the other slices' bytes right; slices not started once cancelled are
+/// the other slices' bytes right; chained batches (reads one after another
+/// in each chain) give the same bytes; slices not started once cancelled are
 /// dropped; with direct I/O off every slice is handed back to be read
 /// the usual way.
 #[cfg(target_os = "linux")]
@@ -794,6 +794,7 @@ fn uring_batches_equal_the_file_bytes_at_any_alignment() {
     let read = uring::read_batch(
         &m,
         &slices,
+        8,
         || false,
         |i, landed| {
             seen[i] += 1;
@@ -820,10 +821,43 @@ fn uring_batches_equal_the_file_bytes_at_any_alignment() {
         "each slice lands once: {seen:?}"
     );
     assert_eq!(read as usize, slices.len() - 2);
+    // Chained (the sync point's batches): 40 slices as 3 chains of reads
+    // one after another, all submitted at once, polled without waiting
+    // until they are in.
+    let chained: Vec<Slice> = slices[..40].to_vec();
+    let mut batch = uring::Batch::chained(chained.clone(), 3).expect("a ring");
+    let mut seen = vec![0usize; chained.len()];
+    while !batch.done() {
+        batch.poll(
+            &m,
+            false,
+            || false,
+            |i, landed| {
+                seen[i] += 1;
+                let (off, n) = (chained[i].offset as usize, chained[i].len);
+                match landed {
+                    Landed::Bytes(b) => assert!(
+                        b.bytes() == &want[off..off + n],
+                        "chained: bytes differ at {off}+{n}"
+                    ),
+                    _ => panic!("chained slice {i} not read"),
+                }
+            },
+        );
+    }
+    assert!(
+        seen.iter().all(|&n| n == 1),
+        "each chained slice lands once: {seen:?}"
+    );
+    assert!(
+        uring::Batch::chained(slices.clone(), 3).is_none(),
+        "more slices than a ring holds"
+    );
     // Cancelled before the first submission: nothing is read.
     let read = uring::read_batch(
         &m,
         &slices[..5],
+        8,
         || true,
         |i, landed| {
             assert!(
@@ -838,6 +872,7 @@ fn uring_batches_equal_the_file_bytes_at_any_alignment() {
     let read = uring::read_batch(
         &m,
         &slices[..5],
+        8,
         || false,
         |i, landed| {
             assert!(

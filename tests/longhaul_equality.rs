@@ -127,17 +127,17 @@ fn check(path: &Path, label: &str) {
                 total.misses > 0 && total.bytes_read > 0,
                 "{label}: nothing was streamed"
             );
-            // The ring read every missed expert's slices (two or three
-            // routed tensors each) where it serves the file, and nothing
-            // without `uring`.
-            if uring && ring_reads {
+            // The ring read the decode steps' slices (a prompt's larger
+            // waves go through the I/O threads) where it serves the file,
+            // and nothing without `uring`. Caches of up to half the experts
+            // miss during decode; larger ones may hold all it needs.
+            if uring && ring_reads && slots <= n_expert / 2 {
                 assert!(
-                    total.uring_reads >= 2 * total.misses,
-                    "{label}: {slots} slots: {} slices through io_uring for {} misses",
-                    total.uring_reads,
+                    total.uring_reads > 0,
+                    "{label}: {slots} slots: no slice through io_uring for {} misses",
                     total.misses
                 );
-            } else {
+            } else if !uring {
                 assert_eq!(total.uring_reads, 0, "{label}: uring {uring}");
             }
             if slots < m.hp.n_expert_used {

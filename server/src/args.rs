@@ -353,9 +353,9 @@ pub struct LonghaulArgs {
     pub verify: bool,
     /// How experts are read: dio (direct I/O, llama.cpp's name; the
     /// default, buffered where the file system refuses it), uring (direct
-    /// I/O, each layer's reads submitted at once through io_uring; Linux,
-    /// else as dio) or buffered (through the page cache, whose pages are
-    /// dropped after each read).
+    /// I/O, a decode step's reads of a layer submitted at once through
+    /// io_uring; Linux, else as dio) or buffered (through the page cache,
+    /// whose pages are dropped after each read).
     #[arg(
         long = "longhaul-io",
         value_name = "dio|uring|buffered",

@@ -35,11 +35,6 @@ pub(super) fn io_pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
-/// Threads of the longhaul I/O pool (`LONGHAUL_IO_THREADS`, default 8).
-pub(super) fn io_threads() -> usize {
-    io_pool().map_or(1, |p| p.current_num_threads())
-}
-
 #[cfg(target_os = "linux")]
 pub(super) fn drop_pages(file: &std::fs::File, offset: u64, len: u64) {
     use std::os::fd::AsRawFd;

@@ -16,6 +16,9 @@ pub mod uring;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+
+#[cfg(target_os = "linux")]
+use rayon::prelude::*;
 use std::time::Instant;
 
 use crate::backend::{BackendError, SlotStore, SlotTensor};
@@ -85,10 +88,11 @@ pub struct LonghaulConfig {
     /// (`--longhaul-io dio`, the default): the slots are the cache, so the
     /// page cache's copy, its eviction and its CPU time are waste.
     pub direct_io: bool,
-    /// Direct reads submitted a wave at a time through io_uring
-    /// (`--longhaul-io uring`, Linux), each slice converted into its slot
-    /// on another I/O thread as it lands. Where the kernel gives no ring,
-    /// or direct I/O is off or refused, slices are read the usual way.
+    /// Decode-sized waves' direct reads submitted at once through io_uring
+    /// by the sync point's thread (`--longhaul-io uring`, Linux), the
+    /// slices that land converted into their slots on the compute threads.
+    /// Larger waves, and every wave where the kernel gives no ring, go
+    /// through the I/O threads; slices direct I/O refuses are read buffered.
     pub uring: bool,
 }
 
@@ -190,6 +194,9 @@ pub struct Fill {
     started: Instant,
     /// Lookahead reads: their time is not a demand read's.
     speculative: bool,
+    /// The reads, where they go through io_uring (then `rx` is `None`).
+    #[cfg(target_os = "linux")]
+    ring: Option<RingReads>,
 }
 
 impl Fill {
@@ -220,7 +227,53 @@ impl Fill {
             started: Instant::now(),
             speculative,
             which,
+            #[cfg(target_os = "linux")]
+            ring: None,
         }
+    }
+
+    /// The reads answered since the last call: at least one when `block`
+    /// (an empty list then means only that a read went on after a short
+    /// read), else those at hand; `None` when every reader is gone with
+    /// reads unanswered.
+    fn answers(&mut self, file: &gguf::Model, block: bool) -> Option<Vec<Done>> {
+        #[cfg(target_os = "linux")]
+        if let Some(ring) = &mut self.ring {
+            let answers = ring.poll(file, block);
+            return (!answers.is_empty() || !ring.batch.done()).then_some(answers);
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = file;
+        let rx = self.rx.as_ref()?;
+        if block {
+            return rx.recv().ok().map(|d| vec![d]);
+        }
+        match rx.try_recv() {
+            Ok(d) => Some(vec![d]),
+            Err(mpsc::TryRecvError::Empty) => Some(Vec::new()),
+            Err(mpsc::TryRecvError::Disconnected) => None,
+        }
+    }
+
+    /// Whether reads were started for the wave (on the I/O threads or
+    /// through io_uring), rather than made before `start_wave` returned.
+    fn reads_started(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        if self.ring.is_some() {
+            return true;
+        }
+        self.rx.is_some()
+    }
+
+    /// Forgets the reads started (all answered), as [`Fill::reads_started`].
+    fn end_reads(&mut self) -> bool {
+        let started = self.reads_started();
+        self.rx = None;
+        #[cfg(target_os = "linux")]
+        {
+            self.ring = None;
+        }
+        started
     }
 
     /// Whether reads of the wave are still in flight.
@@ -262,13 +315,12 @@ impl ReadCtx<'_> {
     /// Answers `r` with `res`. The receiver is gone only when the sync
     /// point gave up; the slot is then recorded empty and gets a fresh
     /// buffer.
-    /// `ring`: the bytes came through io_uring.
-    fn answer(r: SliceRead, res: Result<Option<u32>, (usize, GgufError)>, ring: bool) {
+    fn answer(r: SliceRead, res: Result<Option<u32>, (usize, GgufError)>) {
         let _ = r.tx.send(Done {
             job: r.job,
             buf: r.buf,
             res,
-            ring,
+            ring: false,
         });
     }
 
@@ -278,93 +330,138 @@ impl ReadCtx<'_> {
         let res = if self.cancelled() {
             Ok(None)
         } else {
-            let ti = r.tensor;
-            let to_slot = self
-                .convert
-                .as_ref()
-                .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(ti, buf, src));
-            let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
-            read_slice(
-                self.file,
-                r.shard,
-                r.offset,
-                &mut r.buf,
-                self.checksum,
-                to_slot,
-            )
-            .map(Some)
-            .map_err(|e| (r.shard, e))
+            self.read_into(r.tensor, r.shard, r.offset, &mut r.buf)
         };
-        Self::answer(r, res, false);
+        Self::answer(r, res);
     }
 
-    /// Reads every slice of `reads` through this thread's io_uring; each
-    /// slice that lands is converted into its slot on another I/O thread,
-    /// and one the ring cannot serve is read there with [`ReadCtx::read_one`].
-    #[cfg(target_os = "linux")]
-    fn read_batched<'s>(&self, reads: Vec<SliceRead>, io: &IoScope<'s>)
-    where
-        Self: 's,
-    {
-        let slices: Vec<uring::Slice> = reads
-            .iter()
-            .map(|r| uring::Slice {
-                shard: r.shard,
-                offset: r.offset,
-                len: r.buf.len(),
-            })
-            .collect();
-        let mut reads: Vec<Option<SliceRead>> = reads.into_iter().map(Some).collect();
-        uring::read_batch(
-            self.file,
-            &slices,
-            || self.cancelled(),
-            |i, landed| {
-                let Some(r) = reads.get_mut(i).and_then(Option::take) else {
-                    return;
-                };
-                let ctx = self.clone();
-                match landed {
-                    uring::Landed::Bytes(src) => io.spawn(move |_| ctx.convert_landed(r, src)),
-                    uring::Landed::Elsewhere => io.spawn(move |_| ctx.read_one(r)),
-                    uring::Landed::Dropped => Self::answer(r, Ok(None), false),
-                    uring::Landed::Failed(e) => {
-                        let shard = r.shard;
-                        Self::answer(r, Err((shard, e)), false)
-                    }
-                }
-            },
-        );
+    /// Reads tensor `tensor`'s slice at `offset` of `shard` into `buf`, in
+    /// the store's layout; its checksum as read (0 unless verifying).
+    fn read_into(
+        &self,
+        tensor: usize,
+        shard: usize,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<Option<u32>, (usize, GgufError)> {
+        let to_slot = self
+            .convert
+            .as_ref()
+            .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(tensor, buf, src));
+        let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
+        read_slice(self.file, shard, offset, buf, self.checksum, to_slot)
+            .map(Some)
+            .map_err(|e| (shard, e))
     }
 
-    /// Writes a slice that landed in `src` into its slot buffer, in the
-    /// store's layout.
+    /// Writes tensor `tensor`'s slice, read elsewhere into `src`, into
+    /// `buf` in the store's layout; its checksum as read.
     #[cfg(target_os = "linux")]
-    fn convert_landed(&self, mut r: SliceRead, src: uring::Bounce) {
-        let bytes = src.bytes();
+    fn convert_from(
+        &self,
+        tensor: usize,
+        shard: usize,
+        buf: &mut [u8],
+        src: &[u8],
+    ) -> Result<Option<u32>, (usize, GgufError)> {
         let crc = if self.checksum {
-            crc32fast::hash(bytes)
+            crc32fast::hash(src)
         } else {
             0
         };
-        let res = match &self.convert {
-            Some(f) => f(r.tensor, &mut r.buf, Some(bytes)).map_err(|e| {
+        match &self.convert {
+            Some(f) => f(tensor, buf, Some(src)).map_err(|e| {
                 let source = std::io::Error::other(e.to_string());
                 let path = self
                     .file
                     .shards()
-                    .get(r.shard)
+                    .get(shard)
                     .map(|s| s.path.clone())
                     .unwrap_or_default();
-                (r.shard, GgufError::Io { path, source })
-            }),
-            None => {
-                r.buf.copy_from_slice(bytes);
-                Ok(())
-            }
+                (shard, GgufError::Io { path, source })
+            })?,
+            None => buf.copy_from_slice(src),
+        }
+        Ok(Some(crc))
+    }
+}
+
+/// Most slices a demand wave reads through io_uring (`--longhaul-io
+/// uring`): every slice of 8 experts of 3 routed tensors, a decode step's
+/// worth. The sync point's thread submits them at once and takes them as
+/// they land, but starts no new read while it computes, so larger waves (a
+/// prompt's) go through the I/O threads, which keep the disk busy
+/// throughout.
+#[cfg(target_os = "linux")]
+const RING_WAVE: usize = 24;
+
+/// A demand wave's reads through io_uring, driven by the sync point's
+/// thread: the slices that land are converted into their lent slot
+/// buffers on the compute threads, which would otherwise wait.
+#[cfg(target_os = "linux")]
+struct RingReads {
+    batch: uring::Batch,
+    /// Per job: the lent slot buffer until its slice lands.
+    lent: Vec<Option<Vec<u8>>>,
+    /// Per job: tensor, shard and offset.
+    at: Vec<(usize, usize, u64)>,
+    checksum: bool,
+    convert: Option<crate::backend::SlotConverter>,
+    /// Jobs answered at submission, not yet handed out.
+    early: Vec<Done>,
+}
+
+#[cfg(target_os = "linux")]
+impl RingReads {
+    /// Every job that landed since the last poll, as a [`Done`]; waits for
+    /// at least one when `wait` and none is at hand.
+    fn poll(&mut self, file: &gguf::Model, wait: bool) -> Vec<Done> {
+        let mut out = std::mem::take(&mut self.early);
+        let wait = wait && out.is_empty();
+        let ctx = ReadCtx {
+            file,
+            checksum: self.checksum,
+            convert: self.convert.clone(),
+            cancel: None,
         };
-        drop(src);
-        Self::answer(r, res.map(|()| Some(crc)), true);
+        let lent = &mut self.lent;
+        let mut landed = Vec::new();
+        self.batch.poll(
+            file,
+            wait,
+            || false,
+            |job, what| {
+                if let Some(buf) = lent.get_mut(job).and_then(Option::take) {
+                    landed.push((job, what, buf));
+                }
+            },
+        );
+        // Slices landed together are converted on the compute threads,
+        // which wait with this one.
+        let at = &self.at;
+        let done: Vec<Done> = landed
+            .into_par_iter()
+            .map(|(job, what, mut buf)| {
+                let (tensor, shard, offset) = at[job];
+                let ring = matches!(what, uring::Landed::Bytes(_));
+                let res = match what {
+                    uring::Landed::Bytes(src) => {
+                        ctx.convert_from(tensor, shard, &mut buf, src.bytes())
+                    }
+                    uring::Landed::Elsewhere => ctx.read_into(tensor, shard, offset, &mut buf),
+                    uring::Landed::Dropped => Ok(None),
+                    uring::Landed::Failed(e) => Err((shard, e)),
+                };
+                Done {
+                    job,
+                    buf,
+                    res,
+                    ring,
+                }
+            })
+            .collect();
+        out.extend(done);
+        out
     }
 }
 
@@ -425,9 +522,9 @@ impl<S: SlotStore> StreamedLayer<S> {
         })
     }
 
-    /// Submits each wave's reads in one batch through io_uring (see
-    /// [`LonghaulConfig::uring`]) instead of one positional read per I/O
-    /// thread.
+    /// Submits each decode-sized wave's reads in one batch through
+    /// io_uring (see [`LonghaulConfig::uring`]) instead of one positional
+    /// read per I/O thread.
     pub fn batched_reads(mut self, on: bool) -> Self {
         self.uring = on;
         self
@@ -524,6 +621,10 @@ impl<S: SlotStore> StreamedLayer<S> {
         if wave.loads.is_empty() {
             return Ok(fill);
         }
+        #[cfg(target_os = "linux")]
+        if self.uring && fill.which.len() <= RING_WAVE && self.start_ring(file, &mut fill)? {
+            return Ok(fill);
+        }
         if !self.spawn_reads(file, &mut fill, io, None)? {
             self.read_blocking(file, &wave.loads)?;
             fill.ready.extend(wave.loads.iter().map(|l| l.0));
@@ -532,12 +633,62 @@ impl<S: SlotStore> StreamedLayer<S> {
     }
 
     /// Lends the slots of `fill`'s loads (already recorded empty) and
-    /// spawns their reads on `io`, each slice taking the store's layout on
-    /// an I/O thread; a read not yet started once `cancel` is set is
-    /// dropped. With io_uring (`--longhaul-io uring`), one I/O thread
-    /// submits the whole wave's reads and the others convert each slice as
-    /// it lands; else each slice is one task's positional read. Returns
-    /// false, having read nothing, when the store cannot lend its slots.
+    /// submits all their reads through an io_uring, which
+    /// [`StreamedLayer::wait_loaded`] takes as they land. Returns false,
+    /// having read nothing, when the store cannot lend its slots or the
+    /// system gives no io_uring.
+    #[cfg(target_os = "linux")]
+    fn start_ring(&mut self, file: &gguf::Model, fill: &mut Fill) -> Result<bool, LonghaulError> {
+        let n_t = self.tensors.len();
+        let at: Vec<(usize, usize, u64)> = (0..fill.which.len())
+            .map(|job| {
+                let e = fill.wave.loads[job / n_t].0;
+                let t = &self.tensors[job % n_t];
+                (job % n_t, t.shard, t.offset + e as u64 * t.expert_bytes)
+            })
+            .collect();
+        let lent = match self.slots.detach(&fill.which) {
+            Some(lent) => lent?,
+            None => return Ok(false),
+        };
+        let slices = at
+            .iter()
+            .zip(&lent)
+            .map(|(&(_, shard, offset), buf)| uring::Slice {
+                shard,
+                offset,
+                len: buf.len(),
+            })
+            .collect();
+        // One chain per routed tensor: an expert's slices are read side by
+        // side, and experts one after another, so the first is computed
+        // while the next are read.
+        let Some(batch) = uring::Batch::chained(slices, n_t) else {
+            // No ring: the slots take their buffers back, still recorded
+            // empty, for the I/O threads to read.
+            self.slots.attach(&fill.which, lent)?;
+            return Ok(false);
+        };
+        fill.pending += lent.len();
+        let mut ring = RingReads {
+            batch,
+            lent: lent.into_iter().map(Some).collect(),
+            at,
+            checksum: self.checksums.is_some(),
+            convert: self.slots.converter(),
+            early: Vec::new(),
+        };
+        // Submit now: the reads run while the wave's cached experts compute.
+        ring.early = ring.poll(file, false);
+        fill.ring = Some(ring);
+        Ok(true)
+    }
+
+    /// Lends the slots of `fill`'s loads (already recorded empty) and
+    /// spawns their reads on `io`, each slice one task's positional read,
+    /// taking the store's layout on the reading thread; a read not yet
+    /// started once `cancel` is set is dropped. Returns false, having read
+    /// nothing, when the store cannot lend its slots.
     fn spawn_reads<'s>(
         &mut self,
         file: &'s gguf::Model,
@@ -576,11 +727,6 @@ impl<S: SlotStore> StreamedLayer<S> {
             convert: self.slots.converter(),
             cancel,
         };
-        #[cfg(target_os = "linux")]
-        if self.uring {
-            io.spawn(move |io| ctx.read_batched(reads, io));
-            return Ok(true);
-        }
         for r in reads {
             let ctx = ctx.clone();
             io.spawn(move |_| ctx.read_one(r));
@@ -598,24 +744,15 @@ impl<S: SlotStore> StreamedLayer<S> {
         file: &gguf::Model,
         fill: &mut Fill,
     ) -> Result<(), LonghaulError> {
-        let Some(rx) = &fill.rx else {
+        if !fill.reads_started() {
             return Ok(());
-        };
+        }
         let n_t = self.tensors.len().max(1);
         let t0 = Instant::now();
         let mut block = true;
-        while fill.pending > 0 {
-            let d = if block {
-                rx.recv().ok()
-            } else {
-                match rx.try_recv() {
-                    Ok(d) => Some(d),
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => None,
-                }
-            };
-            let Some(d) = d else {
-                // Every sender is gone with reads unanswered (a read task
+        'wait: while fill.pending > 0 {
+            let Some(answers) = fill.answers(file, block) else {
+                // Every reader is gone with reads unanswered (a read task
                 // panicked): their slots stay empty and get fresh buffers.
                 fill.pending = 0;
                 let path = file
@@ -628,36 +765,44 @@ impl<S: SlotStore> StreamedLayer<S> {
                     .get_or_insert((0, GgufError::Io { path, source }));
                 break;
             };
-            fill.pending -= 1;
-            let li = d.job / n_t;
-            match d.res {
-                Ok(Some(crc)) => {
-                    fill.crcs[d.job] = crc;
-                    fill.bytes += d.buf.len() as u64;
-                    self.stats.uring_reads += d.ring as u64;
-                }
-                Ok(None) => fill.dropped[li] = true,
-                Err(e) => {
-                    fill.error.get_or_insert(e);
-                }
+            if answers.is_empty() && !block {
+                break;
             }
-            fill.bufs[d.job] = Some(d.buf);
-            fill.left[li] -= 1;
-            if fill.left[li] == 0 && fill.error.is_none() {
-                let jobs = li * n_t..(li + 1) * n_t;
-                let bufs = fill.bufs[jobs.clone()]
-                    .iter_mut()
-                    .filter_map(Option::take)
-                    .collect();
-                self.slots.attach(&fill.which[jobs], bufs)?;
-                // A dropped read leaves its expert's slot empty.
-                if !fill.dropped[li] {
-                    fill.ready.push(fill.wave.loads[li].0);
-                    block = false;
+            for d in answers {
+                fill.pending -= 1;
+                let li = d.job / n_t;
+                match d.res {
+                    Ok(Some(crc)) => {
+                        fill.crcs[d.job] = crc;
+                        fill.bytes += d.buf.len() as u64;
+                        self.stats.uring_reads += d.ring as u64;
+                    }
+                    Ok(None) => fill.dropped[li] = true,
+                    Err(e) => {
+                        fill.error.get_or_insert(e);
+                    }
                 }
-            }
-            if fill.error.is_some() {
-                block = true;
+                fill.bufs[d.job] = Some(d.buf);
+                fill.left[li] -= 1;
+                if fill.left[li] == 0 && fill.error.is_none() {
+                    let jobs = li * n_t..(li + 1) * n_t;
+                    let bufs = fill.bufs[jobs.clone()]
+                        .iter_mut()
+                        .filter_map(Option::take)
+                        .collect();
+                    self.slots.attach(&fill.which[jobs], bufs)?;
+                    // A dropped read leaves its expert's slot empty.
+                    if !fill.dropped[li] {
+                        fill.ready.push(fill.wave.loads[li].0);
+                        block = false;
+                    }
+                }
+                if fill.error.is_some() {
+                    block = true;
+                }
+                if fill.pending == 0 {
+                    break 'wait;
+                }
             }
         }
         self.stats.io_time += t0.elapsed();
@@ -709,7 +854,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                 },
             ));
         }
-        if fill.rx.take().is_some() {
+        if fill.end_reads() {
             let crcs = std::mem::take(&mut fill.crcs);
             self.check_landed(file, &fill.wave.loads, crcs)?;
             self.stats.bytes_read += fill.bytes;
