@@ -737,18 +737,25 @@ fn direct_reads_equal_the_file_bytes_at_any_alignment() {
     assert!(m.read_direct_with(0, 0, 10, |_| ()).unwrap().is_none());
 }
 
-/// io_uring's batched direct reads (`longhaul::longhaul::uring::read_batch`,
+/// io_uring's batched direct reads (`longhaul::longhaul::uring::Batch`,
 /// `--longhaul-io uring`) hand over exactly the file's bytes for 140
-/// slices in one batch (8 in flight, so the queue refills), at unaligned offsets and lengths up to the file's last byte;
-/// a slice past the end and one the fault seam fails are errors that leave
-/// the other slices' bytes right; chained batches (reads one after another
-/// in each chain) give the same bytes; slices not started once cancelled are
-/// dropped; with direct I/O off every slice is handed back to be read
+/// slices in one batch (8 in flight, so the queue refills), at unaligned
+/// offsets and lengths up to the file's last byte; a slice past the end and
+/// one the fault seam fails are errors that leave the other slices' bytes
+/// right; chained batches (reads one after another in each chain) give the
+/// same bytes; with direct I/O off every slice is handed back to be read
 /// the usual way.
 #[cfg(target_os = "linux")]
 #[test]
 fn uring_batches_equal_the_file_bytes_at_any_alignment() {
-    use longhaul::longhaul::uring::{self, Landed, Slice};
+    use longhaul::longhaul::uring::{self, Batch, Landed, Slice};
+    // Polls a batch of at most 8 reads in flight until every slice landed.
+    let read_all = |m: &Model, slices: &[Slice], landed: &mut dyn FnMut(usize, Landed)| {
+        let mut batch = Batch::new(slices.to_vec(), 8).expect("a ring");
+        while !batch.done() {
+            batch.poll(m, true, &mut *landed);
+        }
+    };
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepseek3-lite-f32.gguf");
     let want = std::fs::read(&path).unwrap();
     let m = Model::open(&path).unwrap();
@@ -791,36 +798,32 @@ fn uring_batches_equal_the_file_bytes_at_any_alignment() {
         (off == 12_345 && n == 678).then(|| std::io::Error::from_raw_os_error(libc::EIO))
     })));
     let mut seen = vec![0usize; slices.len()];
-    let read = uring::read_batch(
-        &m,
-        &slices,
-        8,
-        || false,
-        |i, landed| {
-            seen[i] += 1;
-            let Slice { offset, len, .. } = slices[i];
-            let (off, n) = (offset as usize, len);
-            match landed {
-                Landed::Bytes(b) => {
-                    assert!(i != past && i != faulty, "slice {i} should have failed");
-                    assert!(
-                        b.bytes() == &want[off..off + n],
-                        "bytes differ at {off}+{n}"
-                    );
-                }
-                Landed::Failed(e) => {
-                    assert!(i == past || i == faulty, "slice {i} failed: {e}");
-                }
-                Landed::Elsewhere | Landed::Dropped => panic!("slice {i} not read"),
+    let mut read = 0;
+    read_all(&m, &slices, &mut |i, landed| {
+        seen[i] += 1;
+        let Slice { offset, len, .. } = slices[i];
+        let (off, n) = (offset as usize, len);
+        match landed {
+            Landed::Bytes(b) => {
+                read += 1;
+                assert!(i != past && i != faulty, "slice {i} should have failed");
+                assert!(
+                    b.bytes() == &want[off..off + n],
+                    "bytes differ at {off}+{n}"
+                );
             }
-        },
-    );
+            Landed::Failed(e) => {
+                assert!(i == past || i == faulty, "slice {i} failed: {e}");
+            }
+            Landed::Elsewhere => panic!("slice {i} not read"),
+        }
+    });
     m.set_read_fault(None);
     assert!(
         seen.iter().all(|&n| n == 1),
         "each slice lands once: {seen:?}"
     );
-    assert_eq!(read as usize, slices.len() - 2);
+    assert_eq!(read, slices.len() - 2);
     // Chained (the sync point's batches): 40 slices as 3 chains of reads
     // one after another, all submitted at once, polled without waiting
     // until they are in.
@@ -828,22 +831,17 @@ fn uring_batches_equal_the_file_bytes_at_any_alignment() {
     let mut batch = uring::Batch::chained(chained.clone(), 3).expect("a ring");
     let mut seen = vec![0usize; chained.len()];
     while !batch.done() {
-        batch.poll(
-            &m,
-            false,
-            || false,
-            |i, landed| {
-                seen[i] += 1;
-                let (off, n) = (chained[i].offset as usize, chained[i].len);
-                match landed {
-                    Landed::Bytes(b) => assert!(
-                        b.bytes() == &want[off..off + n],
-                        "chained: bytes differ at {off}+{n}"
-                    ),
-                    _ => panic!("chained slice {i} not read"),
-                }
-            },
-        );
+        batch.poll(&m, false, |i, landed| {
+            seen[i] += 1;
+            let (off, n) = (chained[i].offset as usize, chained[i].len);
+            match landed {
+                Landed::Bytes(b) => assert!(
+                    b.bytes() == &want[off..off + n],
+                    "chained: bytes differ at {off}+{n}"
+                ),
+                _ => panic!("chained slice {i} not read"),
+            }
+        });
     }
     assert!(
         seen.iter().all(|&n| n == 1),
@@ -853,35 +851,14 @@ fn uring_batches_equal_the_file_bytes_at_any_alignment() {
         uring::Batch::chained(slices.clone(), 3).is_none(),
         "more slices than a ring holds"
     );
-    // Cancelled before the first submission: nothing is read.
-    let read = uring::read_batch(
-        &m,
-        &slices[..5],
-        8,
-        || true,
-        |i, landed| {
-            assert!(
-                matches!(landed, Landed::Dropped),
-                "slice {i} was not dropped"
-            );
-        },
-    );
-    assert_eq!(read, 0);
     // Direct I/O off: handed back.
     m.set_direct_io(false);
-    let read = uring::read_batch(
-        &m,
-        &slices[..5],
-        8,
-        || false,
-        |i, landed| {
-            assert!(
-                matches!(landed, Landed::Elsewhere),
-                "slice {i} was not handed back"
-            );
-        },
-    );
-    assert_eq!(read, 0);
+    read_all(&m, &slices[..5], &mut |i, landed| {
+        assert!(
+            matches!(landed, Landed::Elsewhere),
+            "slice {i} was not handed back"
+        );
+    });
 }
 
 /// `longhaul::read_parallel_converting` (a resident matrix that takes the

@@ -8,6 +8,7 @@
 
 pub mod advisor;
 pub mod cache;
+mod fill;
 mod loader;
 mod stats;
 pub mod trace;
@@ -16,18 +17,18 @@ pub mod uring;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-
-#[cfg(target_os = "linux")]
-use rayon::prelude::*;
 use std::time::Instant;
 
 use crate::backend::{BackendError, SlotStore, SlotTensor};
 use crate::gguf::{self, GgufError, TensorInfo};
 pub use cache::{LayerCache, Policy, Wave};
+pub use fill::Fill;
+use fill::{ReadCtx, SliceRead};
+#[cfg(target_os = "linux")]
+use fill::{RingReads, RING_WAVE};
 pub use loader::{
     io_scope, prepare_files, read_parallel, read_parallel_converting, release_pages, IoScope,
 };
-use loader::{read_slice, Convert};
 pub use stats::CacheStats;
 
 #[derive(Debug, thiserror::Error)]
@@ -151,318 +152,6 @@ pub fn slots_for_budget(
         });
     }
     Ok(n.min(n_expert))
-}
-
-/// One finished read of a [`Fill`]: its job, its buffer back, and its
-/// checksum (0 unless verifying), `None` for a speculative read dropped
-/// before it started, or the shard and error of the failure.
-struct Done {
-    job: usize,
-    buf: Vec<u8>,
-    res: Result<Option<u32>, (usize, GgufError)>,
-    /// Read through io_uring.
-    ring: bool,
-}
-
-/// A wave whose missing experts are being read on the I/O pool while the
-/// layer computes over the experts already in their slots (see
-/// [`StreamedLayer::start_wave`]), or a lookahead's speculative reads (see
-/// [`StreamedLayer::start_prefetch`]). Jobs are `(expert, tensor)` reads,
-/// expert-major in the order of the wave's loads.
-pub struct Fill {
-    wave: Wave,
-    /// The wave's experts whose bytes are in their slots and not yet handed
-    /// out by [`Fill::take_ready`].
-    ready: Vec<u32>,
-    /// `None`: the store cannot lend its slots, and the reads were made
-    /// before `start_wave` returned.
-    rx: Option<mpsc::Receiver<Done>>,
-    /// Each job's `(tensor, slot)`.
-    which: Vec<(usize, usize)>,
-    /// Buffers back from finished jobs whose expert is not yet complete.
-    bufs: Vec<Option<Vec<u8>>>,
-    crcs: Vec<u32>,
-    /// Jobs not yet finished, per load.
-    left: Vec<usize>,
-    /// Per load: a job of it was dropped before its read (speculation
-    /// cancelled), so its slot stays empty.
-    dropped: Vec<bool>,
-    pending: usize,
-    error: Option<(usize, GgufError)>,
-    /// Bytes of the jobs read so far.
-    bytes: u64,
-    started: Instant,
-    /// Lookahead reads: their time is not a demand read's.
-    speculative: bool,
-    /// The reads, where they go through io_uring (then `rx` is `None`).
-    #[cfg(target_os = "linux")]
-    ring: Option<RingReads>,
-}
-
-impl Fill {
-    /// A fill of `wave` with nothing in flight: its cached experts (those
-    /// it does not load) are ready.
-    fn new(wave: &Wave, n_tensors: usize, speculative: bool) -> Self {
-        let which: Vec<(usize, usize)> = wave
-            .loads
-            .iter()
-            .flat_map(|&(_, s)| (0..n_tensors).map(move |t| (t, s as usize)))
-            .collect();
-        Fill {
-            ready: wave
-                .experts
-                .iter()
-                .map(|&(e, _)| e)
-                .filter(|e| !wave.loads.iter().any(|l| l.0 == *e))
-                .collect(),
-            wave: wave.clone(),
-            rx: None,
-            bufs: (0..which.len()).map(|_| None).collect(),
-            crcs: vec![0; which.len()],
-            left: vec![n_tensors; wave.loads.len()],
-            dropped: vec![false; wave.loads.len()],
-            pending: 0,
-            error: None,
-            bytes: 0,
-            started: Instant::now(),
-            speculative,
-            which,
-            #[cfg(target_os = "linux")]
-            ring: None,
-        }
-    }
-
-    /// The reads answered since the last call: at least one when `block`
-    /// (an empty list then means only that a read went on after a short
-    /// read), else those at hand; `None` when every reader is gone with
-    /// reads unanswered.
-    fn answers(&mut self, file: &gguf::Model, block: bool) -> Option<Vec<Done>> {
-        #[cfg(target_os = "linux")]
-        if let Some(ring) = &mut self.ring {
-            let answers = ring.poll(file, block);
-            return (!answers.is_empty() || !ring.batch.done()).then_some(answers);
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = file;
-        let rx = self.rx.as_ref()?;
-        if block {
-            return rx.recv().ok().map(|d| vec![d]);
-        }
-        match rx.try_recv() {
-            Ok(d) => Some(vec![d]),
-            Err(mpsc::TryRecvError::Empty) => Some(Vec::new()),
-            Err(mpsc::TryRecvError::Disconnected) => None,
-        }
-    }
-
-    /// Whether reads were started for the wave (on the I/O threads or
-    /// through io_uring), rather than made before `start_wave` returned.
-    fn reads_started(&self) -> bool {
-        #[cfg(target_os = "linux")]
-        if self.ring.is_some() {
-            return true;
-        }
-        self.rx.is_some()
-    }
-
-    /// Forgets the reads started (all answered), as [`Fill::reads_started`].
-    fn end_reads(&mut self) -> bool {
-        let started = self.reads_started();
-        self.rx = None;
-        #[cfg(target_os = "linux")]
-        {
-            self.ring = None;
-        }
-        started
-    }
-
-    /// Whether reads of the wave are still in flight.
-    pub fn pending(&self) -> bool {
-        self.pending > 0
-    }
-
-    /// The wave's experts that can be computed now and were not yet taken.
-    pub fn take_ready(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.ready)
-    }
-}
-
-/// One slice of a [`Fill`]'s reads: job `job` (tensor `tensor` of its
-/// expert) into the lent slot buffer `buf`, answered on `tx`.
-struct SliceRead {
-    job: usize,
-    tensor: usize,
-    shard: usize,
-    offset: u64,
-    buf: Vec<u8>,
-    tx: mpsc::Sender<Done>,
-}
-
-/// What every read of a [`Fill`] shares.
-#[derive(Clone)]
-struct ReadCtx<'s> {
-    file: &'s gguf::Model,
-    checksum: bool,
-    convert: Option<crate::backend::SlotConverter>,
-    cancel: Option<&'s AtomicBool>,
-}
-
-impl ReadCtx<'_> {
-    fn cancelled(&self) -> bool {
-        self.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
-    }
-
-    /// Answers `r` with `res`. The receiver is gone only when the sync
-    /// point gave up; the slot is then recorded empty and gets a fresh
-    /// buffer.
-    fn answer(r: SliceRead, res: Result<Option<u32>, (usize, GgufError)>) {
-        let _ = r.tx.send(Done {
-            job: r.job,
-            buf: r.buf,
-            res,
-            ring: false,
-        });
-    }
-
-    /// Reads `r` with a positional read on this thread, into the store's
-    /// layout, unless cancelled first.
-    fn read_one(&self, mut r: SliceRead) {
-        let res = if self.cancelled() {
-            Ok(None)
-        } else {
-            self.read_into(r.tensor, r.shard, r.offset, &mut r.buf)
-        };
-        Self::answer(r, res);
-    }
-
-    /// Reads tensor `tensor`'s slice at `offset` of `shard` into `buf`, in
-    /// the store's layout; its checksum as read (0 unless verifying).
-    fn read_into(
-        &self,
-        tensor: usize,
-        shard: usize,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<Option<u32>, (usize, GgufError)> {
-        let to_slot = self
-            .convert
-            .as_ref()
-            .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(tensor, buf, src));
-        let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
-        read_slice(self.file, shard, offset, buf, self.checksum, to_slot)
-            .map(Some)
-            .map_err(|e| (shard, e))
-    }
-
-    /// Writes tensor `tensor`'s slice, read elsewhere into `src`, into
-    /// `buf` in the store's layout; its checksum as read.
-    #[cfg(target_os = "linux")]
-    fn convert_from(
-        &self,
-        tensor: usize,
-        shard: usize,
-        buf: &mut [u8],
-        src: &[u8],
-    ) -> Result<Option<u32>, (usize, GgufError)> {
-        let crc = if self.checksum {
-            crc32fast::hash(src)
-        } else {
-            0
-        };
-        match &self.convert {
-            Some(f) => f(tensor, buf, Some(src)).map_err(|e| {
-                let source = std::io::Error::other(e.to_string());
-                let path = self
-                    .file
-                    .shards()
-                    .get(shard)
-                    .map(|s| s.path.clone())
-                    .unwrap_or_default();
-                (shard, GgufError::Io { path, source })
-            })?,
-            None => buf.copy_from_slice(src),
-        }
-        Ok(Some(crc))
-    }
-}
-
-/// Most slices a demand wave reads through io_uring (`--longhaul-io
-/// uring`): every slice of 8 experts of 3 routed tensors, a decode step's
-/// worth. The sync point's thread submits them at once and takes them as
-/// they land, but starts no new read while it computes, so larger waves (a
-/// prompt's) go through the I/O threads, which keep the disk busy
-/// throughout.
-#[cfg(target_os = "linux")]
-const RING_WAVE: usize = 24;
-
-/// A demand wave's reads through io_uring, driven by the sync point's
-/// thread: the slices that land are converted into their lent slot
-/// buffers on the compute threads, which would otherwise wait.
-#[cfg(target_os = "linux")]
-struct RingReads {
-    batch: uring::Batch,
-    /// Per job: the lent slot buffer until its slice lands.
-    lent: Vec<Option<Vec<u8>>>,
-    /// Per job: tensor, shard and offset.
-    at: Vec<(usize, usize, u64)>,
-    checksum: bool,
-    convert: Option<crate::backend::SlotConverter>,
-    /// Jobs answered at submission, not yet handed out.
-    early: Vec<Done>,
-}
-
-#[cfg(target_os = "linux")]
-impl RingReads {
-    /// Every job that landed since the last poll, as a [`Done`]; waits for
-    /// at least one when `wait` and none is at hand.
-    fn poll(&mut self, file: &gguf::Model, wait: bool) -> Vec<Done> {
-        let mut out = std::mem::take(&mut self.early);
-        let wait = wait && out.is_empty();
-        let ctx = ReadCtx {
-            file,
-            checksum: self.checksum,
-            convert: self.convert.clone(),
-            cancel: None,
-        };
-        let lent = &mut self.lent;
-        let mut landed = Vec::new();
-        self.batch.poll(
-            file,
-            wait,
-            || false,
-            |job, what| {
-                if let Some(buf) = lent.get_mut(job).and_then(Option::take) {
-                    landed.push((job, what, buf));
-                }
-            },
-        );
-        // Slices landed together are converted on the compute threads,
-        // which wait with this one.
-        let at = &self.at;
-        let done: Vec<Done> = landed
-            .into_par_iter()
-            .map(|(job, what, mut buf)| {
-                let (tensor, shard, offset) = at[job];
-                let ring = matches!(what, uring::Landed::Bytes(_));
-                let res = match what {
-                    uring::Landed::Bytes(src) => {
-                        ctx.convert_from(tensor, shard, &mut buf, src.bytes())
-                    }
-                    uring::Landed::Elsewhere => ctx.read_into(tensor, shard, offset, &mut buf),
-                    uring::Landed::Dropped => Ok(None),
-                    uring::Landed::Failed(e) => Err((shard, e)),
-                };
-                Done {
-                    job,
-                    buf,
-                    res,
-                    ring,
-                }
-            })
-            .collect();
-        out.extend(done);
-        out
-    }
 }
 
 /// The streamed experts of one MoE layer: planner, slots and file layout.
@@ -750,7 +439,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         let n_t = self.tensors.len().max(1);
         let t0 = Instant::now();
         let mut block = true;
-        'wait: while fill.pending > 0 {
+        while fill.pending > 0 {
             let Some(answers) = fill.answers(file, block) else {
                 // Every reader is gone with reads unanswered (a read task
                 // panicked): their slots stay empty and get fresh buffers.
@@ -799,9 +488,6 @@ impl<S: SlotStore> StreamedLayer<S> {
                 }
                 if fill.error.is_some() {
                     block = true;
-                }
-                if fill.pending == 0 {
-                    break 'wait;
                 }
             }
         }

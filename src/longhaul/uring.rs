@@ -75,8 +75,6 @@ pub enum Landed {
     /// Not read here (direct I/O off or refused for the file, or the ring
     /// failed): read it another way.
     Elsewhere,
-    /// Not started: `cancelled` said so first.
-    Dropped,
     Failed(GgufError),
 }
 
@@ -174,16 +172,9 @@ impl Batch {
 
     /// Starts reads up to the depth, then hands each slice whose read
     /// completed to `landed(i, what)` (slice `i`), waiting for at least one
-    /// when `wait` and reads are in flight. A slice not yet started when
-    /// `cancelled()` turns true is [`Landed::Dropped`]. Every slice is
-    /// handed over exactly once.
-    pub fn poll(
-        &mut self,
-        file: &gguf::Model,
-        wait: bool,
-        cancelled: impl Fn() -> bool,
-        mut landed: impl FnMut(usize, Landed),
-    ) {
+    /// when `wait` and reads are in flight. Every slice is handed over
+    /// exactly once.
+    pub fn poll(&mut self, file: &gguf::Model, wait: bool, mut landed: impl FnMut(usize, Landed)) {
         let io_err = |shard: usize, source| GgufError::Io {
             path: file
                 .shards()
@@ -196,10 +187,6 @@ impl Batch {
             let (i, link) = self.order[self.next];
             self.next += 1;
             let sl = self.slices[i];
-            if cancelled() {
-                landed(i, Landed::Dropped);
-                continue;
-            }
             let fd = match file.direct_file(sl.shard, sl.offset, sl.len) {
                 Ok(Some(f)) => f.as_raw_fd(),
                 Ok(None) => {
@@ -390,29 +377,4 @@ impl Drop for Batch {
             give_back(ring);
         }
     }
-}
-
-/// Reads every slice of `slices` through one [`Batch`] of at most `depth`
-/// reads in flight, calling `landed(i, what)` once for each slice `i` as
-/// its read completes; with no io_uring every slice is
-/// [`Landed::Elsewhere`]. Returns the number of slices read here.
-pub fn read_batch(
-    file: &gguf::Model,
-    slices: &[Slice],
-    depth: usize,
-    cancelled: impl Fn() -> bool,
-    mut landed: impl FnMut(usize, Landed),
-) -> u64 {
-    let Some(mut batch) = Batch::new(slices.to_vec(), depth) else {
-        (0..slices.len()).for_each(|i| landed(i, Landed::Elsewhere));
-        return 0;
-    };
-    let mut read = 0;
-    while !batch.done() {
-        batch.poll(file, true, &cancelled, |i, what| {
-            read += matches!(what, Landed::Bytes(_)) as u64;
-            landed(i, what)
-        });
-    }
-    read
 }
