@@ -140,6 +140,23 @@ fn check(path: &Path, label: &str) {
             } else if !uring {
                 assert_eq!(total.uring_reads, 0, "{label}: uring {uring}");
             }
+            // With half the experts in slots, decode steps fit beside the
+            // lookahead's reads, which their waves take over in flight: the
+            // bits above were computed with experts handed out as those
+            // reads landed.
+            if prefetch && slots == n_expert / 2 {
+                assert!(
+                    total.adopted_bytes > 0 && total.prefetch_used > 0,
+                    "{label}: {slots} slots: no lookahead read taken over ({} of {} bytes ahead)",
+                    total.adopted_bytes,
+                    total.prefetch_bytes
+                );
+            } else if !prefetch {
+                assert_eq!(
+                    total.prefetch_bytes, 0,
+                    "{label}: read ahead without a lookahead"
+                );
+            }
             if slots < m.hp.n_expert_used {
                 assert!(
                     total.multi_wave_batches > 0,

@@ -420,8 +420,11 @@ mod slot_bytes {
 
     #[derive(Clone, Debug)]
     enum Op {
-        /// A batch's ids; the read numbered `fail` of it fails, if any.
-        Batch(Vec<u32>, Option<usize>),
+        /// A batch's ids; the read numbered `fail` of it fails, if any. With
+        /// `adopt`, planned as the sync point plans (taking over a
+        /// lookahead's reads in flight) and read while its experts are
+        /// handed out one by one.
+        Batch(Vec<u32>, Option<usize>, bool),
         /// A prefetch; the read numbered `cancel` sets the cancel flag.
         Prefetch(Vec<u32>, Option<usize>),
         /// A lookahead's reads, left in flight (`start_prefetch`) until the
@@ -433,9 +436,10 @@ mod slot_bytes {
         prop_oneof![
             (
                 prop::collection::vec(0u32..8, 1..16),
-                prop::option::of(0usize..40)
+                prop::option::of(0usize..40),
+                any::<bool>()
             )
-                .prop_map(|(i, f)| Op::Batch(i, f)),
+                .prop_map(|(i, f, a)| Op::Batch(i, f, a)),
             (
                 prop::collection::vec(0u32..8, 1..6),
                 prop::option::of(0usize..12)
@@ -447,6 +451,60 @@ mod slot_bytes {
             )
                 .prop_map(|(i, f)| Op::StartPrefetch(i, f)),
         ]
+    }
+
+    /// Reads wave `w` as the sync point does (`start_wave`, then
+    /// `wait_loaded` until nothing is pending, `finish_wave`), checking that
+    /// each expert handed out as ready holds its bytes then, and that every
+    /// expert of the wave is handed out once. Whether the wave loaded.
+    fn read_handing_out<'s>(
+        l: &mut StreamedLayer<longhaul::backend::cpu::HostSlots>,
+        file: &'s gguf::Model,
+        reference: &[Vec<Vec<u8>>],
+        w: &longhaul::longhaul::Wave,
+        io: &longhaul::longhaul::IoScope<'s>,
+    ) -> Result<bool, TestCaseError> {
+        let Ok(mut fill) = l.start_wave(file, w, io) else {
+            return Ok(false);
+        };
+        let mut handed = Vec::new();
+        loop {
+            for e in fill.take_ready() {
+                let s = w.slot_of(e).expect("a ready expert is the wave's");
+                let want = &reference[e as usize];
+                let which: Vec<(usize, usize)> = (0..want.len()).map(|t| (t, s as usize)).collect();
+                let got: Vec<Vec<u8>> = l
+                    .slots
+                    .slots_mut(&which)
+                    .expect("slots")
+                    .into_iter()
+                    .map(|b| b.to_vec())
+                    .collect();
+                for (bytes, want) in got.iter().zip(want) {
+                    prop_assert!(
+                        bytes == want,
+                        "expert {} handed out before its bytes were in slot {}",
+                        e,
+                        s
+                    );
+                }
+                handed.push(e);
+            }
+            if !fill.pending() {
+                break;
+            }
+            if l.wait_loaded(file, &mut fill).is_err() {
+                return Ok(false);
+            }
+        }
+        if l.finish_wave(file, &mut fill).is_err() {
+            return Ok(false);
+        }
+        handed.sort_unstable();
+        let mut want: Vec<u32> = w.experts.iter().map(|x| x.0).collect();
+        want.sort_unstable();
+        prop_assert_eq!(handed, want, "every expert of the wave handed out once");
+        Ok(true)
     }
 
     fn distinct(ids: Vec<u32>) -> Vec<u32> {
@@ -483,12 +541,11 @@ mod slot_bytes {
             let _ = cv.wait_timeout_while(guard, Duration::from_secs(20), |o| !*o);
             None
         })));
-        let cancel = AtomicBool::new(false);
         let file: &gguf::Model = &file;
         let predicted = [5u32, 2, 7, 0, 3, 6];
         let in_flight = longhaul::longhaul::io_scope(|io| {
             let t0 = Instant::now();
-            assert!(l.start_prefetch(file, &predicted, &cancel, io));
+            assert!(l.start_prefetch(file, &predicted, io));
             assert!(
                 t0.elapsed() < Duration::from_secs(10),
                 "start_prefetch waited for its reads"
@@ -507,11 +564,18 @@ mod slot_bytes {
             for &e in &predicted {
                 assert_eq!(l.cache.slot(e), None, "expert {e} recorded before its read");
             }
-            // The sync point: drop what has not started, open the gate.
-            cancel.store(true, Ordering::SeqCst);
-            *gate.0.lock().unwrap() = true;
-            gate.1.notify_all();
+            // The sync point settles it: drops what has not started, then
+            // waits for the rest (opening the gate from another thread).
+            let opener = std::thread::spawn({
+                let gate = gate.clone();
+                move || {
+                    std::thread::sleep(Duration::from_millis(200));
+                    *gate.0.lock().unwrap() = true;
+                    gate.1.notify_all();
+                }
+            });
             l.settle_prefetch(file);
+            opener.join().unwrap();
             seen
         });
         file.set_read_fault(None);
@@ -551,25 +615,41 @@ mod slot_bytes {
             let slots = CpuBackend::new().new_slots(&specs, n_slots).expect("slots");
             let policy = if lfu { Policy::Lfu } else { Policy::Lru };
             let mut l = StreamedLayer::new(0, &ts, slots, n_slots, policy).expect("layer");
-            // The lookahead's cancel flags outlive the scope its reads run in;
-            // reads started by one operation may still be in flight, under
+            // Per expert, each tensor's bytes, read before any fault is set.
+            let specs = slot_tensors(&ts, false).expect("specs");
+            let reference: Vec<Vec<Vec<u8>>> = (0..8u32)
+                .map(|e| {
+                    ts.iter()
+                        .zip(&specs)
+                        .map(|(t, s)| expert_bytes(&file, t, e, s.bytes))
+                        .collect()
+                })
+                .collect();
+            // Reads started by one operation may still be in flight, under
             // the next one's faults, while it runs.
-            let flags: Vec<AtomicBool> = ops.iter().map(|_| AtomicBool::new(false)).collect();
             let file: &gguf::Model = &file;
             longhaul::longhaul::io_scope(|io| -> Result<(), TestCaseError> {
-            for (op, flag) in ops.into_iter().zip(&flags) {
+            for op in ops {
                 let n = Arc::new(AtomicUsize::new(0));
                 match op {
-                    Op::Batch(ids, fail) => {
+                    Op::Batch(ids, fail, adopt) => {
                         let c = n.clone();
                         file.set_read_fault(Some(Arc::new(move |_, _, _| {
                             (Some(c.fetch_add(1, Ordering::Relaxed)) == fail)
                                 .then(|| std::io::Error::from_raw_os_error(libc::EIO))
                         })));
-                        // The sync point drops lookahead reads not yet started.
-                        flags.iter().for_each(|f| f.store(true, Ordering::Relaxed));
-                        for w in l.plan(file, &ids) {
-                            if l.load(file, &w).is_err() {
+                        let waves = if adopt {
+                            l.plan_adopting(file, &ids)
+                        } else {
+                            l.plan(file, &ids)
+                        };
+                        for w in waves {
+                            let loaded = if adopt {
+                                read_handing_out(&mut l, file, &reference, &w, io)?
+                            } else {
+                                l.load(file, &w).is_ok()
+                            };
+                            if !loaded {
                                 break;
                             }
                             // What the wave computes from is resident.
@@ -596,7 +676,7 @@ mod slot_bytes {
                             (Some(c.fetch_add(1, Ordering::Relaxed)) == fail)
                                 .then(|| std::io::Error::from_raw_os_error(libc::EIO))
                         })));
-                        prop_assert!(l.start_prefetch(file, &distinct(ids), flag, io));
+                        prop_assert!(l.start_prefetch(file, &distinct(ids), io));
                     }
                 }
                 // The reference reads go through the fault hook too.

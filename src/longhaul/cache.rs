@@ -120,11 +120,7 @@ impl LayerCache {
                 }
             }
         }
-        if self.policy == Policy::Lfu {
-            let decay = 0.5f64.powf(1.0 / LFU_HALF_LIFE);
-            self.freq.iter_mut().for_each(|f| *f *= decay);
-            distinct.iter().for_each(|&e| self.freq[e as usize] += 1.0);
-        }
+        self.count_use(&distinct);
         // Cached experts first: they need no load and stay in the first wave.
         distinct.sort_by_key(|&e| self.slot(e).is_none());
         // Scratch residency in which each planned wave lands before the next
@@ -132,17 +128,62 @@ impl LayerCache {
         let mut landed = self.clone();
         let mut waves = Vec::new();
         for chunk in distinct.chunks(self.n_slots().max(1)) {
-            let wave = landed.plan_wave(chunk);
+            let wave = landed.plan_wave(chunk, &[]);
             landed.apply(&wave);
             waves.push(wave);
         }
         waves
     }
 
+    /// Plans a batch in one wave while the `(expert, slot)` reads `landing`
+    /// (a lookahead's, their slots recorded empty) are still in flight: the
+    /// batch's experts among them count as in their slots (the wave lists
+    /// them, without loading them), and no load takes a landing slot.
+    /// `None`, planning nothing, when the batch's distinct experts and the
+    /// landing ones it does not use are more than the slots.
+    pub fn plan_landing(&mut self, ids: &[u32], landing: &[(u32, u32)]) -> Option<Wave> {
+        let mut seen = vec![false; self.slot_of.len()];
+        let mut distinct: Vec<u32> = Vec::new();
+        for &e in ids {
+            if let Some(s) = seen.get_mut(e as usize) {
+                if !std::mem::replace(s, true) {
+                    distinct.push(e);
+                }
+            }
+        }
+        let unused = landing
+            .iter()
+            .filter(|(e, _)| !seen.get(*e as usize).copied().unwrap_or(false))
+            .count();
+        if distinct.len() + unused > self.n_slots() {
+            return None;
+        }
+        self.count_use(&distinct);
+        let mut landed = self.clone();
+        landed.finish_loads(landing);
+        distinct.sort_by_key(|&e| landed.slot(e).is_none());
+        Some(landed.plan_wave(&distinct, landing))
+    }
+
+    /// LFU's count of a batch's distinct experts.
+    fn count_use(&mut self, distinct: &[u32]) {
+        if self.policy == Policy::Lfu {
+            let decay = 0.5f64.powf(1.0 / LFU_HALF_LIFE);
+            self.freq.iter_mut().for_each(|f| *f *= decay);
+            distinct.iter().for_each(|&e| self.freq[e as usize] += 1.0);
+        }
+    }
+
     /// Slots for one wave's experts (at most `n_slots`): cached ones keep
-    /// theirs, the others take victims that the wave does not use.
-    fn plan_wave(&self, chunk: &[u32]) -> Wave {
+    /// theirs, the others take victims that the wave does not use and that
+    /// no read in `busy` is writing.
+    fn plan_wave(&self, chunk: &[u32], busy: &[(u32, u32)]) -> Wave {
         let mut protected = vec![false; self.n_slots()];
+        for &(_, s) in busy {
+            if let Some(p) = protected.get_mut(s as usize) {
+                *p = true;
+            }
+        }
         for &e in chunk {
             if let Some(s) = self.slot(e) {
                 protected[s as usize] = true;
@@ -168,8 +209,18 @@ impl LayerCache {
     /// plan found them, then records its load slots empty (their bytes are
     /// about to be overwritten).
     pub fn begin_wave(&mut self, wave: &Wave) -> Result<(), StaleWave> {
+        self.begin_wave_landing(wave, &[])
+    }
+
+    /// [`LayerCache::begin_wave`] for a wave of [`LayerCache::plan_landing`]:
+    /// its experts among `landing` are not yet recorded in their slots.
+    pub fn begin_wave_landing(
+        &mut self,
+        wave: &Wave,
+        landing: &[(u32, u32)],
+    ) -> Result<(), StaleWave> {
         let mut loading = vec![false; self.n_slots()];
-        for &(_, s) in &wave.loads {
+        for &(_, s) in wave.loads.iter().chain(landing) {
             if let Some(l) = loading.get_mut(s as usize) {
                 *l = true;
             }
@@ -385,6 +436,37 @@ mod tests {
         assert!(c.slot(1).is_some() && c.slot(2).is_none());
         c.finish_loads(&loads);
         assert_eq!(c.slot(2), Some(loads[0].1));
+    }
+
+    #[test]
+    fn a_plan_around_reads_in_flight_uses_them_and_never_takes_their_slots() {
+        let mut c = LayerCache::new(8, 4, Policy::Lru);
+        run(&mut c, &[0, 1]);
+        run(&mut c, &[2]);
+        // A lookahead reads 3 and 4 into the two slots it evicts (0's and
+        // 1's, the least recent): recorded empty while in flight.
+        let landing = c.prefetch(&[3, 4]);
+        assert_eq!(landing.iter().map(|l| l.0).collect::<Vec<_>>(), vec![3, 4]);
+        c.begin_loads(&landing);
+        let busy: Vec<u32> = landing.iter().map(|l| l.1).collect();
+        // The batch uses 3 (in flight), 2 (cached) and 5 (to load): 5 must
+        // take the one slot neither cached nor landing, though the landing
+        // slots are recorded empty and an empty slot is the first victim.
+        let wave = c.plan_landing(&[3, 2, 5, 3], &landing).expect("fits");
+        assert_eq!(wave.slot_of(3), Some(landing[0].1));
+        assert_eq!(wave.slot_of(2), c.slot(2));
+        assert_eq!(wave.loads.len(), 1);
+        let (e, s) = wave.loads[0];
+        assert_eq!(e, 5);
+        assert!(!busy.contains(&s) && Some(s) != c.slot(2), "slot {s}");
+        // 3 is not recorded until it lands; starting the wave accepts that.
+        assert_eq!(c.slot(3), None);
+        assert!(c.begin_wave(&wave).is_err(), "3 is not in its slot yet");
+        c.begin_wave_landing(&wave, &landing)
+            .expect("landing accepted");
+        // Three distinct experts and 4 (landing, unused) need 4 slots of 4;
+        // a fifth does not fit beside the reads: plan as usual instead.
+        assert!(c.plan_landing(&[3, 2, 5, 6], &landing).is_none());
     }
 
     trait Loads {

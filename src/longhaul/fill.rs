@@ -4,7 +4,7 @@
 //! way each slice lands in its lent slot buffer in the store's layout.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 #[cfg(target_os = "linux")]
@@ -59,6 +59,19 @@ pub struct Fill {
     pub(super) started: Instant,
     /// Lookahead reads: their time is not a demand read's.
     pub(super) speculative: bool,
+    /// The first `spec_loads` loads are a lookahead's (see
+    /// [`Fill::adopt`]); `spec_bytes` of `bytes` are theirs.
+    pub(super) spec_loads: usize,
+    pub(super) spec_bytes: u64,
+    /// Per load: its expert is not needed, so a failed or dropped read of it
+    /// only leaves its slot empty, and it is never computed.
+    pub(super) optional: Vec<bool>,
+    /// A lookahead's per-load flags: a read not yet started once its
+    /// load's flag is set is dropped.
+    pub(super) skip: Option<Arc<[AtomicBool]>>,
+    /// A lookahead's channel, kept for the demand reads of the wave that
+    /// adopts it.
+    pub(super) tx: Option<mpsc::Sender<Done>>,
     /// The reads, where they go through io_uring (then `rx` is `None`).
     #[cfg(target_os = "linux")]
     pub(super) ring: Option<RingReads>,
@@ -91,6 +104,11 @@ impl Fill {
             bytes: 0,
             started: Instant::now(),
             speculative,
+            spec_loads: if speculative { wave.loads.len() } else { 0 },
+            spec_bytes: 0,
+            optional: vec![false; wave.loads.len()],
+            skip: speculative.then(|| wave.loads.iter().map(|_| AtomicBool::new(false)).collect()),
+            tx: None,
             which,
             #[cfg(target_os = "linux")]
             ring: None,
@@ -141,6 +159,74 @@ impl Fill {
         started
     }
 
+    /// Drops every read of a lookahead not yet started.
+    pub(super) fn skip_all(&mut self) {
+        if let Some(skip) = &self.skip {
+            skip.iter().for_each(|f| f.store(true, Ordering::Relaxed));
+        }
+        self.tx = None;
+    }
+
+    /// Makes this lookahead's reads part of `wave` (planned by
+    /// [`super::LayerCache::plan_landing`] around them): its loads stay
+    /// first, those whose experts the batch does not use become optional
+    /// (and their reads not yet started are dropped), and the wave's own
+    /// loads follow, to be read on the same channel. The wave's experts
+    /// that it neither loads nor adopts are ready.
+    pub(super) fn adopt(&mut self, wave: &Wave, n_tensors: usize) {
+        let adopted: Vec<u32> = self.wave.loads.iter().map(|l| l.0).collect();
+        let used = |e: u32| wave.experts.iter().any(|x| x.0 == e);
+        for (li, &e) in adopted.iter().enumerate() {
+            self.optional[li] = !used(e);
+            if let (false, Some(skip)) = (used(e), &self.skip) {
+                skip[li].store(true, Ordering::Relaxed);
+            }
+        }
+        let unused: Vec<(u32, u32)> = self
+            .wave
+            .loads
+            .iter()
+            .copied()
+            .filter(|l| !used(l.0))
+            .collect();
+        self.ready = wave
+            .experts
+            .iter()
+            .map(|&(e, _)| e)
+            .filter(|e| !adopted.contains(e) && !wave.loads.iter().any(|l| l.0 == *e))
+            .collect();
+        for &(_, s) in &wave.loads {
+            for t in 0..n_tensors {
+                self.which.push((t, s as usize));
+                self.bufs.push(None);
+                self.crcs.push(0);
+            }
+            self.left.push(n_tensors);
+            self.dropped.push(false);
+            self.optional.push(false);
+        }
+        self.spec_loads = adopted.len();
+        self.wave.loads.extend_from_slice(&wave.loads);
+        self.wave.experts = wave.experts.iter().copied().chain(unused).collect();
+        self.speculative = false;
+        self.started = Instant::now();
+    }
+
+    /// The loads whose reads all completed, and their checksums.
+    pub(super) fn landed(&self, n_tensors: usize) -> (Vec<(u32, u32)>, Vec<u32>) {
+        let n_t = n_tensors.max(1);
+        let (loads, crcs): (Vec<(u32, u32)>, Vec<&[u32]>) = self
+            .wave
+            .loads
+            .iter()
+            .zip(self.crcs.chunks(n_t))
+            .zip(&self.dropped)
+            .filter(|(_, d)| !**d)
+            .map(|((l, c), _)| (*l, c))
+            .unzip();
+        (loads, crcs.concat())
+    }
+
     /// Whether reads of the wave are still in flight.
     pub fn pending(&self) -> bool {
         self.pending > 0
@@ -156,6 +242,8 @@ impl Fill {
 /// expert) into the lent slot buffer `buf`, answered on `tx`.
 pub(super) struct SliceRead {
     pub(super) job: usize,
+    /// A lookahead's flags and this read's load among them.
+    pub(super) skip: Option<(Arc<[AtomicBool]>, usize)>,
     pub(super) tensor: usize,
     pub(super) shard: usize,
     pub(super) offset: u64,
@@ -192,7 +280,11 @@ impl ReadCtx<'_> {
     /// Reads `r` with a positional read on this thread, into the store's
     /// layout, unless cancelled first.
     pub(super) fn read_one(&self, mut r: SliceRead) {
-        let res = if self.cancelled() {
+        let skipped = r
+            .skip
+            .as_ref()
+            .is_some_and(|(f, li)| f.get(*li).is_some_and(|f| f.load(Ordering::Relaxed)));
+        let res = if skipped || self.cancelled() {
             Ok(None)
         } else {
             self.read_into(r.tensor, r.shard, r.offset, &mut r.buf)

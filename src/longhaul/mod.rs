@@ -166,6 +166,9 @@ pub struct StreamedLayer<S: SlotStore> {
     /// Speculative reads started by [`StreamedLayer::start_prefetch`] and
     /// not yet settled.
     inflight: Option<Fill>,
+    /// A lookahead's reads still in flight that the batch planned by
+    /// [`StreamedLayer::plan_adopting`] uses, for its wave to take over.
+    adopted: Option<Fill>,
     /// With `--longhaul-verify`: the CRC-32 of each `(expert, tensor)` slice
     /// as first read, at `expert * n_tensors + tensor`.
     checksums: Option<Vec<Option<u32>>>,
@@ -206,6 +209,7 @@ impl<S: SlotStore> StreamedLayer<S> {
             stats: CacheStats::default(),
             prefetched: Vec::new(),
             inflight: None,
+            adopted: None,
             checksums: None,
             uring: false,
         })
@@ -232,14 +236,50 @@ impl<S: SlotStore> StreamedLayer<S> {
     pub fn plan(&mut self, file: &gguf::Model, ids: &[u32]) -> Vec<Wave> {
         self.settle_prefetch(file);
         let waves = self.cache.plan(ids);
+        let used = self.prefetched.iter().filter(|e| ids.contains(e)).count() as u64;
+        let prefetched = !self.prefetched.is_empty();
+        self.count_plan(&waves, prefetched.then_some(used));
+        waves
+    }
+
+    /// [`StreamedLayer::plan`] without waiting for a lookahead's reads still
+    /// in flight, where the batch fits in one wave beside them
+    /// ([`LayerCache::plan_landing`]): the experts they bring that the batch
+    /// uses are computed as soon as they land, the others' reads not yet
+    /// started are dropped, and the wave's own reads start at once, with
+    /// the cached experts computed meanwhile. The wave must then go through
+    /// [`StreamedLayer::start_wave`] (or [`StreamedLayer::load`]).
+    pub fn plan_adopting(&mut self, file: &gguf::Model, ids: &[u32]) -> Vec<Wave> {
+        let Some(fill) = self.inflight.take() else {
+            return self.plan(file, ids);
+        };
+        let Some(wave) = self.cache.plan_landing(ids, &fill.wave.loads) else {
+            self.inflight = Some(fill);
+            return self.plan(file, ids);
+        };
+        let used = fill
+            .wave
+            .loads
+            .iter()
+            .filter(|l| wave.experts.iter().any(|x| x.0 == l.0))
+            .count() as u64;
+        self.prefetched.clear();
+        self.adopted = Some(fill);
+        let waves = vec![wave];
+        self.count_plan(&waves, Some(used));
+        waves
+    }
+
+    /// Counts a plan's hits and misses, and with `used`, how many experts
+    /// of the last lookahead it uses.
+    fn count_plan(&mut self, waves: &[Wave], used: Option<u64>) {
         let mut misses = 0;
-        for w in &waves {
+        for w in waves {
             misses += w.loads.len() as u64;
             self.stats.hits += (w.experts.len() - w.loads.len()) as u64;
         }
         self.stats.misses += misses;
-        if !self.prefetched.is_empty() {
-            let used = self.prefetched.iter().filter(|e| ids.contains(e)).count() as u64;
+        if let Some(used) = used {
             self.stats.prefetch_used += used;
             self.stats.prefetch_wanted += used + misses;
             self.prefetched.clear();
@@ -248,7 +288,6 @@ impl<S: SlotStore> StreamedLayer<S> {
         if waves.len() > 1 {
             self.stats.multi_wave_batches += 1;
         }
-        waves
     }
 
     /// Reads the wave's missing experts into their slots and records the
@@ -267,13 +306,15 @@ impl<S: SlotStore> StreamedLayer<S> {
     /// empty, so a plan may have taken them).
     fn begin_wave(&mut self, file: &gguf::Model, wave: &Wave) -> Result<(), LonghaulError> {
         self.settle_prefetch(file);
-        self.cache
-            .begin_wave(wave)
-            .map_err(|s| LonghaulError::StalePlan {
-                layer: self.layer,
-                expert: s.expert,
-                slot: s.slot,
-            })
+        self.cache.begin_wave(wave).map_err(|s| self.stale(s))
+    }
+
+    fn stale(&self, s: cache::StaleWave) -> LonghaulError {
+        LonghaulError::StalePlan {
+            layer: self.layer,
+            expert: s.expert,
+            slot: s.slot,
+        }
     }
 
     /// Reads `loads` into their slots while the caller waits, counting the
@@ -305,6 +346,26 @@ impl<S: SlotStore> StreamedLayer<S> {
         wave: &Wave,
         io: &IoScope<'s>,
     ) -> Result<Fill, LonghaulError> {
+        if let Some(mut fill) = self.adopted.take() {
+            let landing = fill.wave.loads.clone();
+            if let Err(s) = self.cache.begin_wave_landing(wave, &landing) {
+                fill.skip_all();
+                self.inflight = Some(fill);
+                self.settle_prefetch(file);
+                return Err(self.stale(s));
+            }
+            let first = fill.wave.loads.len();
+            fill.adopt(wave, self.tensors.len());
+            let spawned = self.spawn_reads(file, &mut fill, io, None, first);
+            fill.tx = None;
+            if let Err(e) = spawned {
+                // Nothing of the wave was lent; the lookahead's reads are
+                // waited out and their buffers put back, all recorded empty.
+                while fill.pending() && self.wait_loaded(file, &mut fill).is_ok() {}
+                return Err(e);
+            }
+            return Ok(fill);
+        }
         self.begin_wave(file, wave)?;
         let mut fill = Fill::new(wave, self.tensors.len(), false);
         if wave.loads.is_empty() {
@@ -314,7 +375,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         if self.uring && fill.which.len() <= RING_WAVE && self.start_ring(file, &mut fill)? {
             return Ok(fill);
         }
-        if !self.spawn_reads(file, &mut fill, io, None)? {
+        if !self.spawn_reads(file, &mut fill, io, None, 0)? {
             self.read_blocking(file, &wave.loads)?;
             fill.ready.extend(wave.loads.iter().map(|l| l.0));
         }
@@ -384,22 +445,43 @@ impl<S: SlotStore> StreamedLayer<S> {
         fill: &mut Fill,
         io: &IoScope<'s>,
         cancel: Option<&'s AtomicBool>,
+        from_load: usize,
     ) -> Result<bool, LonghaulError> {
-        let lent = match self.slots.detach(&fill.which) {
+        let n_t = self.tensors.len();
+        let first = from_load * n_t;
+        if first == fill.which.len() {
+            return Ok(true);
+        }
+        let lent = match self.slots.detach(&fill.which[first..]) {
             Some(lent) => lent?,
             None => return Ok(false),
         };
-        let n_t = self.tensors.len();
-        let (tx, rx) = mpsc::channel();
+        let tx = match &fill.tx {
+            Some(tx) => tx.clone(),
+            None => {
+                let (tx, rx) = mpsc::channel();
+                fill.rx = Some(rx);
+                tx
+            }
+        };
+        if fill.speculative {
+            fill.tx = Some(tx.clone());
+        }
         let reads: Vec<SliceRead> = lent
             .into_iter()
             .enumerate()
-            .map(|(job, buf)| {
+            .map(|(i, buf)| {
+                let job = first + i;
                 let e = fill.wave.loads[job / n_t].0;
                 let ti = job % n_t;
                 let t = &self.tensors[ti];
                 SliceRead {
                     job,
+                    skip: fill
+                        .skip
+                        .clone()
+                        .filter(|f| job / n_t < f.len())
+                        .map(|f| (f, job / n_t)),
                     tensor: ti,
                     shard: t.shard,
                     offset: t.offset + e as u64 * t.expert_bytes,
@@ -409,7 +491,6 @@ impl<S: SlotStore> StreamedLayer<S> {
             })
             .collect();
         fill.pending += reads.len();
-        fill.rx = Some(rx);
         let ctx = ReadCtx {
             file,
             checksum: self.checksums.is_some(),
@@ -464,8 +545,13 @@ impl<S: SlotStore> StreamedLayer<S> {
                     Ok(Some(crc)) => {
                         fill.crcs[d.job] = crc;
                         fill.bytes += d.buf.len() as u64;
+                        if li < fill.spec_loads {
+                            fill.spec_bytes += d.buf.len() as u64;
+                        }
                         self.stats.uring_reads += d.ring as u64;
                     }
+                    // An expert the batch does not use may fail to load.
+                    Ok(None) | Err(_) if fill.optional[li] => fill.dropped[li] = true,
                     Ok(None) => fill.dropped[li] = true,
                     Err(e) => {
                         fill.error.get_or_insert(e);
@@ -481,7 +567,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                         .collect();
                     self.slots.attach(&fill.which[jobs], bufs)?;
                     // A dropped read leaves its expert's slot empty.
-                    if !fill.dropped[li] {
+                    if !fill.dropped[li] && !fill.optional[li] {
                         fill.ready.push(fill.wave.loads[li].0);
                         block = false;
                     }
@@ -540,12 +626,36 @@ impl<S: SlotStore> StreamedLayer<S> {
                 },
             ));
         }
+        let n_t = self.tensors.len();
         if fill.end_reads() {
-            let crcs = std::mem::take(&mut fill.crcs);
-            self.check_landed(file, &fill.wave.loads, crcs)?;
+            let (landed, crcs) = fill.landed(n_t);
             self.stats.bytes_read += fill.bytes;
+            self.stats.prefetch_bytes += fill.spec_bytes;
+            self.stats.adopted_bytes += fill.spec_bytes;
+            self.check_landed(file, &landed, crcs)?;
         }
-        self.cache.finish_wave(&fill.wave);
+        // A lookahead's read of an expert the batch uses is never dropped
+        // (see `Fill::adopt`); were it, the batch would miss that expert.
+        let missing = (0..fill.wave.loads.len()).find(|&li| fill.dropped[li] && !fill.optional[li]);
+        if let Some(li) = missing {
+            return Err(LonghaulError::Backend(BackendError::Shape {
+                op: "finish_wave",
+                detail: format!("expert {} of the wave was not read", fill.wave.loads[li].0),
+            }));
+        }
+        let dropped: Vec<u32> = (0..fill.wave.loads.len())
+            .filter(|&li| fill.dropped[li])
+            .map(|li| fill.wave.loads[li].0)
+            .collect();
+        let adopted = (0..fill.spec_loads).filter(|&li| !fill.dropped[li]).count();
+        self.stats.prefetched += adopted as u64;
+        if dropped.is_empty() {
+            self.cache.finish_wave(&fill.wave);
+        } else {
+            let mut wave = fill.wave.clone();
+            wave.experts.retain(|(e, _)| !dropped.contains(e));
+            self.cache.finish_wave(&wave);
+        }
         Ok(())
     }
 
@@ -594,7 +704,9 @@ impl<S: SlotStore> StreamedLayer<S> {
     /// run. Their slots are recorded empty and lent to the reads until
     /// [`StreamedLayer::settle_prefetch`] (which the next [`StreamedLayer::plan`]
     /// runs first) takes them back and records the experts read in full.
-    /// Reads not started once `cancel` is set are dropped, so the layer's
+    /// The layer's next batch takes over the reads still in flight
+    /// ([`StreamedLayer::plan_adopting`]) or settles them; either way reads
+    /// not yet started whose experts it does not use are dropped, so its
     /// own demand reads never queue behind them. Returns false, starting
     /// nothing, when the store cannot lend its slots (use
     /// [`StreamedLayer::prefetch`]).
@@ -602,7 +714,6 @@ impl<S: SlotStore> StreamedLayer<S> {
         &mut self,
         file: &'s gguf::Model,
         predicted: &[u32],
-        cancel: &'s AtomicBool,
         io: &IoScope<'s>,
     ) -> bool {
         if self.slots.detach(&[]).is_none() {
@@ -620,7 +731,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         };
         let mut fill = Fill::new(&wave, self.tensors.len(), true);
         // A store that fails to lend keeps its slots, recorded empty.
-        if let Ok(true) = self.spawn_reads(file, &mut fill, io, Some(cancel)) {
+        if let Ok(true) = self.spawn_reads(file, &mut fill, io, None, 0) {
             self.inflight = Some(fill);
         }
         true
@@ -632,9 +743,14 @@ impl<S: SlotStore> StreamedLayer<S> {
     /// makes). A failed or dropped read is not an error: its slot stays
     /// empty, and so do all of them when the file changed.
     pub fn settle_prefetch(&mut self, file: &gguf::Model) {
+        // A lookahead planned around but not taken over by a wave.
+        if let Some(fill) = self.adopted.take() {
+            self.inflight.get_or_insert(fill);
+        }
         let Some(mut fill) = self.inflight.take() else {
             return;
         };
+        fill.skip_all();
         let mut done = Vec::new();
         while fill.pending() {
             let waited = self.wait_loaded(file, &mut fill);

@@ -25,6 +25,10 @@ pub struct CacheStats {
     /// byte the lookahead read (with experts whose reads it dropped).
     pub prefetched: u64,
     pub prefetch_bytes: u64,
+    /// Of `prefetch_bytes`, those whose reads a batch took over while they
+    /// were in flight ([`super::StreamedLayer::plan_adopting`]): read
+    /// within the batch's `read_time`.
+    pub adopted_bytes: u64,
     /// Prefetched experts the next batch used.
     pub prefetch_used: u64,
     /// Experts the batches after a prefetch needed that were not cached
@@ -45,18 +49,24 @@ impl CacheStats {
         }
     }
 
+    /// Bytes read within `read_time`: the demand reads' and those of a
+    /// lookahead's reads that a batch took over in flight.
+    fn windowed_bytes(&self) -> u64 {
+        self.bytes_read.saturating_sub(self.prefetch_bytes) + self.adopted_bytes
+    }
+
     /// Bytes per second while demand reads were in flight (the lookahead's
-    /// reads overlap compute, so their time is not measured apart).
+    /// reads overlap compute, so their time is not measured apart, except
+    /// where a batch waits for them).
     pub fn read_throughput(&self) -> f64 {
-        let demand = self.bytes_read.saturating_sub(self.prefetch_bytes);
-        demand as f64 / self.read_time.as_secs_f64().max(1e-9)
+        self.windowed_bytes() as f64 / self.read_time.as_secs_f64().max(1e-9)
     }
 
     /// Time to read every byte read, demand and lookahead, at the demand
     /// reads' throughput: a lookahead that reads the wrong experts costs
     /// the disk's time too.
     pub fn reads_time(&self) -> Duration {
-        let demand = self.bytes_read.saturating_sub(self.prefetch_bytes);
+        let demand = self.windowed_bytes();
         if demand == 0 {
             return self.read_time;
         }
@@ -90,6 +100,7 @@ impl CacheStats {
                 .saturating_sub(earlier.multi_wave_batches),
             prefetched: self.prefetched.saturating_sub(earlier.prefetched),
             prefetch_bytes: self.prefetch_bytes.saturating_sub(earlier.prefetch_bytes),
+            adopted_bytes: self.adopted_bytes.saturating_sub(earlier.adopted_bytes),
             prefetch_used: self.prefetch_used.saturating_sub(earlier.prefetch_used),
             prefetch_wanted: self.prefetch_wanted.saturating_sub(earlier.prefetch_wanted),
             uring_reads: self.uring_reads.saturating_sub(earlier.uring_reads),
@@ -110,6 +121,7 @@ impl CacheStats {
     pub fn add(&mut self, o: &CacheStats) {
         self.prefetched += o.prefetched;
         self.prefetch_bytes += o.prefetch_bytes;
+        self.adopted_bytes += o.adopted_bytes;
         self.prefetch_used += o.prefetch_used;
         self.prefetch_wanted += o.prefetch_wanted;
         self.hits += o.hits;
@@ -182,6 +194,14 @@ mod stats_tests {
         assert_eq!(ahead.read_throughput(), 75.0);
         assert!((ahead.reads_time().as_secs_f64() - 16.0 / 3.0).abs() < 1e-9);
         assert!((ahead.io_floor_tps(16, wall) - 3.0).abs() < 1e-9);
+        // Of those 100, 60 were taken over by a batch in flight and landed
+        // within its 4 s: 360 bytes in 4 s, so 400 bytes take 4.44 s.
+        let adopted = CacheStats {
+            adopted_bytes: 60,
+            ..ahead
+        };
+        assert_eq!(adopted.read_throughput(), 90.0);
+        assert!((adopted.reads_time().as_secs_f64() - 40.0 / 9.0).abs() < 1e-9);
         // All reads ahead, none on demand: the demand read time as it is.
         let all_ahead = CacheStats {
             bytes_read: 100,

@@ -229,10 +229,10 @@ fn lookahead<'s, B: Backend>(
     // The layer is free (its sync point comes after this one's, on this
     // thread): lend its victim slots to reads on the I/O pool and go on.
     let started = match target.try_lock() {
-        Ok(mut l) => l.start_prefetch(file, &predicted, cancel, p.io),
-        Err(TryLockError::Poisoned(poisoned)) => poisoned
-            .into_inner()
-            .start_prefetch(file, &predicted, cancel, p.io),
+        Ok(mut l) => l.start_prefetch(file, &predicted, p.io),
+        Err(TryLockError::Poisoned(poisoned)) => {
+            poisoned.into_inner().start_prefetch(file, &predicted, p.io)
+        }
         Err(TryLockError::WouldBlock) => return Ok(()),
     };
     if started {
@@ -296,15 +296,18 @@ pub(crate) fn expert_outputs<'s, B: Backend>(
     let m = p.m;
     let b = &m.backend;
     let k = f.router.routing.n_used;
-    // Stop a lookahead read of this layer that has not started yet: demand
-    // reads never wait behind speculation that is not already in flight.
+    // Stop a lookahead of this layer that has not started yet (one made
+    // under the layer's lock, for a store that cannot lend its slots): demand
+    // reads never wait behind speculation. A lending store's lookahead reads
+    // are taken over or dropped by `plan_adopting`.
     if let Some(c) = m.runtime.prefetch_cancel.get(il) {
         c.store(true, Ordering::Relaxed);
     }
     // A poisoned lock means an earlier panic mid-update; the planner state is
     // still consistent (loads mark failed slots empty), so keep going.
     let mut l = layer.lock().unwrap_or_else(|p| p.into_inner());
-    let waves = l.plan(&m.file, ids);
+    // A lookahead's reads still in flight go on as part of the batch's wave.
+    let waves = l.plan_adopting(&m.file, ids);
     let mut lookahead_started = false;
     let mut out: Option<B::Tensor> = None;
     let mut slot_of = vec![u32::MAX; m.hp.n_expert];
