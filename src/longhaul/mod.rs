@@ -358,13 +358,19 @@ impl<S: SlotStore> StreamedLayer<S> {
             fill.adopt(wave, self.tensors.len());
             let spawned = self.spawn_reads(file, &mut fill, io, None, first);
             fill.tx = None;
-            if let Err(e) = spawned {
-                // Nothing of the wave was lent; the lookahead's reads are
-                // waited out and their buffers put back, all recorded empty.
-                while fill.pending() && self.wait_loaded(file, &mut fill).is_ok() {}
-                return Err(e);
-            }
-            return Ok(fill);
+            let e = match spawned {
+                Ok(true) => return Ok(fill),
+                // The store lent the lookahead its slots but not the wave.
+                Ok(false) => LonghaulError::Backend(BackendError::Shape {
+                    op: "start_wave",
+                    detail: "the slot store stopped lending its slots".into(),
+                }),
+                Err(e) => e,
+            };
+            // Nothing of the wave was lent; the lookahead's reads are waited
+            // out and their buffers put back, all recorded empty.
+            while fill.pending() && self.wait_loaded(file, &mut fill).is_ok() {}
+            return Err(e);
         }
         self.begin_wave(file, wave)?;
         let mut fill = Fill::new(wave, self.tensors.len(), false);
