@@ -385,6 +385,21 @@ mod slot_bytes {
         buf
     }
 
+    /// The bytes of each of slot `s`'s `n_tensors` tensors.
+    fn slot_bytes(
+        l: &mut StreamedLayer<longhaul::backend::cpu::HostSlots>,
+        n_tensors: usize,
+        s: u32,
+    ) -> Vec<Vec<u8>> {
+        let which: Vec<(usize, usize)> = (0..n_tensors).map(|t| (t, s as usize)).collect();
+        l.slots
+            .slots_mut(&which)
+            .expect("slots")
+            .into_iter()
+            .map(|b| b.to_vec())
+            .collect()
+    }
+
     fn check(
         l: &mut StreamedLayer<longhaul::backend::cpu::HostSlots>,
         file: &gguf::Model,
@@ -396,15 +411,7 @@ mod slot_bytes {
                 continue;
             };
             prop_assert_eq!(l.cache.slot(e), Some(s));
-            let which: Vec<(usize, usize)> = (0..ts.len()).map(|t| (t, s as usize)).collect();
-            let got: Vec<Vec<u8>> = l
-                .slots
-                .slots_mut(&which)
-                .expect("slots")
-                .into_iter()
-                .map(|b| b.to_vec())
-                .collect();
-            for (t, bytes) in got.iter().enumerate() {
+            for (t, bytes) in slot_bytes(l, ts.len(), s).iter().enumerate() {
                 let want = expert_bytes(file, ts[t], e, specs[t].bytes);
                 prop_assert!(
                     bytes == &want,
@@ -470,17 +477,10 @@ mod slot_bytes {
         let mut handed = Vec::new();
         loop {
             for e in fill.take_ready() {
-                let s = w.slot_of(e).expect("a ready expert is the wave's");
-                let want = &reference[e as usize];
-                let which: Vec<(usize, usize)> = (0..want.len()).map(|t| (t, s as usize)).collect();
-                let got: Vec<Vec<u8>> = l
-                    .slots
-                    .slots_mut(&which)
-                    .expect("slots")
-                    .into_iter()
-                    .map(|b| b.to_vec())
-                    .collect();
-                for (bytes, want) in got.iter().zip(want) {
+                let s = w.slot_of(e);
+                prop_assert!(s.is_some(), "expert {} handed out is not the wave's", e);
+                let (s, want) = (s.unwrap_or(0), &reference[e as usize]);
+                for (bytes, want) in slot_bytes(l, want.len(), s).iter().zip(want) {
                     prop_assert!(
                         bytes == want,
                         "expert {} handed out before its bytes were in slot {}",
