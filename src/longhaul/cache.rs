@@ -110,16 +110,7 @@ impl LayerCache {
     /// [`LayerCache::finish_wave`] (or [`LayerCache::apply`] it, for a replay
     /// that assumes every read succeeds). LFU counts the batch's demand now.
     pub fn plan(&mut self, ids: &[u32]) -> Vec<Wave> {
-        let mut distinct: Vec<u32> = Vec::new();
-        let mut seen = vec![false; self.slot_of.len()];
-        for &e in ids {
-            if let Some(s) = seen.get_mut(e as usize) {
-                if !*s {
-                    *s = true;
-                    distinct.push(e);
-                }
-            }
-        }
+        let (mut distinct, _) = self.distinct(ids);
         self.count_use(&distinct);
         // Cached experts first: they need no load and stay in the first wave.
         distinct.sort_by_key(|&e| self.slot(e).is_none());
@@ -142,15 +133,7 @@ impl LayerCache {
     /// `None`, planning nothing, when the batch's distinct experts and the
     /// landing ones it does not use are more than the slots.
     pub fn plan_landing(&mut self, ids: &[u32], landing: &[(u32, u32)]) -> Option<Wave> {
-        let mut seen = vec![false; self.slot_of.len()];
-        let mut distinct: Vec<u32> = Vec::new();
-        for &e in ids {
-            if let Some(s) = seen.get_mut(e as usize) {
-                if !std::mem::replace(s, true) {
-                    distinct.push(e);
-                }
-            }
-        }
+        let (mut distinct, seen) = self.distinct(ids);
         let unused = landing
             .iter()
             .filter(|(e, _)| !seen.get(*e as usize).copied().unwrap_or(false))
@@ -163,6 +146,21 @@ impl LayerCache {
         landed.finish_loads(landing);
         distinct.sort_by_key(|&e| landed.slot(e).is_none());
         Some(landed.plan_wave(&distinct, landing))
+    }
+
+    /// A batch's distinct experts in first-use order (ids `>= n_expert`
+    /// ignored), and per expert whether the batch uses it.
+    fn distinct(&self, ids: &[u32]) -> (Vec<u32>, Vec<bool>) {
+        let mut seen = vec![false; self.slot_of.len()];
+        let mut distinct = Vec::new();
+        for &e in ids {
+            if let Some(s) = seen.get_mut(e as usize) {
+                if !std::mem::replace(s, true) {
+                    distinct.push(e);
+                }
+            }
+        }
+        (distinct, seen)
     }
 
     /// LFU's count of a batch's distinct experts.

@@ -175,20 +175,17 @@ impl Fill {
     /// that it neither loads nor adopts are ready.
     pub(super) fn adopt(&mut self, wave: &Wave, n_tensors: usize) {
         let adopted: Vec<u32> = self.wave.loads.iter().map(|l| l.0).collect();
-        let used = |e: u32| wave.experts.iter().any(|x| x.0 == e);
-        for (li, &e) in adopted.iter().enumerate() {
-            self.optional[li] = !used(e);
-            if let (false, Some(skip)) = (used(e), &self.skip) {
+        let mut unused = Vec::new();
+        for (li, &load) in self.wave.loads.iter().enumerate() {
+            if wave.experts.iter().any(|x| x.0 == load.0) {
+                continue;
+            }
+            self.optional[li] = true;
+            if let Some(skip) = &self.skip {
                 skip[li].store(true, Ordering::Relaxed);
             }
+            unused.push(load);
         }
-        let unused: Vec<(u32, u32)> = self
-            .wave
-            .loads
-            .iter()
-            .copied()
-            .filter(|l| !used(l.0))
-            .collect();
         self.ready = wave
             .experts
             .iter()
@@ -257,14 +254,9 @@ pub(super) struct ReadCtx<'s> {
     pub(super) file: &'s gguf::Model,
     pub(super) checksum: bool,
     pub(super) convert: Option<crate::backend::SlotConverter>,
-    pub(super) cancel: Option<&'s AtomicBool>,
 }
 
 impl ReadCtx<'_> {
-    pub(super) fn cancelled(&self) -> bool {
-        self.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
-    }
-
     /// Answers `r` with `res`. The receiver is gone only when the sync
     /// point gave up; the slot is then recorded empty and gets a fresh
     /// buffer.
@@ -278,13 +270,13 @@ impl ReadCtx<'_> {
     }
 
     /// Reads `r` with a positional read on this thread, into the store's
-    /// layout, unless cancelled first.
+    /// layout, unless its lookahead skip flag is set first.
     pub(super) fn read_one(&self, mut r: SliceRead) {
         let skipped = r
             .skip
             .as_ref()
             .is_some_and(|(f, li)| f.get(*li).is_some_and(|f| f.load(Ordering::Relaxed)));
-        let res = if skipped || self.cancelled() {
+        let res = if skipped {
             Ok(None)
         } else {
             self.read_into(r.tensor, r.shard, r.offset, &mut r.buf)
@@ -379,7 +371,6 @@ impl RingReads {
             file,
             checksum: self.checksum,
             convert: self.convert.clone(),
-            cancel: None,
         };
         let lent = &mut self.lent;
         let mut landed = Vec::new();

@@ -356,7 +356,7 @@ impl<S: SlotStore> StreamedLayer<S> {
             }
             let first = fill.wave.loads.len();
             fill.adopt(wave, self.tensors.len());
-            let spawned = self.spawn_reads(file, &mut fill, io, None, first);
+            let spawned = self.spawn_reads(file, &mut fill, io, first);
             fill.tx = None;
             let e = match spawned {
                 Ok(true) => return Ok(fill),
@@ -381,7 +381,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         if self.uring && fill.which.len() <= RING_WAVE && self.start_ring(file, &mut fill)? {
             return Ok(fill);
         }
-        if !self.spawn_reads(file, &mut fill, io, None, 0)? {
+        if !self.spawn_reads(file, &mut fill, io, 0)? {
             self.read_blocking(file, &wave.loads)?;
             fill.ready.extend(wave.loads.iter().map(|l| l.0));
         }
@@ -440,17 +440,17 @@ impl<S: SlotStore> StreamedLayer<S> {
         Ok(true)
     }
 
-    /// Lends the slots of `fill`'s loads (already recorded empty) and
-    /// spawns their reads on `io`, each slice one task's positional read,
-    /// taking the store's layout on the reading thread; a read not yet
-    /// started once `cancel` is set is dropped. Returns false, having read
+    /// Lends the slots of `fill`'s loads from `from_load` on (already
+    /// recorded empty) and spawns their reads on `io`, each slice one task's
+    /// positional read, taking the store's layout on the reading thread; a
+    /// lookahead's read not yet started once its skip flag is set is
+    /// dropped. Returns false, having read
     /// nothing, when the store cannot lend its slots.
     fn spawn_reads<'s>(
         &mut self,
         file: &'s gguf::Model,
         fill: &mut Fill,
         io: &IoScope<'s>,
-        cancel: Option<&'s AtomicBool>,
         from_load: usize,
     ) -> Result<bool, LonghaulError> {
         let n_t = self.tensors.len();
@@ -501,7 +501,6 @@ impl<S: SlotStore> StreamedLayer<S> {
             file,
             checksum: self.checksums.is_some(),
             convert: self.slots.converter(),
-            cancel,
         };
         for r in reads {
             let ctx = ctx.clone();
@@ -737,7 +736,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         };
         let mut fill = Fill::new(&wave, self.tensors.len(), true);
         // A store that fails to lend keeps its slots, recorded empty.
-        if let Ok(true) = self.spawn_reads(file, &mut fill, io, None, 0) {
+        if let Ok(true) = self.spawn_reads(file, &mut fill, io, 0) {
             self.inflight = Some(fill);
         }
         true
