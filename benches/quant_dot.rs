@@ -142,7 +142,7 @@ fn tile<const T: usize>(b: Bencher, ty: GgmlType) {
 /// and resident `--repack` at load. One expert-sized matrix (768 rows x
 /// 2048, as Qwen3-30B-A3B's gate), from the read buffer to the slot
 /// (`from`) and in place (`in_place`, the load path).
-#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K], consts = [false, true])]
+#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::Q2_K], consts = [false, true])]
 fn interleave<const IN_PLACE: bool>(b: Bencher, ty: GgmlType) {
     let Some(il) = longhaul::quant::layout::interleaved(ty) else {
         return;

@@ -40,6 +40,7 @@ use super::ops::{ops, CpuCaps};
 use super::{QuantError, QuantOps};
 use crate::tensor::GgmlType;
 
+mod chunks;
 pub(crate) mod iq4_xs;
 mod plain_bits;
 pub(crate) mod q2_k;
@@ -445,15 +446,17 @@ impl Interleaved for Chunked {
                 let (scales, quants) = out.split_at_mut(sb * GROUP_ROWS);
                 let blocks: [&[u8]; GROUP_ROWS] =
                     std::array::from_fn(|r| &src[r * rb + b * bb..][..bb]);
+                // The scales' widths as constants (a call to `memcpy` per
+                // row otherwise).
                 for (r, blk) in blocks.iter().enumerate() {
-                    scales[sb * r..][..sb].copy_from_slice(&blk[..sb]);
-                }
-                // Chunk `c` of row `r` at `(8c + r) * 4` of the quants.
-                for (c, out) in quants.chunks_exact_mut(4 * GROUP_ROWS).enumerate() {
-                    for (r, blk) in blocks.iter().enumerate() {
-                        out[4 * r..4 * r + 4].copy_from_slice(&blk[sb + 4 * c..sb + 4 * c + 4]);
+                    match sb {
+                        1 => scales[r] = blk[0],
+                        2 => scales[2 * r..2 * r + 2].copy_from_slice(&blk[..2]),
+                        _ => scales[sb * r..][..sb].copy_from_slice(&blk[..sb]),
                     }
                 }
+                // Chunk `c` of row `r` at `(8c + r) * 4` of the quants.
+                chunks::interleave(blocks.map(|blk| &blk[sb..]), quants);
             }
         }
         Ok(())

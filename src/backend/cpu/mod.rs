@@ -298,6 +298,21 @@ fn convert_matrix(
     }
 }
 
+/// A zeroed buffer of `len` bytes whose pages are the process's already:
+/// one byte written per 4 KiB page. A fresh allocation is only mapped, and
+/// its first writes fault its pages in one at a time, each zeroed and
+/// charged then: for the expert cache, on the reading threads while its
+/// slots first fill, beside the compute. Taken here, the cache's budget is
+/// in memory from the load on (as llama.cpp's buffers are), in parallel.
+fn taken(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for i in (0..len).step_by(4096) {
+        // Opaque, so the store of the zero the byte holds stays.
+        v[i] = std::hint::black_box(0);
+    }
+    v
+}
+
 impl HostSlots {
     /// The buffer of `(t, s)` to write, sized to one expert: an error while a
     /// weight still holds it.
@@ -508,11 +523,13 @@ impl Backend for CpuBackend {
     }
 
     fn new_slots(&self, tensors: &[SlotTensor], n_slots: usize) -> Result<HostSlots, BackendError> {
+        use rayon::prelude::*;
         let bufs = tensors
             .iter()
             .map(|t| {
                 (0..n_slots)
-                    .map(|_| Arc::new(vec![0u8; t.bytes as usize]))
+                    .into_par_iter()
+                    .map(|_| Arc::new(taken(t.bytes as usize)))
                     .collect()
             })
             .collect();

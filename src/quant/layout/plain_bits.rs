@@ -4,7 +4,7 @@
 //! runs its group kernel below ggml's tiled floor and the tiled path's
 //! kernels over the layout from there on ([`PlainBits`]).
 
-use super::{check_same_len, group_geometry, GROUP_ROWS};
+use super::{check_same_len, chunks, group_geometry, GROUP_ROWS};
 #[cfg(target_arch = "x86_64")]
 use super::{groups_in_fours, GroupDot, Interleaved, Rows, SuperBlockTile};
 use crate::quant::QuantError;
@@ -80,9 +80,11 @@ pub(super) trait Moved {
     /// Where byte `i` of row `r`'s plain block goes in the group
     /// super-block; a piece's bytes go to consecutive places.
     fn map(r: usize, i: usize) -> usize;
-    /// The plain bytes moved in 4-byte pieces, and those moved in 2-byte
-    /// pieces: the whole block between them.
-    const FOURS: std::ops::Range<usize>;
+    /// The plain bytes moved in 4-byte pieces, run by run, and those moved
+    /// in 2-byte pieces: the whole block between them. A run's chunk `c`
+    /// of row `r` goes to `map(0, run.start) + (8c + r) * 4`, so it moves
+    /// as one [`chunks::interleave`].
+    const CHUNKS: &'static [std::ops::Range<usize>];
     const TWOS: std::ops::Range<usize>;
 }
 
@@ -100,7 +102,7 @@ fn move_block<M: Moved>(r: usize, blk: &mut [u8], packed: &mut [u8], to_packed: 
             *x = *y
         }
     }
-    for i in M::FOURS.step_by(4) {
+    for i in M::CHUNKS.iter().flat_map(|run| run.clone().step_by(4)) {
         mv::<4>(blk, packed, i, M::map(r, i), to_packed);
     }
     for i in M::TWOS.step_by(2) {
@@ -108,17 +110,26 @@ fn move_block<M: Moved>(r: usize, blk: &mut [u8], packed: &mut [u8], to_packed: 
     }
 }
 
-/// [`Interleaved::interleave_from`] of a [`Moved`] layout.
+/// [`Interleaved::interleave_from`] of a [`Moved`] layout: the runs of
+/// chunks as transposes, the 2-byte pieces one by one.
 fn interleave_moved<M: Moved>(k: usize, src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
     let nb = group_geometry(M::TY, k, src.len())?;
     check_same_len(M::TY, src.len(), dst.len())?;
     let (bb, gb) = (M::TY.type_size(), M::TY.type_size() * GROUP_ROWS);
-    let mut blk = vec![0u8; bb];
     for (src, dst) in src.chunks_exact(nb * gb).zip(dst.chunks_exact_mut(nb * gb)) {
         for (b, packed) in dst.chunks_exact_mut(gb).enumerate() {
-            for r in 0..GROUP_ROWS {
-                blk.copy_from_slice(&src[(r * nb + b) * bb..][..bb]);
-                move_block::<M>(r, &mut blk, packed, true);
+            let rows: [&[u8]; GROUP_ROWS] =
+                std::array::from_fn(|r| &src[(r * nb + b) * bb..][..bb]);
+            for run in M::CHUNKS {
+                let at = M::map(0, run.start);
+                let out = &mut packed[at..at + GROUP_ROWS * run.len()];
+                chunks::interleave(rows.map(|blk| &blk[run.clone()]), out);
+            }
+            for (r, blk) in rows.iter().enumerate() {
+                for i in M::TWOS.step_by(2) {
+                    let at = M::map(r, i);
+                    packed[at..at + 2].copy_from_slice(&blk[i..i + 2]);
+                }
             }
         }
     }
@@ -152,14 +163,27 @@ mod tests {
         fn check<M: Moved>() {
             let (bb, gb) = (M::TY.type_size(), M::TY.type_size() * GROUP_ROWS);
             // The pieces cover the block once.
-            let mut cover: Vec<usize> = M::FOURS.chain(M::TWOS).collect();
+            let fours = || M::CHUNKS.iter().flat_map(|run| run.clone());
+            let mut cover: Vec<usize> = fours().chain(M::TWOS).collect();
             cover.sort_unstable();
             assert_eq!(cover, (0..bb).collect::<Vec<_>>(), "{}", M::TY);
             assert!(
-                M::FOURS.len() % 4 == 0 && M::TWOS.len() % 2 == 0,
+                M::CHUNKS.iter().all(|run| run.len() % 4 == 0) && M::TWOS.len() % 2 == 0,
                 "{}",
                 M::TY
             );
+            // Each run is one transpose of chunks, as `interleave_moved`
+            // moves it.
+            for (run, r) in M::CHUNKS
+                .iter()
+                .flat_map(|run| (0..GROUP_ROWS).map(move |r| (run, r)))
+            {
+                for i in run.clone() {
+                    let (c, j) = ((i - run.start) / 4, (i - run.start) % 4);
+                    let at = M::map(0, run.start) + (GROUP_ROWS * c + r) * 4 + j;
+                    assert_eq!(M::map(r, i), at, "{} row {r} byte {i}", M::TY);
+                }
+            }
             let mut to = vec![false; gb];
             for r in 0..GROUP_ROWS {
                 for i in 0..bb {

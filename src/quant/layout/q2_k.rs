@@ -80,12 +80,17 @@ impl Interleaved for Interleaved8 {
         let gb = nb * GROUP_BLOCK;
         for (src, dst) in src.chunks_exact(gb).zip(dst.chunks_exact_mut(gb)) {
             for (b, packed) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
-                for r in 0..GROUP_ROWS {
-                    let blk = &src[(r * nb + b) * BLOCK..][..BLOCK];
-                    for (i, &byte) in blk.iter().enumerate() {
-                        packed[map(r, i)] = byte;
-                    }
+                // `map`'s three parts: `d` and `dmin` in twos, the scale
+                // bytes one by one, the quants in chunks.
+                let rows: [&[u8]; GROUP_ROWS] =
+                    std::array::from_fn(|r| &src[(r * nb + b) * BLOCK..][..BLOCK]);
+                for (r, blk) in rows.iter().enumerate() {
+                    packed[2 * r..2 * r + 2].copy_from_slice(&blk[PLAIN_D..PLAIN_D + 2]);
+                    packed[DMIN + 2 * r..DMIN + 2 * r + 2].copy_from_slice(&blk[PLAIN_D + 2..]);
                 }
+                let (head, quants) = packed.split_at_mut(QS);
+                super::chunks::interleave_bytes(rows.map(|b| &b[..PLAIN_QS]), &mut head[SCALES..]);
+                super::chunks::interleave(rows.map(|b| &b[PLAIN_QS..PLAIN_D]), quants);
             }
         }
         Ok(())

@@ -17,7 +17,7 @@
 //! off.
 
 use super::{check_same_len, group_geometry, Interleaved, Rows, GROUP_ROWS};
-use crate::quant::common::{pack_scale_min_k4, scale_mins_k4};
+use crate::quant::common::pack_scale_min_k4;
 use crate::quant::QuantError;
 use crate::tensor::GgmlType;
 
@@ -39,26 +39,82 @@ pub(super) struct SuperBlocked {
 }
 
 /// Writes one group super-block from the eight rows' plain blocks.
+///
+/// A row's 12 bytes of scales and mins `q` (ggml's `get_scale_min_k4`)
+/// give entry `j`'s low nibbles `(q[j] & 15) | (q[j + 4] & 15) << 4` for
+/// `j < 4` and `q[j + 4]` itself for `j >= 4`, and its top bits
+/// `(q[j] >> 4 & 3) | (q[j + 4] >> 4 & 3) << 2` and
+/// `(q[j - 4] >> 6) | (q[j] >> 6) << 2`: four bytes at a time in `u32`s,
+/// then moved to their entries `8j + r`.
 fn pack(rows: [&[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK]) {
-    let mut top = [0u8; GROUP_ROWS * 8];
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let (mut lo, mut top) = ([0u64; GROUP_ROWS], [0u64; GROUP_ROWS]);
     for (r, blk) in rows.iter().enumerate() {
         packed[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
         packed[DMIN + 2 * r..DMIN + 2 * r + 2].copy_from_slice(&blk[2..4]);
-        let scales: &[u8; 12] = blk[4..16].try_into().expect("12 scale bytes");
-        let (sc, mn) = scale_mins_k4(scales);
-        for j in 0..8 {
-            packed[SCALES_LO + 8 * j + r] = (sc[j] & 15) | (mn[j] & 15) << 4;
-            top[8 * j + r] = (sc[j] >> 4) | (mn[j] >> 4) << 2;
-        }
-        // Chunk `c` of row `r` at `QS + (8c + r) * 4`.
-        for (c, chunk) in blk[16..].chunks_exact(4).enumerate() {
-            let at = QS + (8 * c + r) * 4;
-            packed[at..at + 4].copy_from_slice(chunk);
-        }
+        let word = |i: usize| u32::from_le_bytes([blk[i], blk[i + 1], blk[i + 2], blk[i + 3]]);
+        let (q0, q4, q8) = (word(4), word(8), word(12));
+        let lo03 = (q0 & LOW4) | (q4 & LOW4) << 4;
+        let top03 = (q0 >> 4 & LOW2) | (q4 >> 4 & LOW2) << 2;
+        let top47 = (q0 >> 6 & LOW2) | (q4 >> 6 & LOW2) << 2;
+        lo[r] = u64::from(lo03) | u64::from(q8) << 32;
+        top[r] = u64::from(top03) | u64::from(top47) << 32;
     }
-    // Two entries' top bits per byte, the even entry's low.
-    for (e, pair) in top.chunks_exact(2).enumerate() {
-        packed[SCALES_HI + e] = pair[0] | pair[1] << 4;
+    let pairs: [u64; GROUP_ROWS / 2] = std::array::from_fn(|i| top[2 * i] | top[2 * i + 1] << 4);
+    entries(&lo, &pairs, packed);
+    // Chunk `c` of row `r` at `QS + (8c + r) * 4`.
+    super::chunks::interleave(rows.map(|b| &b[16..]), &mut packed[QS..]);
+}
+
+/// Writes byte `j` of `lo[r]` to entry `8j + r` of the low nibbles, and
+/// byte `j` of `pairs[i]` (rows `2i` and `2i + 1`'s top bits) to byte
+/// `4j + i` of the top bits: byte transposes, with SSE2 on x86-64.
+fn entries(lo: &[u64; GROUP_ROWS], pairs: &[u64; GROUP_ROWS / 2], packed: &mut [u8; GROUP_BLOCK]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2 is part of x86-64; the stores cover bytes
+    // `SCALES_LO..SCALES_LO + 64` and `SCALES_HI..SCALES_HI + 32` of the
+    // 1152-byte `packed`.
+    unsafe {
+        use std::arch::x86_64::*;
+        let v = |x: u64| _mm_cvtsi64_si128(x as i64);
+        let dst = packed.as_mut_ptr();
+        // (lo0[0] lo1[0] lo0[1] lo1[1] ..), then four bytes of rows 0..4
+        // per `j`, then eight bytes of rows 0..8 per `j`.
+        let x01 = _mm_unpacklo_epi8(v(lo[0]), v(lo[1]));
+        let x23 = _mm_unpacklo_epi8(v(lo[2]), v(lo[3]));
+        let x45 = _mm_unpacklo_epi8(v(lo[4]), v(lo[5]));
+        let x67 = _mm_unpacklo_epi8(v(lo[6]), v(lo[7]));
+        let (y0, y1) = (_mm_unpacklo_epi16(x01, x23), _mm_unpackhi_epi16(x01, x23));
+        let (y2, y3) = (_mm_unpacklo_epi16(x45, x67), _mm_unpackhi_epi16(x45, x67));
+        let out = [
+            _mm_unpacklo_epi32(y0, y2),
+            _mm_unpackhi_epi32(y0, y2),
+            _mm_unpacklo_epi32(y1, y3),
+            _mm_unpackhi_epi32(y1, y3),
+        ];
+        for (i, o) in out.into_iter().enumerate() {
+            _mm_storeu_si128(dst.add(SCALES_LO + 16 * i) as *mut __m128i, o);
+        }
+        let p01 = _mm_unpacklo_epi8(v(pairs[0]), v(pairs[1]));
+        let p23 = _mm_unpacklo_epi8(v(pairs[2]), v(pairs[3]));
+        _mm_storeu_si128(
+            dst.add(SCALES_HI) as *mut __m128i,
+            _mm_unpacklo_epi16(p01, p23),
+        );
+        _mm_storeu_si128(
+            dst.add(SCALES_HI + 16) as *mut __m128i,
+            _mm_unpackhi_epi16(p01, p23),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    for j in 0..8 {
+        for (r, lo) in lo.iter().enumerate() {
+            packed[SCALES_LO + 8 * j + r] = (lo >> (8 * j)) as u8;
+        }
+        for (i, pair) in pairs.iter().enumerate() {
+            packed[SCALES_HI + 4 * j + i] = (pair >> (8 * j)) as u8;
+        }
     }
 }
 

@@ -61,7 +61,7 @@ impl super::plain_bits::Moved for Q6K {
         }
     }
     // The 48 four-byte chunks of `ql` then `qh`; the scale pairs and `d`.
-    const FOURS: std::ops::Range<usize> = 0..PLAIN_SCALES;
+    const CHUNKS: &'static [std::ops::Range<usize>] = &[0..PLAIN_QH, PLAIN_QH..PLAIN_SCALES];
     const TWOS: std::ops::Range<usize> = PLAIN_SCALES..BLOCK;
 }
 

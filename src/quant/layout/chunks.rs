@@ -1,0 +1,188 @@
+//! The moves every interleaved layout makes of its rows' bytes: quants in
+//! 4-byte chunks, chunk `c` of row `r` to bytes `(8c + r) * 4` of the
+//! group's quants ([`interleave`]), and single bytes, byte `i` of row `r`
+//! to `8i + r` ([`interleave_bytes`]). Each is the transpose of an 8 x n
+//! matrix (of `u32`, of bytes), done with SSE2 (every x86-64 CPU has it)
+//! and element by element elsewhere; a slot converts every expert it reads
+//! this way, on the reading thread.
+
+use super::GROUP_ROWS;
+
+/// Writes `rows[r]`'s chunk `c` (bytes `4c..4c + 4`) to
+/// `out[(8c + r) * 4..][..4]`, for the chunks every row and `out` hold
+/// (`n = min(rows[r].len() / 4, out.len() / 32)`).
+#[inline]
+pub(super) fn interleave(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
+    let n = rows
+        .iter()
+        .map(|r| r.len() / 4)
+        .fold(out.len() / (4 * GROUP_ROWS), usize::min);
+    // SAFETY: every row holds `4n` bytes and `out` `32n`, so the loads of
+    // chunks `c..c + 4` (16 bytes at `4c` of each row) and the stores of 32
+    // bytes at `32c..32(c + 4)` of `out` are in bounds for
+    // `c + 4 <= n - n % 4`.
+    #[cfg(target_arch = "x86_64")]
+    let done = unsafe { sse2(&rows, out, n - n % 4) };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    for c in done..n {
+        for (r, row) in rows.iter().enumerate() {
+            out[(GROUP_ROWS * c + r) * 4..][..4].copy_from_slice(&row[4 * c..4 * c + 4]);
+        }
+    }
+}
+
+/// The first `n` chunks (a multiple of four), four at a time: two 4 x 4
+/// transposes of `u32` (rows 0..4 and 4..8) per four chunks. Returns `n`.
+///
+/// # Safety
+/// Every row must hold `4n` bytes and `out` `32n`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn sse2(rows: &[&[u8]; GROUP_ROWS], out: &mut [u8], n: usize) -> usize {
+    use std::arch::x86_64::*;
+    let dst = out.as_mut_ptr();
+    for c in (0..n).step_by(4) {
+        for half in 0..2 {
+            let load = |r: usize| {
+                _mm_loadu_si128(rows[4 * half + r].as_ptr().add(4 * c) as *const __m128i)
+            };
+            let (a0, a1, a2, a3) = (load(0), load(1), load(2), load(3));
+            // (a0[0] a1[0] a0[1] a1[1]), (a0[2] a1[2] a0[3] a1[3]), and the
+            // same of rows 2 and 3.
+            let (t0, t1) = (_mm_unpacklo_epi32(a0, a1), _mm_unpackhi_epi32(a0, a1));
+            let (t2, t3) = (_mm_unpacklo_epi32(a2, a3), _mm_unpackhi_epi32(a2, a3));
+            let chunk = [
+                _mm_unpacklo_epi64(t0, t2),
+                _mm_unpackhi_epi64(t0, t2),
+                _mm_unpacklo_epi64(t1, t3),
+                _mm_unpackhi_epi64(t1, t3),
+            ];
+            for (i, v) in chunk.into_iter().enumerate() {
+                let at = (GROUP_ROWS * (c + i) + 4 * half) * 4;
+                _mm_storeu_si128(dst.add(at) as *mut __m128i, v);
+            }
+        }
+    }
+    n
+}
+
+/// Writes `rows[r][i]` to `out[8i + r]`, for the bytes every row and `out`
+/// hold (`n = min(rows[r].len(), out.len() / 8)`).
+#[inline]
+pub(super) fn interleave_bytes(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
+    let n = rows
+        .iter()
+        .map(|r| r.len())
+        .fold(out.len() / GROUP_ROWS, usize::min);
+    // SAFETY: every row holds `n` bytes and `out` `8n`, so the 16-byte
+    // loads at `i` of each row and the 128 bytes stored at `8i` of `out`
+    // are in bounds for `i + 16 <= n - n % 16`.
+    #[cfg(target_arch = "x86_64")]
+    let done = unsafe { bytes_sse2(&rows, out, n - n % 16) };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    for i in done..n {
+        for (r, row) in rows.iter().enumerate() {
+            out[GROUP_ROWS * i + r] = row[i];
+        }
+    }
+}
+
+/// The first `n` bytes of each row (a multiple of 16), sixteen at a time:
+/// an 8 x 16 byte transpose. Returns `n`.
+///
+/// # Safety
+/// Every row must hold `n` bytes and `out` `8n`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn bytes_sse2(rows: &[&[u8]; GROUP_ROWS], out: &mut [u8], n: usize) -> usize {
+    use std::arch::x86_64::*;
+    let dst = out.as_mut_ptr();
+    for i in (0..n).step_by(16) {
+        let a: [__m128i; GROUP_ROWS] =
+            std::array::from_fn(|r| _mm_loadu_si128(rows[r].as_ptr().add(i) as *const __m128i));
+        // Rows 4h..4h + 4: their bytes 0..4, 4..8, 8..12 and 12..16, four
+        // rows' bytes per position.
+        let quads = |h: usize| {
+            let (a0, a1, a2, a3) = (a[4 * h], a[4 * h + 1], a[4 * h + 2], a[4 * h + 3]);
+            let (lo01, hi01) = (_mm_unpacklo_epi8(a0, a1), _mm_unpackhi_epi8(a0, a1));
+            let (lo23, hi23) = (_mm_unpacklo_epi8(a2, a3), _mm_unpackhi_epi8(a2, a3));
+            [
+                _mm_unpacklo_epi16(lo01, lo23),
+                _mm_unpackhi_epi16(lo01, lo23),
+                _mm_unpacklo_epi16(hi01, hi23),
+                _mm_unpackhi_epi16(hi01, hi23),
+            ]
+        };
+        let (x, y) = (quads(0), quads(1));
+        for q in 0..4 {
+            // Bytes 4q, 4q + 1 of all eight rows, then 4q + 2, 4q + 3.
+            let at = dst.add(GROUP_ROWS * (i + 4 * q));
+            _mm_storeu_si128(at as *mut __m128i, _mm_unpacklo_epi32(x[q], y[q]));
+            _mm_storeu_si128(at.add(16) as *mut __m128i, _mm_unpackhi_epi32(x[q], y[q]));
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every chunk count from none to two SIMD steps and a ragged rest,
+    /// against the definition, with the rows' lengths unequal (the shortest
+    /// decides) and `out` longer than needed (its tail untouched).
+    #[test]
+    fn chunks_land_where_the_layout_says() {
+        for n in 0..=11usize {
+            let rows: Vec<Vec<u8>> = (0..GROUP_ROWS)
+                .map(|r| {
+                    (0..4 * n + 4 * (r % 2))
+                        .map(|i| (r * 64 + i) as u8 ^ 0x5a)
+                        .collect()
+                })
+                .collect();
+            let refs: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
+            let mut out = vec![0xEEu8; 32 * n + 7];
+            interleave(refs, &mut out);
+            for c in 0..n {
+                for (r, row) in rows.iter().enumerate() {
+                    let at = (8 * c + r) * 4;
+                    assert_eq!(
+                        out[at..at + 4],
+                        row[4 * c..4 * c + 4],
+                        "n {n} chunk {c} row {r}"
+                    );
+                }
+            }
+            assert!(
+                out[32 * n..].iter().all(|&b| b == 0xEE),
+                "n {n}: tail written"
+            );
+        }
+    }
+
+    /// Every byte count from none to two SIMD steps and a ragged rest,
+    /// against the definition, as above.
+    #[test]
+    fn bytes_land_where_the_layout_says() {
+        for n in 0..=37usize {
+            let rows: Vec<Vec<u8>> = (0..GROUP_ROWS)
+                .map(|r| (0..n + r % 3).map(|i| (r * 97 + i * 13) as u8).collect())
+                .collect();
+            let refs: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
+            let mut out = vec![0xEEu8; 8 * n + 5];
+            interleave_bytes(refs, &mut out);
+            for i in 0..n {
+                for (r, row) in rows.iter().enumerate() {
+                    assert_eq!(out[8 * i + r], row[i], "n {n} byte {i} row {r}");
+                }
+            }
+            assert!(
+                out[8 * n..].iter().all(|&b| b == 0xEE),
+                "n {n}: tail written"
+            );
+        }
+    }
+}
