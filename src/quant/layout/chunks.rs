@@ -75,11 +75,12 @@ pub(super) fn interleave_bytes(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
         .iter()
         .map(|r| r.len())
         .fold(out.len() / GROUP_ROWS, usize::min);
-    // SAFETY: every row holds `n` bytes and `out` `8n`, so the 16-byte
-    // loads at `i` of each row and the 128 bytes stored at `8i` of `out`
-    // are in bounds for `i + 16 <= n - n % 16`.
+    // SAFETY: every row holds `n` bytes and `out` `8n`, so the loads of 16
+    // or 8 bytes at `i` of each row and the 128 or 64 bytes stored at `8i`
+    // of `out` are in bounds while `i + 16`, or `i + 8`, is at most
+    // `n - n % 8`.
     #[cfg(target_arch = "x86_64")]
-    let done = unsafe { bytes_sse2(&rows, out, n - n % 16) };
+    let done = unsafe { bytes_sse2(&rows, out, n - n % 8) };
     #[cfg(not(target_arch = "x86_64"))]
     let done = 0;
     for i in done..n {
@@ -89,8 +90,8 @@ pub(super) fn interleave_bytes(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
     }
 }
 
-/// The first `n` bytes of each row (a multiple of 16), sixteen at a time:
-/// an 8 x 16 byte transpose. Returns `n`.
+/// The first `n` bytes of each row (a multiple of 8), sixteen at a time
+/// and the last eight alone: 8 x 16 (8 x 8) byte transposes. Returns `n`.
 ///
 /// # Safety
 /// Every row must hold `n` bytes and `out` `8n`.
@@ -99,9 +100,17 @@ pub(super) fn interleave_bytes(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
 unsafe fn bytes_sse2(rows: &[&[u8]; GROUP_ROWS], out: &mut [u8], n: usize) -> usize {
     use std::arch::x86_64::*;
     let dst = out.as_mut_ptr();
-    for i in (0..n).step_by(16) {
-        let a: [__m128i; GROUP_ROWS] =
-            std::array::from_fn(|r| _mm_loadu_si128(rows[r].as_ptr().add(i) as *const __m128i));
+    let mut i = 0;
+    while i < n {
+        let wide = n - i >= 16;
+        let a: [__m128i; GROUP_ROWS] = std::array::from_fn(|r| {
+            let p = rows[r].as_ptr().add(i) as *const __m128i;
+            if wide {
+                _mm_loadu_si128(p)
+            } else {
+                _mm_loadl_epi64(p)
+            }
+        });
         // Rows 4h..4h + 4: their bytes 0..4, 4..8, 8..12 and 12..16, four
         // rows' bytes per position.
         let quads = |h: usize| {
@@ -116,12 +125,14 @@ unsafe fn bytes_sse2(rows: &[&[u8]; GROUP_ROWS], out: &mut [u8], n: usize) -> us
             ]
         };
         let (x, y) = (quads(0), quads(1));
-        for q in 0..4 {
+        let width = if wide { 16 } else { 8 };
+        for q in 0..width / 4 {
             // Bytes 4q, 4q + 1 of all eight rows, then 4q + 2, 4q + 3.
             let at = dst.add(GROUP_ROWS * (i + 4 * q));
             _mm_storeu_si128(at as *mut __m128i, _mm_unpacklo_epi32(x[q], y[q]));
             _mm_storeu_si128(at.add(16) as *mut __m128i, _mm_unpackhi_epi32(x[q], y[q]));
         }
+        i += width;
     }
     n
 }

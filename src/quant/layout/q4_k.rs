@@ -69,49 +69,12 @@ fn pack(rows: [&[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK]) {
 
 /// Writes byte `j` of `lo[r]` to entry `8j + r` of the low nibbles, and
 /// byte `j` of `pairs[i]` (rows `2i` and `2i + 1`'s top bits) to byte
-/// `4j + i` of the top bits: byte transposes, with SSE2 on x86-64.
+/// `4j + i` of the top bits.
 fn entries(lo: &[u64; GROUP_ROWS], pairs: &[u64; GROUP_ROWS / 2], packed: &mut [u8; GROUP_BLOCK]) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: SSE2 is part of x86-64; the stores cover bytes
-    // `SCALES_LO..SCALES_LO + 64` and `SCALES_HI..SCALES_HI + 32` of the
-    // 1152-byte `packed`.
-    unsafe {
-        use std::arch::x86_64::*;
-        let v = |x: u64| _mm_cvtsi64_si128(x as i64);
-        let dst = packed.as_mut_ptr();
-        // (lo0[0] lo1[0] lo0[1] lo1[1] ..), then four bytes of rows 0..4
-        // per `j`, then eight bytes of rows 0..8 per `j`.
-        let x01 = _mm_unpacklo_epi8(v(lo[0]), v(lo[1]));
-        let x23 = _mm_unpacklo_epi8(v(lo[2]), v(lo[3]));
-        let x45 = _mm_unpacklo_epi8(v(lo[4]), v(lo[5]));
-        let x67 = _mm_unpacklo_epi8(v(lo[6]), v(lo[7]));
-        let (y0, y1) = (_mm_unpacklo_epi16(x01, x23), _mm_unpackhi_epi16(x01, x23));
-        let (y2, y3) = (_mm_unpacklo_epi16(x45, x67), _mm_unpackhi_epi16(x45, x67));
-        let out = [
-            _mm_unpacklo_epi32(y0, y2),
-            _mm_unpackhi_epi32(y0, y2),
-            _mm_unpacklo_epi32(y1, y3),
-            _mm_unpackhi_epi32(y1, y3),
-        ];
-        for (i, o) in out.into_iter().enumerate() {
-            _mm_storeu_si128(dst.add(SCALES_LO + 16 * i) as *mut __m128i, o);
-        }
-        let p01 = _mm_unpacklo_epi8(v(pairs[0]), v(pairs[1]));
-        let p23 = _mm_unpacklo_epi8(v(pairs[2]), v(pairs[3]));
-        _mm_storeu_si128(
-            dst.add(SCALES_HI) as *mut __m128i,
-            _mm_unpacklo_epi16(p01, p23),
-        );
-        _mm_storeu_si128(
-            dst.add(SCALES_HI + 16) as *mut __m128i,
-            _mm_unpackhi_epi16(p01, p23),
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
+    let lo = lo.map(u64::to_le_bytes);
+    let rows: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| &lo[r][..]);
+    super::chunks::interleave_bytes(rows, &mut packed[SCALES_LO..SCALES_HI]);
     for j in 0..8 {
-        for (r, lo) in lo.iter().enumerate() {
-            packed[SCALES_LO + 8 * j + r] = (lo >> (8 * j)) as u8;
-        }
         for (i, pair) in pairs.iter().enumerate() {
             packed[SCALES_HI + 4 * j + i] = (pair >> (8 * j)) as u8;
         }
