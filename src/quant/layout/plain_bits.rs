@@ -4,7 +4,7 @@
 //! runs its group kernel below ggml's tiled floor and the tiled path's
 //! kernels over the layout from there on ([`PlainBits`]).
 
-use super::{check_same_len, chunks, group_geometry, GROUP_ROWS};
+use super::{check_same_len, group_geometry, transpose, GROUP_ROWS};
 #[cfg(target_arch = "x86_64")]
 use super::{groups_in_fours, GroupDot, Interleaved, Rows, SuperBlockTile};
 use crate::quant::QuantError;
@@ -83,7 +83,7 @@ pub(super) trait Moved {
     /// The plain bytes moved in 4-byte pieces, run by run, and those moved
     /// in 2-byte pieces: the whole block between them. A run's chunk `c`
     /// of row `r` goes to `map(0, run.start) + (8c + r) * 4`, so it moves
-    /// as one [`chunks::interleave`].
+    /// as one [`transpose::chunks`].
     const CHUNKS: &'static [std::ops::Range<usize>];
     const TWOS: std::ops::Range<usize>;
 }
@@ -123,7 +123,7 @@ fn interleave_moved<M: Moved>(k: usize, src: &[u8], dst: &mut [u8]) -> Result<()
             for run in M::CHUNKS {
                 let at = M::map(0, run.start);
                 let out = &mut packed[at..at + GROUP_ROWS * run.len()];
-                chunks::interleave(rows.map(|blk| &blk[run.clone()]), out);
+                transpose::chunks(rows.map(|blk| &blk[run.clone()]), out);
             }
             for (r, blk) in rows.iter().enumerate() {
                 for i in M::TWOS.step_by(2) {

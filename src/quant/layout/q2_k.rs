@@ -89,8 +89,8 @@ impl Interleaved for Interleaved8 {
                     packed[DMIN + 2 * r..DMIN + 2 * r + 2].copy_from_slice(&blk[PLAIN_D + 2..]);
                 }
                 let (head, quants) = packed.split_at_mut(QS);
-                super::chunks::interleave_bytes(rows.map(|b| &b[..PLAIN_QS]), &mut head[SCALES..]);
-                super::chunks::interleave(rows.map(|b| &b[PLAIN_QS..PLAIN_D]), quants);
+                super::transpose::bytes(rows.map(|b| &b[..PLAIN_QS]), &mut head[SCALES..]);
+                super::transpose::chunks(rows.map(|b| &b[PLAIN_QS..PLAIN_D]), quants);
             }
         }
         Ok(())

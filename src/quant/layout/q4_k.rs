@@ -49,7 +49,7 @@ pub(super) struct SuperBlocked {
 fn pack(rows: [&[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK]) {
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
-    let (mut lo, mut top) = ([0u64; GROUP_ROWS], [0u64; GROUP_ROWS]);
+    let (mut lo, mut top) = ([[0u8; 8]; GROUP_ROWS], [0u64; GROUP_ROWS]);
     for (r, blk) in rows.iter().enumerate() {
         packed[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
         packed[DMIN + 2 * r..DMIN + 2 * r + 2].copy_from_slice(&blk[2..4]);
@@ -58,22 +58,25 @@ fn pack(rows: [&[u8; BLOCK]; GROUP_ROWS], packed: &mut [u8; GROUP_BLOCK]) {
         let lo03 = (q0 & LOW4) | (q4 & LOW4) << 4;
         let top03 = (q0 >> 4 & LOW2) | (q4 >> 4 & LOW2) << 2;
         let top47 = (q0 >> 6 & LOW2) | (q4 >> 6 & LOW2) << 2;
-        lo[r] = u64::from(lo03) | u64::from(q8) << 32;
+        lo[r] = (u64::from(lo03) | u64::from(q8) << 32).to_le_bytes();
         top[r] = u64::from(top03) | u64::from(top47) << 32;
     }
     let pairs: [u64; GROUP_ROWS / 2] = std::array::from_fn(|i| top[2 * i] | top[2 * i + 1] << 4);
     entries(&lo, &pairs, packed);
     // Chunk `c` of row `r` at `QS + (8c + r) * 4`.
-    super::chunks::interleave(rows.map(|b| &b[16..]), &mut packed[QS..]);
+    super::transpose::chunks(rows.map(|b| &b[16..]), &mut packed[QS..]);
 }
 
 /// Writes byte `j` of `lo[r]` to entry `8j + r` of the low nibbles, and
 /// byte `j` of `pairs[i]` (rows `2i` and `2i + 1`'s top bits) to byte
 /// `4j + i` of the top bits.
-fn entries(lo: &[u64; GROUP_ROWS], pairs: &[u64; GROUP_ROWS / 2], packed: &mut [u8; GROUP_BLOCK]) {
-    let lo = lo.map(u64::to_le_bytes);
+fn entries(
+    lo: &[[u8; 8]; GROUP_ROWS],
+    pairs: &[u64; GROUP_ROWS / 2],
+    packed: &mut [u8; GROUP_BLOCK],
+) {
     let rows: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| &lo[r][..]);
-    super::chunks::interleave_bytes(rows, &mut packed[SCALES_LO..SCALES_HI]);
+    super::transpose::bytes(rows, &mut packed[SCALES_LO..SCALES_HI]);
     for j in 0..8 {
         for (i, pair) in pairs.iter().enumerate() {
             packed[SCALES_HI + 4 * j + i] = (pair >> (8 * j)) as u8;

@@ -1,33 +1,54 @@
 //! The moves every interleaved layout makes of its rows' bytes: quants in
 //! 4-byte chunks, chunk `c` of row `r` to bytes `(8c + r) * 4` of the
-//! group's quants ([`interleave`]), and single bytes, byte `i` of row `r`
-//! to `8i + r` ([`interleave_bytes`]). Each is the transpose of an 8 x n
-//! matrix (of `u32`, of bytes), done with SSE2 (every x86-64 CPU has it)
-//! and element by element elsewhere; a slot converts every expert it reads
-//! this way, on the reading thread.
+//! group's quants ([`chunks`]), and single bytes, byte `i` of row `r` to
+//! `8i + r` ([`bytes`]). Each is the transpose of an 8 x n matrix (of
+//! `u32`, of bytes), done with SSE2 (every x86-64 CPU has it) and piece by
+//! piece elsewhere; a slot converts every expert it reads this way, on the
+//! reading thread.
 
 use super::GROUP_ROWS;
 
 /// Writes `rows[r]`'s chunk `c` (bytes `4c..4c + 4`) to
-/// `out[(8c + r) * 4..][..4]`, for the chunks every row and `out` hold
-/// (`n = min(rows[r].len() / 4, out.len() / 32)`).
+/// `out[(8c + r) * 4..][..4]`, for the chunks every row and `out` hold.
 #[inline]
-pub(super) fn interleave(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
+pub(super) fn chunks(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
+    pieces::<4>(rows, out)
+}
+
+/// Writes `rows[r][i]` to `out[8i + r]`, for the bytes every row and `out`
+/// hold.
+#[inline]
+pub(super) fn bytes(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
+    pieces::<1>(rows, out)
+}
+
+/// Writes `rows[r]`'s `W`-byte piece `p` to `out[(8p + r) * W..][..W]`, for
+/// the pieces every row and `out` hold
+/// (`n = min(rows[r].len() / W, out.len() / 8W)`).
+#[inline(always)]
+fn pieces<const W: usize>(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
     let n = rows
         .iter()
-        .map(|r| r.len() / 4)
-        .fold(out.len() / (4 * GROUP_ROWS), usize::min);
-    // SAFETY: every row holds `4n` bytes and `out` `32n`, so the loads of
-    // chunks `c..c + 4` (16 bytes at `4c` of each row) and the stores of 32
-    // bytes at `32c..32(c + 4)` of `out` are in bounds for
-    // `c + 4 <= n - n % 4`.
+        .map(|r| r.len() / W)
+        .fold(out.len() / (W * GROUP_ROWS), usize::min);
+    // SAFETY: every row holds `W * n` bytes and `out` `8W * n`. The chunk
+    // transposes load 16 bytes at `4c` of each row and store 128 at `32c`
+    // for `c + 4 <= n - n % 4`; the byte transposes load 16 or 8 bytes at
+    // `i` and store 128 or 64 at `8i` while `i + 16`, or `i + 8`, is at
+    // most `n - n % 8`.
     #[cfg(target_arch = "x86_64")]
-    let done = unsafe { sse2(&rows, out, n - n % 4) };
+    let done = unsafe {
+        match W {
+            4 => chunks_sse2(&rows, out, n - n % 4),
+            1 => bytes_sse2(&rows, out, n - n % 8),
+            _ => 0,
+        }
+    };
     #[cfg(not(target_arch = "x86_64"))]
     let done = 0;
-    for c in done..n {
+    for p in done..n {
         for (r, row) in rows.iter().enumerate() {
-            out[(GROUP_ROWS * c + r) * 4..][..4].copy_from_slice(&row[4 * c..4 * c + 4]);
+            out[(GROUP_ROWS * p + r) * W..][..W].copy_from_slice(&row[W * p..W * p + W]);
         }
     }
 }
@@ -39,7 +60,7 @@ pub(super) fn interleave(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
 /// Every row must hold `4n` bytes and `out` `32n`.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-unsafe fn sse2(rows: &[&[u8]; GROUP_ROWS], out: &mut [u8], n: usize) -> usize {
+unsafe fn chunks_sse2(rows: &[&[u8]; GROUP_ROWS], out: &mut [u8], n: usize) -> usize {
     use std::arch::x86_64::*;
     let dst = out.as_mut_ptr();
     for c in (0..n).step_by(4) {
@@ -65,29 +86,6 @@ unsafe fn sse2(rows: &[&[u8]; GROUP_ROWS], out: &mut [u8], n: usize) -> usize {
         }
     }
     n
-}
-
-/// Writes `rows[r][i]` to `out[8i + r]`, for the bytes every row and `out`
-/// hold (`n = min(rows[r].len(), out.len() / 8)`).
-#[inline]
-pub(super) fn interleave_bytes(rows: [&[u8]; GROUP_ROWS], out: &mut [u8]) {
-    let n = rows
-        .iter()
-        .map(|r| r.len())
-        .fold(out.len() / GROUP_ROWS, usize::min);
-    // SAFETY: every row holds `n` bytes and `out` `8n`, so the loads of 16
-    // or 8 bytes at `i` of each row and the 128 or 64 bytes stored at `8i`
-    // of `out` are in bounds while `i + 16`, or `i + 8`, is at most
-    // `n - n % 8`.
-    #[cfg(target_arch = "x86_64")]
-    let done = unsafe { bytes_sse2(&rows, out, n - n % 8) };
-    #[cfg(not(target_arch = "x86_64"))]
-    let done = 0;
-    for i in done..n {
-        for (r, row) in rows.iter().enumerate() {
-            out[GROUP_ROWS * i + r] = row[i];
-        }
-    }
 }
 
 /// The first `n` bytes of each row (a multiple of 8), sixteen at a time
@@ -156,7 +154,7 @@ mod tests {
                 .collect();
             let refs: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
             let mut out = vec![0xEEu8; 32 * n + 7];
-            interleave(refs, &mut out);
+            chunks(refs, &mut out);
             for c in 0..n {
                 for (r, row) in rows.iter().enumerate() {
                     let at = (8 * c + r) * 4;
@@ -184,7 +182,7 @@ mod tests {
                 .collect();
             let refs: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
             let mut out = vec![0xEEu8; 8 * n + 5];
-            interleave_bytes(refs, &mut out);
+            bytes(refs, &mut out);
             for i in 0..n {
                 for (r, row) in rows.iter().enumerate() {
                     assert_eq!(out[8 * i + r], row[i], "n {n} byte {i} row {r}");
