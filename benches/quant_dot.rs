@@ -140,21 +140,25 @@ fn tile<const T: usize>(b: Bencher, ty: GgmlType) {
 /// Conversion to the interleaved layout (`quant::layout`), GB/s of
 /// weights: what a longhaul slot costs on the reading thread as it fills,
 /// and resident `--repack` at load. One expert-sized matrix (768 rows x
-/// 2048, as Qwen3-30B-A3B's gate), from the read buffer to the slot
-/// (`from`) and in place (`in_place`, the load path).
-#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::Q2_K], consts = [false, true])]
-fn interleave<const IN_PLACE: bool>(b: Bencher, ty: GgmlType) {
-    let Some(il) = longhaul::quant::layout::interleaved(ty) else {
+/// 2048, as Qwen3-30B-A3B's gate): in place (`MODE` 0, the load's path for
+/// bytes read into the tensor), from a source to a destination (1), and
+/// from a source through the streaming stores a slot fills with (2;
+/// `layout::interleave_streamed`). In cache, 2 pays for its stores past the
+/// caches and gains nothing; a slot's destination is cold, which is where
+/// they save the read of each line before it is written.
+#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::Q2_K], consts = [0, 1, 2])]
+fn interleave<const MODE: usize>(b: Bencher, ty: GgmlType) {
+    use longhaul::quant::layout;
+    let Some(il) = layout::interleaved(ty) else {
         return;
     };
     let (k, rows) = (2048, 768);
     let src = weights(ty, k, rows);
     let mut dst = src.clone();
-    b.counter(BytesCount::new(src.len())).bench_local(|| {
-        if IN_PLACE {
-            il.interleave(k, &mut dst).unwrap();
-        } else {
-            il.interleave_from(k, &src, &mut dst).unwrap();
-        }
-    });
+    b.counter(BytesCount::new(src.len()))
+        .bench_local(|| match MODE {
+            0 => il.interleave(k, &mut dst).unwrap(),
+            1 => il.interleave_from(k, &src, &mut dst).unwrap(),
+            _ => layout::interleave_streamed(il, k, &src, &mut dst).unwrap(),
+        });
 }

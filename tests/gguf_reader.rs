@@ -907,6 +907,107 @@ fn piecewise_conversion_at_load_equals_the_whole_tensor_conversion() {
     .is_err());
 }
 
+/// An expert slice larger than one direct read (`gguf::DIRECT_WHOLE`: the
+/// experts of DeepSeek-V3, GLM-4.5 and gpt-oss are) is read into its slot
+/// in pieces of whole row groups, each converted into the CPU kernels'
+/// layout as it lands: every slot holds the whole slice's conversion,
+/// buffered and direct, and under `--longhaul-verify` the checksum of an
+/// expert read again in pieces matches its first.
+#[test]
+fn expert_slices_larger_than_one_direct_read_convert_in_pieces() {
+    use longhaul::backend::{cpu::CpuBackend, Backend};
+    use longhaul::longhaul::{io_scope, slot_tensors, Policy, StreamedLayer};
+    // Q8_0 rows of 4352 bytes: 1032 of them are 4.49 MB, two pieces.
+    let (k, rows, n_expert) = (4096usize, 1032usize, 3usize);
+    let ty = GgmlType::Q8_0;
+    let Some(il) = longhaul::quant::layout::for_matrix(ty, rows) else {
+        return; // no interleaved kernels on this CPU
+    };
+    let dir = tmp_dir("slot-pieces");
+    let path = dir.join("experts.gguf");
+    let mut rng = Rng(0x5107);
+    let slice = ty.row_bytes(k as u64).unwrap() as usize * rows;
+    let mut bytes = rng.bytes(slice * n_expert);
+    for b in bytes.chunks_exact_mut(34) {
+        b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+    }
+    let mut w = Writer::new();
+    // A small tensor first, so that the experts start off a block boundary.
+    w.add_tensor("pad", &[40], GgmlType::F32, vec![0u8; 160])
+        .unwrap();
+    w.add_tensor(
+        "blk.0.ffn_up_exps.weight",
+        &[k as u64, rows as u64, n_expert as u64],
+        ty,
+        bytes.clone(),
+    )
+    .unwrap();
+    w.write(&path).unwrap();
+    let m = Model::open(&path).unwrap();
+    let ts = vec![m.tensor("blk.0.ffn_up_exps.weight").unwrap()];
+    assert!(ts[0].offset % gguf::DIRECT_ALIGN as u64 != 0);
+    let specs = slot_tensors(&ts, true).unwrap();
+    assert!(specs[0].bytes as usize == slice && slice > gguf::DIRECT_WHOLE);
+    let want: Vec<Vec<u8>> = bytes
+        .chunks_exact(slice)
+        .map(|e| {
+            let mut e = e.to_vec();
+            il.interleave(k, &mut e).unwrap();
+            e
+        })
+        .collect();
+    let b = CpuBackend::new();
+    // Every read the slots make, by length.
+    let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    m.set_read_fault(Some(std::sync::Arc::new({
+        let reads = reads.clone();
+        move |_, _, len| {
+            reads.lock().unwrap().push(len);
+            None
+        }
+    })));
+    for direct in [false, true] {
+        m.set_direct_io(direct);
+        let slots = b.new_slots(&specs, 2).unwrap();
+        let mut l = StreamedLayer::new(0, &ts, slots, 2, Policy::Lru)
+            .unwrap()
+            .verify_reads();
+        // Expert 0 is evicted by 2 and read again: verified against its
+        // first read's checksum.
+        for ids in [&[0u32, 1][..], &[2], &[0]] {
+            io_scope(|io| {
+                for wave in l.plan(&m, ids) {
+                    let mut fill = l.start_wave(&m, &wave, io).unwrap();
+                    while fill.pending() {
+                        l.wait_loaded(&m, &mut fill).unwrap();
+                    }
+                    l.finish_wave(&m, &mut fill).unwrap();
+                }
+            });
+            let weight = b.slot_weight(&l.slots, 0).unwrap();
+            for &e in ids {
+                let s = l.cache.slot(e).expect("expert in a slot") as usize;
+                let got = weight.matrix(s, slice).expect("a whole slot");
+                assert!(
+                    got == want[e as usize],
+                    "direct {direct}: expert {e} in slot {s}"
+                );
+            }
+        }
+        // Four expert reads (on several threads), each in two pieces: as
+        // many whole row groups as one direct read holds, then the rest.
+        let group = slice / rows * 8;
+        let first = gguf::DIRECT_WHOLE / group * group;
+        let mut lens = std::mem::take(&mut *reads.lock().unwrap());
+        lens.sort_unstable();
+        assert_eq!(
+            lens,
+            [[slice - first; 4], [first; 4]].concat(),
+            "direct {direct}"
+        );
+    }
+}
+
 /// `longhaul::read_parallel` (resident copies at load: 8 MiB pieces read
 /// concurrently on the I/O pool) returns the tensor's bytes, buffered and
 /// direct, for a tensor of several pieces and a ragged last one.

@@ -366,10 +366,22 @@ pub struct SlotTensor {
     pub repack: bool,
 }
 
-/// Writes one freshly read expert slice of slot tensor `t` into `dst` in
-/// the layout a store's weights read ([`SlotStore::converter`]): from `src`
-/// where the read left the bytes elsewhere, else (`None`) in place.
-pub type SlotConverter = std::sync::Arc<
+/// How freshly read expert slices take the layout a store's weights read
+/// ([`SlotStore::converter`]).
+#[derive(Clone)]
+pub struct SlotConverter {
+    /// Per slot tensor: bytes of the smallest piece of a slice that converts
+    /// alone (whole row groups). A reader may convert a slice in pieces of
+    /// whole numbers of them, each as soon as its read is in.
+    pub units: std::sync::Arc<[usize]>,
+    /// Writes a slice, or such a piece of one ([`SlotConvert`]).
+    pub convert: SlotConvert,
+}
+
+/// [`SlotConverter::convert`]: `convert(t, dst, src)` writes a slice of
+/// slot tensor `t`, or a piece of one, into `dst`: from `src` where the read
+/// left the bytes elsewhere, else (`None`) in place.
+pub type SlotConvert = std::sync::Arc<
     dyn Fn(usize, &mut [u8], Option<&[u8]>) -> Result<(), BackendError> + Send + Sync,
 >;
 

@@ -34,7 +34,7 @@ mod writer;
 use std::path::PathBuf;
 
 pub use metadata::{MetaType, MetaValue, Metadata};
-pub use model::{Model, ReadFault, Shard, DIRECT_ALIGN};
+pub use model::{Model, ReadFault, Shard, DIRECT_ALIGN, DIRECT_WHOLE};
 pub use reader::{parse_header, Header};
 pub use writer::{partial_path, TensorSource, Writer};
 

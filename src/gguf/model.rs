@@ -325,7 +325,7 @@ impl Model {
     /// buffer: a caller that rewrites the bytes anyway (a slot converting
     /// to its kernels' layout) saves the copy [`Model::read_at`] makes.
     /// `Ok(None)` when direct I/O is off, unavailable for the file or the
-    /// read too large for one buffer (up to 4 MiB, per reading thread):
+    /// read too large for one buffer ([`DIRECT_WHOLE`], per reading thread):
     /// then read with [`Model::read_at`].
     pub fn read_direct_with<R>(
         &self,
@@ -538,6 +538,13 @@ fn check_shard(
 /// 512-byte and 4 KiB logical blocks).
 pub const DIRECT_ALIGN: usize = 4096;
 
+/// Bytes of the largest read [`Model::read_direct_with`] makes in one
+/// piece, at any alignment. Each I/O thread keeps a buffer this large (and
+/// two alignment blocks) once it has made such a read: small beside the
+/// expert budget (8 threads: 32 MiB), large enough for most models' expert
+/// slices and for the load's pieces.
+pub const DIRECT_WHOLE: usize = 4 << 20;
+
 /// Direct positional reads: `O_DIRECT` needs the offset, length and buffer
 /// aligned to the device's block size, so each read covers the aligned range
 /// around the wanted bytes, in a per-thread aligned buffer, and copies them
@@ -607,13 +614,8 @@ mod direct {
         })
     }
 
-    /// Bytes of the largest read [`read_with`] makes in one piece, at any
-    /// alignment. Each I/O thread keeps a buffer this large (and two
-    /// alignment blocks) once it has made such a read: small beside the
-    /// expert budget (8 threads: 32 MiB), large enough for most models'
-    /// expert slices and for the load's pieces. Larger reads go through
-    /// `read`'s chunks instead.
-    const WHOLE: usize = 4 << 20;
+    /// [`super::DIRECT_WHOLE`]; larger reads go through `read`'s chunks.
+    const WHOLE: usize = super::DIRECT_WHOLE;
 
     thread_local! {
         static WHOLE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };

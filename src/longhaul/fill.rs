@@ -293,11 +293,15 @@ impl ReadCtx<'_> {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<Option<u32>, (usize, GgufError)> {
-        let to_slot = self
-            .convert
-            .as_ref()
-            .map(|f| move |buf: &mut [u8], src: Option<&[u8]>| f(tensor, buf, src));
-        let to_slot = to_slot.as_ref().map(|f| f as Convert<'_>);
+        let to_slot = self.convert.as_ref().map(|c| {
+            let f = &c.convert;
+            let unit = c.units.get(tensor).copied().unwrap_or(buf.len());
+            (
+                move |buf: &mut [u8], src: Option<&[u8]>| f(tensor, buf, src),
+                unit,
+            )
+        });
+        let to_slot = to_slot.as_ref().map(|(f, unit)| (f as Convert<'_>, *unit));
         read_slice(self.file, shard, offset, buf, self.checksum, to_slot)
             .map(Some)
             .map_err(|e| (shard, e))
@@ -319,7 +323,7 @@ impl ReadCtx<'_> {
             0
         };
         match &self.convert {
-            Some(f) => f(tensor, buf, Some(src)).map_err(|e| {
+            Some(c) => (c.convert)(tensor, buf, Some(src)).map_err(|e| {
                 let source = std::io::Error::other(e.to_string());
                 let path = self
                     .file

@@ -164,7 +164,6 @@ pub fn read_parallel_converting(
     pieces: &crate::backend::RepackPieces,
 ) -> Result<(), GgufError> {
     use rayon::prelude::*;
-    const PIECE: usize = 4 << 20;
     let unit = pieces.unit.max(1);
     if !dst.len().is_multiple_of(unit) {
         return Err(GgufError::Io {
@@ -175,10 +174,10 @@ pub fn read_parallel_converting(
             )),
         });
     }
-    let piece = (PIECE / unit).max(1) * unit;
+    let piece = (gguf::DIRECT_WHOLE / unit).max(1) * unit;
     let read = |i: usize, dst: &mut [u8]| {
         let at = offset + (i * piece) as u64;
-        read_slice(file, shard, at, dst, false, Some(&*pieces.convert))
+        read_slice(file, shard, at, dst, false, Some((&*pieces.convert, unit)))
     };
     let run = |dst: &mut [u8]| {
         dst.par_chunks_mut(piece)
@@ -197,8 +196,10 @@ pub fn read_parallel_converting(
 pub(super) type Convert<'a> =
     &'a (dyn Fn(&mut [u8], Option<&[u8]>) -> Result<(), crate::backend::BackendError> + Sync);
 
-/// Reads one slice into `buf`, in the layout `convert` gives it: straight
-/// from the direct read's buffer where direct I/O serves it, else after a
+/// Reads one slice into `buf`, in the layout `convert` gives it, which
+/// converts pieces of whole numbers of its `unit` bytes: piece by piece,
+/// each straight from the direct read's buffer where direct I/O serves it
+/// (up to [`gguf::DIRECT_WHOLE`] bytes a read), else after a
 /// [`gguf::Model::read_at`] into `buf`, in place. Without `convert` the bytes
 /// stay as read. Returns the CRC-32 of the bytes as read when `checksum`,
 /// else 0.
@@ -208,9 +209,42 @@ pub(super) fn read_slice(
     offset: u64,
     buf: &mut [u8],
     checksum: bool,
-    convert: Option<Convert<'_>>,
+    convert: Option<(Convert<'_>, usize)>,
 ) -> Result<u32, GgufError> {
-    let crc_of = |b: &[u8]| if checksum { crc32fast::hash(b) } else { 0 };
+    let mut crc = crc32fast::Hasher::new();
+    let mut read = |at: usize, dst: &mut [u8], convert: Option<Convert<'_>>| {
+        read_piece(
+            file,
+            shard,
+            offset + at as u64,
+            dst,
+            checksum.then_some(&mut crc),
+            convert,
+        )
+    };
+    match convert {
+        // Slices larger than one direct read (the experts of DeepSeek-V3,
+        // GLM-4.5, gpt-oss) in pieces that are, each converted as it lands.
+        Some((convert, unit)) => {
+            let piece = (gguf::DIRECT_WHOLE / unit.max(1)).max(1) * unit.max(1);
+            for (i, dst) in buf.chunks_mut(piece).enumerate() {
+                read(i * piece, dst, Some(convert))?;
+            }
+        }
+        None => read(0, buf, None)?,
+    }
+    Ok(if checksum { crc.finalize() } else { 0 })
+}
+
+/// One piece of [`read_slice`], its bytes as read added to `crc`.
+fn read_piece(
+    file: &gguf::Model,
+    shard: usize,
+    offset: u64,
+    buf: &mut [u8],
+    mut crc: Option<&mut crc32fast::Hasher>,
+    convert: Option<Convert<'_>>,
+) -> Result<(), GgufError> {
     let converted = |e: crate::backend::BackendError| GgufError::Io {
         path: Default::default(),
         source: std::io::Error::other(e.to_string()),
@@ -218,19 +252,23 @@ pub(super) fn read_slice(
     if let Some(convert) = convert {
         let len = buf.len();
         let direct = file.read_direct_with(shard, offset, len, |src| {
-            let crc = crc_of(src);
-            convert(buf, Some(src)).map(|()| crc)
+            if let Some(crc) = crc.as_deref_mut() {
+                crc.update(src);
+            }
+            convert(buf, Some(src))
         })?;
         if let Some(done) = direct {
             return done.map_err(converted);
         }
     }
     file.read_at(shard, offset, buf)?;
-    let crc = crc_of(buf);
+    if let Some(crc) = crc {
+        crc.update(buf);
+    }
     if let Some(convert) = convert {
         convert(buf, None).map_err(converted)?;
     }
-    Ok(crc)
+    Ok(())
 }
 
 /// Prepares a model's files for streaming: no kernel readahead, whose pages

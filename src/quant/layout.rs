@@ -46,7 +46,10 @@ mod plain_bits;
 pub(crate) mod q2_k;
 pub(crate) mod q4_k;
 pub(crate) mod q6_k;
+mod stream;
 mod transpose;
+
+pub use stream::interleave_streamed;
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
@@ -454,6 +457,12 @@ mod tests {
                 let mut to = vec![0u8; plain.len()];
                 il.interleave_from(k, &plain, &mut to).unwrap();
                 assert_eq!(to, b, "{ty} {k}x{rows}: interleave_from");
+                // Through the scratch group and the streaming stores, at an
+                // odd offset (ordinary stores either side of the streamed
+                // pieces): the same bytes again.
+                let mut under = vec![0u8; plain.len() + 1];
+                interleave_streamed(il, k, &plain, &mut under[1..]).unwrap();
+                assert_eq!(under[1..], b, "{ty} {k}x{rows}: interleave_streamed");
                 il.deinterleave(k, &mut b).unwrap();
                 assert_eq!(b, plain, "{ty} {k}x{rows}: round trip");
             }

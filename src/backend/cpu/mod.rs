@@ -284,7 +284,8 @@ fn convert_matrix(
     src: Option<&[u8]>,
 ) -> Result<(), BackendError> {
     match (layout, src) {
-        (Some((il, k)), Some(src)) => Ok(il.interleave_from(k, src, buf)?),
+        // Nothing reads the slot or the tensor soon: stored past the caches.
+        (Some((il, k)), Some(src)) => Ok(layout::interleave_streamed(il, k, src, buf)?),
         (Some((il, k)), None) => Ok(il.interleave(k, buf)?),
         (None, Some(src)) if src.len() == buf.len() => {
             buf.copy_from_slice(src);
@@ -426,9 +427,22 @@ impl SlotStore for HostSlots {
             return None;
         }
         let layouts = self.layouts.clone();
-        Some(Arc::new(move |t, buf: &mut [u8], src: Option<&[u8]>| {
-            convert_slot(&layouts, t, buf, src)
-        }))
+        // A layout converts whole row groups; a copy, any bytes.
+        let units = self
+            .layouts
+            .iter()
+            .zip(&self.tensors)
+            .map(|(l, spec)| {
+                l.and_then(|(_, k)| spec.ty.row_bytes(k as u64))
+                    .map_or(1, |row| row as usize * layout::GROUP_ROWS)
+            })
+            .collect();
+        Some(crate::backend::SlotConverter {
+            units,
+            convert: Arc::new(move |t, buf: &mut [u8], src: Option<&[u8]>| {
+                convert_slot(&layouts, t, buf, src)
+            }),
+        })
     }
 }
 
