@@ -861,6 +861,16 @@ fn uring_batches_equal_the_file_bytes_at_any_alignment() {
     });
 }
 
+/// `len` random bytes of Q8_0 blocks with finite f16 scales: a plausible
+/// Q8_0 matrix.
+fn q8_0_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut bytes = Rng(seed).bytes(len);
+    for b in bytes.chunks_exact_mut(34) {
+        b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+    }
+    bytes
+}
+
 /// `longhaul::read_parallel_converting` (a resident matrix that takes the
 /// CPU kernels' layout, converted piece by piece as its reads complete)
 /// gives the bytes the whole-tensor conversion gives, buffered and direct,
@@ -876,12 +886,7 @@ fn piecewise_conversion_at_load_equals_the_whole_tensor_conversion() {
     };
     let dir = tmp_dir("piecewise");
     let path = dir.join("q8.gguf");
-    let mut rng = Rng(0x51ece);
-    let mut bytes = rng.bytes(ty.row_bytes(k as u64).unwrap() as usize * rows);
-    // Finite f16 scales, so that the bytes are a plausible Q8_0 matrix.
-    for b in bytes.chunks_exact_mut(34) {
-        b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-    }
+    let bytes = q8_0_bytes(0x51ece, ty.row_bytes(k as u64).unwrap() as usize * rows);
     let mut w = Writer::new();
     w.add_tensor("m", &[k as u64, rows as u64], ty, bytes.clone())
         .unwrap();
@@ -925,12 +930,8 @@ fn expert_slices_larger_than_one_direct_read_convert_in_pieces() {
     };
     let dir = tmp_dir("slot-pieces");
     let path = dir.join("experts.gguf");
-    let mut rng = Rng(0x5107);
     let slice = ty.row_bytes(k as u64).unwrap() as usize * rows;
-    let mut bytes = rng.bytes(slice * n_expert);
-    for b in bytes.chunks_exact_mut(34) {
-        b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-    }
+    let bytes = q8_0_bytes(0x5107, slice * n_expert);
     let mut w = Writer::new();
     // A small tensor first, so that the experts start off a block boundary.
     w.add_tensor("pad", &[40], GgmlType::F32, vec![0u8; 160])
