@@ -77,6 +77,17 @@ fn ring_serves(path: &Path) -> bool {
     direct && longhaul::longhaul::uring::available()
 }
 
+/// The cache statistics of all of `m`'s layers together.
+fn total_stats(m: &Model<CpuBackend>) -> longhaul::longhaul::CacheStats {
+    let stats = m.longhaul_stats().expect("stats");
+    stats
+        .iter()
+        .fold(longhaul::longhaul::CacheStats::default(), |mut a, s| {
+            a.add(s);
+            a
+        })
+}
+
 fn check(path: &Path, label: &str) {
     let resident = load(path);
     let (want_logits, want_tokens) = run(&resident);
@@ -116,13 +127,7 @@ fn check(path: &Path, label: &str) {
                 same && logits.len() == want_logits.len(),
                 "{label}: {slots} slots, {policy:?}, prefetch {prefetch}, uring {uring}: logits are not bit-identical"
             );
-            let stats = m.longhaul_stats().expect("stats");
-            let total = stats
-                .iter()
-                .fold(longhaul::longhaul::CacheStats::default(), |mut a, s| {
-                    a.add(s);
-                    a
-                });
+            let total = total_stats(&m);
             assert!(
                 total.misses > 0 && total.bytes_read > 0,
                 "{label}: nothing was streamed"
@@ -515,4 +520,38 @@ fn assert_bits_eq(got: &[f32], want: &[f32], label: &str) {
     {
         panic!("{label}: logit {i} is {} not {}", got[i], want[i]);
     }
+}
+
+/// With the lookahead on, a batch that runs in waves (a prompt's) starts no
+/// lookahead: its later waves would queue behind the guesses, and the next
+/// layer's batch, as large, could not take them over. A decode step's batch,
+/// in one wave, does.
+#[test]
+fn only_batches_of_one_wave_start_a_lookahead() {
+    let path = fixture("qwen3moe-q4_k_m.gguf");
+    let resident = load(&path);
+    let cost = resident.expert_slot_cost().expect("cost");
+    let slots = resident.hp.n_expert / 2;
+    let m = longhaul_model(&path, slots, cost, Policy::Lru, true, false);
+    let n_vocab = m.hp.n_vocab as u32;
+    let prompt: Vec<u32> = (0..32u32).map(|i| (i * 37 + 11) % n_vocab).collect();
+    let mut kv = SeqState::new(&m, 64, GgmlType::F16).expect("kv");
+    let last = kv.eval(&m, &prompt, Logits::Last).expect("prompt");
+    let after_prompt = total_stats(&m);
+    assert_eq!(
+        after_prompt.multi_wave_batches, cost.0 as u64,
+        "every MoE layer's prompt batch runs in waves"
+    );
+    assert_eq!(
+        after_prompt.prefetch_bytes, 0,
+        "a prompt in waves read ahead"
+    );
+    let mut t = argmax(&last);
+    for _ in 0..4 {
+        t = argmax(&kv.eval(&m, &[t], Logits::Last).expect("decode"));
+    }
+    assert!(
+        total_stats(&m).prefetch_bytes > 0,
+        "decode steps read nothing ahead"
+    );
 }

@@ -308,7 +308,12 @@ pub(crate) fn expert_outputs<'s, B: Backend>(
     let mut l = layer.lock().unwrap_or_else(|p| p.into_inner());
     // A lookahead's reads still in flight go on as part of the batch's wave.
     let waves = l.plan_adopting(&m.file, ids);
-    let mut lookahead_started = false;
+    // A batch of one wave (a decode step's) starts a lookahead once its
+    // demand reads are in. One of several (a prompt's) starts none: its
+    // later waves' reads would queue behind the guesses, and the next
+    // layer's batch, as large, cannot take over reads in flight
+    // (`plan_adopting`), so it would only wait for them.
+    let mut lookahead_started = waves.len() > 1;
     let mut out: Option<B::Tensor> = None;
     let mut slot_of = vec![u32::MAX; m.hp.n_expert];
     for wave in &waves {
