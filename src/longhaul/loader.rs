@@ -223,8 +223,9 @@ pub(super) fn read_slice(
         )
     };
     match convert {
-        // Slices larger than one direct read (the experts of DeepSeek-V3,
-        // GLM-4.5, gpt-oss) in pieces that are, each converted as it lands.
+        // A slice larger than one direct read (the experts of DeepSeek-V3,
+        // GLM-4.5, gpt-oss) goes in pieces of whole units that fit one,
+        // each converted as it lands.
         Some((convert, unit)) => {
             let piece = (gguf::DIRECT_WHOLE / unit.max(1)).max(1) * unit.max(1);
             for (i, dst) in buf.chunks_mut(piece).enumerate() {
