@@ -174,7 +174,7 @@ pub fn read_parallel_converting(
             )),
         });
     }
-    let piece = (gguf::DIRECT_WHOLE / unit).max(1) * unit;
+    let piece = piece_len(unit);
     let read = |i: usize, dst: &mut [u8]| {
         let at = offset + (i * piece) as u64;
         read_slice(file, shard, at, dst, false, Some((&*pieces.convert, unit)))
@@ -227,7 +227,7 @@ pub(super) fn read_slice(
         // GLM-4.5, gpt-oss) goes in pieces of whole units that fit one,
         // each converted as it lands.
         Some((convert, unit)) => {
-            let piece = (gguf::DIRECT_WHOLE / unit.max(1)).max(1) * unit.max(1);
+            let piece = piece_len(unit);
             for (i, dst) in buf.chunks_mut(piece).enumerate() {
                 read(i * piece, dst, Some(convert))?;
             }
@@ -235,6 +235,13 @@ pub(super) fn read_slice(
         None => read(0, buf, None)?,
     }
     Ok(if checksum { crc.finalize() } else { 0 })
+}
+
+/// Bytes of a converting read's pieces: as many whole `unit`s as one direct
+/// read hands over in one buffer, at least one.
+fn piece_len(unit: usize) -> usize {
+    let unit = unit.max(1);
+    (gguf::DIRECT_WHOLE / unit).max(1) * unit
 }
 
 /// One piece of [`read_slice`], its bytes as read added to `crc`.

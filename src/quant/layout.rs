@@ -172,6 +172,12 @@ pub fn for_matrix(ty: GgmlType, n_rows: usize) -> Option<&'static dyn Interleave
         .flatten()
 }
 
+/// Bytes of one group of [`GROUP_ROWS`] rows of `k` values of `ty`: the
+/// smallest piece of a matrix its layout converts alone.
+pub fn group_bytes(ty: GgmlType, k: usize) -> Option<usize> {
+    Some(ty.row_bytes(k as u64)? as usize * GROUP_ROWS)
+}
+
 /// Whether a matrix of `n_rows` rows of `ty` is interleaved ([`for_matrix`]).
 pub fn interleaves(ty: GgmlType, n_rows: usize) -> bool {
     for_matrix(ty, n_rows).is_some()

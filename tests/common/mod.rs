@@ -138,3 +138,30 @@ pub fn greedy(m: &Model<CpuBackend>, prompt: &[u32], n: usize, kv_type: GgmlType
     }
     out
 }
+
+/// A fresh, empty directory for one test of test binary `binary`.
+pub fn tmp_dir(binary: &str, test: &str) -> PathBuf {
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(binary)
+        .join(format!("{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// xorshift64*: deterministic test randomness with no dependency.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}

@@ -433,8 +433,8 @@ impl SlotStore for HostSlots {
             .iter()
             .zip(&self.tensors)
             .map(|(l, spec)| {
-                l.and_then(|(_, k)| spec.ty.row_bytes(k as u64))
-                    .map_or(1, |row| row as usize * layout::GROUP_ROWS)
+                l.and_then(|(_, k)| layout::group_bytes(spec.ty, k))
+                    .unwrap_or(1)
             })
             .collect();
         Some(crate::backend::SlotConverter {
@@ -517,7 +517,7 @@ impl Backend for CpuBackend {
 
     fn repack_pieces(&self, t: &gguf::TensorInfo) -> Option<crate::backend::RepackPieces> {
         let (il, k) = matrix_layout(t.ty, &t.dims)?;
-        let group = t.ty.row_bytes(k as u64)? as usize * crate::quant::layout::GROUP_ROWS;
+        let group = layout::group_bytes(t.ty, k)?;
         Some(crate::backend::RepackPieces {
             unit: group,
             convert: Arc::new(move |dst: &mut [u8], src: Option<&[u8]>| {
