@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::constrain::{ConstrainError, Constrainer, Constraint, ConstraintSpec};
 use crate::gguf::{self, GgufError};
+pub use crate::longhaul::Lookahead;
 use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
 use crate::model::{LoadOptions, Logits, Model, ModelError, Progress};
 use crate::sample::Sampler;
@@ -129,8 +130,8 @@ pub enum CacheBudget {
 pub struct LonghaulParams {
     pub budget: CacheBudget,
     pub policy: Policy,
-    /// Lookahead prefetch (`--longhaul-prefetch`).
-    pub prefetch: bool,
+    /// Lookahead prefetch (`--longhaul-prefetch on|off|auto`).
+    pub prefetch: Lookahead,
     /// Checksum expert slices and compare re-reads (`--longhaul-verify`).
     pub verify: bool,
     /// Direct I/O for expert reads (`--longhaul-io dio`).

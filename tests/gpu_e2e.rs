@@ -220,7 +220,7 @@ fn gpu_longhaul_equals_gpu_resident() {
             let cfg = LonghaulConfig {
                 budget_bytes: (slots * layers) as u64 * per_slot,
                 policy,
-                prefetch,
+                prefetch: prefetch.into(),
                 verify: false,
                 direct_io: true,
                 uring: false,
@@ -262,7 +262,7 @@ fn gpu_longhaul_retry_after_a_failed_read_equals_resident() {
             let cfg = LonghaulConfig {
                 budget_bytes: slots * layers as u64 * per_slot,
                 policy: Policy::Lru,
-                prefetch,
+                prefetch: prefetch.into(),
                 verify: false,
                 direct_io: true,
                 uring: false,

@@ -299,7 +299,7 @@ fn longhaul_lru(budget_bytes: u64) -> LonghaulConfig {
     LonghaulConfig {
         budget_bytes,
         policy: Policy::Lru,
-        prefetch: false,
+        prefetch: false.into(),
         verify: false,
         direct_io: true,
         uring: false,

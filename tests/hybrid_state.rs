@@ -216,7 +216,7 @@ fn a_failed_read_mid_batch_leaves_the_recurrent_state_usable() {
     let cfg = LonghaulConfig {
         budget_bytes: 2 * layers as u64 * bytes,
         policy: Policy::Lru,
-        prefetch: false,
+        prefetch: false.into(),
         verify: false,
         direct_io: true,
         uring: false,

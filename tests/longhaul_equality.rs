@@ -11,7 +11,8 @@ use std::sync::Arc;
 use common::*;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf::{self, Writer};
-use longhaul::longhaul::{LonghaulConfig, Policy};
+use longhaul::longhaul::lookahead::{BLOCK, ORDER, WARMUP};
+use longhaul::longhaul::{LonghaulConfig, Lookahead, Policy};
 use longhaul::model::{Logits, Model};
 use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
@@ -44,14 +45,14 @@ fn longhaul_model(
     slots: usize,
     cost: (usize, u64),
     policy: Policy,
-    prefetch: bool,
+    prefetch: impl Into<Lookahead>,
     uring: bool,
 ) -> Model<CpuBackend> {
     let file = Arc::new(gguf::Model::open(path).expect("open"));
     let cfg = LonghaulConfig {
         budget_bytes: slots as u64 * cost.0 as u64 * cost.1,
         policy,
-        prefetch,
+        prefetch: prefetch.into(),
         verify: false,
         direct_io: true,
         uring,
@@ -310,7 +311,7 @@ fn mixed_expert_types_size_each_layers_slots() {
         let cfg = LonghaulConfig {
             budget_bytes: budget,
             policy: Policy::Lru,
-            prefetch: false,
+            prefetch: false.into(),
             verify: false,
             direct_io: true,
             uring: false,
@@ -341,7 +342,7 @@ fn compute_overlaps_slow_expert_reads_and_stays_bit_identical() {
         let cfg = LonghaulConfig {
             budget_bytes: slots as u64 * cost.0 as u64 * cost.1,
             policy: Policy::Lru,
-            prefetch: false,
+            prefetch: false.into(),
             verify: true,
             direct_io: true,
             uring,
@@ -488,7 +489,7 @@ fn repacked_weights_and_slots_are_bit_identical_to_the_gguf_layout() {
             let cfg = LonghaulConfig {
                 budget_bytes: slots as u64 * n_layers as u64 * expert_bytes,
                 policy: Policy::Lru,
-                prefetch,
+                prefetch: prefetch.into(),
                 verify: false,
                 direct_io: true,
                 uring: false,
@@ -554,4 +555,74 @@ fn only_batches_of_one_wave_start_a_lookahead() {
         total_stats(&m).prefetch_bytes > 0,
         "decode steps read nothing ahead"
     );
+}
+
+/// `--longhaul-prefetch auto` wired into the passes: a prompt is not
+/// measured; single-token steps run the warm-up without a lookahead, then
+/// guess ahead exactly in the measurement's `on` blocks (every step of them:
+/// what is read of the guesses depends on timing, the guesses do not); the
+/// measurement ends with a choice; and the tokens stay the resident model's.
+#[test]
+fn auto_lookahead_reads_ahead_only_in_its_on_blocks() {
+    let path = fixture("qwen3moe-q4_k_m.gguf");
+    let resident = load(&path);
+    let cost = resident.expert_slot_cost().expect("cost");
+    let m = longhaul_model(
+        &path,
+        resident.hp.n_expert / 2,
+        cost,
+        Policy::Lru,
+        Lookahead::Auto,
+        false,
+    );
+    let n_vocab = m.hp.n_vocab as u32;
+    let prompt: Vec<u32> = (0..32u32).map(|i| (i * 37 + 11) % n_vocab).collect();
+    let steps = (WARMUP + BLOCK * ORDER.len() as u32) as usize;
+    let greedy = |m: &Model<CpuBackend>, mut each: Box<dyn FnMut(usize) + '_>| {
+        let mut kv = SeqState::new(m, 32 + steps + 1, GgmlType::F16).expect("kv");
+        let mut t = argmax(&kv.eval(m, &prompt, Logits::Last).expect("prompt"));
+        let mut tokens = vec![t];
+        for i in 0..steps {
+            t = argmax(&kv.eval(m, &[t], Logits::Last).expect("decode"));
+            tokens.push(t);
+            each(i);
+        }
+        tokens
+    };
+    let want = greedy(&resident, Box::new(|_| {}));
+    let mut ahead = Vec::new();
+    let mut before = 0;
+    let got = greedy(
+        &m,
+        Box::new(|_| {
+            let now = total_stats(&m).guessed;
+            ahead.push(now - before);
+            before = now;
+        }),
+    );
+    assert_eq!(got, want, "auto's tokens differ from resident");
+    let expected: Vec<bool> = std::iter::repeat_n(false, WARMUP as usize)
+        .chain(
+            ORDER
+                .iter()
+                .flat_map(|&on| std::iter::repeat_n(on, BLOCK as usize)),
+        )
+        .collect();
+    for (i, (&bytes, &on)) in ahead.iter().zip(&expected).enumerate() {
+        assert!(
+            on || bytes == 0,
+            "step {i} read {bytes} bytes ahead outside an on block"
+        );
+    }
+    for (b, block) in ahead[WARMUP as usize..].chunks(BLOCK as usize).enumerate() {
+        if ORDER[b] {
+            assert!(
+                block.iter().sum::<u64>() > 0,
+                "on block {b} read nothing ahead"
+            );
+        }
+    }
+    let c = m.lookahead_choice().expect("a measurement ended");
+    assert_eq!(c.rounds, 1);
+    assert!(c.with > std::time::Duration::ZERO && c.without > std::time::Duration::ZERO);
 }

@@ -66,7 +66,7 @@ fn longhaul(path: &Path) -> Model<CpuBackend> {
     let cfg = LonghaulConfig {
         budget_bytes: 2 * layers as u64 * bytes,
         policy: Policy::Lru,
-        prefetch: true,
+        prefetch: true.into(),
         verify: false,
         direct_io: true,
         uring: false,
@@ -196,7 +196,7 @@ fn longhaul_slots(
     let cfg = LonghaulConfig {
         budget_bytes: n_slots as u64 * layers as u64 * bytes,
         policy,
-        prefetch,
+        prefetch: prefetch.into(),
         verify: false,
         direct_io: true,
         uring,
@@ -705,7 +705,7 @@ fn verify_refuses_an_expert_whose_bytes_changed_between_reads() {
         let cfg = LonghaulConfig {
             budget_bytes: layers as u64 * bytes,
             policy: Policy::Lru,
-            prefetch: false,
+            prefetch: false.into(),
             verify,
             direct_io: true,
             uring: false,

@@ -114,7 +114,7 @@ fn memory_stays_within_budget_and_page_cache_does_not_fill() {
         Some(LonghaulConfig {
             budget_bytes: budget,
             policy: Policy::Lru,
-            prefetch: true,
+            prefetch: true.into(),
             verify: false,
             direct_io: true,
             uring: false,

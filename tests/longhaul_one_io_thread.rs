@@ -44,7 +44,7 @@ fn check(path: &Path) {
         let cfg = LonghaulConfig {
             budget_bytes: slots * layers as u64 * bytes,
             policy: Policy::Lru,
-            prefetch: true,
+            prefetch: true.into(),
             verify: false,
             direct_io: true,
             uring: false,

@@ -196,7 +196,7 @@ fn engine_for(model: &str, exact: bool, slots: Option<u64>) -> Arc<Engine<CpuBac
         longhaul: slots.map(|n| LonghaulParams {
             budget: CacheBudget::Bytes(n),
             policy: "lru".parse().expect("policy"),
-            prefetch: false,
+            prefetch: false.into(),
             verify: false,
             direct_io: true,
             uring: false,

@@ -45,7 +45,7 @@ fn params(n_ctx: usize, budget: Option<u64>) -> EngineParams {
         longhaul: budget.map(|b| LonghaulParams {
             budget: CacheBudget::Bytes(b),
             policy: "lru".parse().expect("policy"),
-            prefetch: false,
+            prefetch: false.into(),
             verify: false,
             direct_io: true,
             uring: false,
@@ -782,7 +782,7 @@ fn the_auto_expert_budget_leaves_out_the_draft_model() {
     p.longhaul = Some(LonghaulParams {
         budget: CacheBudget::Auto,
         policy: "lru".parse().expect("policy"),
-        prefetch: false,
+        prefetch: false.into(),
         verify: false,
         direct_io: true,
         uring: false,

@@ -32,7 +32,7 @@ fn params(n_ctx: usize, kv: GgmlType, longhaul: bool) -> EngineParams {
             // A few experts per layer: most of every batch misses.
             budget: CacheBudget::Bytes(1 << 20),
             policy: "lru".parse().expect("policy"),
-            prefetch: false,
+            prefetch: false.into(),
             verify: false,
             direct_io: true,
             uring: false,

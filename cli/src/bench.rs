@@ -289,6 +289,8 @@ pub(crate) struct Row {
     pub(crate) samples_ns: Vec<u64>,
     /// Longhaul counters over the timed part of every repetition.
     pub(crate) cache: Option<CacheStats>,
+    /// `--longhaul-prefetch auto`'s last choice after the row's repetitions.
+    pub(crate) lookahead: Option<longhaul::longhaul::LookaheadChoice>,
     /// Speculative rows: the drafter and its counters over every repetition.
     pub(crate) spec: Option<(SpecType, SpecStats)>,
     pub(crate) test_time: String,
@@ -867,6 +869,7 @@ fn bench_mode<B: Backend + 'static>(
                                 test: *test,
                                 samples_ns,
                                 cache,
+                                lookahead: engine.model.lookahead_choice(),
                                 spec: kind.map(|k| (k, spec)),
                                 test_time,
                             })

@@ -120,6 +120,19 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
                 .filter(|c| c.prefetched > 0)
                 .map(|c| json!(c.prefetch_recall()))),
         ),
+        (
+            "longhaul_lookahead_auto",
+            opt(r.lookahead.map(|l| json!(if l.on { "on" } else { "off" }))),
+        ),
+        (
+            "longhaul_lookahead_ms",
+            opt(r.lookahead.map(|l| {
+                json!({
+                    "with": l.with.as_secs_f64() * 1e3,
+                    "without": l.without.as_secs_f64() * 1e3,
+                })
+            })),
+        ),
     ]);
     let sp = r.spec;
     let n_tok = (r.test.n_prompt + r.test.n_gen) * r.samples_ns.len();

@@ -135,7 +135,7 @@ fn demo_on<B: Backend>(
     let lp = LonghaulParams {
         budget: CacheBudget::Bytes(budget),
         policy: Policy::Lru,
-        prefetch: false,
+        prefetch: longhaul::engine::Lookahead::Off,
         verify: false,
         direct_io: true,
         uring: false,

@@ -223,6 +223,16 @@ pub fn longhaul_summary<B: Backend>(e: &Engine<B>) {
             100.0 * t.prefetch_recall()
         );
     }
+    if let Some(c) = e.model.lookahead_choice() {
+        eprintln!(
+            "longhaul: lookahead auto: {} ({:.1} ms per decode step with it, {:.1} ms without; {} measurement{})",
+            if c.on { "on" } else { "off" },
+            c.with.as_secs_f64() * 1e3,
+            c.without.as_secs_f64() * 1e3,
+            c.rounds,
+            if c.rounds == 1 { "" } else { "s" }
+        );
+    }
     if std::env::var_os("LONGHAUL_LAYER_STATS").is_some() {
         for (il, s) in per.iter().enumerate().filter(|(_, s)| s.waves > 0) {
             eprintln!(

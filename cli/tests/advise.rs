@@ -95,6 +95,9 @@ fn a_trace_predicts_its_runs_hits_exactly() {
             policy,
             "--trace-experts",
             trace.to_str().unwrap(),
+            // The replay is of demand reads only; a lookahead adds its own.
+            "--longhaul-prefetch",
+            "off",
         ]);
         let err = String::from_utf8_lossy(&out.stderr);
         let n_slots = number_after(&err, "MoE layers x");

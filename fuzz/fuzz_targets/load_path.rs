@@ -252,7 +252,7 @@ fn run(data: &[u8]) {
             .saturating_mul(layers as u64)
             .saturating_mul(bytes),
         policy: knobs.policy,
-        prefetch: knobs.prefetch,
+        prefetch: knobs.prefetch.into(),
         verify: knobs.verify,
         direct_io: true,
         uring: false,

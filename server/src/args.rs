@@ -343,9 +343,19 @@ pub struct LonghaulArgs {
     #[arg(long = "longhaul-policy", default_value = "lru")]
     pub policy: String,
     /// Lookahead prefetch: while layer L computes, read the experts layer
-    /// L+1's router picks from layer L's input.
-    #[arg(long = "longhaul-prefetch")]
-    pub prefetch: bool,
+    /// L+1's router picks from layer L's input. on (also the bare flag),
+    /// off, or auto (the default): single-token decode steps run with and
+    /// without it in turn and the faster is kept, measured again every 256
+    /// steps (it pays where reads make decode wait, and costs CPU where
+    /// they are cheap).
+    #[arg(
+        long = "longhaul-prefetch",
+        value_name = "on|off|auto",
+        num_args = 0..=1,
+        default_missing_value = "on",
+        default_value = "auto"
+    )]
+    pub prefetch: longhaul::engine::Lookahead,
     /// Checksum each expert slice when first read and compare every later
     /// read of it: a model file rewritten in place is refused at the first
     /// expert whose bytes differ (costs a CRC-32 per read).
@@ -808,4 +818,37 @@ pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
 pub struct Cli {
     #[command(flatten)]
     pub serve: ServeArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use longhaul::engine::Lookahead;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        l: LonghaulArgs,
+        #[arg(short = 'm')]
+        m: Option<String>,
+    }
+
+    fn prefetch(args: &[&str]) -> Lookahead {
+        T::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+            .expect("parse")
+            .l
+            .prefetch
+    }
+
+    #[test]
+    fn longhaul_prefetch_defaults_to_auto_and_its_bare_flag_means_on() {
+        assert_eq!(prefetch(&[]), Lookahead::Auto);
+        assert_eq!(prefetch(&["--longhaul-prefetch"]), Lookahead::On);
+        // The bare flag before another option: that option is not its value.
+        assert_eq!(prefetch(&["--longhaul-prefetch", "-m", "x"]), Lookahead::On);
+        assert_eq!(prefetch(&["--longhaul-prefetch", "off"]), Lookahead::Off);
+        assert_eq!(prefetch(&["--longhaul-prefetch=auto"]), Lookahead::Auto);
+        assert!(T::try_parse_from(["t", "--longhaul-prefetch", "maybe"]).is_err());
+    }
 }

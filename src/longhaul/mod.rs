@@ -10,6 +10,7 @@ pub mod advisor;
 pub mod cache;
 mod fill;
 mod loader;
+pub mod lookahead;
 mod stats;
 pub mod trace;
 #[cfg(target_os = "linux")]
@@ -29,6 +30,7 @@ use fill::{RingReads, RING_WAVE};
 pub use loader::{
     io_scope, prepare_files, read_parallel, read_parallel_converting, release_pages, IoScope,
 };
+pub use lookahead::{AutoLookahead, Lookahead, LookaheadChoice};
 pub use stats::CacheStats;
 
 #[derive(Debug, thiserror::Error)]
@@ -79,8 +81,9 @@ pub struct LonghaulConfig {
     pub budget_bytes: u64,
     pub policy: Policy,
     /// Lookahead prefetch: while layer L computes, read the experts layer
-    /// L+1's router picks from layer L's input.
-    pub prefetch: bool,
+    /// L+1's router picks from layer L's input (always, never, or where
+    /// decode steps measure faster with it).
+    pub prefetch: Lookahead,
     /// Checksum every expert slice when it is first read and compare every
     /// later read of it (`--longhaul-verify`): a file rewritten in place is
     /// caught at the first expert whose bytes differ.
@@ -724,6 +727,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         if self.slots.detach(&[]).is_none() {
             return false;
         }
+        self.stats.guessed += predicted.len() as u64;
         self.settle_prefetch(file);
         let loads = self.cache.prefetch(predicted);
         if loads.is_empty() {
@@ -795,6 +799,7 @@ impl<S: SlotStore> StreamedLayer<S> {
         if cancel.load(Ordering::Relaxed) {
             return;
         }
+        self.stats.guessed += predicted.len() as u64;
         self.settle_prefetch(file);
         let loads = self.cache.prefetch(predicted);
         if loads.is_empty() {

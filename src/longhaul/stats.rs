@@ -21,6 +21,9 @@ pub struct CacheStats {
     pub waves: u64,
     /// Batches that needed more than one wave.
     pub multi_wave_batches: u64,
+    /// Experts the lookaheads toward this layer guessed (its router's
+    /// picks from the layer before, cached or not).
+    pub guessed: u64,
     /// Experts read speculatively (lookahead prefetch) in full, and every
     /// byte the lookahead read (with experts whose reads it dropped).
     pub prefetched: u64,
@@ -98,6 +101,7 @@ impl CacheStats {
             multi_wave_batches: self
                 .multi_wave_batches
                 .saturating_sub(earlier.multi_wave_batches),
+            guessed: self.guessed.saturating_sub(earlier.guessed),
             prefetched: self.prefetched.saturating_sub(earlier.prefetched),
             prefetch_bytes: self.prefetch_bytes.saturating_sub(earlier.prefetch_bytes),
             adopted_bytes: self.adopted_bytes.saturating_sub(earlier.adopted_bytes),
@@ -119,6 +123,7 @@ impl CacheStats {
     }
 
     pub fn add(&mut self, o: &CacheStats) {
+        self.guessed += o.guessed;
         self.prefetched += o.prefetched;
         self.prefetch_bytes += o.prefetch_bytes;
         self.adopted_bytes += o.adopted_bytes;
@@ -150,6 +155,7 @@ mod stats_tests {
             read_time: Duration::from_millis(70),
             overlapped: 2,
             waves: 4,
+            guessed: 9,
             uring_reads: 6,
             ..CacheStats::default()
         };

@@ -73,8 +73,14 @@ fn layers<'s, B: Backend>(
     mut x: B::Tensor,
     seqs: &[BatchPos],
     io: &crate::longhaul::IoScope<'s>,
+    lookahead: bool,
 ) -> Result<B::Tensor, ModelError> {
-    let p = Pass { m, seqs, io };
+    let p = Pass {
+        m,
+        seqs,
+        io,
+        lookahead,
+    };
     for (il, layer) in m.layers.iter().enumerate() {
         x = layer_step(&p, il, layer, kvs, il, x)?;
     }
@@ -149,9 +155,10 @@ pub(super) fn forward_multi<B: Backend>(
         .filter(|(_, (t, _))| !t.is_empty())
         .map(|(kv, _)| &mut **kv)
         .collect();
+    let arm = m.runtime.pass_arm(tokens.len());
     let x = b.get_rows(&m.tok_embd, &tokens)?;
     // Longhaul's lookahead reads run on the I/O pool while layers compute.
-    let x = crate::longhaul::io_scope(|io| layers(m, &mut active, x, &spans, io))?;
+    let x = crate::longhaul::io_scope(|io| layers(m, &mut active, x, &spans, io, arm.on))?;
     // The rows each sequence returns: its last, or all of them.
     let mut rows: Vec<usize> = Vec::with_capacity(tokens.len());
     let mut start = 0;
@@ -187,6 +194,7 @@ pub(super) fn forward_multi<B: Backend>(
         b.rms_norm(&x, &m.output_norm, hp.n_embd, hp.eps)?
     };
     let logits = b.take_host(b.matmul(&m.output, &x)?)?;
+    m.runtime.passed(arm);
     // Each sequence's rows of the one buffer.
     let mut spans = Vec::with_capacity(seqs.len());
     let mut at = 0;

@@ -425,6 +425,12 @@ impl<B: Backend> Model<B> {
         self.runtime.stats()
     }
 
+    /// What `--longhaul-prefetch auto` measured last (`None` under another
+    /// setting, or before its first measurement ends).
+    pub fn lookahead_choice(&self) -> Option<crate::longhaul::LookaheadChoice> {
+        self.runtime.lookahead_choice()
+    }
+
     /// Slots per MoE layer in longhaul mode (0 when resident).
     pub fn n_slots(&self) -> usize {
         self.runtime.n_slots()

@@ -113,7 +113,13 @@ pub(super) fn forward<B: Backend>(
         steps: false,
     }];
     crate::longhaul::io_scope(|io| {
-        let p = Pass { m, seqs: &seqs, io };
+        // The head is the last layer: no later MoE layer to read ahead for.
+        let p = Pass {
+            m,
+            seqs: &seqs,
+            io,
+            lookahead: false,
+        };
         let x = b.get_rows(n.embed.as_ref().unwrap_or(&m.tok_embd), tokens)?;
         let x = p.norm(&x, &n.enorm)?;
         let hn = p.norm(&b.from_host(h.to_vec(), tokens.len(), e)?, &n.hnorm)?;

@@ -12,7 +12,9 @@ use super::{Model, ModelError};
 use crate::backend::{Backend, SlotStore};
 use crate::gguf::{self, TensorInfo};
 use crate::longhaul::trace::TraceWriter;
-use crate::longhaul::{self, CacheStats, LonghaulConfig, StreamedLayer};
+use crate::longhaul::{
+    self, AutoLookahead, CacheStats, LonghaulConfig, Lookahead, LookaheadChoice, StreamedLayer,
+};
 
 /// What a model needs at run time beyond its weights: in longhaul mode the
 /// streamed experts of each MoE layer and the lookahead prefetch; in any
@@ -23,7 +25,9 @@ pub struct Runtime<S: SlotStore> {
     streamed: Vec<Option<Mutex<StreamedLayer<S>>>>,
     /// Slots per MoE layer in longhaul mode.
     n_slots: usize,
-    prefetch: bool,
+    prefetch: Lookahead,
+    /// `--longhaul-prefetch auto`'s measurements.
+    auto: Mutex<AutoLookahead>,
     /// Per layer, the flag that stops a prefetch not yet started once the
     /// layer's own sync point arrives.
     prefetch_cancel: Vec<AtomicBool>,
@@ -36,7 +40,8 @@ impl<S: SlotStore> Runtime<S> {
         Runtime {
             streamed: (0..n_layer).map(|_| None).collect(),
             n_slots: 0,
-            prefetch: false,
+            prefetch: Lookahead::Off,
+            auto: Mutex::new(AutoLookahead::new()),
             prefetch_cancel: (0..n_layer).map(|_| AtomicBool::new(false)).collect(),
             trace: None,
         }
@@ -49,6 +54,37 @@ impl<S: SlotStore> Runtime<S> {
 
     pub(super) fn n_slots(&self) -> usize {
         self.n_slots
+    }
+
+    /// Whether a pass of `n_tokens` rows reads ahead. Under `auto`, a
+    /// single-token pass is timed from here to [`Runtime::passed`].
+    pub(super) fn pass_arm(&self, n_tokens: usize) -> PassArm {
+        let on = match self.prefetch {
+            Lookahead::Off => false,
+            Lookahead::On => true,
+            Lookahead::Auto => self.auto.lock().unwrap_or_else(|p| p.into_inner()).arm(),
+        };
+        let timed = self.prefetch == Lookahead::Auto && n_tokens == 1;
+        PassArm {
+            on,
+            started: timed.then(std::time::Instant::now),
+        }
+    }
+
+    /// A pass that [`Runtime::pass_arm`] started has produced its logits.
+    pub(super) fn passed(&self, arm: PassArm) {
+        if let Some(t) = arm.started {
+            let mut a = self.auto.lock().unwrap_or_else(|p| p.into_inner());
+            a.record(arm.on, t.elapsed());
+        }
+    }
+
+    /// `--longhaul-prefetch auto`'s last measurement.
+    pub(super) fn lookahead_choice(&self) -> Option<LookaheadChoice> {
+        if self.prefetch != Lookahead::Auto {
+            return None;
+        }
+        self.auto.lock().unwrap_or_else(|p| p.into_inner()).choice()
     }
 
     pub(super) fn set_trace(&mut self, t: TraceWriter) {
@@ -94,6 +130,13 @@ impl<S: SlotStore> Runtime<S> {
             .map(|l| l.lock().map(|g| g.slots.bytes()).unwrap_or(0))
             .sum()
     }
+}
+
+/// Whether one forward pass reads ahead, and since when it is timed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PassArm {
+    pub on: bool,
+    started: Option<std::time::Instant>,
 }
 
 /// The largest one-expert size over the layers' routed tensors.
@@ -190,7 +233,7 @@ fn lookahead<'s, B: Backend>(
 ) -> Result<(), ModelError> {
     let m = p.m;
     let rt = &m.runtime;
-    if !rt.prefetch {
+    if !p.lookahead {
         return Ok(());
     }
     let Some((next, Ffn::Moe(f))) = m

@@ -92,7 +92,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
         longhaul: o.longhaul.then_some(LonghaulParams {
             budget: CacheBudget::Bytes(1 << 20),
             policy: "lru".parse().expect("policy"),
-            prefetch: false,
+            prefetch: false.into(),
             verify: false,
             direct_io: true,
             uring: false,

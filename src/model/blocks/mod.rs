@@ -36,6 +36,8 @@ pub struct Pass<'a, 's, B: Backend> {
     pub seqs: &'a [BatchPos],
     /// Where longhaul's lookahead reads run while the layers compute.
     pub io: &'a crate::longhaul::IoScope<'s>,
+    /// Whether this pass reads ahead (`--longhaul-prefetch`).
+    pub lookahead: bool,
 }
 
 impl<B: Backend> Pass<'_, '_, B> {
