@@ -16,13 +16,13 @@
 
 use std::time::Duration;
 
-/// `--longhaul-prefetch`.
+/// `--longhaul-prefetch`; `auto` is the command line's default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Lookahead {
-    #[default]
     Off,
     On,
     /// Measured while decoding ([`AutoLookahead`]).
+    #[default]
     Auto,
 }
 
