@@ -25,9 +25,7 @@ pub struct Runtime<S: SlotStore> {
     streamed: Vec<Option<Mutex<StreamedLayer<S>>>>,
     /// Slots per MoE layer in longhaul mode.
     n_slots: usize,
-    prefetch: Lookahead,
-    /// `--longhaul-prefetch auto`'s measurements.
-    auto: Mutex<AutoLookahead>,
+    lookahead: LookaheadMode,
     /// Per layer, the flag that stops a prefetch not yet started once the
     /// layer's own sync point arrives.
     prefetch_cancel: Vec<AtomicBool>,
@@ -40,8 +38,7 @@ impl<S: SlotStore> Runtime<S> {
         Runtime {
             streamed: (0..n_layer).map(|_| None).collect(),
             n_slots: 0,
-            prefetch: Lookahead::Off,
-            auto: Mutex::new(AutoLookahead::new()),
+            lookahead: LookaheadMode::Fixed(false),
             prefetch_cancel: (0..n_layer).map(|_| AtomicBool::new(false)).collect(),
             trace: None,
         }
@@ -59,32 +56,31 @@ impl<S: SlotStore> Runtime<S> {
     /// Whether a pass of `n_tokens` rows reads ahead. Under `auto`, a
     /// single-token pass is timed from here to [`Runtime::passed`].
     pub(super) fn pass_arm(&self, n_tokens: usize) -> PassArm {
-        let on = match self.prefetch {
-            Lookahead::Off => false,
-            Lookahead::On => true,
-            Lookahead::Auto => self.auto.lock().unwrap_or_else(|p| p.into_inner()).arm(),
-        };
-        let timed = self.prefetch == Lookahead::Auto && n_tokens == 1;
-        PassArm {
-            on,
-            started: timed.then(std::time::Instant::now),
+        match &self.lookahead {
+            LookaheadMode::Fixed(on) => PassArm {
+                on: *on,
+                started: None,
+            },
+            LookaheadMode::Auto(a) => PassArm {
+                on: measured(a).arm(),
+                started: (n_tokens == 1).then(std::time::Instant::now),
+            },
         }
     }
 
     /// A pass that [`Runtime::pass_arm`] started has produced its logits.
     pub(super) fn passed(&self, arm: PassArm) {
-        if let Some(t) = arm.started {
-            let mut a = self.auto.lock().unwrap_or_else(|p| p.into_inner());
-            a.record(arm.on, t.elapsed());
+        if let (Some(t), LookaheadMode::Auto(a)) = (arm.started, &self.lookahead) {
+            measured(a).record(arm.on, t.elapsed());
         }
     }
 
     /// `--longhaul-prefetch auto`'s last measurement.
     pub(super) fn lookahead_choice(&self) -> Option<LookaheadChoice> {
-        if self.prefetch != Lookahead::Auto {
-            return None;
+        match &self.lookahead {
+            LookaheadMode::Fixed(_) => None,
+            LookaheadMode::Auto(a) => measured(a).choice(),
         }
-        self.auto.lock().unwrap_or_else(|p| p.into_inner()).choice()
     }
 
     pub(super) fn set_trace(&mut self, t: TraceWriter) {
@@ -130,6 +126,28 @@ impl<S: SlotStore> Runtime<S> {
             .map(|l| l.lock().map(|g| g.slots.bytes()).unwrap_or(0))
             .sum()
     }
+}
+
+/// `--longhaul-prefetch`: a fixed switch, or `auto`'s measurements.
+enum LookaheadMode {
+    Fixed(bool),
+    Auto(Mutex<AutoLookahead>),
+}
+
+impl From<Lookahead> for LookaheadMode {
+    fn from(l: Lookahead) -> Self {
+        match l {
+            Lookahead::Off => Self::Fixed(false),
+            Lookahead::On => Self::Fixed(true),
+            Lookahead::Auto => Self::Auto(Mutex::new(AutoLookahead::new())),
+        }
+    }
+}
+
+/// `auto`'s state. Nothing panics while it is held, so even a poisoned lock
+/// would guard a whole state: it is used as it is.
+fn measured(a: &Mutex<AutoLookahead>) -> std::sync::MutexGuard<'_, AutoLookahead> {
+    a.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether one forward pass reads ahead, and since when it is timed.
@@ -210,7 +228,7 @@ pub(super) fn attach<B: Backend>(
         m.runtime.streamed[il] = Some(Mutex::new(if cfg.verify { l.verify_reads() } else { l }));
     }
     m.runtime.n_slots = n_slots;
-    m.runtime.prefetch = cfg.prefetch;
+    m.runtime.lookahead = cfg.prefetch.into();
     Ok(())
 }
 
