@@ -461,7 +461,8 @@ mod slot_bytes {
     }
 
     /// Reads wave `w` as the sync point does (`start_wave`, then
-    /// `wait_loaded` until nothing is pending, `finish_wave`), checking that
+    /// `poll_loaded` and `wait_loaded` until nothing is pending,
+    /// `finish_wave`), checking that
     /// each expert handed out as ready holds its bytes then, and that every
     /// expert of the wave is handed out once. Whether the wave loaded.
     fn read_handing_out<'s>(
@@ -476,6 +477,9 @@ mod slot_bytes {
         };
         let mut handed = Vec::new();
         loop {
+            if fill.pending() && l.poll_loaded(file, &mut fill).is_err() {
+                return Ok(false);
+            }
             for e in fill.take_ready() {
                 let s = w.slot_of(e);
                 prop_assert!(s.is_some(), "expert {} handed out is not the wave's", e);
@@ -595,6 +599,103 @@ mod slot_bytes {
         }
         assert_eq!(l.stats.prefetched, full as u64);
         check(&mut l, file, &ts).expect("recorded slots hold their bytes");
+    }
+
+    /// A decode step's lookahead is queued at its sync point behind the
+    /// step's demand reads (`start_prefetch_after` with the wave's
+    /// `demand_gate`): none of its reads starts while a demand read is
+    /// still running, all of them run once the demand reads are in, and
+    /// `poll_loaded` takes in what has landed without waiting.
+    #[test]
+    fn a_lookahead_reads_after_the_demand_reads_it_is_queued_behind() {
+        use std::sync::{Condvar, Mutex};
+        use std::time::{Duration, Instant};
+        let file = shared_file("gate.gguf");
+        let layer = |il: usize| -> Vec<&gguf::TensorInfo> {
+            ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+                .iter()
+                .map(|n| {
+                    file.tensor(&format!("blk.{il}.{n}.weight"))
+                        .expect("tensor")
+                })
+                .collect()
+        };
+        let (ts_a, ts_b) = (layer(0), layer(1));
+        let streamed = |ts: &[&gguf::TensorInfo], il| {
+            let specs = slot_tensors(ts, false).expect("specs");
+            let slots = CpuBackend::new().new_slots(&specs, 6).expect("slots");
+            StreamedLayer::new(il, ts, slots, 6, Policy::Lru).expect("layer")
+        };
+        let (mut a, mut b) = (streamed(&ts_a, 0), streamed(&ts_b, 1));
+        let b_ranges: Vec<(u64, u64)> = ts_b.iter().map(|t| (t.offset, t.offset + t.len)).collect();
+        // Layer 0's reads wait at a gate (at most 20 s); layer 1's count
+        // themselves in, and whether layer 0's gate was still shut.
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let (b_started, b_early) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (g, n, early) = (gate.clone(), b_started.clone(), b_early.clone());
+        file.set_read_fault(Some(Arc::new(move |_, offset, _| {
+            let (open, cv) = &*g;
+            if b_ranges.iter().any(|&(s, e)| (s..e).contains(&offset)) {
+                n.fetch_add(1, Ordering::SeqCst);
+                if !*open.lock().unwrap() {
+                    early.fetch_add(1, Ordering::SeqCst);
+                }
+                return None;
+            }
+            let guard = open.lock().unwrap();
+            let _ = cv.wait_timeout_while(guard, Duration::from_secs(20), |o| !*o);
+            None
+        })));
+        let file: &gguf::Model = &file;
+        let predicted = [4u32, 1, 6];
+        longhaul::longhaul::io_scope(|io| {
+            let waves = a.plan_adopting(file, &[2, 5]);
+            assert_eq!(waves.len(), 1);
+            let mut fill = a.start_wave(file, &waves[0], io).expect("wave");
+            let after = fill.demand_gate().expect("reads on the I/O threads");
+            assert!(b.start_prefetch_after(file, &predicted, io, Some(after)));
+            // The demand reads are blocked: a poll returns at once with
+            // nothing, and no lookahead read starts.
+            let t0 = Instant::now();
+            a.poll_loaded(file, &mut fill).expect("poll");
+            assert!(t0.elapsed() < Duration::from_secs(10), "poll_loaded waited");
+            assert!(fill.pending() && fill.take_ready().is_empty());
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(
+                b_started.load(Ordering::SeqCst),
+                0,
+                "a lookahead read started before the demand reads were in"
+            );
+            *gate.0.lock().unwrap() = true;
+            gate.1.notify_all();
+            // Polled until in (at most 20 s): both experts handed out.
+            let mut ready = Vec::new();
+            for _ in 0..2000 {
+                a.poll_loaded(file, &mut fill).expect("poll");
+                ready.extend(fill.take_ready());
+                if !fill.pending() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            ready.sort_unstable();
+            assert_eq!(ready, [2, 5]);
+            a.finish_wave(file, &mut fill).expect("finish");
+            b.settle_prefetch(file);
+        });
+        file.set_read_fault(None);
+        assert_eq!(
+            b_early.load(Ordering::SeqCst),
+            0,
+            "a lookahead read ran early"
+        );
+        assert_eq!(b_started.load(Ordering::SeqCst), 3 * predicted.len());
+        assert_eq!(b.stats.prefetched, predicted.len() as u64);
+        for &e in &predicted {
+            assert!(b.cache.slot(e).is_some(), "expert {e} not read ahead");
+        }
+        check(&mut a, file, &ts_a).expect("layer 0's slots hold their bytes");
+        check(&mut b, file, &ts_b).expect("layer 1's slots hold their bytes");
     }
 
     proptest! {

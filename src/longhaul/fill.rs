@@ -4,7 +4,7 @@
 //! way each slice lands in its lent slot buffer in the store's layout.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Instant;
 
 #[cfg(target_os = "linux")]
@@ -75,6 +75,61 @@ pub struct Fill {
     /// The reads, where they go through io_uring (then `rx` is `None`).
     #[cfg(target_os = "linux")]
     pub(super) ring: Option<RingReads>,
+    /// The wave's demand reads on the I/O threads not yet done.
+    pub(super) gate: Arc<ReadGate>,
+    /// A lookahead's: the demand reads its reads start after.
+    pub(super) after: Option<Arc<ReadGate>>,
+}
+
+/// The demand reads of a wave still to finish on the I/O threads (see
+/// [`Fill::demand_gate`]). A lookahead's reads spawned behind them each
+/// wait here until all are done: the guesses never share the disk with the
+/// reads the sync point is waiting for, and yet start the moment those are
+/// in, not when the sync point's thread, computing the cached experts,
+/// next looks.
+#[derive(Default)]
+pub struct ReadGate {
+    left: Mutex<usize>,
+    done: Condvar,
+}
+
+impl ReadGate {
+    /// Nothing in it panics while the lock is held, so even a poisoned lock
+    /// guards a whole count.
+    fn left(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.left.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Blocks until every demand read counted in is done.
+    pub(super) fn wait(&self) {
+        let left = self.left();
+        let _open = self
+            .done
+            .wait_while(left, |n| *n > 0)
+            .unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+/// One demand read counted in a [`ReadGate`] from its making until it is
+/// dropped: answered, never spawned, or unwound by a panic, so the gate
+/// always opens.
+pub(super) struct Arrival(Arc<ReadGate>);
+
+impl Arrival {
+    pub(super) fn new(gate: &Arc<ReadGate>) -> Self {
+        *gate.left() += 1;
+        Arrival(gate.clone())
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        let mut left = self.0.left();
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.0.done.notify_all();
+        }
+    }
 }
 
 impl Fill {
@@ -112,7 +167,23 @@ impl Fill {
             which,
             #[cfg(target_os = "linux")]
             ring: None,
+            gate: Arc::default(),
+            after: None,
         }
+    }
+
+    /// What a lookahead started now should read after: this wave's demand
+    /// reads on the I/O threads (none, for a wave of cached experts), or
+    /// `None` where they do not run there (through the io_uring that the
+    /// sync point's thread drives, or made before `start_wave` returned):
+    /// such a wave starts its lookahead once the sync point sees its reads
+    /// in.
+    pub fn demand_gate(&self) -> Option<Arc<ReadGate>> {
+        #[cfg(target_os = "linux")]
+        if self.ring.is_some() {
+            return None;
+        }
+        (self.rx.is_some() || self.wave.loads.is_empty()).then(|| self.gate.clone())
     }
 
     /// The reads answered since the last call: at least one when `block`
@@ -206,6 +277,7 @@ impl Fill {
         self.wave.loads.extend_from_slice(&wave.loads);
         self.wave.experts = wave.experts.iter().copied().chain(unused).collect();
         self.speculative = false;
+        self.after = None;
         self.started = Instant::now();
     }
 
@@ -246,6 +318,10 @@ pub(super) struct SliceRead {
     pub(super) offset: u64,
     pub(super) buf: Vec<u8>,
     pub(super) tx: mpsc::Sender<Done>,
+    /// A demand read's place in its wave's gate.
+    pub(super) _arrival: Option<Arrival>,
+    /// A lookahead read's: the demand reads it starts after.
+    pub(super) after: Option<Arc<ReadGate>>,
 }
 
 /// What every read of a [`Fill`] shares.
@@ -272,6 +348,9 @@ impl ReadCtx<'_> {
     /// Reads `r` with a positional read on this thread, into the store's
     /// layout, unless its lookahead skip flag is set first.
     pub(super) fn read_one(&self, mut r: SliceRead) {
+        if let Some(gate) = &r.after {
+            gate.wait();
+        }
         let skipped = r
             .skip
             .as_ref()

@@ -17,14 +17,14 @@ pub mod trace;
 pub mod uring;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use crate::backend::{BackendError, SlotStore, SlotTensor};
 use crate::gguf::{self, GgufError, TensorInfo};
 pub use cache::{LayerCache, Policy, Wave};
-pub use fill::Fill;
-use fill::{ReadCtx, SliceRead};
+use fill::{Arrival, ReadCtx, SliceRead};
+pub use fill::{Fill, ReadGate};
 #[cfg(target_os = "linux")]
 use fill::{RingReads, RING_WAVE};
 pub use loader::{
@@ -496,6 +496,8 @@ impl<S: SlotStore> StreamedLayer<S> {
                     offset: t.offset + e as u64 * t.expert_bytes,
                     buf,
                     tx: tx.clone(),
+                    _arrival: (!fill.speculative).then(|| Arrival::new(&fill.gate)),
+                    after: fill.after.clone(),
                 }
             })
             .collect();
@@ -522,12 +524,30 @@ impl<S: SlotStore> StreamedLayer<S> {
         file: &gguf::Model,
         fill: &mut Fill,
     ) -> Result<(), LonghaulError> {
+        self.take_loaded(file, fill, true)
+    }
+
+    /// [`StreamedLayer::wait_loaded`] without the wait: takes in the reads
+    /// of `fill` that have already answered, and returns.
+    pub fn poll_loaded(
+        &mut self,
+        file: &gguf::Model,
+        fill: &mut Fill,
+    ) -> Result<(), LonghaulError> {
+        self.take_loaded(file, fill, false)
+    }
+
+    fn take_loaded(
+        &mut self,
+        file: &gguf::Model,
+        fill: &mut Fill,
+        mut block: bool,
+    ) -> Result<(), LonghaulError> {
         if !fill.reads_started() {
             return Ok(());
         }
         let n_t = self.tensors.len().max(1);
         let t0 = Instant::now();
-        let mut block = true;
         while fill.pending > 0 {
             let Some(answers) = fill.answers(file, block) else {
                 // Every reader is gone with reads unanswered (a read task
@@ -724,6 +744,19 @@ impl<S: SlotStore> StreamedLayer<S> {
         predicted: &[u32],
         io: &IoScope<'s>,
     ) -> bool {
+        self.start_prefetch_after(file, predicted, io, None)
+    }
+
+    /// [`StreamedLayer::start_prefetch`] whose reads, spawned now, each wait
+    /// for `after` (the demand reads of the layer before, from
+    /// [`Fill::demand_gate`]) before they start.
+    pub fn start_prefetch_after<'s>(
+        &mut self,
+        file: &'s gguf::Model,
+        predicted: &[u32],
+        io: &IoScope<'s>,
+        after: Option<Arc<ReadGate>>,
+    ) -> bool {
         if self.slots.detach(&[]).is_none() {
             return false;
         }
@@ -739,6 +772,7 @@ impl<S: SlotStore> StreamedLayer<S> {
             loads,
         };
         let mut fill = Fill::new(&wave, self.tensors.len(), true);
+        fill.after = after;
         // A store that fails to lend keeps its slots, recorded empty.
         if let Ok(true) = self.spawn_reads(file, &mut fill, io, 0) {
             self.inflight = Some(fill);

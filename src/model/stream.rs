@@ -4,7 +4,7 @@
 //! live in `crate::longhaul`; this file only ties them to a layer's experts.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 
 use super::blocks::ffn::{self, Experts, Ffn, MoeFfn, ROUTED};
 use super::blocks::Pass;
@@ -13,7 +13,8 @@ use crate::backend::{Backend, SlotStore};
 use crate::gguf::{self, TensorInfo};
 use crate::longhaul::trace::TraceWriter;
 use crate::longhaul::{
-    self, AutoLookahead, CacheStats, LonghaulConfig, Lookahead, LookaheadChoice, StreamedLayer,
+    self, AutoLookahead, CacheStats, LonghaulConfig, Lookahead, LookaheadChoice, ReadGate,
+    StreamedLayer,
 };
 
 /// What a model needs at run time beyond its weights: in longhaul mode the
@@ -248,6 +249,7 @@ fn lookahead<'s, B: Backend>(
     p: &Pass<'_, 's, B>,
     il: usize,
     x: &B::Tensor,
+    after: Option<Arc<ReadGate>>,
 ) -> Result<(), ModelError> {
     let m = p.m;
     let rt = &m.runtime;
@@ -290,10 +292,10 @@ fn lookahead<'s, B: Backend>(
     // The layer is free (its sync point comes after this one's, on this
     // thread): lend its victim slots to reads on the I/O pool and go on.
     let started = match target.try_lock() {
-        Ok(mut l) => l.start_prefetch(file, &predicted, p.io),
-        Err(TryLockError::Poisoned(poisoned)) => {
-            poisoned.into_inner().start_prefetch(file, &predicted, p.io)
-        }
+        Ok(mut l) => l.start_prefetch_after(file, &predicted, p.io, after),
+        Err(TryLockError::Poisoned(poisoned)) => poisoned
+            .into_inner()
+            .start_prefetch_after(file, &predicted, p.io, after),
         Err(TryLockError::WouldBlock) => return Ok(()),
     };
     if started {
@@ -369,8 +371,9 @@ pub(crate) fn expert_outputs<'s, B: Backend>(
     let mut l = layer.lock().unwrap_or_else(|p| p.into_inner());
     // A lookahead's reads still in flight go on as part of the batch's wave.
     let waves = l.plan_adopting(&m.file, ids);
-    // A batch of one wave (a decode step's) starts a lookahead once its
-    // demand reads are in. One of several (a prompt's) starts none: its
+    // A batch of one wave (a decode step's) starts a lookahead whose reads
+    // run once its demand reads are in. One of several (a prompt's) starts
+    // none: its
     // later waves' reads would queue behind the guesses, and the next
     // layer's batch, as large, cannot take over reads in flight
     // (`plan_adopting`), so it would only wait for them.
@@ -379,13 +382,31 @@ pub(crate) fn expert_outputs<'s, B: Backend>(
     let mut slot_of = vec![u32::MAX; m.hp.n_expert];
     for wave in &waves {
         let mut fill = l.start_wave(&m.file, wave, p.io)?;
+        // Where the demand reads run on the I/O threads, the lookahead's
+        // reads are queued behind them now, and each waits there until they
+        // are all in: the disk goes on to the guesses at once, not when this
+        // thread is done computing the cached experts.
+        if !lookahead_started {
+            if let Some(gate) = fill.demand_gate() {
+                lookahead(p, il, x, Some(gate))?;
+                lookahead_started = true;
+            }
+        }
         loop {
+            // Experts already read join the cached ones' compute. Where the
+            // lookahead waits for this thread to see the demand reads in
+            // (io_uring), a wave whose reads have all landed starts it
+            // before that compute.
+            if fill.pending() {
+                l.poll_loaded(&m.file, &mut fill)?;
+            }
             let reading = fill.pending();
             if !reading {
                 l.finish_wave(&m.file, &mut fill)?;
-                // Lookahead reads start once the demand reads are in.
+                // Otherwise, lookahead reads start once the demand reads are
+                // in.
                 if !lookahead_started {
-                    lookahead(p, il, x)?;
+                    lookahead(p, il, x, None)?;
                     lookahead_started = true;
                 }
             }
