@@ -3,14 +3,14 @@
 //! io_uring that the sync point's thread drives ([`RingReads`]); either
 //! way each slice lands in its lent slot buffer in the store's layout.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Instant;
 
 #[cfg(target_os = "linux")]
 use rayon::prelude::*;
 
-use super::loader::{read_slice, Convert};
+use super::loader::{piece_len, read_slice, Convert};
 #[cfg(target_os = "linux")]
 use super::uring;
 #[cfg(doc)]
@@ -319,7 +319,7 @@ pub(super) struct SliceRead {
     pub(super) buf: Vec<u8>,
     pub(super) tx: mpsc::Sender<Done>,
     /// A demand read's place in its wave's gate.
-    pub(super) _arrival: Option<Arrival>,
+    pub(super) arrival: Option<Arrival>,
     /// A lookahead read's: the demand reads it starts after.
     pub(super) after: Option<Arc<ReadGate>>,
 }
@@ -358,25 +358,37 @@ impl ReadCtx<'_> {
         let res = if skipped {
             Ok(None)
         } else {
-            self.read_into(r.tensor, r.shard, r.offset, &mut r.buf)
+            let read = Mutex::new(r.arrival.take());
+            self.read_into(r.tensor, r.shard, r.offset, &mut r.buf, &read)
         };
         Self::answer(r, res);
     }
 
     /// Reads tensor `tensor`'s slice at `offset` of `shard` into `buf`, in
-    /// the store's layout; its checksum as read (0 unless verifying).
+    /// the store's layout; its checksum as read (0 unless verifying). A
+    /// demand read's `arrival` is dropped once the bytes are read, before
+    /// their conversion: the lookahead's reads behind it need the disk, not
+    /// the layout.
     pub(super) fn read_into(
         &self,
         tensor: usize,
         shard: usize,
         offset: u64,
         buf: &mut [u8],
+        arrival: &Mutex<Option<Arrival>>,
     ) -> Result<Option<u32>, (usize, GgufError)> {
         let to_slot = self.convert.as_ref().map(|c| {
             let f = &c.convert;
             let unit = c.units.get(tensor).copied().unwrap_or(buf.len());
+            // `read_slice` converts each piece once, after its read.
+            let (pieces, converted) = (buf.len().div_ceil(piece_len(unit)), AtomicUsize::new(0));
             (
-                move |buf: &mut [u8], src: Option<&[u8]>| f(tensor, buf, src),
+                move |buf: &mut [u8], src: Option<&[u8]>| {
+                    if converted.fetch_add(1, Ordering::Relaxed) + 1 >= pieces {
+                        drop(arrival.lock().unwrap_or_else(|p| p.into_inner()).take());
+                    }
+                    f(tensor, buf, src)
+                },
                 unit,
             )
         });
@@ -474,7 +486,9 @@ impl RingReads {
                     uring::Landed::Bytes(src) => {
                         ctx.convert_from(tensor, shard, &mut buf, src.bytes())
                     }
-                    uring::Landed::Elsewhere => ctx.read_into(tensor, shard, offset, &mut buf),
+                    uring::Landed::Elsewhere => {
+                        ctx.read_into(tensor, shard, offset, &mut buf, &Mutex::new(None))
+                    }
                     uring::Landed::Failed(e) => Err((shard, e)),
                 };
                 Done {
@@ -487,5 +501,75 @@ impl RingReads {
             .collect();
         out.extend(done);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A demand read counts in its wave's gate while its bytes are read and
+    /// is out of it when they convert: the lookahead's reads queued behind
+    /// it get the disk while it converts, never while it reads.
+    #[test]
+    fn a_demand_read_leaves_its_gate_once_read_before_it_converts() {
+        let dir = std::env::temp_dir().join(format!("longhaul-gate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("tiny.gguf");
+        crate::synth::write(&crate::synth::SynthSpec::tiny(), &path).expect("write");
+        let file = gguf::Model::open(&path).expect("open");
+        let t = file
+            .tensor("blk.0.ffn_up_exps.weight")
+            .expect("tensor")
+            .clone();
+        let len = t.len as usize / 2;
+        let gate = Arc::new(ReadGate::default());
+        // The gate's count when the read is made, and when it converts.
+        let (at_read, at_convert) = (
+            Arc::new(Mutex::new(Vec::new())),
+            Arc::new(Mutex::new(Vec::new())),
+        );
+        let (g, r) = (gate.clone(), at_read.clone());
+        file.set_read_fault(Some(Arc::new(move |_, _, _| {
+            r.lock().unwrap().push(*g.left());
+            None
+        })));
+        let (g, c) = (gate.clone(), at_convert.clone());
+        let convert: crate::backend::SlotConvert = Arc::new(move |_, dst, src| {
+            c.lock().unwrap().push(*g.left());
+            if let Some(src) = src {
+                dst.copy_from_slice(src);
+            }
+            Ok(())
+        });
+        let ctx = ReadCtx {
+            file: &file,
+            checksum: false,
+            convert: Some(crate::backend::SlotConverter {
+                units: Arc::from([len]),
+                convert,
+            }),
+        };
+        let (tx, rx) = mpsc::channel();
+        ctx.read_one(SliceRead {
+            job: 0,
+            skip: None,
+            tensor: 0,
+            shard: t.shard,
+            offset: t.offset,
+            buf: vec![0; len],
+            tx,
+            arrival: Some(Arrival::new(&gate)),
+            after: None,
+        });
+        file.set_read_fault(None);
+        assert_eq!(*at_read.lock().unwrap(), [1], "counted while reading");
+        assert_eq!(*at_convert.lock().unwrap(), [0], "out before converting");
+        let done = rx.recv().expect("answered");
+        assert!(matches!(done.res, Ok(Some(_))));
+        let mut want = vec![0; len];
+        file.read_at(t.shard, t.offset, &mut want).expect("read");
+        assert!(done.buf == want, "the slice's bytes");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -239,7 +239,7 @@ pub(super) fn read_slice(
 
 /// Bytes of a converting read's pieces: as many whole `unit`s as one direct
 /// read hands over in one buffer, at least one.
-fn piece_len(unit: usize) -> usize {
+pub(super) fn piece_len(unit: usize) -> usize {
     let unit = unit.max(1);
     (gguf::DIRECT_WHOLE / unit).max(1) * unit
 }
