@@ -348,6 +348,11 @@ impl ReadCtx<'_> {
     /// Reads `r` with a positional read on this thread, into the store's
     /// layout, unless its lookahead skip flag is set first.
     pub(super) fn read_one(&self, mut r: SliceRead) {
+        // The demand reads a lookahead read waits for were spawned before
+        // it, by the same thread, into the pool's first-in-first-out queue:
+        // none of them can be waiting for this thread. Demand reads spawned
+        // later (the next layer's) come after the sync point that waited
+        // for all of these, so by then the gate is open.
         if let Some(gate) = &r.after {
             gate.wait();
         }
