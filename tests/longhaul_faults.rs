@@ -608,9 +608,24 @@ mod slot_bytes {
     /// `poll_loaded` takes in what has landed without waiting.
     #[test]
     fn a_lookahead_reads_after_the_demand_reads_it_is_queued_behind() {
+        queued_behind(false);
+    }
+
+    /// As above, where the demand reads are a lookahead's that the wave
+    /// took over in flight.
+    #[test]
+    fn a_lookahead_reads_after_the_taken_over_reads_it_is_queued_behind() {
+        queued_behind(true);
+    }
+
+    fn queued_behind(taken_over: bool) {
         use std::sync::{Condvar, Mutex};
         use std::time::{Duration, Instant};
-        let file = shared_file("gate.gguf");
+        let file = shared_file(if taken_over {
+            "gate-taken.gguf"
+        } else {
+            "gate.gguf"
+        });
         let layer = |il: usize| -> Vec<&gguf::TensorInfo> {
             ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
                 .iter()
@@ -649,8 +664,12 @@ mod slot_bytes {
         let file: &gguf::Model = &file;
         let predicted = [4u32, 1, 6];
         longhaul::longhaul::io_scope(|io| {
+            if taken_over {
+                assert!(a.start_prefetch(file, &[2, 5], io));
+            }
             let waves = a.plan_adopting(file, &[2, 5]);
             assert_eq!(waves.len(), 1);
+            assert_eq!(waves[0].loads.is_empty(), taken_over);
             let mut fill = a.start_wave(file, &waves[0], io).expect("wave");
             let after = fill.demand_gate().expect("reads on the I/O threads");
             assert!(b.start_prefetch_after(file, &predicted, io, Some(after)));

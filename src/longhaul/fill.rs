@@ -75,18 +75,19 @@ pub struct Fill {
     /// The reads, where they go through io_uring (then `rx` is `None`).
     #[cfg(target_os = "linux")]
     pub(super) ring: Option<RingReads>,
-    /// The wave's demand reads on the I/O threads not yet done.
+    /// Its reads on the I/O threads not yet read: a wave's, with those of
+    /// the lookahead it took over.
     pub(super) gate: Arc<ReadGate>,
     /// A lookahead's: the demand reads its reads start after.
     pub(super) after: Option<Arc<ReadGate>>,
 }
 
-/// The demand reads of a wave still to finish on the I/O threads (see
-/// [`Fill::demand_gate`]). A lookahead's reads spawned behind them each
-/// wait here until all are done: the guesses never share the disk with the
-/// reads the sync point is waiting for, and yet start the moment those are
-/// in, not when the sync point's thread, computing the cached experts,
-/// next looks.
+/// The reads of a wave still to finish on the I/O threads, its own and
+/// those of a lookahead it took over (see [`Fill::demand_gate`]). A
+/// lookahead's reads spawned behind them each wait here until all are
+/// read: the guesses never share the disk with the reads the sync point is
+/// waiting for, and yet start the moment those are in, not when the sync
+/// point's thread, computing the cached experts, next looks.
 #[derive(Default)]
 pub struct ReadGate {
     left: Mutex<usize>,
@@ -172,8 +173,8 @@ impl Fill {
         }
     }
 
-    /// What a lookahead started now should read after: this wave's demand
-    /// reads on the I/O threads (none, for a wave of cached experts), or
+    /// What a lookahead started now should read after: this wave's reads
+    /// on the I/O threads (none, for a wave of cached experts), or
     /// `None` where they do not run there (through the io_uring that the
     /// sync point's thread drives, or made before `start_wave` returned):
     /// such a wave starts its lookahead once the sync point sees its reads
@@ -318,7 +319,8 @@ pub(super) struct SliceRead {
     pub(super) offset: u64,
     pub(super) buf: Vec<u8>,
     pub(super) tx: mpsc::Sender<Done>,
-    /// A demand read's place in its wave's gate.
+    /// Its place in its fill's gate (a lookahead's counts once a wave
+    /// takes the lookahead over).
     pub(super) arrival: Option<Arrival>,
     /// A lookahead read's: the demand reads it starts after.
     pub(super) after: Option<Arc<ReadGate>>,

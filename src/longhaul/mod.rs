@@ -496,7 +496,7 @@ impl<S: SlotStore> StreamedLayer<S> {
                     offset: t.offset + e as u64 * t.expert_bytes,
                     buf,
                     tx: tx.clone(),
-                    arrival: (!fill.speculative).then(|| Arrival::new(&fill.gate)),
+                    arrival: Some(Arrival::new(&fill.gate)),
                     after: fill.after.clone(),
                 }
             })
