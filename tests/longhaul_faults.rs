@@ -549,7 +549,7 @@ mod slot_bytes {
         let predicted = [5u32, 2, 7, 0, 3, 6];
         let in_flight = longhaul::longhaul::io_scope(|io| {
             let t0 = Instant::now();
-            assert!(l.start_prefetch(file, &predicted, io));
+            assert!(l.start_prefetch(file, &predicted, io, None));
             assert!(
                 t0.elapsed() < Duration::from_secs(10),
                 "start_prefetch waited for its reads"
@@ -602,7 +602,7 @@ mod slot_bytes {
     }
 
     /// A decode step's lookahead is queued at its sync point behind the
-    /// step's demand reads (`start_prefetch_after` with the wave's
+    /// step's demand reads (`start_prefetch` with the wave's
     /// `demand_gate`): none of its reads starts while a demand read is
     /// still running, all of them run once the demand reads are in, and
     /// `poll_loaded` takes in what has landed without waiting.
@@ -665,14 +665,14 @@ mod slot_bytes {
         let predicted = [4u32, 1, 6];
         longhaul::longhaul::io_scope(|io| {
             if taken_over {
-                assert!(a.start_prefetch(file, &[2, 5], io));
+                assert!(a.start_prefetch(file, &[2, 5], io, None));
             }
             let waves = a.plan_adopting(file, &[2, 5]);
             assert_eq!(waves.len(), 1);
             assert_eq!(waves[0].loads.is_empty(), taken_over);
             let mut fill = a.start_wave(file, &waves[0], io).expect("wave");
             let after = fill.demand_gate().expect("reads on the I/O threads");
-            assert!(b.start_prefetch_after(file, &predicted, io, Some(after)));
+            assert!(b.start_prefetch(file, &predicted, io, Some(after)));
             // The demand reads are blocked: a poll returns at once with
             // nothing, and no lookahead read starts.
             let t0 = Instant::now();
@@ -796,7 +796,7 @@ mod slot_bytes {
                             (Some(c.fetch_add(1, Ordering::Relaxed)) == fail)
                                 .then(|| std::io::Error::from_raw_os_error(libc::EIO))
                         })));
-                        prop_assert!(l.start_prefetch(file, &distinct(ids), io));
+                        prop_assert!(l.start_prefetch(file, &distinct(ids), io, None));
                     }
                 }
                 // The reference reads go through the fault hook too.

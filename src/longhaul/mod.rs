@@ -735,22 +735,12 @@ impl<S: SlotStore> StreamedLayer<S> {
     /// The layer's next batch takes over the reads still in flight
     /// ([`StreamedLayer::plan_adopting`]) or settles them; either way reads
     /// not yet started whose experts it does not use are dropped, so its
-    /// own demand reads never queue behind them. Returns false, starting
+    /// own demand reads never queue behind them. With `after` (the reads of
+    /// the layer before, from [`Fill::demand_gate`]), each read, spawned
+    /// now, waits for those before it starts. Returns false, starting
     /// nothing, when the store cannot lend its slots (use
     /// [`StreamedLayer::prefetch`]).
     pub fn start_prefetch<'s>(
-        &mut self,
-        file: &'s gguf::Model,
-        predicted: &[u32],
-        io: &IoScope<'s>,
-    ) -> bool {
-        self.start_prefetch_after(file, predicted, io, None)
-    }
-
-    /// [`StreamedLayer::start_prefetch`] whose reads, spawned now, each wait
-    /// for `after` (the demand reads of the layer before, from
-    /// [`Fill::demand_gate`]) before they start.
-    pub fn start_prefetch_after<'s>(
         &mut self,
         file: &'s gguf::Model,
         predicted: &[u32],

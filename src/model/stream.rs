@@ -292,10 +292,10 @@ fn lookahead<'s, B: Backend>(
     // The layer is free (its sync point comes after this one's, on this
     // thread): lend its victim slots to reads on the I/O pool and go on.
     let started = match target.try_lock() {
-        Ok(mut l) => l.start_prefetch_after(file, &predicted, p.io, after),
+        Ok(mut l) => l.start_prefetch(file, &predicted, p.io, after),
         Err(TryLockError::Poisoned(poisoned)) => poisoned
             .into_inner()
-            .start_prefetch_after(file, &predicted, p.io, after),
+            .start_prefetch(file, &predicted, p.io, after),
         Err(TryLockError::WouldBlock) => return Ok(()),
     };
     if started {
