@@ -10,7 +10,7 @@ use crate::backend::Backend;
 use crate::constrain::{ConstrainError, Constrainer, Constraint, ConstraintSpec};
 use crate::gguf::{self, GgufError};
 pub use crate::longhaul::Lookahead;
-use crate::longhaul::{CacheStats, LonghaulConfig, Policy};
+use crate::longhaul::{CacheStats, LonghaulConfig, Policy, StepClock, StepCost};
 use crate::model::{LoadOptions, Logits, Model, ModelError, Progress};
 use crate::sample::Sampler;
 use crate::spec::{counts_accepted, Drafter, SpecStats};
@@ -203,6 +203,9 @@ pub struct GenStats {
     /// Longhaul counters of the prompt and of the decode (`None` resident).
     pub prompt_io: Option<CacheStats>,
     pub gen_io: Option<CacheStats>,
+    /// Longhaul: the decode's forward passes, for its I/O floor
+    /// ([`crate::longhaul::steps_floor_tps`]).
+    pub gen_steps: Vec<StepCost>,
 }
 
 impl GenStats {
@@ -646,6 +649,7 @@ impl<B: Backend> Engine<B> {
         let n_vocab = self.model.hp.n_vocab;
         let mut out = Vec::new();
         let t1 = Instant::now();
+        let mut clock = StepClock::start(io1);
         // Each emitted token goes to the caller; `false` ends the generation.
         // `n_past` is what the sequence would hold without speculation.
         let n_ctx = kv.n_ctx();
@@ -702,6 +706,7 @@ impl<B: Backend> Engine<B> {
                     }
                     if draft.is_empty() {
                         logits = self.eval(kv, &[pending], Logits::Last)?;
+                        clock.step(io());
                         continue 'gen;
                     }
                     let n0 = kv.n_past();
@@ -743,6 +748,7 @@ impl<B: Backend> Engine<B> {
                         let again = &batch[held.saturating_sub(n0)..keep - n0];
                         kv.eval(&self.model, again, Logits::Last)?;
                     }
+                    clock.step(io());
                     if !go_on {
                         break 'gen;
                     }
@@ -756,6 +762,7 @@ impl<B: Backend> Engine<B> {
             stats.prompt_io = Some(b.since(&a));
             stats.gen_io = Some(c.since(&b));
         }
+        stats.gen_steps = clock.steps().unwrap_or_default();
         Ok((out, stats))
     }
 

@@ -128,6 +128,14 @@ fn check_equal(
 ) -> (usize, usize) {
     let (want, plain, want_next) = greedy(e, prompt, n, None);
     assert_eq!(plain.spec.n_drafted, 0);
+    check_steps(&format!("{label} plain"), &plain);
+    if plain.gen_io.is_some() {
+        assert_eq!(
+            plain.gen_steps.len(),
+            plain.n_gen_evals,
+            "{label}: one step a token"
+        );
+    }
     let mut total = (0, 0);
     for kind in [SpecType::NgramSimple, SpecType::NgramMapK] {
         let (got, stats, next) = greedy(e, prompt, n, Some(spec(kind, size_n, 8)));
@@ -141,6 +149,18 @@ fn check_equal(
             "{label} {kind:?}: the sequence left behind differs"
         );
         assert_eq!(stats.n_gen_evals, plain.n_gen_evals, "{label} {kind:?}");
+        check_steps(&format!("{label} {kind:?}"), &stats);
+        if stats.gen_io.is_some() {
+            // One step a forward pass, a verification batch or one token
+            // where nothing was drafted: each adds one position, and a
+            // batch one more for each draft token it accepted.
+            assert_eq!(
+                stats.gen_steps.len() + stats.spec.n_accepted,
+                stats.n_gen_evals,
+                "{label} {kind:?}: {} batches",
+                stats.spec.n_batches
+            );
+        }
         assert!(stats.spec.n_accepted <= stats.spec.n_drafted);
         eprintln!(
             "{label} {kind:?}: {} tokens, {} batches, drafted {}, accepted {}",
@@ -153,6 +173,28 @@ fn check_equal(
         total.1 += stats.spec.n_accepted;
     }
     total
+}
+
+/// Longhaul: the decode's forward passes (the steps of its I/O floor) add
+/// up to its counters, within its time; resident, there are none.
+fn check_steps(label: &str, s: &GenStats) {
+    let Some(io) = s.gen_io else {
+        assert!(s.gen_steps.is_empty(), "{label}: steps resident");
+        return;
+    };
+    let mut sum = longhaul::longhaul::CacheStats::default();
+    for st in &s.gen_steps {
+        sum.add(&st.io);
+        assert!(st.wall > std::time::Duration::ZERO, "{label}: {st:?}");
+    }
+    assert_eq!(sum, io, "{label}: the steps' counters");
+    assert!(sum.misses + sum.hits > 0, "{label}: no expert used");
+    let walls: std::time::Duration = s.gen_steps.iter().map(|st| st.wall).sum();
+    assert!(
+        walls <= s.gen_time,
+        "{label}: steps {walls:?} in {:?}",
+        s.gen_time
+    );
 }
 
 #[test]

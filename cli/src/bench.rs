@@ -14,7 +14,7 @@ use clap::Args;
 use longhaul::backend::Backend;
 use longhaul::draft::{ModelDrafter, MtpDrafter};
 use longhaul::engine::{CacheBudget, Engine, EngineParams, FlashAttn, LonghaulParams};
-use longhaul::longhaul::{CacheStats, Policy};
+use longhaul::longhaul::{steps_floor_tps, CacheStats, Policy, StepClock, StepCost};
 use longhaul::model::Logits;
 use longhaul::placement::{self, GpuLayers, Placed};
 use longhaul::sample::{Sampler, SamplerParams};
@@ -289,6 +289,8 @@ pub(crate) struct Row {
     pub(crate) samples_ns: Vec<u64>,
     /// Longhaul counters over the timed part of every repetition.
     pub(crate) cache: Option<CacheStats>,
+    /// Longhaul: the timed part's forward passes, every repetition's.
+    pub(crate) steps: Vec<StepCost>,
     /// `--longhaul-prefetch auto`'s last choice after the row's repetitions.
     pub(crate) lookahead: Option<longhaul::longhaul::LookaheadChoice>,
     /// Speculative rows: the drafter and its counters over every repetition.
@@ -307,12 +309,11 @@ impl Row {
         })
     }
 
-    /// Longhaul rows: the I/O floor over all repetitions (see
-    /// [`CacheStats::io_floor_tps`]), in the test's tokens per second.
+    /// Longhaul rows: the I/O floor over all repetitions, step by step
+    /// (see [`steps_floor_tps`]), in the test's tokens per second.
     pub(crate) fn io_floor_tps(&self) -> Option<f64> {
         let n = (self.test.n_prompt + self.test.n_gen) * self.samples_ns.len();
-        let wall = std::time::Duration::from_nanos(self.samples_ns.iter().sum());
-        self.cache.map(|c| c.io_floor_tps(n, wall))
+        self.cache.map(|_| steps_floor_tps(&self.steps, n))
     }
 
     pub(crate) fn samples_ts(&self) -> Vec<f64> {
@@ -521,39 +522,38 @@ fn stats<B: Backend>(engine: &Engine<B>) -> Option<CacheStats> {
 }
 
 /// One repetition: fills the depth, then times the test. Returns the
-/// nanoseconds and the longhaul counters of the timed part.
+/// nanoseconds and, in longhaul mode, the cost of each forward pass of the
+/// timed part (the prompt's one, then one per generated token).
 fn run_once<B: Backend>(
     engine: &Engine<B>,
     t: &Test,
     n_vocab: u32,
-) -> anyhow::Result<(u64, Option<CacheStats>)> {
+) -> anyhow::Result<(u64, Option<Vec<StepCost>>)> {
     let mut kv = engine.new_kv()?;
     if t.n_depth > 0 {
         engine.eval(&mut kv, &tokens(t.n_depth, 7, n_vocab), Logits::Last)?;
     }
     let prompt = tokens(t.n_prompt, 0, n_vocab);
     let gen = tokens(t.n_gen, 1 << 20, n_vocab);
-    let before = stats(engine);
     let t0 = Instant::now();
+    let mut clock = StepClock::start(stats(engine));
     if !prompt.is_empty() {
         engine.eval(&mut kv, &prompt, Logits::Last)?;
+        clock.step(stats(engine));
     }
     for &tk in &gen {
         engine.eval(&mut kv, &[tk], Logits::Last)?;
+        clock.step(stats(engine));
     }
     let ns = t0.elapsed().as_nanos() as u64;
-    let delta = match (stats(engine), before) {
-        (Some(a), Some(b)) => Some(a.since(&b)),
-        _ => None,
-    };
-    Ok((ns, delta))
+    Ok((ns, clock.steps()))
 }
 
 /// One repetition of a speculative row: the depth, then the text (both
 /// untimed, the draft model's sequence too), then `t.n_gen` tokens decoded
 /// greedily past the first (end of generation ignored, as `--ignore-eos`
 /// does), drafting with `sp`. Returns the decode's nanoseconds, its
-/// longhaul counters and the drafter's.
+/// forward passes' longhaul costs and the drafter's counters.
 fn run_spec<B: Backend + 'static>(
     engine: &std::sync::Arc<Engine<B>>,
     t: &Test,
@@ -561,7 +561,7 @@ fn run_spec<B: Backend + 'static>(
     text: &[u32],
     sp: &SpecParams,
     draft: Option<&std::sync::Arc<Engine<B>>>,
-) -> anyhow::Result<(u64, Option<CacheStats>, SpecStats)> {
+) -> anyhow::Result<(u64, Option<Vec<StepCost>>, SpecStats)> {
     let mut kv = engine.new_kv()?;
     let held = tokens(t.n_depth, 7, n_vocab);
     if !held.is_empty() {
@@ -605,7 +605,11 @@ fn run_spec<B: Backend + 'static>(
             st.n_gen
         );
     }
-    Ok((st.gen_time.as_nanos() as u64, st.gen_io, st.spec))
+    Ok((
+        st.gen_time.as_nanos() as u64,
+        st.gen_io.map(|_| st.gen_steps),
+        st.spec,
+    ))
 }
 
 /// What the runs of every placement add to.
@@ -849,12 +853,17 @@ fn bench_mode<B: Backend + 'static>(
                             let test_time = longhaul::clock::utc_rfc3339_now();
                             let mut samples_ns = Vec::new();
                             let mut cache: Option<CacheStats> = None;
+                            let mut steps = Vec::new();
                             let mut spec = SpecStats::default();
                             for _ in 0..a.reps {
                                 let (ns, c, sp) = once()?;
                                 samples_ns.push(ns);
                                 if let Some(c) = c {
-                                    cache.get_or_insert_with(CacheStats::default).add(&c);
+                                    let sum = cache.get_or_insert_with(CacheStats::default);
+                                    for s in &c {
+                                        sum.add(&s.io);
+                                    }
+                                    steps.extend(c);
                                 }
                                 spec.add(&sp);
                             }
@@ -869,6 +878,7 @@ fn bench_mode<B: Backend + 'static>(
                                 test: *test,
                                 samples_ns,
                                 cache,
+                                steps,
                                 lookahead: engine.model.lookahead_choice(),
                                 spec: kind.map(|k| (k, spec)),
                                 test_time,

@@ -172,26 +172,39 @@ pub fn speculation(kind: longhaul::spec::SpecType, s: &longhaul::engine::GenStat
 }
 
 /// The prompt's and the decode's longhaul costs apart, per token, and each
-/// phase's I/O floor ([`longhaul::longhaul::CacheStats::io_floor_tps`]).
+/// phase's I/O floor: the prompt's as one step
+/// ([`longhaul::longhaul::CacheStats::io_floor_tps`]), the decode's step by
+/// step ([`longhaul::longhaul::steps_floor_tps`]).
 pub fn longhaul_phases(s: &longhaul::engine::GenStats) {
     let phases = [
-        ("prompt", s.prompt_io, s.n_prompt, s.prompt_time),
-        ("decode", s.gen_io, s.n_gen_evals, s.gen_time),
+        ("prompt", s.prompt_io, s.n_prompt, s.prompt_time, &[][..]),
+        (
+            "decode",
+            s.gen_io,
+            s.n_gen_evals,
+            s.gen_time,
+            &s.gen_steps[..],
+        ),
     ];
-    for (name, io, n, wall) in phases {
+    for (name, io, n, wall, steps) in phases {
         let Some(c) = io.filter(|_| n > 0) else {
             continue;
         };
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / n as f64;
         eprintln!(
-            "longhaul {name}: {} misses, {:.2} MiB read per token, reading {:.1} ms per token at {:.0} MB/s, blocked {:.1} ms per token, compute {:.1} ms per token: I/O floor {:.2} tokens per second",
+            "longhaul {name}: {} misses, {:.2} MiB read per token, reading {:.1} ms per token at {:.0} MB/s, blocked {:.1} ms per token, compute {:.1} ms per token: I/O floor {:.2} tokens per second{}",
             c.misses,
             c.bytes_read as f64 / (1u64 << 20) as f64 / n as f64,
             ms(c.reads_time()),
             c.read_throughput() / 1e6,
             ms(c.io_time),
             ms(wall.saturating_sub(c.io_time)),
-            c.io_floor_tps(n, wall)
+            if steps.is_empty() {
+                c.io_floor_tps(n, wall)
+            } else {
+                longhaul::longhaul::steps_floor_tps(steps, n)
+            },
+            if steps.is_empty() { "" } else { " (step by step)" }
         );
     }
 }

@@ -2,7 +2,7 @@
 //! read, time blocked on reads, the lookahead's precision, and the I/O floor
 //! of a phase.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Cache counters of one layer (or summed over layers).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -112,14 +112,13 @@ impl CacheStats {
     }
 
     /// The I/O floor of a phase that produced `tokens` in `wall` time with
-    /// these counters: tokens per second if each token cost only the larger
-    /// of its read time ([`CacheStats::reads_time`]) and its compute time
-    /// (the wall time less the time blocked on reads), i.e. with reads and
-    /// compute fully overlapped.
+    /// these counters, taken as one step (see [`steps_floor_tps`]): tokens
+    /// per second if it cost only the larger of its read time
+    /// ([`CacheStats::reads_time`]) and its compute time (the wall time less
+    /// the time blocked on reads), i.e. with reads and compute fully
+    /// overlapped.
     pub fn io_floor_tps(&self, tokens: usize, wall: Duration) -> f64 {
-        let compute = wall.saturating_sub(self.io_time);
-        let per = compute.max(self.reads_time()).as_secs_f64();
-        tokens as f64 / per.max(1e-9)
+        steps_floor_tps(&[StepCost { wall, io: *self }], tokens)
     }
 
     pub fn add(&mut self, o: &CacheStats) {
@@ -139,6 +138,92 @@ impl CacheStats {
         self.multi_wave_batches += o.multi_wave_batches;
         self.uring_reads += o.uring_reads;
     }
+}
+
+/// One forward pass of a phase: its wall time (from the end of the pass
+/// before, so that a phase's steps cover its whole time) and its counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepCost {
+    pub wall: Duration,
+    pub io: CacheStats,
+}
+
+/// Records a phase's steps from the layers' counters summed
+/// ([`crate::engine::Engine::longhaul_stats`]; `None` resident): each
+/// step's wall time runs from the end of the one before, the first's from
+/// [`StepClock::start`].
+#[derive(Debug, Default)]
+pub struct StepClock {
+    last: Option<(Instant, CacheStats)>,
+    steps: Vec<StepCost>,
+}
+
+impl StepClock {
+    pub fn start(counters: Option<CacheStats>) -> Self {
+        StepClock {
+            last: counters.map(|c| (Instant::now(), c)),
+            steps: Vec::new(),
+        }
+    }
+
+    /// A step has ended; `counters` are the layers' now.
+    pub fn step(&mut self, counters: Option<CacheStats>) {
+        let (Some((t, before)), Some(now)) = (self.last, counters) else {
+            return;
+        };
+        let end = Instant::now();
+        self.steps.push(StepCost {
+            wall: end - t,
+            io: now.since(&before),
+        });
+        self.last = Some((end, now));
+    }
+
+    /// The steps recorded (`None` resident).
+    pub fn steps(self) -> Option<Vec<StepCost>> {
+        self.last.map(|_| self.steps)
+    }
+}
+
+/// The counters of a phase's steps, summed.
+fn total(steps: &[StepCost]) -> CacheStats {
+    let mut t = CacheStats::default();
+    for s in steps {
+        t.add(&s.io);
+    }
+    t
+}
+
+/// The I/O floor of a phase of `steps` that produced `tokens`: tokens per
+/// second if each step cost only the larger of its compute time (its wall
+/// time less the time it blocked on reads) and its read time (its bytes at
+/// the phase's read throughput, as [`CacheStats::reads_time`] counts them,
+/// and at most its wall time: its bytes were all read within it).
+///
+/// Per step, not over the phase's sums: steps run one after another (a
+/// decode step routes on the token the one before produced) and no read
+/// spans two of them (a lookahead reads for the next layer of the same
+/// pass), so a step's reads overlap only its own compute. A decode that
+/// starts on a cold cache is bound by its reads for its first steps and by
+/// compute after; the larger of the phase's two sums would count those
+/// first steps' compute as hiding reads it never overlapped.
+pub fn steps_floor_tps(steps: &[StepCost], tokens: usize) -> f64 {
+    let all = total(steps);
+    let demand = all.windowed_bytes();
+    let floor: f64 = steps
+        .iter()
+        .map(|s| {
+            let compute = s.wall.saturating_sub(s.io.io_time);
+            let reads = if demand == 0 {
+                s.io.read_time
+            } else {
+                all.read_time
+                    .mul_f64(s.io.bytes_read as f64 / demand as f64)
+            };
+            compute.max(reads.min(s.wall)).as_secs_f64()
+        })
+        .sum();
+    tokens as f64 / floor.max(1e-9)
 }
 
 #[cfg(test)]
@@ -215,5 +300,45 @@ mod stats_tests {
             ..s(0, 0)
         };
         assert_eq!(all_ahead.reads_time(), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_io_floor_of_steps_takes_the_larger_of_reads_and_compute_in_each() {
+        let step = |wall, io, read, bytes| StepCost {
+            wall: Duration::from_secs(wall),
+            io: CacheStats {
+                io_time: Duration::from_secs(io),
+                read_time: Duration::from_secs(read),
+                bytes_read: bytes,
+                ..CacheStats::default()
+            },
+        };
+        // A cold step: 600 bytes, 6 s of reads blocking 5 of its 8 s; then
+        // two warm ones: 100 bytes each, 1 s of reads hidden behind 4 s of
+        // compute. The phase reads 800 bytes in 8 s of demand reads.
+        let cold = step(8, 5, 6, 600);
+        let warm = step(4, 0, 1, 100);
+        let steps = [cold, warm, warm];
+        // Per step: max(3, 6) + max(4, 1) + max(4, 1) = 14 s for 3 tokens.
+        assert!((steps_floor_tps(&steps, 3) - 3.0 / 14.0).abs() < 1e-12);
+        // Over the phase's sums, 16 - 5 = 11 s of compute beats 8 s of
+        // reads: the cold step's reads would hide behind compute that came
+        // after them.
+        let all = total(&steps);
+        assert_eq!(all.bytes_read, 800);
+        let wall = Duration::from_secs(16);
+        assert!((all.io_floor_tps(3, wall) - 3.0 / 11.0).abs() < 1e-12);
+        // One step is the phase's sums.
+        assert_eq!(
+            steps_floor_tps(&[cold], 1),
+            cold.io.io_floor_tps(1, cold.wall)
+        );
+        // A step's reads never count for more than its wall time: 700 of the
+        // phase's 800 bytes in a 2 s step (at the phase's throughput, 100
+        // bytes a second, 7 s) cost at most those 2 s; the other step's
+        // 8 s of compute beat its 1 s of reads.
+        let fast = step(2, 0, 0, 700);
+        let slow = step(9, 1, 8, 100);
+        assert!((steps_floor_tps(&[fast, slow], 2) - 2.0 / 10.0).abs() < 1e-12);
     }
 }
