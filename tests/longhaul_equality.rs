@@ -558,7 +558,7 @@ fn only_batches_of_one_wave_start_a_lookahead() {
 }
 
 /// `--longhaul-prefetch auto` wired into the passes: a prompt is not
-/// measured; single-token steps run the warm-up without a lookahead, then
+/// measured; single-token steps run the warm-up with the lookahead, then
 /// guess ahead exactly in the measurement's `on` blocks (every step of them:
 /// what is read of the guesses depends on timing, the guesses do not); the
 /// measurement ends with a choice; and the tokens stay the resident model's.
@@ -601,7 +601,7 @@ fn auto_lookahead_reads_ahead_only_in_its_on_blocks() {
         }),
     );
     assert_eq!(got, want, "auto's tokens differ from resident");
-    let expected: Vec<bool> = std::iter::repeat_n(false, WARMUP as usize)
+    let expected: Vec<bool> = std::iter::repeat_n(true, WARMUP as usize)
         .chain(
             ORDER
                 .iter()
