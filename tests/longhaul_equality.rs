@@ -561,7 +561,9 @@ fn only_batches_of_one_wave_start_a_lookahead() {
 /// measured; single-token steps run the warm-up with the lookahead, then
 /// guess ahead exactly in the measurement's `on` blocks (every step of them:
 /// what is read of the guesses depends on timing, the guesses do not); the
-/// measurement ends with a choice; and the tokens stay the resident model's.
+/// measurement ends with a choice (after its first half where one arm was
+/// clearly faster), which the steps after it run; and the tokens stay the
+/// resident model's.
 #[test]
 fn auto_lookahead_reads_ahead_only_in_its_on_blocks() {
     let path = fixture("qwen3moe-q4_k_m.gguf");
@@ -591,6 +593,7 @@ fn auto_lookahead_reads_ahead_only_in_its_on_blocks() {
     };
     let want = greedy(&resident, Box::new(|_| {}));
     let mut ahead = Vec::new();
+    let mut choices = Vec::new();
     let mut before = 0;
     let got = greedy(
         &m,
@@ -598,15 +601,28 @@ fn auto_lookahead_reads_ahead_only_in_its_on_blocks() {
             let now = total_stats(&m).guessed;
             ahead.push(now - before);
             before = now;
+            choices.push(m.lookahead_choice());
         }),
     );
     assert_eq!(got, want, "auto's tokens differ from resident");
-    let expected: Vec<bool> = std::iter::repeat_n(true, WARMUP as usize)
+    let order: Vec<bool> = std::iter::repeat_n(true, WARMUP as usize)
         .chain(
             ORDER
                 .iter()
                 .flat_map(|&on| std::iter::repeat_n(on, BLOCK as usize)),
         )
+        .collect();
+    // The order's arms until a choice is made (after its first half where
+    // one arm was clearly faster, else after all of it), then the choice.
+    let decided = choices.iter().position(Option::is_some).expect("a choice");
+    let half = (WARMUP + BLOCK * ORDER.len() as u32 / 2) as usize - 1;
+    assert!(
+        decided == half || decided == steps - 1,
+        "decided after step {decided}"
+    );
+    let chosen = choices[decided].expect("a choice").on;
+    let expected: Vec<bool> = (0..steps)
+        .map(|i| if i > decided { chosen } else { order[i] })
         .collect();
     // Every MoE layer but the first is guessed for, the best three quarters
     // of the one token's picks (`lookahead_rank`).

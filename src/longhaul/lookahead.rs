@@ -14,7 +14,9 @@
 //! otherwise wait for), passes run in blocks with and
 //! without it, in the order off-on-on-off-off-on-on-off (a drift that is
 //! linear in time weighs on both alike), and the faster mean decides the
-//! next [`EXPLOIT`] passes, after which it measures again.
+//! next [`EXPLOIT`] passes, after which it measures again. Where one arm
+//! is faster by more than [`CLEAR`] after the order's first half (itself
+//! balanced), that half decides.
 
 use std::time::Duration;
 
@@ -61,6 +63,11 @@ pub const BLOCK: u32 = 4;
 pub const ORDER: [bool; 8] = [false, true, true, false, false, true, true, false];
 /// Single-token passes that run the chosen arm before it is measured again.
 pub const EXPLOIT: u32 = 256;
+/// How much faster one arm's mean must be after the first half of
+/// [`ORDER`] (off-on-on-off, itself balanced against a linear drift) to
+/// decide then: a clear difference needs no second half, whose passes of
+/// the slower arm would only cost time. Closer means run the whole order.
+pub const CLEAR: f64 = 0.05;
 
 /// The last measurement of [`AutoLookahead`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -163,11 +170,15 @@ impl AutoLookahead {
                 }
                 *done = 0;
                 *block += 1;
-                if *block < ORDER.len() {
-                    return;
-                }
                 let mean = |i: usize| sum[i] / n[i].max(1);
                 let (without, with) = (mean(0), mean(1));
+                let clear = || {
+                    let (a, b) = (with.as_secs_f64(), without.as_secs_f64());
+                    a.min(b) < a.max(b) * (1.0 - CLEAR)
+                };
+                if *block < ORDER.len() && !(*block == ORDER.len() / 2 && clear()) {
+                    return;
+                }
                 let on = with < without;
                 let rounds = self.choice.map_or(0, |c| c.rounds) + 1;
                 self.choice = Some(LookaheadChoice {
@@ -223,7 +234,8 @@ mod tests {
         // A cold cache's first passes: slow, not counted, with it.
         assert!(run(&mut a, WARMUP, 500, 1000).iter().all(|&on| on));
         assert_eq!(a.choice(), None);
-        let arms = run(&mut a, MEASURED, 90, 100);
+        // 3% apart: not clear after the first half, so the whole order.
+        let arms = run(&mut a, MEASURED, 97, 100);
         let expected: Vec<bool> = ORDER
             .iter()
             .flat_map(|&o| std::iter::repeat_n(o, BLOCK as usize))
@@ -233,23 +245,50 @@ mod tests {
             a.choice(),
             Some(LookaheadChoice {
                 on: true,
-                with: ms(90),
+                with: ms(97),
                 without: ms(100),
                 rounds: 1
             })
         );
-        assert!(run(&mut a, EXPLOIT, 90, 100).iter().all(|&on| on));
+        assert!(run(&mut a, EXPLOIT, 97, 100).iter().all(|&on| on));
         // Then it measures again, after passes of its choice that are not
         // counted, and a disk that got fast turns it off.
         assert!(run(&mut a, WARMUP, 1000, 1).iter().all(|&on| on));
-        let arms = run(&mut a, MEASURED, 110, 100);
+        let arms = run(&mut a, MEASURED, 103, 100);
         assert_eq!(arms, expected);
         let c = a.choice().unwrap();
         assert!(!c.on && c.rounds == 2, "{c:?}");
-        assert!(run(&mut a, EXPLOIT + WARMUP, 110, 100)
+        assert!(run(&mut a, EXPLOIT + WARMUP, 103, 100)
             .iter()
             .all(|&on| !on));
         assert_eq!(a.arm(), ORDER[0]);
+    }
+
+    #[test]
+    fn a_clear_difference_decides_after_the_first_half() {
+        let half = MEASURED / 2;
+        let expected: Vec<bool> = ORDER[..ORDER.len() / 2]
+            .iter()
+            .flat_map(|&o| std::iter::repeat_n(o, BLOCK as usize))
+            .collect();
+        // 10% apart, either way: the first half decides.
+        for (with, without, on) in [(90, 100, true), (100, 90, false)] {
+            let mut a = AutoLookahead::new();
+            run(&mut a, WARMUP, 1, 1);
+            assert_eq!(run(&mut a, half, with, without), expected);
+            let c = a.choice().expect("decided after the first half");
+            assert_eq!((c.on, c.with, c.without), (on, ms(with), ms(without)));
+            assert!(run(&mut a, EXPLOIT, with, without)
+                .iter()
+                .all(|&arm| arm == on));
+        }
+        // Just inside the margin (5% of the slower mean is 5 ms; 4 ms
+        // apart): no choice yet.
+        let mut a = AutoLookahead::new();
+        run(&mut a, WARMUP, 1, 1);
+        run(&mut a, half, 96, 100);
+        assert_eq!(a.choice(), None);
+        assert_eq!(a.arm(), ORDER[ORDER.len() / 2]);
     }
 
     #[test]
