@@ -14,7 +14,7 @@ use clap::Args;
 use longhaul::backend::Backend;
 use longhaul::draft::{ModelDrafter, MtpDrafter};
 use longhaul::engine::{CacheBudget, Engine, EngineParams, FlashAttn, LonghaulParams};
-use longhaul::longhaul::{steps_floor_tps, CacheStats, Policy, StepClock, StepCost};
+use longhaul::longhaul::{steps_floor_tps, steps_total, CacheStats, Policy, StepClock, StepCost};
 use longhaul::model::Logits;
 use longhaul::placement::{self, GpuLayers, Placed};
 use longhaul::sample::{Sampler, SamplerParams};
@@ -287,10 +287,9 @@ pub(crate) struct Row {
     pub(crate) n_threads: usize,
     pub(crate) test: Test,
     pub(crate) samples_ns: Vec<u64>,
-    /// Longhaul counters over the timed part of every repetition.
-    pub(crate) cache: Option<CacheStats>,
-    /// Longhaul: the timed part's forward passes, every repetition's.
-    pub(crate) steps: Vec<StepCost>,
+    /// Longhaul: the timed part's forward passes, every repetition's
+    /// (`None` resident).
+    pub(crate) steps: Option<Vec<StepCost>>,
     /// `--longhaul-prefetch auto`'s last choice after the row's repetitions.
     pub(crate) lookahead: Option<longhaul::longhaul::LookaheadChoice>,
     /// Speculative rows: the drafter and its counters over every repetition.
@@ -313,7 +312,12 @@ impl Row {
     /// (see [`steps_floor_tps`]), in the test's tokens per second.
     pub(crate) fn io_floor_tps(&self) -> Option<f64> {
         let n = (self.test.n_prompt + self.test.n_gen) * self.samples_ns.len();
-        self.cache.map(|_| steps_floor_tps(&self.steps, n))
+        self.steps.as_ref().map(|s| steps_floor_tps(s, n))
+    }
+
+    /// Longhaul counters over the timed part of every repetition.
+    pub(crate) fn cache(&self) -> Option<CacheStats> {
+        self.steps.as_deref().map(steps_total)
     }
 
     pub(crate) fn samples_ts(&self) -> Vec<f64> {
@@ -852,18 +856,13 @@ fn bench_mode<B: Backend + 'static>(
                             }
                             let test_time = longhaul::clock::utc_rfc3339_now();
                             let mut samples_ns = Vec::new();
-                            let mut cache: Option<CacheStats> = None;
-                            let mut steps = Vec::new();
+                            let mut steps: Option<Vec<StepCost>> = None;
                             let mut spec = SpecStats::default();
                             for _ in 0..a.reps {
                                 let (ns, c, sp) = once()?;
                                 samples_ns.push(ns);
                                 if let Some(c) = c {
-                                    let sum = cache.get_or_insert_with(CacheStats::default);
-                                    for s in &c {
-                                        sum.add(&s.io);
-                                    }
-                                    steps.extend(c);
+                                    steps.get_or_insert_with(Vec::new).extend(c);
                                 }
                                 spec.add(&sp);
                             }
@@ -877,7 +876,6 @@ fn bench_mode<B: Backend + 'static>(
                                 n_threads: t,
                                 test: *test,
                                 samples_ns,
-                                cache,
                                 steps,
                                 lookahead: engine.model.lookahead_choice(),
                                 spec: kind.map(|k| (k, spec)),

@@ -88,7 +88,7 @@ pub(crate) fn fields(d: &ModelDesc, r: &Row) -> Vec<(&'static str, Value)> {
         ("longhaul_policy", policy),
         ("longhaul_n_slots", json!(r.n_slots)),
     ];
-    let c = r.cache;
+    let c = r.cache();
     let opt = |v: Option<Value>| v.unwrap_or(Value::Null);
     f.extend([
         ("longhaul_hits", opt(c.map(|c| json!(c.hits)))),
@@ -320,7 +320,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
         cols.push((
             "hit rate",
             true,
-            Box::new(|r: &Row| match r.cache {
+            Box::new(|r: &Row| match r.cache() {
                 Some(c) => format!("{:.1}%", 100.0 * c.hit_rate()),
                 None => "-".into(),
             }),
@@ -336,7 +336,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
         cols.push((
             "expert GB",
             true,
-            Box::new(|r: &Row| match r.cache {
+            Box::new(|r: &Row| match r.cache() {
                 Some(c) => format!("{:.3}", c.bytes_read as f64 / 1e9),
                 None => "-".into(),
             }),
@@ -363,7 +363,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
                 true,
                 Box::new(|r: &Row| {
                     let n = (r.test.n_prompt + r.test.n_gen) * r.samples_ns.len();
-                    match r.cache {
+                    match r.cache() {
                         Some(c) => format!(
                             "{:.2}",
                             c.bytes_read as f64 / (1u64 << 20) as f64 / n.max(1) as f64

@@ -31,7 +31,7 @@ pub use loader::{
     io_scope, prepare_files, read_parallel, read_parallel_converting, release_pages, IoScope,
 };
 pub use lookahead::{AutoLookahead, Lookahead, LookaheadChoice};
-pub use stats::{steps_floor_tps, CacheStats, StepClock, StepCost};
+pub use stats::{steps_floor_tps, steps_total, CacheStats, StepClock, StepCost};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LonghaulError {

@@ -186,7 +186,7 @@ impl StepClock {
 }
 
 /// The counters of a phase's steps, summed.
-fn total(steps: &[StepCost]) -> CacheStats {
+pub fn steps_total(steps: &[StepCost]) -> CacheStats {
     let mut t = CacheStats::default();
     for s in steps {
         t.add(&s.io);
@@ -208,7 +208,7 @@ fn total(steps: &[StepCost]) -> CacheStats {
 /// compute after; the larger of the phase's two sums would count those
 /// first steps' compute as hiding reads it never overlapped.
 pub fn steps_floor_tps(steps: &[StepCost], tokens: usize) -> f64 {
-    let all = total(steps);
+    let all = steps_total(steps);
     let demand = all.windowed_bytes();
     let floor: f64 = steps
         .iter()
@@ -324,7 +324,7 @@ mod stats_tests {
         // Over the phase's sums, 16 - 5 = 11 s of compute beats 8 s of
         // reads: the cold step's reads would hide behind compute that came
         // after them.
-        let all = total(&steps);
+        let all = steps_total(&steps);
         assert_eq!(all.bytes_read, 800);
         let wall = Duration::from_secs(16);
         assert!((all.io_floor_tps(3, wall) - 3.0 / 11.0).abs() < 1e-12);
