@@ -557,6 +557,64 @@ fn only_batches_of_one_wave_start_a_lookahead() {
     );
 }
 
+/// The lookahead guesses the next MoE layer's experts from the residual
+/// stream under that layer's own FFN norm. Where nothing between changes the
+/// stream (every attention output and expert down projection zero, no
+/// shared expert), that is the next router's very input, so every guess is
+/// used, whatever the norms. Here each layer's norm weighs the features
+/// otherwise (3 or 0.1, in runs of 1, 2 and 3 features): guessing under
+/// the guessing layer's norm gets some wrong.
+#[test]
+fn the_lookahead_guesses_from_the_stream_under_the_next_layers_norm() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhaul-lookahead-norm");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let spec = longhaul::synth::SynthSpec {
+        n_layer: 3,
+        n_expert: 32,
+        n_expert_used: 4,
+        ..longhaul::synth::SynthSpec::tiny()
+    };
+    let base = dir.join("base.gguf");
+    longhaul::synth::write(&spec, &base).expect("write");
+    let src = gguf::Model::open(&base).expect("open");
+    let mut w = Writer::new();
+    for (k, v) in src.metadata().iter() {
+        w.set(k, v.clone());
+    }
+    for t in src.tensors() {
+        let mut data = src.tensor_data(t).expect("data").to_vec();
+        let layer = |name: &str| -> Option<usize> {
+            name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+        };
+        if t.name.ends_with(".attn_output.weight") || t.name.ends_with(".ffn_down_exps.weight") {
+            // Zero blocks of every type are zeros.
+            data.fill(0);
+        } else if t.name.ends_with(".ffn_norm.weight") {
+            assert_eq!(t.ty, GgmlType::F32, "{}", t.name);
+            let run = layer(&t.name).expect("layer") + 1;
+            for (i, v) in data.chunks_exact_mut(4).enumerate() {
+                let x: f32 = if (i / run) % 2 == 0 { 3.0 } else { 0.1 };
+                v.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        w.add_tensor(&t.name, &t.dims, t.ty, data).expect("add");
+    }
+    let path = dir.join("still-stream.gguf");
+    w.write(&path).expect("write");
+    let resident = load(&path);
+    let cost = resident.expert_slot_cost().expect("cost");
+    let m = longhaul_model(&path, spec.n_expert / 2, cost, Policy::Lru, true, false);
+    run(&m);
+    let total = total_stats(&m);
+    assert!(total.prefetch_used > 0, "no guess was read and used");
+    assert_eq!(
+        total.prefetch_bytes,
+        total.prefetch_used * spec.expert_bytes(),
+        "bytes the lookahead read, against those of the {} guesses used",
+        total.prefetch_used
+    );
+}
+
 /// `--longhaul-prefetch auto` wired into the passes: a prompt is not
 /// measured; single-token steps run the warm-up with the lookahead, then
 /// guess ahead exactly in the measurement's `on` blocks (every step of them:

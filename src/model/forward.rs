@@ -57,7 +57,7 @@ pub(super) fn layer_step<'s, B: Backend>(
     };
     b.add(&mut x, &a)?;
     let h = p.norm(&x, &layer.ffn_norm)?;
-    let f = ffn::forward(p, il, &layer.ffn, &h)?;
+    let f = ffn::forward(p, il, &layer.ffn, &h, &x)?;
     b.add(&mut x, &f)?;
     Ok(x)
 }

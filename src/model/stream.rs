@@ -243,12 +243,17 @@ fn lookahead_rank(k: usize) -> usize {
 }
 
 /// Starts reading, on the I/O pool, the experts that the next MoE layer's
-/// router picks from this layer's FFN input `x` (a guess: the next layer
-/// sees `x` after one more attention block).
+/// router picks from `resid`, this layer's residual stream after its
+/// attention, under the next MoE layer's own FFN norm: the input that
+/// router will see, less this layer's FFN block and the attention blocks
+/// between (a guess). Under this layer's norm instead, which weighs the
+/// features otherwise, guesses were right less often: on the
+/// Qwen3-30B-A3B-shaped preset (`--router-skew 1`, 64 decode steps), the
+/// first 6 of 8 held 89.2% of the experts then used against 86.4%.
 fn lookahead<'s, B: Backend>(
     p: &Pass<'_, 's, B>,
     il: usize,
-    x: &B::Tensor,
+    resid: &B::Tensor,
     after: Option<Arc<ReadGate>>,
 ) -> Result<(), ModelError> {
     let m = p.m;
@@ -256,20 +261,23 @@ fn lookahead<'s, B: Backend>(
     if !p.lookahead {
         return Ok(());
     }
-    let Some((next, Ffn::Moe(f))) = m
-        .layers
-        .iter()
-        .enumerate()
-        .skip(il + 1)
-        .find(|(_, l)| matches!(l.ffn, Ffn::Moe(_)))
-        .map(|(i, l)| (i, &l.ffn))
+    let Some((next, layer, f)) =
+        m.layers
+            .iter()
+            .enumerate()
+            .skip(il + 1)
+            .find_map(|(i, l)| match &l.ffn {
+                Ffn::Moe(f) => Some((i, l, f)),
+                Ffn::Dense(_) => None,
+            })
     else {
         return Ok(());
     };
     let Some(target) = rt.streamed(next) else {
         return Ok(());
     };
-    let (ids, _) = f.router.route(&f.router.logits(&m.backend, x)?);
+    let x = p.norm(resid, &layer.ffn_norm)?;
+    let (ids, _) = f.router.route(&f.router.logits(&m.backend, &x)?);
     // Each row's experts come best first; the guesses the router ranks
     // last are the ones most often wrong (see `lookahead_rank`).
     let k = f.router.routing.n_used.max(1);
@@ -348,12 +356,14 @@ fn slot_experts<B: Backend>(
 /// are read, and each missing one as soon as it is in; every row comes from
 /// its own expert whatever the grouping, and the caller sums the rows in
 /// their order, so the output does not depend on when reads complete.
+/// `resid` is the residual stream `x` was normed from, for the lookahead.
 pub(crate) fn expert_outputs<'s, B: Backend>(
     p: &Pass<'_, 's, B>,
     il: usize,
     layer: &Mutex<StreamedLayer<B::Slots>>,
     f: &MoeFfn<B::Weight>,
     x: &B::Tensor,
+    resid: &B::Tensor,
     ids: &[u32],
 ) -> Result<B::Tensor, ModelError> {
     let m = p.m;
@@ -388,7 +398,7 @@ pub(crate) fn expert_outputs<'s, B: Backend>(
         // thread is done computing the cached experts.
         if !lookahead_started {
             if let Some(gate) = fill.demand_gate() {
-                lookahead(p, il, x, Some(gate))?;
+                lookahead(p, il, resid, Some(gate))?;
                 lookahead_started = true;
             }
         }
@@ -406,7 +416,7 @@ pub(crate) fn expert_outputs<'s, B: Backend>(
                 // Otherwise, lookahead reads start once the demand reads are
                 // in.
                 if !lookahead_started {
-                    lookahead(p, il, x, None)?;
+                    lookahead(p, il, resid, None)?;
                     lookahead_started = true;
                 }
             }

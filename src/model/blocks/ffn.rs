@@ -210,16 +210,19 @@ impl<W> Ffn<W> {
     }
 }
 
-/// The FFN block over the normed input `h` of layer `il`.
+/// The FFN block over the normed input `h` of layer `il`; `resid` is the
+/// residual stream `h` was normed from (longhaul's lookahead guesses the
+/// next MoE layer's experts from it).
 pub fn forward<'s, B: Backend>(
     p: &Pass<'_, 's, B>,
     il: usize,
     f: &'s Ffn<B::Weight>,
     h: &B::Tensor,
+    resid: &B::Tensor,
 ) -> Result<B::Tensor, ModelError> {
     match f {
         Ffn::Dense(d) => dense(p.b(), d, h),
-        Ffn::Moe(moe) => moe_ffn(p, il, moe, h),
+        Ffn::Moe(moe) => moe_ffn(p, il, moe, h, resid),
     }
 }
 
@@ -295,6 +298,7 @@ fn moe_ffn<'s, B: Backend>(
     il: usize,
     f: &'s MoeFfn<B::Weight>,
     x: &B::Tensor,
+    resid: &B::Tensor,
 ) -> Result<B::Tensor, ModelError> {
     let b = p.b();
     let k = f.router.routing.n_used;
@@ -317,7 +321,7 @@ fn moe_ffn<'s, B: Backend>(
         // host), the weights stay.
         (Some(r), Some(layer)) => {
             let ids = b.route_ids(&r)?;
-            let down = crate::model::stream::expert_outputs(p, il, layer, f, x, &ids)?;
+            let down = crate::model::stream::expert_outputs(p, il, layer, f, x, resid, &ids)?;
             b.weighted_sum_routed(&down, &r)?
         }
         (None, streamed) => {
@@ -326,7 +330,9 @@ fn moe_ffn<'s, B: Backend>(
             p.m.runtime.record(il, &ids, k);
             let down = match streamed {
                 None => expert_outputs(b, ex, x, &ids, k, f.glu)?,
-                Some(layer) => crate::model::stream::expert_outputs(p, il, layer, f, x, &ids)?,
+                Some(layer) => {
+                    crate::model::stream::expert_outputs(p, il, layer, f, x, resid, &ids)?
+                }
             };
             b.weighted_sum(&down, &weights, k)?
         }
