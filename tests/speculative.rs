@@ -182,11 +182,10 @@ fn check_steps(label: &str, s: &GenStats) {
         assert!(s.gen_steps.is_empty(), "{label}: steps resident");
         return;
     };
-    let mut sum = longhaul::longhaul::CacheStats::default();
     for st in &s.gen_steps {
-        sum.add(&st.io);
         assert!(st.wall > std::time::Duration::ZERO, "{label}: {st:?}");
     }
+    let sum = longhaul::longhaul::steps_total(&s.gen_steps);
     assert_eq!(sum, io, "{label}: the steps' counters");
     assert!(sum.misses + sum.hits > 0, "{label}: no expert used");
     let walls: std::time::Duration = s.gen_steps.iter().map(|st| st.wall).sum();
