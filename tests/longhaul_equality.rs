@@ -104,6 +104,7 @@ fn check(path: &Path, label: &str) {
         for (policy, prefetch, uring) in [
             (Policy::Lru, false, false),
             (Policy::Lfu, false, false),
+            (Policy::Auto, true, false),
             (Policy::Lru, true, false),
             (Policy::Lru, false, true),
         ] {

@@ -212,7 +212,7 @@ fn print_md(a: &AdviseArgs, t: &Trace, r: &Report) {
             "-".repeat(n.len() + 6)
         ));
     }
-    head.push_str(&format!(" lru floor ms/tok @ {} GB/s |", a.disk_gbps));
+    head.push_str(&format!(" auto floor ms/tok @ {} GB/s |", a.disk_gbps));
     rule.push_str(" ---------------------------: |");
     println!("{head}\n{rule}");
     for n in 1..=r.n_expert {
@@ -228,7 +228,7 @@ fn print_md(a: &AdviseArgs, t: &Trace, r: &Report) {
                 w2 = w + 7
             ));
         }
-        if let Some(p) = r.curve(Strategy::Lru).and_then(|c| c.get(n - 1)) {
+        if let Some(p) = r.curve(Strategy::Auto).and_then(|c| c.get(n - 1)) {
             line.push_str(&format!(" {:>27.3} |", floor_ms(r, p, a.disk_gbps)));
         }
         println!("{line}");

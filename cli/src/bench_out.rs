@@ -221,7 +221,7 @@ pub(crate) fn print_md(a: &crate::bench::BenchArgs, d: &ModelDesc, rows: &[Row])
     let any_cpu = rows.iter().any(|r| r.placement.backend == "CPU");
     let policies_differ = rows
         .iter()
-        .any(|r| matches!(r.mode, LoadMode::Longhaul { policy, .. } if policy != Policy::Lru));
+        .any(|r| matches!(r.mode, LoadMode::Longhaul { policy, .. } if policy != Policy::Auto));
     // llama-bench's rule: a parameter gets a column when it is not the default.
     let mut cols: Vec<Column> = vec![
         ("model", false, Box::new(|_: &Row| d.model_type.clone())),

@@ -134,7 +134,7 @@ fn demo_on<B: Backend>(
     );
     let lp = LonghaulParams {
         budget: CacheBudget::Bytes(budget),
-        policy: Policy::Lru,
+        policy: Policy::Auto,
         prefetch: longhaul::engine::Lookahead::Off,
         verify: false,
         direct_io: true,

@@ -2,6 +2,7 @@
 
 use longhaul::backend::Backend;
 use longhaul::engine::Engine;
+use longhaul::longhaul::Policy;
 
 fn mib(b: u64) -> String {
     if b >= 1 << 30 {
@@ -234,6 +235,14 @@ pub fn longhaul_summary<B: Backend>(e: &Engine<B>) {
             mib(t.prefetch_bytes),
             100.0 * t.prefetch_precision(),
             100.0 * t.prefetch_recall()
+        );
+    }
+    if e.params.longhaul.as_ref().map(|l| l.policy) == Some(Policy::Auto) {
+        let by = e.model.longhaul_evicting_by();
+        let lfu = by.iter().filter(|&&p| p == Policy::Lfu).count();
+        eprintln!(
+            "longhaul: policy auto: evicting by LFU in {lfu} of {} layers, by LRU in the rest (whichever missed less on the layer's recent batches)",
+            by.len()
         );
     }
     if let Some(c) = e.model.lookahead_choice() {

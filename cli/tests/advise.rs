@@ -72,6 +72,7 @@ fn a_trace_predicts_its_runs_hits_exactly() {
         ("qwen3moe-f32.gguf", "0.0004", "lru"),
         ("qwen3moe-f32.gguf", "0.0008", "lru"),
         ("qwen3moe-f32.gguf", "0.0008", "lfu"),
+        ("qwen3moe-f32.gguf", "0.0008", "auto"),
         ("qwen2moe-q8_0.gguf", "0.0003", "lru"),
     ] {
         let m = fixture(model);
@@ -111,7 +112,9 @@ fn a_trace_predicts_its_runs_hits_exactly() {
         // Belady is a lower bound on misses at every size.
         for n in 1..=r["n_expert"].as_u64().unwrap() {
             let (_, opt) = point(&r, "belady", n);
-            assert!(opt <= point(&r, "lru", n).1 && opt <= point(&r, "lfu", n).1);
+            for p in ["lru", "lfu", "auto"] {
+                assert!(opt <= point(&r, p, n).1, "{p} at {n} slots");
+            }
         }
     }
 }

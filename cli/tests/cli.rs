@@ -73,7 +73,7 @@ fn longhaul_flag_errors_say_what_to_do() {
         "fifo",
     ]);
     assert!(
-        e.contains("unknown cache policy `fifo`; use lru or lfu"),
+        e.contains("unknown cache policy `fifo`; use lru, lfu or auto"),
         "{e}"
     );
 }

@@ -339,8 +339,10 @@ pub struct LonghaulArgs {
         allow_hyphen_values = true
     )]
     pub cache: Option<String>,
-    /// Eviction policy: lru (default) or lfu.
-    #[arg(long = "longhaul-policy", default_value = "lru")]
+    /// Eviction policy: lru, lfu, or auto (the default): whichever of LRU
+    /// and LFU would have missed less on each layer's recent batches, both
+    /// replayed beside the cache.
+    #[arg(long = "longhaul-policy", default_value = "auto")]
     pub policy: String,
     /// Lookahead prefetch: while layer L computes, read the experts layer
     /// L+1's router picks from layer L's input. on (also the bare flag),

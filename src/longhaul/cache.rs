@@ -19,6 +19,15 @@ pub enum Policy {
     /// Evict the least frequently used expert; counts decay by half every
     /// `LFU_HALF_LIFE` batches so old popularity fades. Ties fall back to LRU.
     Lfu,
+    /// Evict as whichever of LRU and LFU would have missed less on this
+    /// layer's recent batches: both are replayed beside the cache on the
+    /// same demand ([`Replays`]), their misses decaying by half every
+    /// `AUTO_HALF_LIFE` batches, and LRU decides until LFU has missed less.
+    /// Which wins depends on the routing: a router whose experts are
+    /// popular for a while and then not favours LRU, one with a lasting
+    /// popularity skew LFU. Replaying costs no read; it is two more plans
+    /// of the batch's distinct experts.
+    Auto,
 }
 
 impl std::str::FromStr for Policy {
@@ -27,12 +36,17 @@ impl std::str::FromStr for Policy {
         match s {
             "lru" => Ok(Policy::Lru),
             "lfu" => Ok(Policy::Lfu),
-            other => Err(format!("unknown cache policy `{other}`; use lru or lfu")),
+            "auto" => Ok(Policy::Auto),
+            other => Err(format!(
+                "unknown cache policy `{other}`; use lru, lfu or auto"
+            )),
         }
     }
 }
 
 const LFU_HALF_LIFE: f64 = 64.0;
+/// Batches over which [`Policy::Auto`]'s replayed misses halve.
+const AUTO_HALF_LIFE: f64 = 64.0;
 
 /// One wave of a plan: the experts it computes, their slots, and the experts
 /// that must be read into their slot before it runs.
@@ -66,22 +80,97 @@ pub struct StaleWave {
 #[derive(Clone, Debug)]
 pub struct LayerCache {
     policy: Policy,
+    /// What victims are chosen by: `policy`, or under [`Policy::Auto`] LRU
+    /// or LFU as its replays decide.
+    evict_by: Policy,
     slot_of: Vec<Option<u32>>,
     expert_in: Vec<Option<u32>>,
     last_use: Vec<u64>,
     freq: Vec<f64>,
     clock: u64,
+    /// [`Policy::Auto`]'s replays (`None` otherwise, and in a plan's
+    /// scratch copy).
+    replays: Option<Box<Replays>>,
+}
+
+/// LRU and LFU caches of the same size as the real one, fed the same
+/// batches as if every read succeeded and no lookahead ran: the misses each
+/// policy would have had on this layer's demand, decayed
+/// ([`AUTO_HALF_LIFE`]).
+#[derive(Clone, Debug)]
+struct Replays {
+    lru: LayerCache,
+    lfu: LayerCache,
+    lru_misses: f64,
+    lfu_misses: f64,
+}
+
+impl Replays {
+    /// Replays one batch's distinct experts through both; returns the
+    /// policy that has missed less, LRU on a tie.
+    fn replay(&mut self, distinct: &[u32]) -> Policy {
+        let decay = 0.5f64.powf(1.0 / AUTO_HALF_LIFE);
+        let misses = |c: &mut LayerCache| -> f64 {
+            let mut n = 0;
+            for w in c.plan(distinct) {
+                n += w.loads.len();
+                c.apply(&w);
+            }
+            n as f64
+        };
+        self.lru_misses = self.lru_misses * decay + misses(&mut self.lru);
+        self.lfu_misses = self.lfu_misses * decay + misses(&mut self.lfu);
+        if self.lfu_misses < self.lru_misses {
+            Policy::Lfu
+        } else {
+            Policy::Lru
+        }
+    }
 }
 
 impl LayerCache {
     pub fn new(n_expert: usize, n_slots: usize, policy: Policy) -> Self {
+        let replays = (policy == Policy::Auto).then(|| {
+            Box::new(Replays {
+                lru: LayerCache::new(n_expert, n_slots, Policy::Lru),
+                lfu: LayerCache::new(n_expert, n_slots, Policy::Lfu),
+                lru_misses: 0.0,
+                lfu_misses: 0.0,
+            })
+        });
         Self {
             policy,
+            evict_by: if policy == Policy::Lfu {
+                Policy::Lfu
+            } else {
+                Policy::Lru
+            },
             slot_of: vec![None; n_expert],
             expert_in: vec![None; n_slots],
             last_use: vec![0; n_slots],
             freq: vec![0.0; n_expert],
             clock: 0,
+            replays,
+        }
+    }
+
+    /// The policy victims are chosen by now: LRU or LFU (see
+    /// [`Policy::Auto`]).
+    pub fn evicting_by(&self) -> Policy {
+        self.evict_by
+    }
+
+    /// A copy to plan in: residency and counts without the replays.
+    fn scratch(&self) -> LayerCache {
+        LayerCache {
+            policy: self.policy,
+            evict_by: self.evict_by,
+            slot_of: self.slot_of.clone(),
+            expert_in: self.expert_in.clone(),
+            last_use: self.last_use.clone(),
+            freq: self.freq.clone(),
+            clock: self.clock,
+            replays: None,
         }
     }
 
@@ -116,7 +205,7 @@ impl LayerCache {
         distinct.sort_by_key(|&e| self.slot(e).is_none());
         // Scratch residency in which each planned wave lands before the next
         // is planned.
-        let mut landed = self.clone();
+        let mut landed = self.scratch();
         let mut waves = Vec::new();
         for chunk in distinct.chunks(self.n_slots().max(1)) {
             let wave = landed.plan_wave(chunk, &[]);
@@ -142,7 +231,7 @@ impl LayerCache {
             return None;
         }
         self.count_use(&distinct);
-        let mut landed = self.clone();
+        let mut landed = self.scratch();
         landed.finish_loads(landing);
         distinct.sort_by_key(|&e| landed.slot(e).is_none());
         Some(landed.plan_wave(&distinct, landing))
@@ -163,12 +252,16 @@ impl LayerCache {
         (distinct, seen)
     }
 
-    /// LFU's count of a batch's distinct experts.
+    /// LFU's count of a batch's distinct experts, and under
+    /// [`Policy::Auto`] their replay.
     fn count_use(&mut self, distinct: &[u32]) {
-        if self.policy == Policy::Lfu {
+        if self.policy != Policy::Lru {
             let decay = 0.5f64.powf(1.0 / LFU_HALF_LIFE);
             self.freq.iter_mut().for_each(|f| *f *= decay);
             distinct.iter().for_each(|&e| self.freq[e as usize] += 1.0);
+        }
+        if let Some(r) = &mut self.replays {
+            self.evict_by = r.replay(distinct);
         }
     }
 
@@ -257,7 +350,7 @@ impl LayerCache {
     /// They count as recently used, so a correct guess is a hit; a wrong one
     /// is evicted after the experts the next batch really uses.
     pub fn prefetch(&self, experts: &[u32]) -> Vec<(u32, u32)> {
-        let mut landed = self.clone();
+        let mut landed = self.scratch();
         let n_slots = self.n_slots();
         let mut protected = vec![false; n_slots];
         let mut loads = Vec::new();
@@ -328,9 +421,9 @@ impl LayerCache {
         for (s, _) in protected.iter().enumerate().filter(|(_, p)| !**p) {
             let key = match self.expert_in[s] {
                 None => return s as u32,
-                Some(e) => match self.policy {
-                    Policy::Lru => (0.0, self.last_use[s]),
+                Some(e) => match self.evict_by {
                     Policy::Lfu => (self.freq[e as usize], self.last_use[s]),
+                    Policy::Lru | Policy::Auto => (0.0, self.last_use[s]),
                 },
             };
             if best.is_none_or(|(_, k)| key.0 < k.0 || (key.0 == k.0 && key.1 < k.1)) {

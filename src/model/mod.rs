@@ -425,6 +425,13 @@ impl<B: Backend> Model<B> {
         self.runtime.stats()
     }
 
+    /// The policy each streamed layer's expert cache evicts by now (empty
+    /// when resident): `--longhaul-policy lru` or `lfu` as asked, or what
+    /// `auto`'s replays chose.
+    pub fn longhaul_evicting_by(&self) -> Vec<crate::longhaul::Policy> {
+        self.runtime.evicting_by()
+    }
+
     /// What `--longhaul-prefetch auto` measured last (`None` under another
     /// setting, or before its first measurement ends).
     pub fn lookahead_choice(&self) -> Option<crate::longhaul::LookaheadChoice> {

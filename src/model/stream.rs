@@ -119,6 +119,22 @@ impl<S: SlotStore> Runtime<S> {
         )
     }
 
+    /// The policy each streamed layer's cache evicts by now (LRU or LFU;
+    /// see [`crate::longhaul::Policy::Auto`]), dense and resident layers
+    /// left out.
+    pub(super) fn evicting_by(&self) -> Vec<crate::longhaul::Policy> {
+        self.streamed
+            .iter()
+            .flatten()
+            .map(|l| {
+                l.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .cache
+                    .evicting_by()
+            })
+            .collect()
+    }
+
     /// Bytes of the expert slots (the longhaul budget actually used).
     pub(super) fn slot_bytes(&self) -> u64 {
         self.streamed
