@@ -616,6 +616,37 @@ fn the_lookahead_guesses_from_the_stream_under_the_next_layers_norm() {
     );
 }
 
+/// A decode step's lookahead guesses all but the last of the token's picks
+/// for each MoE layer after the first (`lookahead_rank`): with 8 of 32
+/// experts used, 7 per layer (the rule before it, the best three quarters,
+/// guessed 6).
+#[test]
+fn a_decode_steps_lookahead_guesses_all_but_the_last_pick() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhaul-lookahead-rank");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let spec = longhaul::synth::SynthSpec {
+        n_layer: 3,
+        n_expert: 32,
+        n_expert_used: 8,
+        ..longhaul::synth::SynthSpec::tiny()
+    };
+    let path = dir.join("k8.gguf");
+    longhaul::synth::write(&spec, &path).expect("write");
+    let cost = load(&path).expert_slot_cost().expect("cost");
+    let m = longhaul_model(&path, spec.n_expert / 2, cost, Policy::Lru, true, false);
+    let n_vocab = m.hp.n_vocab as u32;
+    let mut kv = SeqState::new(&m, 64, GgmlType::F16).expect("kv");
+    let mut last = kv.eval(&m, &[1, 7, 3, 5], Logits::Last).expect("prompt");
+    let before = total_stats(&m).guessed;
+    let steps = 5;
+    for _ in 0..steps {
+        let t = argmax(&last) % n_vocab;
+        last = kv.eval(&m, &[t], Logits::Last).expect("decode");
+    }
+    let guessed = total_stats(&m).guessed - before;
+    assert_eq!(guessed, steps * (spec.n_layer as u64 - 1) * 7);
+}
+
 /// `--longhaul-prefetch auto` wired into the passes: a prompt is not
 /// measured; single-token steps run the warm-up with the lookahead, then
 /// guess ahead exactly in the measurement's `on` blocks (every step of them:
@@ -683,9 +714,10 @@ fn auto_lookahead_reads_ahead_only_in_its_on_blocks() {
     let expected: Vec<bool> = (0..steps)
         .map(|i| if i > decided { chosen } else { order[i] })
         .collect();
-    // Every MoE layer but the first is guessed for, the best three quarters
-    // of the one token's picks (`lookahead_rank`).
-    let per_step = (cost.0 - 1) as u64 * (3 * m.hp.n_expert_used).div_ceil(4) as u64;
+    // Every MoE layer but the first is guessed for, all but the last of the
+    // one token's picks where it has more than two (`lookahead_rank`).
+    let k = m.hp.n_expert_used;
+    let per_step = (cost.0 - 1) as u64 * if k <= 2 { k } else { k - 1 } as u64;
     assert!(per_step > 0);
     for (i, (&guessed, &on)) in ahead.iter().zip(&expected).enumerate() {
         let want = if on { per_step } else { 0 };
