@@ -558,6 +558,30 @@ fn only_batches_of_one_wave_start_a_lookahead() {
     );
 }
 
+/// A synthetic MoE of 3 layers and 32 experts, `n_used` per token, written
+/// to `base.gguf` in a directory of its own: the directory, the file and
+/// the spec.
+fn three_layers_of_32_experts(
+    name: &str,
+    n_used: usize,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    longhaul::synth::SynthSpec,
+) {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let spec = longhaul::synth::SynthSpec {
+        n_layer: 3,
+        n_expert: 32,
+        n_expert_used: n_used,
+        ..longhaul::synth::SynthSpec::tiny()
+    };
+    let base = dir.join("base.gguf");
+    longhaul::synth::write(&spec, &base).expect("write");
+    (dir, base, spec)
+}
+
 /// The lookahead guesses the next MoE layer's experts from the residual
 /// stream under that layer's own FFN norm. Where nothing between changes the
 /// stream (every attention output and expert down projection zero, no
@@ -567,16 +591,7 @@ fn only_batches_of_one_wave_start_a_lookahead() {
 /// the guessing layer's norm gets some wrong.
 #[test]
 fn the_lookahead_guesses_from_the_stream_under_the_next_layers_norm() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhaul-lookahead-norm");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let spec = longhaul::synth::SynthSpec {
-        n_layer: 3,
-        n_expert: 32,
-        n_expert_used: 4,
-        ..longhaul::synth::SynthSpec::tiny()
-    };
-    let base = dir.join("base.gguf");
-    longhaul::synth::write(&spec, &base).expect("write");
+    let (dir, base, spec) = three_layers_of_32_experts("longhaul-lookahead-norm", 4);
     let src = gguf::Model::open(&base).expect("open");
     let mut w = Writer::new();
     for (k, v) in src.metadata().iter() {
@@ -622,16 +637,7 @@ fn the_lookahead_guesses_from_the_stream_under_the_next_layers_norm() {
 /// guessed 6).
 #[test]
 fn a_decode_steps_lookahead_guesses_all_but_the_last_pick() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhaul-lookahead-rank");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let spec = longhaul::synth::SynthSpec {
-        n_layer: 3,
-        n_expert: 32,
-        n_expert_used: 8,
-        ..longhaul::synth::SynthSpec::tiny()
-    };
-    let path = dir.join("k8.gguf");
-    longhaul::synth::write(&spec, &path).expect("write");
+    let (_, path, spec) = three_layers_of_32_experts("longhaul-lookahead-rank", 8);
     let cost = load(&path).expert_slot_cost().expect("cost");
     let m = longhaul_model(&path, spec.n_expert / 2, cost, Policy::Lru, true, false);
     let n_vocab = m.hp.n_vocab as u32;
