@@ -263,11 +263,9 @@ fn replay_planner(batches: &[Vec<u32>], n_expert: usize, n_slots: usize, p: Poli
     let mut cache = LayerCache::new(n_expert, n_slots, p);
     let mut c = Counts::default();
     for b in batches {
-        for w in cache.plan(b) {
-            cache.apply(&w);
-            c.misses += w.loads.len() as u64;
-            c.hits += (w.experts.len() - w.loads.len()) as u64;
-        }
+        let (hits, misses) = cache.replay(b);
+        c.hits += hits;
+        c.misses += misses;
     }
     c
 }

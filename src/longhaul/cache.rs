@@ -110,16 +110,8 @@ impl Replays {
     /// policy that has missed less, LRU on a tie.
     fn replay(&mut self, distinct: &[u32]) -> Policy {
         let decay = 0.5f64.powf(1.0 / AUTO_HALF_LIFE);
-        let misses = |c: &mut LayerCache| -> f64 {
-            let mut n = 0;
-            for w in c.plan(distinct) {
-                n += w.loads.len();
-                c.apply(&w);
-            }
-            n as f64
-        };
-        self.lru_misses = self.lru_misses * decay + misses(&mut self.lru);
-        self.lfu_misses = self.lfu_misses * decay + misses(&mut self.lfu);
+        self.lru_misses = self.lru_misses * decay + self.lru.replay(distinct).1 as f64;
+        self.lfu_misses = self.lfu_misses * decay + self.lfu.replay(distinct).1 as f64;
         if self.lfu_misses < self.lru_misses {
             Policy::Lfu
         } else {
@@ -341,6 +333,18 @@ impl LayerCache {
     pub fn apply(&mut self, wave: &Wave) {
         self.begin_loads(&wave.loads);
         self.finish_wave(wave);
+    }
+
+    /// Plans a batch and [`LayerCache::apply`]s every wave: a replay of it.
+    /// Returns its hits and misses.
+    pub fn replay(&mut self, ids: &[u32]) -> (u64, u64) {
+        let (mut hits, mut misses) = (0, 0);
+        for w in self.plan(ids) {
+            self.apply(&w);
+            misses += w.loads.len() as u64;
+            hits += (w.experts.len() - w.loads.len()) as u64;
+        }
+        (hits, misses)
     }
 
     /// Picks slots for a speculative read of `experts` (the next batch's
