@@ -144,8 +144,10 @@ fn tile<const T: usize>(b: Bencher, ty: GgmlType) {
 /// bytes read into the tensor), from a source to a destination (1), and
 /// from a source through the streaming stores a slot fills with (2;
 /// `layout::interleave_streamed`). In cache, 2 pays for its stores past the
-/// caches and gains nothing; a slot's destination is cold, which is where
-/// they save the read of each line before it is written.
+/// caches and its prefetches and gains nothing; a slot's destination is
+/// cold, which is where the stores save the read of each line before it is
+/// written, and its source is in memory, where the prefetches pay
+/// ([`interleave_cold`] measures both).
 #[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::Q2_K], consts = [0, 1, 2])]
 fn interleave<const MODE: usize>(b: Bencher, ty: GgmlType) {
     use longhaul::quant::layout;
@@ -161,4 +163,38 @@ fn interleave<const MODE: usize>(b: Bencher, ty: GgmlType) {
             1 => il.interleave_from(k, &src, &mut dst).unwrap(),
             _ => layout::interleave_streamed(il, k, &src, &mut dst).unwrap(),
         });
+}
+
+/// [`interleave`]'s streaming conversion (`MODE` 2) as a slot meets it:
+/// each call converts the next of a ring of copies of the matrix (1 GiB of
+/// them, past any cache) into the next of a ring of destinations as large,
+/// so the source comes from memory and the destination is cold. GB/s of
+/// weights.
+#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K])]
+fn interleave_cold(b: Bencher, ty: GgmlType) {
+    use longhaul::quant::layout;
+    let Some(il) = layout::interleaved(ty) else {
+        return;
+    };
+    let (k, rows) = (2048, 768);
+    let one = weights(ty, k, rows);
+    let n = (1 << 30) / one.len();
+    let src = one.repeat(n);
+    let mut dst = vec![1u8; src.len()];
+    // A step coprime with `n`: every slice in turn, never two neighbours.
+    let step = (n / 2..n).find(|s| gcd(*s, n) == 1).unwrap_or(1);
+    let mut at = 0;
+    b.counter(BytesCount::new(one.len())).bench_local(|| {
+        at = (at + step) % n;
+        let range = at * one.len()..(at + 1) * one.len();
+        layout::interleave_streamed(il, k, &src[range.clone()], &mut dst[range]).unwrap()
+    });
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
