@@ -61,11 +61,14 @@ pub fn interleave_streamed(
 /// just wrote, not in this core's caches. `cargo bench --bench quant_dot
 /// -- interleave_cold`, medians of three alternated rounds on the 2-core
 /// VM, without and with: Q4_K 160-177 µs against 132-148, Q6_K 199-230
-/// against 177-185, Q4_0 206-217 against 187-200. One, three or four
-/// groups ahead did no better than two, and a request every other line
-/// (for the adjacent-line prefetcher) worse than none. In cache the
-/// requests cost without saving anything (`interleave`'s mode 2, Q4_K:
-/// 70-73 µs against 83).
+/// against 177-185, Q4_0 206-217 against 187-200. Straight from direct
+/// reads of the Qwen3-30B-A3B-shaped file's Q4_K slices the gain was
+/// smaller (a throwaway loop, 1200 reads a round converted this way and
+/// 1200 converted in place as the control): 1.05-1.09x the control's time
+/// with, 1.14-1.16x without. One, three or four groups ahead did no better
+/// than two, and a request every other line (for the adjacent-line
+/// prefetcher) worse than none. In cache the requests cost without saving
+/// anything (`interleave`'s mode 2, Q4_K: 70-73 µs against 83).
 const PREFETCH_GROUPS: usize = 2;
 
 /// Asks for `bytes` to be brought into the caches, a line at a time,
