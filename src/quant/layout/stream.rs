@@ -64,7 +64,7 @@ pub fn interleave_streamed(
 /// against 177-185, Q4_0 206-217 against 187-200. Straight from direct
 /// reads of the Qwen3-30B-A3B-shaped file's Q4_K slices the gain was
 /// smaller (a throwaway loop, 1200 reads a round converted this way and
-/// 1200 converted in place as the control): 1.05-1.09x the control's time
+/// 1200 converted in place as the control): 1.04-1.09x the control's time
 /// with, 1.14-1.16x without. One, three or four groups ahead did no better
 /// than two, and a request every other line (for the adjacent-line
 /// prefetcher) worse than none. In cache the requests cost without saving
