@@ -35,13 +35,16 @@ pub fn interleave_streamed(
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
     scratch.resize(group, 0);
     let mut done = Ok(());
-    for (g, (s, d)) in src
-        .chunks_exact(group)
-        .zip(dst.chunks_exact_mut(group))
-        .enumerate()
-    {
-        let ahead = (g + PREFETCH_GROUPS) * group;
-        prefetch(src.get(ahead..ahead + group).unwrap_or_default());
+    for (s, d) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
+        // SAFETY: prefetches never fault, so the last groups may ask past
+        // `src`.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            crate::quant::simd_x86::prefetch_rows(
+                s.as_ptr().wrapping_add(PREFETCH_GROUPS * group),
+                group,
+            )
+        };
         done = il.interleave_from(k, s, &mut scratch);
         if done.is_err() {
             break;
@@ -70,21 +73,6 @@ pub fn interleave_streamed(
 /// prefetcher) worse than none. In cache the requests cost without saving
 /// anything (`interleave`'s mode 2, Q4_K: 70-73 µs against 83).
 const PREFETCH_GROUPS: usize = 2;
-
-/// Asks for `bytes` to be brought into the caches, a line at a time,
-/// without waiting for them.
-#[inline]
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch of an address inside a live slice; it never
-        // faults and changes no memory. SSE is part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
 
 /// Copies `src` to `dst` (of the same length) with non-temporal stores for
 /// the 16-byte pieces from `dst`'s first 16-byte boundary on, ordinary
