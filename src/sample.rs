@@ -74,6 +74,16 @@ impl SamplerParams {
         }
     }
 
+    /// llama.cpp's `ignore_eos` (`--ignore-eos`, and llama-server's request
+    /// field): a `-inf` bias appended for each end-of-generation id in
+    /// `eog`, so such a token is never sampled and the best other token is
+    /// taken where the model would have ended (`common_init_from_params`
+    /// and the server's `ignore_eos` handler append the same bans).
+    pub fn ban_eog(&mut self, eog: &[u32]) {
+        self.logit_bias
+            .extend(eog.iter().map(|&id| (id, f32::NEG_INFINITY)));
+    }
+
     /// The one check of sampling settings, shared by the CLI's flags and
     /// the server's request fields (a value is accepted by one iff by the
     /// other). It follows llama.cpp where llama.cpp gives a value a meaning

@@ -271,7 +271,7 @@ fn run_on<B: Backend + 'static>(
     a.model.lock_memory();
     a.trace.attach(&mut engine)?;
     let engine = std::sync::Arc::new(engine);
-    check_bias(&sampling, &engine)?;
+    let sampling = model_sampling(sampling, &a.sample, &engine)?;
     if info {
         report::model_start(&engine);
         report::longhaul_start(&engine);
@@ -352,11 +352,21 @@ fn load_drafter<B: Backend + 'static>(
     Ok(Some(Drafter::Model(Box::new(d))))
 }
 
-/// `--logit-bias` ids must be in the loaded model's vocabulary.
-fn check_bias<B: Backend>(sampling: &SamplerParams, engine: &Engine<B>) -> anyhow::Result<()> {
+/// The sampler settings for the loaded model: `--logit-bias` ids checked
+/// against its vocabulary, and its end-of-generation tokens banned under
+/// `--ignore-eos`.
+fn model_sampling<B: Backend>(
+    mut sampling: SamplerParams,
+    a: &SampleArgs,
+    engine: &Engine<B>,
+) -> anyhow::Result<SamplerParams> {
     sampling
         .check_vocab(engine.tokenizer.n_vocab())
-        .map_err(|e| anyhow::anyhow!("{}: {e}", e.flag()))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", e.flag()))?;
+    if a.ignore_eos {
+        sampling.ban_eog(&engine.tokenizer.eog_ids());
+    }
+    Ok(sampling)
 }
 
 /// `run -cnv`: the chat loop, as llama.cpp's conversation mode; the
@@ -426,7 +436,7 @@ fn chat_on<B: Backend + 'static>(
         info.then(report::load_bar),
     )?);
     a.model.lock_memory();
-    check_bias(&sampling, &engine)?;
+    let sampling = model_sampling(sampling, &a.sample, &engine)?;
     if info {
         report::model_start(&engine);
         report::longhaul_start(&engine);

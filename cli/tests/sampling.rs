@@ -249,3 +249,39 @@ fn threads_above_the_machine_are_capped_with_a_warning() {
         .expect("a ready line");
     assert!(ready.contains(&format!(", {n} threads)")), "{ready}");
 }
+
+/// `run --ignore-eos`, as llama.cpp's: every end-of-generation token is
+/// banned (`common_init_from_params` appends a `-inf` logit bias for each),
+/// so the output is the one those bans given by hand produce; without it,
+/// a bias that makes EOS the greedy choice ends the generation at once.
+#[test]
+fn run_ignore_eos_bans_end_of_generation_tokens() {
+    let file = longhaul::gguf::Model::open(fixture()).expect("open the fixture");
+    let tok = longhaul::tokenizer::Tokenizer::from_metadata(file.metadata()).expect("tokenizer");
+    let eos = tok.eos().expect("the fixture has an EOS");
+    let push = format!("{eos}+1000");
+    let gen = |extra: &[&str]| {
+        let m = fixture();
+        let out = bin()
+            .args(["run", "-m", &m, "-ngl", "0", "-c", "64", "-p", "hi"])
+            .args(["-n", "4", "--temp", "0", "--logit-bias", &push])
+            .args(extra)
+            .output()
+            .expect("spawn longhaul run");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let bans: Vec<String> = tok.eog_ids().iter().map(|id| format!("{id}-inf")).collect();
+    let mut by_hand = Vec::new();
+    for b in &bans {
+        by_hand.extend(["--logit-bias", b.as_str()]);
+    }
+    let want = gen(&by_hand);
+    assert!(want.len() > "hi\n".len(), "{want:?}");
+    assert_eq!(gen(&["--ignore-eos"]), want);
+    assert_eq!(gen(&[]), "hi\n", "the pushed EOS ends the generation");
+}

@@ -567,6 +567,12 @@ pub struct SampleArgs {
     /// RNG seed (-1 or absent = random).
     #[arg(short = 's', long = "seed", allow_negative_numbers = true)]
     pub seed: Option<i64>,
+    /// Never end at an end-of-generation token, as llama.cpp's
+    /// `--ignore-eos`: they are banned (a `-inf` logit bias each), so the
+    /// best other token is taken. With `serve`, the default of requests'
+    /// `ignore_eos`.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
     /// GBNF grammar the output must match (llama.cpp's grammar format).
     #[arg(long = "grammar", value_name = "GBNF", conflicts_with_all = ["grammar_file", "json_schema", "json_schema_file"])]
     pub grammar: Option<String>,

@@ -297,6 +297,7 @@ pub const SPELLINGS: &[Spelling] = &[
     same("--frequency-penalty"),
     alias("-l", "--logit-bias"),
     same("--logit-bias"),
+    same("--ignore-eos"),
     // Structured output.
     same("--grammar"),
     same("--grammar-file"),
@@ -307,7 +308,6 @@ pub const SPELLINGS: &[Spelling] = &[
     refused("--samplers", SAMPLER),
     refused("--sampler-seq", SAMPLER),
     refused("--sampling-seq", SAMPLER),
-    refused("--ignore-eos", SAMPLER),
     refused("--top-nsigma", SAMPLER),
     refused("--top-n-sigma", SAMPLER),
     refused("--xtc-probability", SAMPLER),

@@ -123,6 +123,8 @@ pub struct Ready {
     /// Sampling settings of requests that do not give their own (the
     /// command line's `--temp`, `--top-k`, ...).
     pub defaults: SamplerParams,
+    /// `ignore_eos` of requests that do not give it (`--ignore-eos`).
+    pub ignore_eos: bool,
     /// The constraint of requests that do not give their own
     /// (`--grammar`, `--grammar-file`, `--json-schema[-file]`).
     pub default_constraint: Option<ConstraintSpec>,
@@ -391,6 +393,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let params = args.model.engine_params()?;
     let defaults = args.sample.params()?;
     let default_constraint = args.sample.constraint()?;
+    let ignore_eos = args.sample.ignore_eos;
     let http = args.http_config()?;
     let states = args.state_config()?;
     let spec = args.spec.params()?;
@@ -507,6 +510,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         model_path: model_path.display().to_string(),
                         n_slots,
                         defaults,
+                        ignore_eos,
                         default_constraint,
                         created: unix_now(),
                         slots_endpoint,

@@ -35,8 +35,8 @@ pub struct CompletionRequest {
     #[serde(flatten)]
     pub sampling: Sampling,
     pub stop: Option<StopField>,
-    #[serde(default)]
-    pub ignore_eos: bool,
+    /// Absent: the server's `--ignore-eos`.
+    pub ignore_eos: Option<bool>,
     #[serde(flatten)]
     pub structured: StructuredFields,
 }
@@ -112,7 +112,7 @@ pub async fn completion(
         sampler,
         stop,
         cache_prompt: req.cache_prompt.unwrap_or(true),
-        ignore_eos: req.ignore_eos,
+        ignore_eos: req.ignore_eos.unwrap_or(r.ignore_eos),
         probs: want,
         constraint,
         special: false,

@@ -61,8 +61,8 @@ pub struct Common {
     pub sampling: Sampling,
     pub stop: Option<StopField>,
     pub n: Option<i64>,
-    #[serde(default)]
-    pub ignore_eos: bool,
+    /// Absent: the server's `--ignore-eos`.
+    pub ignore_eos: Option<bool>,
     pub cache_prompt: Option<bool>,
     #[serde(flatten)]
     pub structured: StructuredFields,
@@ -105,7 +105,7 @@ impl Common {
             sampler,
             stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
             cache_prompt: self.cache_prompt.unwrap_or(true),
-            ignore_eos: self.ignore_eos,
+            ignore_eos: self.ignore_eos.unwrap_or(r.ignore_eos),
             probs: None,
             constraint,
             special: false,

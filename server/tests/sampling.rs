@@ -434,3 +434,65 @@ fn logit_bias_flag_reads_llama_cpp_spelling() {
         assert!(parse_logit_bias(bad).is_err(), "{bad}");
     }
 }
+
+/// llama.cpp's `ignore_eos` bans every end-of-generation token (a `-inf`
+/// logit bias each, appended by `common_init_from_params` for
+/// `--ignore-eos` and by llama-server's `ignore_eos` field handler), so
+/// greedy decoding takes the best other token where the model would end;
+/// the server's `--ignore-eos` makes it the default of requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_eos_bans_end_of_generation_tokens_as_llama_cpp_does() {
+    let c = client();
+    let e = reference_engine();
+    let prompt = e.tokenize(PROMPT).expect("tokenize");
+    let eog = e.tokenizer.eog_ids();
+    let eos = e.tokenizer.eos().expect("the fixture has an EOS");
+    assert!(eog.contains(&eos), "{eog:?}");
+    // A bias that makes EOS the greedy choice at every step.
+    let n = 5;
+    let want = greedy_with(&e, &prompt, n, |l, _| {
+        l[eos as usize] += 1000.0;
+        for &id in &eog {
+            l[id as usize] = f32::NEG_INFINITY;
+        }
+    });
+    assert!(want.iter().all(|t| !eog.contains(t)), "{want:?}");
+    let body = |ignore_eos: Option<bool>| {
+        let mut b = json!({"prompt": PROMPT, "n_predict": n, "temperature": 0,
+            "logit_bias": [[eos, 1000.0]], "n_probs": 1});
+        if let Some(i) = ignore_eos {
+            b["ignore_eos"] = json!(i);
+        }
+        b
+    };
+    // The field, then the server's default under `--ignore-eos`.
+    for (server_default, field) in [(false, Some(true)), (true, None)] {
+        let s = start(
+            &fixture(),
+            Opts {
+                ignore_eos: server_default,
+                ..Opts::default()
+            },
+        );
+        let url = format!("{}/completion", s.url);
+        let (st, v) = post(&c, &url, &body(field)).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(ids_of(&v["completion_probabilities"]), want, "{v}");
+        assert_eq!(v["stop_type"], "limit", "{v}");
+        // OpenAI's endpoint bans them too: the same text, to the limit.
+        let mut ob = body(field);
+        let ob = ob.as_object_mut().expect("object");
+        ob.remove("n_predict");
+        ob.remove("n_probs");
+        ob.insert("max_tokens".into(), json!(n));
+        let (st, o) = post(&c, &format!("{}/v1/completions", s.url), &json!(ob)).await;
+        assert_eq!(st, 200, "{o}");
+        assert_eq!(o["choices"][0]["text"], v["content"], "{o}");
+        assert_eq!(o["choices"][0]["finish_reason"], "length", "{o}");
+        // Without it the pushed EOS ends the generation at once.
+        let (st, v) = post(&c, &url, &body(Some(false))).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["stop_type"], "eos", "{v}");
+        assert_eq!(v["tokens_predicted"], 1, "{v}");
+    }
+}

@@ -44,7 +44,9 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Reuse the slot's KV cache for a common prompt prefix.
     pub cache_prompt: bool,
-    /// Keep going past end-of-generation tokens.
+    /// llama.cpp's `ignore_eos`: end-of-generation tokens are banned
+    /// ([`SamplerParams::ban_eog`]), so the generation ends only at
+    /// `n_predict`, a stop string, a complete grammar or a full context.
     pub ignore_eos: bool,
     /// Report each sampled token's probabilities (`None`: no cost).
     pub probs: Option<ProbsRequest>,
@@ -744,9 +746,13 @@ impl<B: Backend + 'static> Worker<B> {
         if let Some(d) = slot.drafter.as_mut() {
             d.begin(prompt);
         }
+        let mut params = job.req.sampler.clone();
+        if job.req.ignore_eos {
+            params.ban_eog(&self.engine.tokenizer.eog_ids());
+        }
         let now = Instant::now();
         slot.active = Some(Active {
-            sampler: Sampler::new(job.req.sampler.clone()),
+            sampler: Sampler::new(params),
             constraint: job.req.constraint.clone(),
             history: prompt.clone(),
             prefill: prompt[reuse..].to_vec(),

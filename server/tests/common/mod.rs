@@ -49,6 +49,8 @@ pub struct Opts {
     pub chat_template: Option<String>,
     /// Slot files, the persistent slot and the context cache.
     pub states: StateConfig,
+    /// `--ignore-eos`: the default of requests' `ignore_eos`.
+    pub ignore_eos: bool,
 }
 
 impl Default for Opts {
@@ -61,6 +63,7 @@ impl Default for Opts {
             loading: false,
             chat_template: None,
             states: StateConfig::default(),
+            ignore_eos: false,
         }
     }
 }
@@ -113,6 +116,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
         model_path: path.display().to_string(),
         n_slots: o.n_slots,
         defaults: SamplerParams::default(),
+        ignore_eos: o.ignore_eos,
         default_constraint: None,
         created: 0,
         slots_endpoint: true,
