@@ -12,8 +12,8 @@
 #      builds the x86-64 binaries (release, stripped, xz-compressed) and the
 #      GPU tests' fixtures into .devcarry/, downloads the Vulkan loader packages into
 #      .gl/, and takes tests/fixtures and tests/goldens out of the index for
-#      the call (`git rm -r --cached`; the files stay on disk, and
-#      .git/info/exclude ignores them meanwhile);
+#      the call (tools/device-tree.sh: `git rm -r --cached`; the files stay
+#      on disk, and .git/info/exclude ignores them meanwhile);
 #   2. device run: command `bash tools/gpu-h200.sh run`, carry
 #      [".devcarry", ".gl"], timeout_s 600 (it took under 5 minutes on
 #      2026-12-04); its tables come back in $OUT/gpu-h200.md and the full
@@ -73,19 +73,13 @@ for line in sys.stdin:
     # shellcheck disable=SC2086
     (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
   fi
-  for p in /.gl/ /.devcarry/ /tests/fixtures/ /tests/goldens/; do
-    grep -qxF "$p" .git/info/exclude || echo "$p" >>.git/info/exclude
-  done
-  git rm -r -q --cached tests/fixtures tests/goldens
+  tools/device-tree.sh shrink /.gl/ /.devcarry/
   du -sh .devcarry .gl
-  git ls-files -z | xargs -0 du -cb | tail -1
   echo "ready: run 'bash tools/gpu-h200.sh run' on the device with carry [.devcarry, .gl], then 'bash tools/gpu-h200.sh restore'"
 }
 
 restore() {
-  git reset -q -- tests/fixtures tests/goldens
-  sed -i '\#^/tests/fixtures/$#d; \#^/tests/goldens/$#d' .git/info/exclude
-  git status --short | head
+  tools/device-tree.sh restore
 }
 
 run() {
