@@ -585,16 +585,9 @@ fn run_spec<B: Backend + 'static>(
         )?))),
         _ => sp.drafter(),
     };
-    let no_eog = engine
-        .tokenizer
-        .eog_ids()
-        .into_iter()
-        .map(|id| (id, f32::NEG_INFINITY))
-        .collect();
-    let mut sampler = Sampler::new(SamplerParams {
-        logit_bias: no_eog,
-        ..SamplerParams::greedy()
-    });
+    let mut greedy = SamplerParams::greedy();
+    greedy.ban_eog(&engine.tokenizer.eog_ids());
+    let mut sampler = Sampler::new(greedy);
     let n_predict = t.n_gen + 1;
     let (_, st) = match drafter.as_mut() {
         Some(d) => {
