@@ -12,41 +12,38 @@ set -euo pipefail
 limit="$1"; shift
 fail() { echo "cgroup-run: $*" >&2; exit 125; }
 
+# Per version: the cgroup to make the child in, the one this shell goes back
+# to before the child is removed, and the child's limit and peak files.
 if [ -d /sys/fs/cgroup/memory ] && grep -q ':memory:' /proc/self/cgroup; then
   base="/sys/fs/cgroup/memory$(awk -F: '$2 == "memory" {print $3}' /proc/self/cgroup)"
-  cg="$base/longhaul-bench-$$"
-  mkdir -p "$cg" || fail "cannot make $cg"
-  trap 'echo $$ > "$base/cgroup.procs" 2>/dev/null || true; rmdir "$cg" 2>/dev/null || true' EXIT
-  echo "$limit" > "$cg/memory.limit_in_bytes"
-  echo 1 > "$cg/memory.oom_control" 2>/dev/null || true
-  echo $$ > "$cg/cgroup.procs"
-  peak() { cat "$cg/memory.max_usage_in_bytes"; }
-  max() { cat "$cg/memory.limit_in_bytes"; }
+  home="$base" limit_file=memory.limit_in_bytes peak_file=memory.max_usage_in_bytes
 elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
   base="/sys/fs/cgroup$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)"
-  base="${base%/}"
+  base="${base%/}" home="$base" limit_file=memory.max peak_file=memory.peak
   grep -qw memory "$base/cgroup.controllers" 2>/dev/null ||
     fail "cgroup v2 at $base has no memory controller"
   if ! grep -qw memory "$base/cgroup.subtree_control"; then
-    mkdir -p "$base/longhaul-leaf" || fail "cannot make $base/longhaul-leaf"
+    home="$base/longhaul-leaf"
+    mkdir -p "$home" || fail "cannot make $home"
     for p in $(cat "$base/cgroup.procs"); do
-      echo "$p" > "$base/longhaul-leaf/cgroup.procs" 2>/dev/null || true
+      echo "$p" > "$home/cgroup.procs" 2>/dev/null || true
     done
     echo +memory > "$base/cgroup.subtree_control" ||
       fail "cannot enable the memory controller under $base"
   fi
-  cg="$base/longhaul-bench-$$"
-  mkdir -p "$cg" || fail "cannot make $cg"
-  trap 'rmdir "$cg" 2>/dev/null || true' EXIT
-  echo "$limit" > "$cg/memory.max"
-  echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
-  echo $$ > "$cg/cgroup.procs"
-  peak() { cat "$cg/memory.peak" 2>/dev/null || echo 0; }
-  max() { cat "$cg/memory.max"; }
 else
   fail "no cgroup memory controller (v1 or v2) is mounted"
 fi
+cg="$base/longhaul-bench-$$"
+mkdir -p "$cg" || fail "cannot make $cg"
+trap 'echo $$ > "$home/cgroup.procs" 2>/dev/null || true; rmdir "$cg" 2>/dev/null || true' EXIT
+echo "$limit" > "$cg/$limit_file"
+# v1: wait, not kill, at the limit; v2: no swap either.
+[ ! -e "$cg/memory.oom_control" ] || echo 1 > "$cg/memory.oom_control" || true
+[ ! -e "$cg/memory.swap.max" ] || echo 0 > "$cg/memory.swap.max" || true
+echo $$ > "$cg/cgroup.procs"
 status=0
 "$@" || status=$?
-echo "cgroup peak usage: $(( $(peak) / 1048576 )) MiB (limit $(( $(max) / 1048576 )) MiB)" >&2
+peak=$(cat "$cg/$peak_file" 2>/dev/null || echo 0)
+echo "cgroup peak usage: $(( peak / 1048576 )) MiB (limit $(( $(cat "$cg/$limit_file") / 1048576 )) MiB)" >&2
 exit $status
