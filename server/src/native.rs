@@ -41,7 +41,16 @@ pub struct CompletionRequest {
     pub structured: StructuredFields,
 }
 
-fn settings(p: &SamplerParams, n_predict: usize, stop: &[String], n_ctx: usize) -> Value {
+/// llama-server's `generation_settings`: the request's sampler settings
+/// over the defaults (`ignore_eos` as asked; llama-server lists its bans in
+/// `logit_bias` too, which this list leaves out).
+fn settings(
+    p: &SamplerParams,
+    ignore_eos: bool,
+    n_predict: usize,
+    stop: &[String],
+    n_ctx: usize,
+) -> Value {
     json!({
         "n_ctx": n_ctx,
         "n_predict": if n_predict == usize::MAX { -1 } else { n_predict as i64 },
@@ -61,6 +70,7 @@ fn settings(p: &SamplerParams, n_predict: usize, stop: &[String], n_ctx: usize) 
             .collect::<Vec<_>>(),
         "seed": p.seed.map(|s| s as i64).unwrap_or(-1),
         "stop": stop,
+        "ignore_eos": ignore_eos,
     })
 }
 
@@ -99,7 +109,8 @@ pub async fn completion(
     let n_predict = request::n_predict(field, max)?;
     let sampler = req.sampling.params(&r.defaults, r.engine.as_ref())?;
     let stop = req.stop.map(StopField::into_vec).unwrap_or_default();
-    let generation_settings = settings(&sampler, n_predict, &stop, r.engine.n_ctx());
+    let ignore_eos = req.ignore_eos.unwrap_or(r.ignore_eos);
+    let generation_settings = settings(&sampler, ignore_eos, n_predict, &stop, r.engine.n_ctx());
     let constraint = structured::constraint(
         r.engine.as_ref(),
         &req.structured,
@@ -112,7 +123,7 @@ pub async fn completion(
         sampler,
         stop,
         cache_prompt: req.cache_prompt.unwrap_or(true),
-        ignore_eos: req.ignore_eos.unwrap_or(r.ignore_eos),
+        ignore_eos,
         probs: want,
         constraint,
         special: false,
@@ -250,7 +261,7 @@ pub async fn props(State(state): State<Arc<AppState>>) -> Result<Response, ApiEr
     Ok(Json(json!({
         "default_generation_settings": {
             "n_ctx": r.engine.n_ctx(),
-            "params": settings(&r.defaults, usize::MAX, &[], r.engine.n_ctx()),
+            "params": settings(&r.defaults, r.ignore_eos, usize::MAX, &[], r.engine.n_ctx()),
         },
         "total_slots": r.n_slots,
         "model_path": r.model_path,

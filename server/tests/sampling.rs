@@ -479,6 +479,13 @@ async fn ignore_eos_bans_end_of_generation_tokens_as_llama_cpp_does() {
         assert_eq!(st, 200, "{v}");
         assert_eq!(ids_of(&v["completion_probabilities"]), want, "{v}");
         assert_eq!(v["stop_type"], "limit", "{v}");
+        assert_eq!(v["generation_settings"]["ignore_eos"], true, "{v}");
+        let (_, props) = get(&c, &format!("{}/props", s.url)).await;
+        let props: Value = serde_json::from_str(&props).expect("props");
+        assert_eq!(
+            props["default_generation_settings"]["params"]["ignore_eos"],
+            server_default
+        );
         // OpenAI's endpoint bans them too: the same text, to the limit.
         let mut ob = body(field);
         let ob = ob.as_object_mut().expect("object");
