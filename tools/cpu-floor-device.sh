@@ -63,7 +63,7 @@ run() {
   lscpu | grep -E 'Model name|^CPU\(s\)|Thread\(s\)|NUMA node\(s\)|L3' || true
   free -g
   df -h /tmp
-  drop() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }
+  drop() { sync; echo 3 2>/dev/null >/proc/sys/vm/drop_caches; }
   drop || dropped="not dropped (refused)"
   if ! "${cap[@]}" true; then cap=(); capped="no cap (cgroup refused)"; fi
   echo "== model"
