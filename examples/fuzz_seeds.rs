@@ -55,9 +55,10 @@ fn specs() -> Vec<(&'static str, SynthSpec)> {
 }
 
 /// Renames `w`'s architecture from `from` to `to` (keys `from.*` become
-/// `to.*`): the qwen3moe layout read as llama (Mixtral-style MoE) or
-/// qwen2moe, which take the same tensors (q/k norms are optional).
+/// `to.*`) and drops the q/k norms: the qwen3moe layout read as llama
+/// (Mixtral-style MoE) or qwen2moe, which take the same tensors but those.
 fn rename_arch(w: &mut Writer, from: &str, to: &str) {
+    w.retain_tensors(|n| !n.ends_with("attn_q_norm.weight") && !n.ends_with("attn_k_norm.weight"));
     let mut md = Metadata::new();
     for (k, v) in w.metadata_mut().iter() {
         let key = match k.strip_prefix(from).and_then(|r| r.strip_prefix('.')) {

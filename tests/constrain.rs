@@ -185,3 +185,89 @@ fn bad_grammars_are_typed_errors() {
         .unwrap_err();
     assert!(matches!(e, ConstrainError::Schema(_)), "{e:?}");
 }
+
+/// A chain of `n` rules, each a letter and the next rule: llguidance
+/// compiles it one level of recursion per rule.
+fn rule_chain(n: usize) -> String {
+    let mut g = String::from("root ::= r0\n");
+    for i in 0..n {
+        g += &format!("r{i} ::= \"x\" r{}\n", i + 1);
+    }
+    g + &format!("r{n} ::= \"y\"\n")
+}
+
+/// Grammars and schemas that would exhaust a thread's stack (before the
+/// bounds, each aborted `longhaul serve` from one request) are typed
+/// errors, and a large grammar within the bounds compiles on the compiler's
+/// own stack: 5,000 chained rules need about 15 MiB of it (measured), far
+/// past the 2 MiB of this test's thread.
+#[test]
+fn grammars_too_deep_or_too_large_are_refused_and_large_ones_compile() {
+    let tok = tokenizer();
+    let cz = Constrainer::new(&tok).unwrap();
+    let err = |spec: ConstraintSpec| cz.compile(&spec).map(|_| ()).unwrap_err();
+
+    let e = err(ConstraintSpec::Gbnf(format!(
+        "root ::= {}\"a\"{}",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    )));
+    assert!(
+        matches!(e, ConstrainError::Gbnf(_)) && e.to_string().contains("nest"),
+        "{e}"
+    );
+    let e = err(ConstraintSpec::Gbnf(format!(
+        "root ::= \"a\"{}",
+        "?".repeat(100_000)
+    )));
+    assert!(
+        matches!(e, ConstrainError::Gbnf(_)) && e.to_string().contains("nest"),
+        "{e}"
+    );
+
+    let e = err(ConstraintSpec::Gbnf(rule_chain(20_000)));
+    assert!(
+        matches!(e, ConstrainError::Grammar(_)) && e.to_string().contains("too large"),
+        "{e}"
+    );
+    let mut lark = String::from("start: T0\n");
+    for i in 0..20_000 {
+        lark += &format!("T{i}: \"x\" T{}\n", i + 1);
+    }
+    let e = err(ConstraintSpec::Lark(lark + "T20000: \"y\"\n"));
+    assert!(
+        matches!(e, ConstrainError::Grammar(_)) && e.to_string().contains("too large"),
+        "{e}"
+    );
+    let mut defs = serde_json::Map::new();
+    for i in 0..10_000 {
+        let next = json!({ "$ref": format!("#/$defs/a{}", i + 1) });
+        defs.insert(
+            format!("a{i}"),
+            json!({"type": "object", "properties": {"x": next}}),
+        );
+    }
+    defs.insert("a10000".into(), json!({"type": "integer"}));
+    let e = err(ConstraintSpec::JsonSchema(
+        json!({"$defs": defs, "$ref": "#/$defs/a0"}),
+    ));
+    assert!(
+        matches!(e, ConstrainError::Schema(_)) && e.to_string().contains("too large"),
+        "{e}"
+    );
+
+    let mut c = cz
+        .compile(&ConstraintSpec::Gbnf(rule_chain(5_000)))
+        .expect("5,000 chained rules are within the bounds");
+    let mut logits = vec![0.0f32; tok.n_vocab()];
+    c.apply(&mut logits).unwrap();
+    let allowed: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] == 0.0).collect();
+    let pieces: Vec<String> = allowed.iter().map(|&i| tok.decode(&[i as u32])).collect();
+    assert!(!pieces.is_empty());
+    assert!(
+        pieces
+            .iter()
+            .all(|p| !p.is_empty() && p.chars().all(|ch| ch == 'x')),
+        "{pieces:?}"
+    );
+}

@@ -7,8 +7,14 @@
 //! \\ \" \[ \] \-`, and `* + ? {m} {m,} {m,n}` repeat the preceding item.
 //! The start rule is `root`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
+
+/// The deepest nesting of groups and repetitions a grammar may have (`(`
+/// and each of `* + ? {..}` add a level). The reading and the writing
+/// recurse per level, so a bound keeps a hostile grammar from exhausting
+/// the stack; llguidance itself refuses Lark nested about 30 deep.
+pub const MAX_NESTING: usize = 64;
 
 /// A GBNF text that does not parse, with where and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +47,17 @@ struct Parser<'a> {
     src: &'a [u8],
     text: &'a str,
     pos: usize,
+    /// Groups open at `pos`.
+    open: usize,
+}
+
+/// Levels of groups and repetitions in `it` (0 for a plain item).
+fn depth(it: &Item) -> usize {
+    match it {
+        Item::Group(alts) => 1 + alts.iter().flatten().map(depth).max().unwrap_or(0),
+        Item::Repeat { item, .. } => 1 + depth(item),
+        _ => 0,
+    }
 }
 
 fn is_word(c: u8) -> bool {
@@ -57,6 +74,13 @@ impl<'a> Parser<'a> {
             line,
             msg: msg.into(),
         }
+    }
+
+    fn too_deep(&self) -> GbnfError {
+        self.err(format!(
+            "groups and repetitions nest more than {MAX_NESTING} deep at {:?}",
+            self.rest()
+        ))
     }
 
     fn peek(&self) -> Option<u8> {
@@ -195,9 +219,14 @@ impl<'a> Parser<'a> {
                     Item::Any
                 }
                 b'(' => {
+                    if self.open + 1 > MAX_NESTING {
+                        return Err(self.too_deep());
+                    }
                     self.pos += 1;
                     self.space(true);
+                    self.open += 1;
                     let alts = self.alternates(true)?;
+                    self.open -= 1;
                     if self.peek() != Some(b')') {
                         return Err(self.err(format!("expected ')' at {:?}", self.rest())));
                     }
@@ -211,6 +240,9 @@ impl<'a> Parser<'a> {
                             self.rest()
                         )));
                     };
+                    if self.open + 1 + depth(&last) > MAX_NESTING {
+                        return Err(self.too_deep());
+                    }
                     self.pos += 1;
                     let (min, max) = match c {
                         b'*' => (0, None),
@@ -281,8 +313,10 @@ fn parse(gbnf: &str) -> Result<Vec<Rule>, GbnfError> {
         src: gbnf.as_bytes(),
         text: gbnf,
         pos: 0,
+        open: 0,
     };
     let mut rules: Vec<(String, Vec<Vec<Item>>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
     p.space(true);
     while p.peek().is_some() {
         let name = p.name()?;
@@ -299,10 +333,11 @@ fn parse(gbnf: &str) -> Result<Vec<Rule>, GbnfError> {
                 return Err(p.err(format!("expected a newline or the end at {:?}", p.rest())))
             }
         }
-        if let Some(r) = rules.iter_mut().find(|(n, _)| *n == name) {
+        if let Some(&i) = index.get(&name) {
             // llama.cpp's parser lets a later definition replace an earlier one.
-            r.1 = alts;
+            rules[i].1 = alts;
         } else {
+            index.insert(name.clone(), rules.len());
             rules.push((name, alts));
         }
         p.space(true);
@@ -420,7 +455,8 @@ fn write_alts(alts: &[Vec<Item>], out: &mut String) {
 /// The Lark grammar (llguidance's dialect) equal to the GBNF `gbnf`.
 pub fn to_lark(gbnf: &str) -> Result<String, GbnfError> {
     let rules = parse(gbnf)?;
-    if !rules.iter().any(|(n, _)| n == "root") {
+    let defined: BTreeSet<&str> = rules.iter().map(|(n, _)| n.as_str()).collect();
+    if !defined.contains("root") {
         return Err(GbnfError {
             line: 1,
             msg: "the grammar has no `root` rule (the start symbol)".into(),
@@ -430,7 +466,7 @@ pub fn to_lark(gbnf: &str) -> Result<String, GbnfError> {
     for (_, alts) in &rules {
         alts.iter().for_each(|a| refs(a, &mut used));
     }
-    if let Some(missing) = used.iter().find(|u| !rules.iter().any(|(n, _)| n == *u)) {
+    if let Some(missing) = used.iter().find(|u| !defined.contains(u.as_str())) {
         return Err(GbnfError {
             line: 1,
             msg: format!("rule `{missing}` is used but never defined"),
@@ -469,6 +505,38 @@ mod tests {
         let lark = to_lark(g).unwrap();
         assert!(lark.contains("g_root: \"a\" | \"b\"\n"), "{lark}");
         assert!(lark.contains("g_x___y: (\"c\" | \"d\")\n"), "{lark}");
+    }
+
+    #[test]
+    fn nesting_is_bounded_before_it_can_exhaust_the_stack() {
+        let groups = |n: usize| format!("root ::= {}\"a\"{}\n", "(".repeat(n), ")".repeat(n));
+        let repeats = |n: usize| format!("root ::= \"a\"{}\n", "?".repeat(n));
+        assert!(to_lark(&groups(MAX_NESTING)).is_ok());
+        assert!(to_lark(&repeats(MAX_NESTING)).is_ok());
+        // Groups and repetitions count together: 63 groups hold one `?`, not two.
+        let mixed = |q: usize| {
+            let n = MAX_NESTING - 1;
+            format!(
+                "root ::= {}\"a\"{}{}\n",
+                "(".repeat(n),
+                "?".repeat(q),
+                ")".repeat(n)
+            )
+        };
+        assert!(to_lark(&mixed(1)).is_ok());
+        for bad in [groups(MAX_NESTING + 1), repeats(MAX_NESTING + 1), mixed(2)] {
+            assert!(to_lark(&bad).unwrap_err().msg.contains("nest more than 64"));
+        }
+        // Far past the bound (each would overflow a thread's stack unbounded).
+        assert!(to_lark(&groups(200_000)).is_err());
+        assert!(to_lark(&repeats(200_000)).is_err());
+        assert!(to_lark(&format!("root ::= \"a\"{}\n", "{1}".repeat(200_000))).is_err());
+    }
+
+    #[test]
+    fn a_later_definition_replaces_an_earlier_one_in_place() {
+        let lark = to_lark("a ::= \"1\"\nroot ::= a\na ::= \"2\"\n").unwrap();
+        assert_eq!(lark, "start: g_root\ng_a: \"2\"\ng_root: g_a\n");
     }
 
     #[test]

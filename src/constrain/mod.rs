@@ -79,6 +79,51 @@ pub fn json_options() -> Value {
     })
 }
 
+/// The most rules, groups and brackets a grammar, or objects and arrays a
+/// JSON schema, may have. llguidance compiles a grammar recursively, a
+/// level per rule reference, group or schema node (2-3 KiB of stack each,
+/// measured on x86-64), so a long chain of rules in a request could
+/// otherwise overflow the stack and abort the process. Grammars of real
+/// use count tens to hundreds (llama.cpp's `grammars/*.gbnf`: 5 to 81).
+pub const MAX_GRAMMAR_UNITS: usize = 16_384;
+
+/// The stack of the thread that compiles a constraint: room for
+/// [`MAX_GRAMMAR_UNITS`] levels at twice the cost measured (reserved, not
+/// touched, until a grammar needs it).
+const COMPILE_STACK: usize = 128 << 20;
+
+/// An upper bound of the levels llguidance may recurse through for a Lark
+/// text: each rule or terminal definition has a `:`, each group a `(`, each
+/// optional part or JSON array a `[` and each embedded JSON object a `{`.
+/// Those characters in strings and regular expressions count too, so this
+/// overcounts, never under.
+fn lark_units(text: &str) -> usize {
+    text.bytes()
+        .filter(|b| matches!(b, b':' | b'(' | b'[' | b'{'))
+        .count()
+}
+
+/// The objects and arrays of a JSON schema: a bound of the levels
+/// llguidance's schema compiler recurses through.
+fn json_units(schema: &Value) -> usize {
+    let mut n = 0;
+    let mut stack = vec![schema];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(o) => {
+                n += 1;
+                stack.extend(o.values());
+            }
+            Value::Array(a) => {
+                n += 1;
+                stack.extend(a.iter());
+            }
+            _ => {}
+        }
+    }
+    n
+}
+
 /// Compiles constraints for one tokenizer.
 pub struct Constrainer {
     factory: ParserFactory,
@@ -141,15 +186,34 @@ impl Constrainer {
         Ok(Self { factory, n_vocab })
     }
 
-    /// The llguidance grammar of `spec`.
+    /// The llguidance grammar of `spec`, refused when it is larger than
+    /// [`MAX_GRAMMAR_UNITS`].
     fn grammar(spec: &ConstraintSpec) -> Result<TopLevelGrammar, ConstrainError> {
+        let lark = |text: String| {
+            let units = lark_units(&text);
+            if units > MAX_GRAMMAR_UNITS {
+                return Err(ConstrainError::Grammar(format!(
+                    "the grammar is too large: {units} rules, groups and brackets \
+                     (counting its Lark form's ':', '(', '[' and '{{'), at most \
+                     {MAX_GRAMMAR_UNITS}; simplify or split it"
+                )));
+            }
+            Ok(TopLevelGrammar::from_lark(text))
+        };
         Ok(match spec {
             ConstraintSpec::Gbnf(text) if text.trim_start().starts_with("%llguidance") => {
-                TopLevelGrammar::from_lark(text.clone())
+                lark(text.clone())?
             }
-            ConstraintSpec::Gbnf(text) => TopLevelGrammar::from_lark(gbnf::to_lark(text)?),
-            ConstraintSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
+            ConstraintSpec::Gbnf(text) => lark(gbnf::to_lark(text)?)?,
+            ConstraintSpec::Lark(text) => lark(text.clone())?,
             ConstraintSpec::JsonSchema(schema) => {
+                let units = json_units(schema);
+                if units > MAX_GRAMMAR_UNITS {
+                    return Err(ConstrainError::Schema(format!(
+                        "the schema is too large: {units} objects and arrays, at most \
+                         {MAX_GRAMMAR_UNITS}; simplify or split it"
+                    )));
+                }
                 let mut schema = schema.clone();
                 match &mut schema {
                     Value::Object(o) => {
@@ -167,17 +231,32 @@ impl Constrainer {
         })
     }
 
-    /// Compiles `spec` into the state of one generation.
+    /// Compiles `spec` into the state of one generation, on a thread of
+    /// its own with a [`COMPILE_STACK`] stack.
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Constraint, ConstrainError> {
         let grammar = Self::grammar(spec)?;
-        let parser = self.factory.create_parser(grammar).map_err(|e| {
+        let matcher = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("grammar".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(s, || {
+                    self.factory
+                        .create_parser(grammar)
+                        .map(|p| Matcher::new(Ok(p)))
+                })
+                .map_err(|e| {
+                    ConstrainError::Grammar(format!("cannot start the grammar compiler: {e}"))
+                })?
+                .join()
+                .map_err(|_| ConstrainError::Grammar("the grammar compiler failed".into()))
+        })?
+        .map_err(|e| {
             let msg = e.to_string();
             match spec {
                 ConstraintSpec::JsonSchema(_) => ConstrainError::Schema(msg),
                 _ => ConstrainError::Grammar(msg),
             }
         })?;
-        let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(ConstrainError::Grammar(e));
         }

@@ -98,6 +98,12 @@ impl Writer {
             .map(|t| (t.name.as_str(), t.dims.as_slice(), t.ty))
     }
 
+    /// Keeps only the tensors whose name `keep` accepts (in their order).
+    pub fn retain_tensors(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.tensors.retain(|t| keep(&t.name));
+        self.names = self.tensors.iter().map(|t| t.name.clone()).collect();
+    }
+
     /// Sets one metadata key, replacing an earlier value in place.
     pub fn set(&mut self, key: &str, v: MetaValue) {
         self.metadata.set(key, v);
