@@ -12,6 +12,10 @@
 //! (each model's header and tensor table without the data, and one small
 //! complete file with a value of every metadata type). Every model seed is
 //! checked to load and generate, so the fuzzer starts from valid files.
+//! `fuzz/corpus/grammar/*` holds llama.cpp's grammars (the copies in
+//! `tests/fixtures/grammars`), a Lark grammar and JSON schemas, each behind
+//! the byte that picks its kind for the `grammar` target (0 GBNF, 1 Lark,
+//! 2 JSON schema).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -291,6 +295,46 @@ fn main() -> Result<(), Error> {
     let p = tmp.join("kinds.gguf");
     every_kind()?.write(&p)?;
     put(&header, "every-kind.gguf", &std::fs::read(&p)?)?;
+
+    let grammar = out.join("grammar");
+    std::fs::create_dir_all(&grammar)?;
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grammars");
+    let mut gbnf: Vec<_> = std::fs::read_dir(&fixtures)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    gbnf.sort();
+    let mut grammars: Vec<(String, u8, String)> = Vec::new();
+    for path in gbnf
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "gbnf"))
+    {
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        grammars.push((name, 0, std::fs::read_to_string(path)?));
+    }
+    grammars.push((
+        "list.lark".into(),
+        1,
+        "start: item (\",\" item)*\nitem: /[a-z]+/ | NUMBER\nNUMBER: /[0-9]+/\n".into(),
+    ));
+    grammars.push((
+        "object.json".into(),
+        2,
+        r#"{"type":"object","properties":{"name":{"type":"string","maxLength":8},"n":{"type":"integer","minimum":0},"tags":{"type":"array","items":{"enum":["a","b"]}}},"required":["name"]}"#.into(),
+    ));
+    grammars.push((
+        "refs.json".into(),
+        2,
+        r##"{"$defs":{"node":{"anyOf":[{"type":"null"},{"type":"object","properties":{"next":{"$ref":"#/$defs/node"}}}]}},"$ref":"#/$defs/node"}"##.into(),
+    ));
+    for (name, kind, text) in grammars {
+        let mut bytes = vec![kind];
+        bytes.extend(text.as_bytes());
+        put(&grammar, &name, &bytes)?;
+    }
     std::fs::remove_dir_all(&tmp)?;
     Ok(())
 }

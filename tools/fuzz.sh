@@ -7,6 +7,7 @@
 #
 #   tools/fuzz.sh gguf_header 600          # the header parser
 #   tools/fuzz.sh load_path 3600           # open, load, tokenizer, template, decode
+#   tools/fuzz.sh grammar 600              # GBNF, Lark and JSON schemas, compiled and followed
 #   tools/fuzz.sh all 600                  # each target in turn, SECONDS each
 #   tools/fuzz.sh load_path 0 -runs=1000   # extra arguments go to libFuzzer
 #
@@ -20,17 +21,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ $# -lt 2 ]; then
-    echo "usage: $0 gguf_header|load_path|all SECONDS [LIBFUZZER ARGS...]" >&2
+    echo "usage: $0 gguf_header|load_path|grammar|all SECONDS [LIBFUZZER ARGS...]" >&2
     exit 2
 fi
 target=$1
 secs=$2
 shift 2
 case "$target" in
-    all) targets=(gguf_header load_path) ;;
-    gguf_header | load_path) targets=("$target") ;;
+    all) targets=(gguf_header load_path grammar) ;;
+    gguf_header | load_path | grammar) targets=("$target") ;;
     *)
-        echo "unknown target \`$target\`; use gguf_header, load_path or all" >&2
+        echo "unknown target \`$target\`; use gguf_header, load_path, grammar or all" >&2
         exit 2
         ;;
 esac
@@ -46,7 +47,8 @@ for t in "${targets[@]}"; do
     cargo +nightly fuzz build "$t"
 done
 if [ -z "$(ls -A fuzz/corpus/load_path 2>/dev/null)" ] ||
-    [ -z "$(ls -A fuzz/corpus/gguf_header 2>/dev/null)" ]; then
+    [ -z "$(ls -A fuzz/corpus/gguf_header 2>/dev/null)" ] ||
+    [ -z "$(ls -A fuzz/corpus/grammar 2>/dev/null)" ]; then
     cargo run --quiet --example fuzz_seeds -- fuzz/corpus
 fi
 
