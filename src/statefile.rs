@@ -421,25 +421,29 @@ pub fn read(
     let mut f = open(path)?;
     let h = read_header(&f, path, ident)?;
     let corrupt = |what: &str| StateFileError::Corrupt(format!("its header has a bad {what}"));
-    // Sizes of each layer, from the header, in file order.
+    // Bytes of each layer's one or two parts, from the header, in file
+    // order (a recurrent layer's sizes count f32s).
     let mut sizes: Vec<(bool, usize, usize)> = Vec::with_capacity(h.layers.len());
     for l in &h.layers {
-        let get = |k: &str| l.get(k).and_then(Value::as_u64).map(|v| v as usize);
+        let get = |k: &str| {
+            l.get(k)
+                .and_then(Value::as_u64)
+                .and_then(|v| usize::try_from(v).ok())
+        };
+        let f32s = |n: Option<usize>| n.and_then(|n| n.checked_mul(4));
         match (get("kv"), get("conv"), get("ssm")) {
             (Some(b), None, None) => sizes.push((true, b, 0)),
-            (None, Some(c), Some(s)) => sizes.push((false, c, s)),
+            (None, c @ Some(_), s @ Some(_)) => match (f32s(c), f32s(s)) {
+                (Some(c), Some(s)) => sizes.push((false, c, s)),
+                _ => return Err(corrupt("layer size")),
+            },
             _ => return Err(corrupt("layer size")),
         }
     }
     let payload = sizes
         .iter()
-        .try_fold(4u64 * h.n_tokens as u64, |acc, &(kv, a, b)| {
-            let n = if kv {
-                a as u64
-            } else {
-                4 * (a as u64 + b as u64)
-            };
-            acc.checked_add(n)
+        .try_fold(4u64 * h.n_tokens as u64, |acc, &(_, a, b)| {
+            acc.checked_add(a as u64)?.checked_add(b as u64)
         })
         .ok_or_else(|| corrupt("layer size"))?;
     let len = f.metadata().map_err(io(path))?.len();
@@ -479,8 +483,8 @@ pub fn read(
             layers.push(SavedLayer::Kv(x.to_vec()));
             rest = r;
         } else {
-            let (c, r) = rest.split_at(4 * a);
-            let (s, r) = r.split_at(4 * b);
+            let (c, r) = rest.split_at(a);
+            let (s, r) = r.split_at(b);
             layers.push(SavedLayer::Recurrent {
                 conv: bytemuck::pod_collect_to_vec(c),
                 ssm: bytemuck::pod_collect_to_vec(s),
@@ -607,6 +611,39 @@ mod tests {
             read(&p, &ident()),
             Err(StateFileError::NotAStateFile)
         ));
+    }
+
+    #[test]
+    fn layer_sizes_that_overflow_are_refused() {
+        let dir = tempdir();
+        let p = dir.join("sizes.bin");
+        let (toks, st) = state();
+        write(&p, &ident(), &toks, &st).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        let hlen = u32_at(&bytes, 12) as usize;
+        let header = std::str::from_utf8(&bytes[16..16 + hlen]).unwrap();
+        assert!(header.contains("\"conv\":6"), "{header}");
+        // 4 * (2^62 + 1) f32s wraps to 4 bytes: the file must not be read
+        // as if the layer held one value.
+        for conv in [(1u64 << 62) + 1, u64::MAX] {
+            let header = header.replace("\"conv\":6", &format!("\"conv\":{conv}"));
+            let mut b = bytes[..8].to_vec();
+            b.extend_from_slice(&bytes[8..12]);
+            b.extend_from_slice(&(header.len() as u32).to_le_bytes());
+            b.extend_from_slice(header.as_bytes());
+            let crc = crc32fast::hash(&b[8..]);
+            b.extend_from_slice(&crc.to_le_bytes());
+            b.extend_from_slice(&bytes[16 + hlen + 4..]);
+            std::fs::write(&p, &b).unwrap();
+            let e = read(&p, &ident()).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    StateFileError::Corrupt(_) | StateFileError::Truncated { .. }
+                ),
+                "{e}"
+            );
+        }
     }
 
     #[test]
