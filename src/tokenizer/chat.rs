@@ -208,9 +208,10 @@ impl ChatTemplate {
             let mut msg = describe(&e);
             if e.kind() == ErrorKind::OutOfFuel {
                 msg += &format!(
-                    " (the template did more work than {TEMPLATE_FUEL} steps, or built \
-                     more than about 4 GiB of text; it loops without end or is hostile: \
-                     pass a template of your own, e.g. --chat-template-file)"
+                    " (the template did more than {TEMPLATE_FUEL} steps or built more \
+                     than about 4 GiB of text: it loops without end, is hostile, or grows \
+                     faster than the conversation; pass a template of your own, e.g. \
+                     --chat-template-file)"
                 );
             }
             ChatTemplateError::Render(msg)
