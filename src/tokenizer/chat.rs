@@ -118,7 +118,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", super::tojson::tojson);
-        env.add_template_owned(NAME, source.clone())
+        env.add_template_owned(NAME, without_generation_tags(&source))
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
         Ok(Self {
             env,
@@ -217,6 +217,46 @@ impl ChatTemplate {
             ChatTemplateError::Render(msg)
         })
     }
+}
+
+/// `source` with each `{% generation %}` and `{% endgeneration %}` tag (the
+/// block transformers uses to mark assistant tokens, in Laguna's templates
+/// among others) made a statement that renders nothing, as transformers
+/// renders the block's body unchanged and llama.cpp's parser takes both
+/// tags as no-ops; minijinja knows neither. The tag keeps its delimiters,
+/// so its whitespace control (`{%-`, `-%}`) and trim_blocks/lstrip_blocks
+/// act as before: `{%- generation -%}` becomes `{%- if false %}{% endif -%}`.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(open) = rest.find("{%") {
+        let after = &rest[open + 2..];
+        let body = after.strip_prefix(['-', '+']).unwrap_or(after);
+        let word_at = body.len() - body.trim_start().len();
+        let word = &body[word_at..];
+        let name_len = ["endgeneration", "generation"]
+            .into_iter()
+            .find(|n| {
+                word.strip_prefix(n).is_some_and(|tail| {
+                    let tail = tail.trim_start();
+                    let tail = tail.strip_prefix(['-', '+']).unwrap_or(tail);
+                    tail.starts_with("%}")
+                })
+            })
+            .map(str::len);
+        // Up to the tag's name, which is replaced, or past the `{%`.
+        let keep = open + 2 + (after.len() - body.len()) + word_at;
+        out.push_str(&rest[..keep]);
+        match name_len {
+            Some(n) => {
+                out.push_str("if false %}{% endif");
+                rest = &rest[keep + n..];
+            }
+            None => rest = &rest[keep..],
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// An error with its chain of causes on one line.
@@ -329,6 +369,63 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, ChatTemplateError::Render(_)));
         assert!(e.to_string().contains("must alternate"), "{e}");
+    }
+
+    #[test]
+    fn generation_tags_render_their_body_with_their_whitespace_control() {
+        let cases = [
+            ("{%- generation -%}", "{%- if false %}{% endif -%}"),
+            ("a{% endgeneration %}b", "a{% if false %}{% endif %}b"),
+            ("{%+  generation\n-%}", "{%+  if false %}{% endif\n-%}"),
+            // Not the tag: left as written.
+            ("{% set generation = 1 %}", "{% set generation = 1 %}"),
+            ("{% generations %}", "{% generations %}"),
+            ("{{ '{%' }}", "{{ '{%' }}"),
+        ];
+        for (src, want) in cases {
+            assert_eq!(without_generation_tags(src), want, "{src}");
+        }
+        let src = "{% for m in messages %}<{{ m.role }}>\n{%- generation -%}\n  {{ m.content }}\n{%- endgeneration %}\n</{{ m.role }}>\n{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let out = t
+            .render(&msgs(&[("user", "a"), ("assistant", "b")]), false)
+            .unwrap();
+        assert_eq!(out, "<user>a</user>\n<assistant>b</assistant>\n");
+    }
+
+    /// Every template in tests/fixtures/templates renders each conversation
+    /// of goldens.json (transformers' renders: tools/template_goldens.py)
+    /// byte for byte: Qwen2.5's and three of Laguna's, whose assistant turns
+    /// sit in `{% generation %}` blocks.
+    #[test]
+    fn fixture_templates_render_as_transformers_does() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates");
+        let goldens: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("goldens.json")).unwrap())
+                .unwrap();
+        let goldens = goldens.as_array().unwrap();
+        assert_eq!(goldens.len(), 12);
+        for g in goldens {
+            let name = g["template"].as_str().unwrap();
+            let t = ChatTemplate::new(std::fs::read_to_string(dir.join(name)).unwrap(), "", "")
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let m: Vec<ChatMessage> = g["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+                })
+                .collect();
+            let add = g["add_generation_prompt"].as_bool().unwrap();
+            let out = t.render(&m, add).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                out,
+                g["text"].as_str().unwrap(),
+                "{name}, {} messages",
+                m.len()
+            );
+        }
     }
 
     #[test]
