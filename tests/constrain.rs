@@ -199,8 +199,8 @@ fn rule_chain(n: usize) -> String {
 /// Grammars and schemas that would exhaust a thread's stack (before the
 /// bounds, each aborted `longhaul serve` from one request) are typed
 /// errors, and a large grammar within the bounds compiles on the compiler's
-/// own stack: 5,000 chained rules need about 15 MiB of it (measured), far
-/// past the 2 MiB of this test's thread.
+/// own stack: 2,500 chained rules need about 7.5 MiB of it (3.1 KB per
+/// rule, measured), far past the 2 MiB of this test's thread.
 #[test]
 fn grammars_too_deep_or_too_large_are_refused_and_large_ones_compile() {
     let tok = tokenizer();
@@ -257,8 +257,8 @@ fn grammars_too_deep_or_too_large_are_refused_and_large_ones_compile() {
     );
 
     let mut c = cz
-        .compile(&ConstraintSpec::Gbnf(rule_chain(5_000)))
-        .expect("5,000 chained rules are within the bounds");
+        .compile(&ConstraintSpec::Gbnf(rule_chain(2_500)))
+        .expect("2,500 chained rules are within the bounds");
     let mut logits = vec![0.0f32; tok.n_vocab()];
     c.apply(&mut logits).unwrap();
     let allowed: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] == 0.0).collect();
@@ -269,5 +269,148 @@ fn grammars_too_deep_or_too_large_are_refused_and_large_ones_compile() {
             .iter()
             .all(|p| !p.is_empty() && p.chars().all(|ch| ch == 'x')),
         "{pieces:?}"
+    );
+}
+
+/// Grammars and schemas whose compile time or memory grows with the square
+/// of their size are refused before llguidance sees them. Before the
+/// bounds, on two cores: 100,000 distinct literals took 16 s to compile
+/// and 300,000 alternatives 149 s; a terminal of 16,000 optional parts
+/// took 4.6 s and 1 GB (131,000: past 120 s and 16 GB); 8,000 optional
+/// properties 5.1 s; and 8 MB of `a*` in a schema's pattern 23 s and 3 GB.
+/// Each of those blocked a server thread for as long.
+#[test]
+fn grammars_and_schemas_of_quadratic_cost_are_refused() {
+    let tok = tokenizer();
+    let cz = Constrainer::new(&tok).unwrap();
+    let err = |spec: ConstraintSpec| cz.compile(&spec).map(|_| ()).unwrap_err();
+    let grammar_too_large = |e: ConstrainError, what: &str| {
+        assert!(
+            matches!(e, ConstrainError::Grammar(_))
+                && e.to_string().contains("too large")
+                && e.to_string().contains(what),
+            "{e}"
+        )
+    };
+    let schema_too_large = |e: ConstrainError, what: &str| {
+        assert!(
+            matches!(e, ConstrainError::Schema(_))
+                && e.to_string().contains("too large")
+                && e.to_string().contains(what),
+            "{e}"
+        )
+    };
+
+    let words: Vec<String> = (0..20_000).map(|i| format!("\"w{i}\"")).collect();
+    grammar_too_large(
+        err(ConstraintSpec::Gbnf(format!(
+            "root ::= {}",
+            words.join(" ")
+        ))),
+        "literals",
+    );
+    grammar_too_large(
+        err(ConstraintSpec::Gbnf(format!(
+            "root ::= {}",
+            words.join(" | ")
+        ))),
+        "alternatives",
+    );
+    grammar_too_large(
+        err(ConstraintSpec::Lark(format!(
+            "start: /{}/",
+            "a*".repeat(16_000)
+        ))),
+        "repetitions",
+    );
+    grammar_too_large(
+        err(ConstraintSpec::Gbnf(format!(
+            "root ::= \"{}\"",
+            "ab".repeat(200_000)
+        ))),
+        "400011 bytes",
+    );
+
+    let props = |n: usize| -> serde_json::Map<String, serde_json::Value> {
+        (0..n).map(|i| (format!("p{i}"), json!(true))).collect()
+    };
+    schema_too_large(
+        err(ConstraintSpec::JsonSchema(
+            json!({"type": "object", "properties": props(8_000)}),
+        )),
+        "an object lists 8000 properties",
+    );
+    let names: Vec<String> = (0..20_000).map(|i| format!("w{i}")).collect();
+    schema_too_large(
+        err(ConstraintSpec::JsonSchema(
+            json!({"type": "string", "enum": names}),
+        )),
+        "values and keys",
+    );
+    schema_too_large(
+        err(ConstraintSpec::JsonSchema(
+            json!({"type": "string", "pattern": format!("^{}$", "a*".repeat(200_000))}),
+        )),
+        "bytes of regular expressions",
+    );
+
+    // At the bounds, the same shapes compile and follow their grammar
+    // (required properties: past about 500 optional ones, llguidance's
+    // parser cannot take the first step).
+    let required: Vec<String> = (0..2_048).map(|i| format!("p{i}")).collect();
+    let mut c = cz
+        .compile(&ConstraintSpec::JsonSchema(json!({
+            "type": "object",
+            "properties": props(2_048),
+            "required": required,
+            "additionalProperties": false,
+        })))
+        .expect("2,048 properties are within the bounds");
+    assert_eq!(feed(&tok, &mut c, "{\"p0\": 1, \"p1\": [2]"), Ok(false));
+    let mut skip = c.clone();
+    assert!(
+        feed(&tok, &mut skip, ", \"p3\"").is_err(),
+        "p2 is required next"
+    );
+    assert_eq!(feed(&tok, &mut c, ", \"p2\": 3"), Ok(false));
+    let mut c = cz
+        .compile(&ConstraintSpec::Gbnf(format!(
+            "root ::= {}",
+            words[..4_000].join(" ")
+        )))
+        .expect("4,000 literals are within the bounds");
+    let text: String = (0..4_000).map(|i| format!("w{i}")).collect();
+    assert_eq!(feed(&tok, &mut c, &text), Ok(true));
+}
+
+/// A grammar the parser cannot follow (more alternatives at one point than
+/// llguidance's 2,000 items per step) fails with what went wrong, not with
+/// the parser's state and the request's whole grammar echoed back (as it
+/// did before: some KiB of `<state>` and `<grammar>` per error).
+#[test]
+fn parser_errors_say_what_failed_without_the_parser_state() {
+    let tok = tokenizer();
+    let cz = Constrainer::new(&tok).unwrap();
+    let alts: Vec<String> = (0..2_500).map(|i| format!("\"w{i}\"")).collect();
+    let mut c = cz
+        .compile(&ConstraintSpec::Gbnf(format!(
+            "root ::= {}",
+            alts.join(" | ")
+        )))
+        .expect("2,500 alternatives are within the bounds");
+    let mut logits = vec![0.0f32; tok.n_vocab()];
+    let e = c
+        .apply(&mut logits)
+        .and_then(|()| {
+            let w = tok.encode("w", false, false).expect("encode")[0];
+            c.commit(w)
+        })
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, ConstrainError::Decode(_)), "{e:?}");
+    assert!(msg.contains("2000"), "{msg}");
+    assert!(
+        !msg.contains('<') && !msg.contains('\n') && msg.len() < 400,
+        "{msg}"
     );
 }

@@ -79,49 +79,154 @@ pub fn json_options() -> Value {
     })
 }
 
-/// The most rules, groups and brackets a grammar, or objects and arrays a
-/// JSON schema, may have. llguidance compiles a grammar recursively, a
-/// level per rule reference, group or schema node (2-3 KiB of stack each,
-/// measured on x86-64), so a long chain of rules in a request could
-/// otherwise overflow the stack and abort the process. Grammars of real
-/// use count tens to hundreds (llama.cpp's `grammars/*.gbnf`: 5 to 81).
-pub const MAX_GRAMMAR_UNITS: usize = 16_384;
+/// The most units a grammar may have: its rules, groups, brackets,
+/// alternatives, literals and repetitions (see [`lark_units`]). Three
+/// costs of llguidance's grow with them: it compiles a grammar
+/// recursively, a level per rule reference or group (2-3 KiB of stack
+/// each, measured on x86-64), so a long chain of rules could otherwise
+/// overflow the stack and abort the process; it compares each new literal
+/// with every earlier one and expands each alternative, so time grows with
+/// their square (100,000 distinct literals took 16 s to compile on two
+/// cores, 300,000 alternatives 149 s); and a regular expression's
+/// derivatives grow with its optional parts (`/(a*){n}/` written out: 4,000
+/// parts took 0.25 s and 124 MB, 16,000 4.6 s and 1 GB, 131,000 ran past
+/// 120 s and 16 GB). Grammars of real use count tens to hundreds (llama.cpp's
+/// `grammars/*.gbnf` in `tests/fixtures`: 21 to 284).
+pub const MAX_GRAMMAR_UNITS: usize = 8_192;
+
+/// The most values and keys a JSON schema may have (see [`JsonSize`]):
+/// every object and array is a level of llguidance's recursive schema
+/// compiler, as for [`MAX_GRAMMAR_UNITS`].
+pub const MAX_SCHEMA_UNITS: usize = 16_384;
+
+/// The most bytes of a grammar's text, or of a JSON schema's regular
+/// expressions (`pattern`, `patternProperties`, `x-guidance` options): a
+/// regular expression's terms cost time and memory whatever their kind
+/// (8 MB of `a*` took 23 s and 3 GB before llguidance refused it), and
+/// real grammars are a few KiB (llama.cpp's `c.gbnf`: 1.4 KiB).
+pub const MAX_GRAMMAR_BYTES: usize = 256 << 10;
+
+/// The most properties one object of a JSON schema may list. llguidance
+/// compiles an object in time that grows with the square of its properties
+/// (2,000 took 0.26 s, 8,000 5.1 s), and an object with more than about
+/// 500 optional ones fails at its first property anyway (its parser holds
+/// 2,000 items per step).
+pub const MAX_OBJECT_PROPERTIES: usize = 2_048;
 
 /// The stack of the thread that compiles a constraint: room for
-/// [`MAX_GRAMMAR_UNITS`] levels at twice the cost measured (reserved, not
+/// [`MAX_SCHEMA_UNITS`] levels at twice the cost measured (reserved, not
 /// touched, until a grammar needs it).
 const COMPILE_STACK: usize = 128 << 20;
 
-/// An upper bound of the levels llguidance may recurse through for a Lark
-/// text: each rule or terminal definition has a `:`, each group a `(`, each
-/// optional part or JSON array a `[` and each embedded JSON object a `{`.
-/// Those characters in strings and regular expressions count too, so this
-/// overcounts, never under.
+/// An upper bound of a Lark text's units: each rule or terminal definition
+/// has a `:`, each group a `(`, each optional part or JSON array a `[`,
+/// each embedded JSON object or counted repetition a `{`, each alternative
+/// a `|`, each literal two `"`, each regular expression two `/` and each
+/// other repetition a `*`, `+` or `?`. Those characters in strings count
+/// too, so this overcounts, never under.
 fn lark_units(text: &str) -> usize {
     text.bytes()
-        .filter(|b| matches!(b, b':' | b'(' | b'[' | b'{'))
+        .filter(|b| {
+            matches!(
+                b,
+                b':' | b'(' | b'[' | b'{' | b'|' | b'"' | b'/' | b'*' | b'+' | b'?'
+            )
+        })
         .count()
 }
 
-/// The objects and arrays of a JSON schema: a bound of the levels
-/// llguidance's schema compiler recurses through.
-fn json_units(schema: &Value) -> usize {
-    let mut n = 0;
-    let mut stack = vec![schema];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::Object(o) => {
-                n += 1;
-                stack.extend(o.values());
+/// What bounds the cost of compiling a JSON schema.
+#[derive(Debug, Default, PartialEq)]
+struct JsonSize {
+    /// Values (objects, arrays, strings, numbers, booleans, nulls) and
+    /// keys: every object and array is one, so this also bounds the levels
+    /// llguidance's schema compiler recurses through.
+    units: usize,
+    /// The most properties one object lists.
+    max_properties: usize,
+    /// Bytes of regular expressions: `pattern` strings, `patternProperties`
+    /// keys and the strings of `x-guidance` options.
+    regex_bytes: usize,
+}
+
+impl JsonSize {
+    fn of(schema: &Value) -> Self {
+        let mut size = JsonSize::default();
+        let mut stack = vec![schema];
+        while let Some(v) = stack.pop() {
+            size.units += 1;
+            let Value::Object(o) = v else {
+                if let Value::Array(a) = v {
+                    stack.extend(a.iter());
+                }
+                continue;
+            };
+            size.units += o.len();
+            for (k, v) in o {
+                match (k.as_str(), v) {
+                    ("pattern", Value::String(rx)) => size.regex_bytes += rx.len(),
+                    ("properties", Value::Object(p)) => {
+                        size.max_properties = size.max_properties.max(p.len())
+                    }
+                    ("patternProperties", Value::Object(p)) => {
+                        size.regex_bytes += p.keys().map(String::len).sum::<usize>()
+                    }
+                    ("x-guidance", Value::Object(g)) => {
+                        size.regex_bytes += g
+                            .values()
+                            .filter_map(Value::as_str)
+                            .map(str::len)
+                            .sum::<usize>()
+                    }
+                    _ => {}
+                }
+                stack.push(v);
             }
-            Value::Array(a) => {
-                n += 1;
-                stack.extend(a.iter());
-            }
-            _ => {}
         }
+        size
     }
-    n
+
+    /// Refuses a schema past [`MAX_SCHEMA_UNITS`], [`MAX_OBJECT_PROPERTIES`]
+    /// or [`MAX_GRAMMAR_BYTES`].
+    fn check(&self) -> Result<(), ConstrainError> {
+        let too_large = |what: String| {
+            Err(ConstrainError::Schema(format!(
+                "the schema is too large: {what}; simplify or split it"
+            )))
+        };
+        if self.units > MAX_SCHEMA_UNITS {
+            return too_large(format!(
+                "{} values and keys, at most {MAX_SCHEMA_UNITS}",
+                self.units
+            ));
+        }
+        if self.max_properties > MAX_OBJECT_PROPERTIES {
+            return too_large(format!(
+                "an object lists {} properties, at most {MAX_OBJECT_PROPERTIES}",
+                self.max_properties
+            ));
+        }
+        if self.regex_bytes > MAX_GRAMMAR_BYTES {
+            return too_large(format!(
+                "{} bytes of regular expressions, at most {MAX_GRAMMAR_BYTES}",
+                self.regex_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// llguidance's message without what it appends for its developers: the
+/// backtrace of a panic it caught (a bound it asserts) or a marker that
+/// the parser's state was left out.
+fn brief(msg: String) -> String {
+    match msg
+        .find("\n<backtrace>")
+        .or_else(|| msg.find("\n<non-verbose/>"))
+    {
+        Some(i) => msg[..i].to_string(),
+        None => msg,
+    }
 }
 
 /// Compiles constraints for one tokenizer.
@@ -183,19 +288,35 @@ impl Constrainer {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| ConstrainError::Tokens(e.to_string()))?;
         factory.quiet();
+        // Errors say what failed, without the parser's state and the
+        // grammar (a request's whole grammar echoed back in its error).
+        factory.limits_mut().verbose_errors = false;
         Ok(Self { factory, n_vocab })
     }
 
     /// The llguidance grammar of `spec`, refused when it is larger than
-    /// [`MAX_GRAMMAR_UNITS`].
+    /// [`MAX_GRAMMAR_BYTES`] or [`MAX_GRAMMAR_UNITS`] (a schema: see
+    /// [`JsonSize::check`]).
     fn grammar(spec: &ConstraintSpec) -> Result<TopLevelGrammar, ConstrainError> {
+        let bytes = |what: &str, text: &str| {
+            if text.len() > MAX_GRAMMAR_BYTES {
+                return Err(ConstrainError::Grammar(format!(
+                    "the grammar is too large: {what} {} bytes, at most {MAX_GRAMMAR_BYTES}; \
+                     simplify or split it",
+                    text.len()
+                )));
+            }
+            Ok(())
+        };
         let lark = |text: String| {
+            bytes("its Lark form has", &text)?;
             let units = lark_units(&text);
             if units > MAX_GRAMMAR_UNITS {
                 return Err(ConstrainError::Grammar(format!(
-                    "the grammar is too large: {units} rules, groups and brackets \
-                     (counting its Lark form's ':', '(', '[' and '{{'), at most \
-                     {MAX_GRAMMAR_UNITS}; simplify or split it"
+                    "the grammar is too large: {units} rules, groups, alternatives, \
+                     literals and repetitions (counting its Lark form's ':', '(', '[', '{{', \
+                     '|', '\"', '/', '*', '+' and '?'), at most {MAX_GRAMMAR_UNITS}; simplify \
+                     or split it"
                 )));
             }
             Ok(TopLevelGrammar::from_lark(text))
@@ -204,16 +325,13 @@ impl Constrainer {
             ConstraintSpec::Gbnf(text) if text.trim_start().starts_with("%llguidance") => {
                 lark(text.clone())?
             }
-            ConstraintSpec::Gbnf(text) => lark(gbnf::to_lark(text)?)?,
+            ConstraintSpec::Gbnf(text) => {
+                bytes("it has", text)?;
+                lark(gbnf::to_lark(text)?)?
+            }
             ConstraintSpec::Lark(text) => lark(text.clone())?,
             ConstraintSpec::JsonSchema(schema) => {
-                let units = json_units(schema);
-                if units > MAX_GRAMMAR_UNITS {
-                    return Err(ConstrainError::Schema(format!(
-                        "the schema is too large: {units} objects and arrays, at most \
-                         {MAX_GRAMMAR_UNITS}; simplify or split it"
-                    )));
-                }
+                JsonSize::of(schema).check()?;
                 let mut schema = schema.clone();
                 match &mut schema {
                     Value::Object(o) => {
@@ -251,14 +369,14 @@ impl Constrainer {
                 .map_err(|_| ConstrainError::Grammar("the grammar compiler failed".into()))
         })?
         .map_err(|e| {
-            let msg = e.to_string();
+            let msg = brief(e.to_string());
             match spec {
                 ConstraintSpec::JsonSchema(_) => ConstrainError::Schema(msg),
                 _ => ConstrainError::Grammar(msg),
             }
         })?;
         if let Some(e) = matcher.get_error() {
-            return Err(ConstrainError::Grammar(e));
+            return Err(ConstrainError::Grammar(brief(e)));
         }
         Ok(Constraint {
             matcher,
@@ -289,7 +407,7 @@ impl Constraint {
         let mask = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| ConstrainError::Decode(e.to_string()))?;
+            .map_err(|e| ConstrainError::Decode(brief(e.to_string())))?;
         for (id, l) in logits.iter_mut().enumerate() {
             if id >= self.n_vocab || !mask.is_allowed(id as u32) {
                 *l = f32::NEG_INFINITY;
@@ -303,7 +421,7 @@ impl Constraint {
     pub fn commit(&mut self, tok: u32) -> Result<bool, ConstrainError> {
         self.matcher
             .consume_token(tok)
-            .map_err(|e| ConstrainError::Decode(e.to_string()))?;
+            .map_err(|e| ConstrainError::Decode(brief(e.to_string())))?;
         Ok(self.matcher.is_stopped())
     }
 
