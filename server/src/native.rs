@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
-use longhaul::sample::SamplerParams;
+use longhaul::sample::{ProbsRequest, SamplerParams};
 use longhaul::scheduler::{FinishReason, GenRequest, GenSummary};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -91,16 +91,19 @@ fn final_fields(v: &mut Value, sum: &GenSummary) {
     v["timings"] = gen::timings(sum);
 }
 
-pub async fn completion(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body?;
+/// A `/completion` request checked, tokenized and compiled: ready to start.
+struct Prepared {
+    greq: GenRequest,
+    want: Option<ProbsRequest>,
+    generation_settings: Value,
+    stream: bool,
+}
+
+fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
     let r = state.ready()?;
-    let req: CompletionRequest = request::parse_json(&body)?;
-    unsupported::refuse_unimplemented(&body)?;
-    let want = request::probs_request(&body, ProbsApi::Native)?;
-    let post = want.is_some_and(|w| w.post_sampling);
+    let req: CompletionRequest = request::parse_json(body)?;
+    unsupported::refuse_unimplemented(body)?;
+    let want = request::probs_request(body, ProbsApi::Native)?;
     let prompt = req.prompt.tokenize(r.engine.as_ref())?;
     let (field, max) = match (req.n_predict, req.max_tokens) {
         (Some(n), _) => ("n_predict", Some(n)),
@@ -128,9 +131,33 @@ pub async fn completion(
         constraint,
         special: false,
     };
+    Ok(Prepared {
+        greq,
+        want,
+        generation_settings,
+        stream: req.stream,
+    })
+}
+
+pub async fn completion(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let Prepared {
+        greq,
+        want,
+        generation_settings,
+        stream,
+    } = {
+        let state = state.clone();
+        request::off_runtime(move || prepare(&state, &body)).await?
+    };
+    let r = state.ready()?;
+    let post = want.is_some_and(|w| w.post_sampling);
     let started = gen::start(r, greq)?;
     let model = r.model_id.clone();
-    if !req.stream {
+    if !stream {
         let (text, ps, sum) = gen::collect_with_probs(started, state.abort.clone()).await?;
         let mut v = json!({
             "content": text,
@@ -185,8 +212,12 @@ pub async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body?;
+    request::off_runtime(move || tokenize_now(&state, &body)).await
+}
+
+fn tokenize_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError> {
     let r = state.ready()?;
-    let req: TokenizeRequest = request::parse_json(&body)?;
+    let req: TokenizeRequest = request::parse_json(body)?;
     let tok = r.engine.tokenizer();
     let ids = tok
         .encode(&req.content, req.add_special, req.parse_special)
@@ -219,8 +250,12 @@ pub async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body?;
+    request::off_runtime(move || detokenize_now(&state, &body)).await
+}
+
+fn detokenize_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError> {
     let r = state.ready()?;
-    let req: DetokenizeRequest = request::parse_json(&body)?;
+    let req: DetokenizeRequest = request::parse_json(body)?;
     let tok = r.engine.tokenizer();
     let n_vocab = tok.n_vocab();
     if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= n_vocab) {
@@ -244,8 +279,12 @@ pub async fn apply_template(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body?;
+    request::off_runtime(move || apply_template_now(&state, &body)).await
+}
+
+fn apply_template_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError> {
     let r = state.ready()?;
-    let req: ApplyTemplateRequest = request::parse_json(&body)?;
+    let req: ApplyTemplateRequest = request::parse_json(body)?;
     let messages = request::chat_messages(req.messages)?;
     let prompt = request::render_chat(r.engine.as_ref(), &messages, req.add_generation_prompt)?;
     Ok(Json(json!({ "prompt": prompt })))

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use longhaul::scheduler::{GenRequest, GenSummary};
+use longhaul::toolcall::ToolFormat;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -124,15 +125,19 @@ pub struct ChatRequest {
     pub common: Common,
 }
 
-pub async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body?;
+/// A chat request rendered, tokenized and compiled: ready to start.
+struct PreparedChat {
+    greq: GenRequest,
+    format: Option<ToolFormat>,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn prepare_chat(state: &AppState, body: &Bytes) -> Result<PreparedChat, ApiError> {
     let r = state.ready()?;
-    let req: ChatRequest = request::parse_json(&body)?;
-    unsupported::refuse_unimplemented(&body)?;
-    let want = request::probs_request(&body, ProbsApi::Chat)?;
+    let req: ChatRequest = request::parse_json(body)?;
+    unsupported::refuse_unimplemented(body)?;
+    let want = request::probs_request(body, ProbsApi::Chat)?;
     let plan = tools::plan(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -151,9 +156,8 @@ pub async fn chat_completions(
     let prompt = request::tokenize_rendered(r.engine.as_ref(), &text)?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();
-    let mut greq = req.common.request(&state, prompt)?;
+    let mut greq = req.common.request(state, prompt)?;
     greq.probs = want;
-    let post = want.is_some_and(|w| w.post_sampling);
     if let Some(spec) = plan.as_ref().and_then(|p| p.constraint.as_ref()) {
         let requested = structured::Requested {
             spec: spec.clone(),
@@ -163,6 +167,31 @@ pub async fn chat_completions(
     }
     let format = plan.map(|p| p.format);
     greq.special = format.is_some_and(|f| f.needs_special_tokens());
+    Ok(PreparedChat {
+        greq,
+        format,
+        stream,
+        include_usage,
+    })
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let PreparedChat {
+        greq,
+        format,
+        stream,
+        include_usage,
+    } = {
+        let state = state.clone();
+        request::off_runtime(move || prepare_chat(&state, &body)).await?
+    };
+    let r = state.ready()?;
+    let want = greq.probs;
+    let post = want.is_some_and(|w| w.post_sampling);
     let started = gen::start(r, greq)?;
     let id = new_id("chatcmpl");
     let created = unix_now();
@@ -271,15 +300,18 @@ pub struct CompletionRequest {
     pub common: Common,
 }
 
-pub async fn completions(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body?;
+/// A `/v1/completions` request checked, tokenized and compiled.
+struct Prepared {
+    greq: GenRequest,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
     let r = state.ready()?;
-    let req: CompletionRequest = request::parse_json(&body)?;
-    unsupported::refuse_unimplemented(&body)?;
-    let want = request::probs_request(&body, ProbsApi::Completions)?;
+    let req: CompletionRequest = request::parse_json(body)?;
+    unsupported::refuse_unimplemented(body)?;
+    let want = request::probs_request(body, ProbsApi::Completions)?;
     if req.echo {
         return Err(ApiError::invalid_field(
             "echo",
@@ -289,8 +321,30 @@ pub async fn completions(
     let prompt = req.prompt.tokenize(r.engine.as_ref())?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();
-    let mut greq = req.common.request(&state, prompt)?;
+    let mut greq = req.common.request(state, prompt)?;
     greq.probs = want;
+    Ok(Prepared {
+        greq,
+        stream,
+        include_usage,
+    })
+}
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let Prepared {
+        greq,
+        stream,
+        include_usage,
+    } = {
+        let state = state.clone();
+        request::off_runtime(move || prepare(&state, &body)).await?
+    };
+    let r = state.ready()?;
+    let want = greq.probs;
     let post = want.is_some_and(|w| w.post_sampling);
     let started = gen::start(r, greq)?;
     let id = new_id("cmpl");

@@ -13,6 +13,25 @@ use longhaul::tokenizer::ChatMessage;
 use crate::error::ApiError;
 use crate::EngineInfo;
 
+/// Runs a request's own work (parsing its body, rendering the chat
+/// template, tokenizing, compiling its grammar) on tokio's blocking pool.
+/// Each can take seconds on a large or hostile request (a template runs on
+/// a fuel of 2^26, a grammar compiles within bounds of about a second);
+/// on one of the server's two async workers that would stall every other
+/// connection, `/health` included.
+pub async fn off_runtime<T, F>(f: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the request could not be prepared: {e}"),
+        )
+    })?
+}
+
 /// Parses a JSON body (400 for bad syntax, 422 for the wrong shape).
 pub fn parse_json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(ApiError::from_json)

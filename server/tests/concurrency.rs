@@ -2,13 +2,19 @@
 //! native endpoints, clients that disconnect mid-stream and bad requests.
 //! Every good (greedy) request must return exactly what it returns alone,
 //! nothing may answer 5xx, and the server must be healthy and idle after,
-//! with its resident memory back at its idle level.
+//! with its resident memory back at its idle level. And requests whose
+//! preparation is slow (a grammar compiling) leave the server answering.
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use longhaul::constrain::{ConstrainError, Constraint, ConstraintSpec};
+use longhaul::tokenizer::{ChatMessage, Tokenizer};
+use longhaul_server::EngineInfo;
 use serde_json::{json, Value};
 
 const PROMPTS: [&str; 4] = [
@@ -184,4 +190,117 @@ fn rss_bytes() -> u64 {
         .and_then(|v| v.parse().ok())
         .expect("VmRSS");
     kib * 1024
+}
+
+/// An engine whose grammar compiles wait at a gate (at most 30 s), as a
+/// slow one would.
+struct GatedCompiles {
+    inner: Arc<dyn EngineInfo>,
+    entered: AtomicUsize,
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl GatedCompiles {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl EngineInfo for GatedCompiles {
+    fn tokenizer(&self) -> &Tokenizer {
+        self.inner.tokenizer()
+    }
+    fn apply_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, longhaul::engine::EngineError> {
+        self.inner.apply_template(messages, add_generation_prompt)
+    }
+    fn apply_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&[Value]>,
+    ) -> Result<String, longhaul::engine::EngineError> {
+        self.inner
+            .apply_template_with_tools(messages, add_generation_prompt, tools)
+    }
+    fn template_source(&self) -> Option<&str> {
+        self.inner.template_source()
+    }
+    fn n_ctx(&self) -> usize {
+        self.inner.n_ctx()
+    }
+    fn check_files(&self) -> Result<(), String> {
+        self.inner.check_files()
+    }
+    fn constraint(&self, spec: &ConstraintSpec) -> Result<Constraint, ConstrainError> {
+        self.entered.fetch_add(1, Ordering::SeqCst);
+        let open = self.open.lock().unwrap();
+        let _open = self
+            .opened
+            .wait_timeout_while(open, Duration::from_secs(30), |open| !*open)
+            .unwrap();
+        self.inner.constraint(spec)
+    }
+}
+
+/// Two requests whose grammars take long to compile (held at a gate here)
+/// must not stall the server: `/health` answers while both compile. Before,
+/// each compile ran on one of the server's two async workers, and nothing
+/// else was answered until both were done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_grammar_compiles_leave_the_server_answering() {
+    let opts = Opts {
+        loading: true,
+        ..Opts::default()
+    };
+    let mut ready = load_ready(&fixture(), &opts);
+    let gated = Arc::new(GatedCompiles {
+        inner: ready.engine.clone(),
+        entered: AtomicUsize::new(0),
+        open: Mutex::new(false),
+        opened: Condvar::new(),
+    });
+    ready.engine = gated.clone();
+    let s = start(&fixture(), opts);
+    s.state.set_ready(ready);
+    let c = client();
+    let url = format!("{}/completion", s.url);
+    let body =
+        json!({"prompt": "Once upon a time", "n_predict": 2, "grammar": "root ::= \"a\" \"b\""});
+    let reqs: Vec<_> = (0..2)
+        .map(|_| {
+            let (c, url, body) = (c.clone(), url.clone(), body.clone());
+            tokio::spawn(async move { post(&c, &url, &body).await })
+        })
+        .collect();
+    let t0 = Instant::now();
+    while gated.entered.load(Ordering::SeqCst) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the two compiles did not both start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let health = quick.get(format!("{}/health", s.url)).send().await;
+    let status = health.map(|r| r.status().as_u16());
+    gated.open();
+    assert_eq!(
+        status.map_err(|e| e.to_string()),
+        Ok(200),
+        "/health while two grammars compile"
+    );
+    for r in reqs {
+        let (st, v) = r.await.unwrap();
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["content"], "ab");
+    }
 }
