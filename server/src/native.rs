@@ -149,10 +149,7 @@ pub async fn completion(
         want,
         generation_settings,
         stream,
-    } = {
-        let state = state.clone();
-        request::off_runtime(move || prepare(&state, &body)).await?
-    };
+    } = request::off_runtime(&state, body, prepare).await?;
     let r = state.ready()?;
     let post = want.is_some_and(|w| w.post_sampling);
     let started = gen::start(r, greq)?;
@@ -212,7 +209,7 @@ pub async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body?;
-    request::off_runtime(move || tokenize_now(&state, &body)).await
+    request::off_runtime(&state, body, tokenize_now).await
 }
 
 fn tokenize_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError> {
@@ -250,7 +247,7 @@ pub async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body?;
-    request::off_runtime(move || detokenize_now(&state, &body)).await
+    request::off_runtime(&state, body, detokenize_now).await
 }
 
 fn detokenize_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError> {
@@ -279,7 +276,7 @@ pub async fn apply_template(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body?;
-    request::off_runtime(move || apply_template_now(&state, &body)).await
+    request::off_runtime(&state, body, apply_template_now).await
 }
 
 fn apply_template_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError> {

@@ -185,10 +185,7 @@ pub async fn chat_completions(
         format,
         stream,
         include_usage,
-    } = {
-        let state = state.clone();
-        request::off_runtime(move || prepare_chat(&state, &body)).await?
-    };
+    } = request::off_runtime(&state, body, prepare_chat).await?;
     let r = state.ready()?;
     let want = greq.probs;
     let post = want.is_some_and(|w| w.post_sampling);
@@ -339,10 +336,7 @@ pub async fn completions(
         greq,
         stream,
         include_usage,
-    } = {
-        let state = state.clone();
-        request::off_runtime(move || prepare(&state, &body)).await?
-    };
+    } = request::off_runtime(&state, body, prepare).await?;
     let r = state.ready()?;
     let want = greq.probs;
     let post = want.is_some_and(|w| w.post_sampling);

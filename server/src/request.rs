@@ -2,6 +2,8 @@
 //! turn them into a [`GenRequest`]. Every check answers a 400 that names the
 //! field; nothing here panics on input.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -11,25 +13,28 @@ use longhaul::sample::{ProbsRequest, SampleParamError, SamplerParams};
 use longhaul::tokenizer::ChatMessage;
 
 use crate::error::ApiError;
-use crate::EngineInfo;
+use crate::{AppState, EngineInfo};
 
-/// Runs a request's own work (parsing its body, rendering the chat
-/// template, tokenizing, compiling its grammar) on tokio's blocking pool.
-/// Each can take seconds on a large or hostile request (a template runs on
-/// a fuel of 2^26, a grammar compiles within bounds of about a second);
-/// on one of the server's two async workers that would stall every other
-/// connection, `/health` included.
-pub async fn off_runtime<T, F>(f: F) -> Result<T, ApiError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the request could not be prepared: {e}"),
-        )
-    })?
+/// Runs `prepare` (a request's own work: parsing its body, rendering the
+/// chat template, tokenizing, compiling its grammar) on tokio's blocking
+/// pool. Each can take seconds on a large or hostile request (a template
+/// runs on a fuel of 2^26, a grammar compiles within bounds of about a
+/// second); on one of the server's two async workers that would stall
+/// every other connection, `/health` included.
+pub async fn off_runtime<T: Send + 'static>(
+    state: &Arc<AppState>,
+    body: Bytes,
+    prepare: fn(&AppState, &Bytes) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || prepare(&state, &body))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the request could not be prepared: {e}"),
+            )
+        })?
 }
 
 /// Parses a JSON body (400 for bad syntax, 422 for the wrong shape).
