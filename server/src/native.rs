@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
-use longhaul::sample::{ProbsRequest, SamplerParams};
+use longhaul::sample::SamplerParams;
 use longhaul::scheduler::{FinishReason, GenRequest, GenSummary};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -94,7 +94,6 @@ fn final_fields(v: &mut Value, sum: &GenSummary) {
 /// A `/completion` request checked, tokenized and compiled: ready to start.
 struct Prepared {
     greq: GenRequest,
-    want: Option<ProbsRequest>,
     generation_settings: Value,
     stream: bool,
 }
@@ -133,7 +132,6 @@ fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
     };
     Ok(Prepared {
         greq,
-        want,
         generation_settings,
         stream: req.stream,
     })
@@ -146,11 +144,11 @@ pub async fn completion(
     let body = body?;
     let Prepared {
         greq,
-        want,
         generation_settings,
         stream,
     } = request::off_runtime(&state, body, prepare).await?;
     let r = state.ready()?;
+    let want = greq.probs;
     let post = want.is_some_and(|w| w.post_sampling);
     let started = gen::start(r, greq)?;
     let model = r.model_id.clone();

@@ -136,7 +136,7 @@ fn lark_units(text: &str) -> usize {
 }
 
 /// What bounds the cost of compiling a JSON schema.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 struct JsonSize {
     /// Values (objects, arrays, strings, numbers, booleans, nulls) and
     /// keys: every object and array is one, so this also bounds the levels
