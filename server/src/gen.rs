@@ -3,7 +3,7 @@
 //! answers.
 
 use futures_util::stream::{self, Stream};
-use longhaul::scheduler::{FinishReason, GenEvent, GenRequest, GenStream, GenSummary};
+use longhaul::scheduler::{FinishReason, GenEvent, GenFailure, GenRequest, GenStream, GenSummary};
 use tokio::sync::watch;
 
 use crate::error::ApiError;
@@ -107,7 +107,13 @@ pub fn pieces(started: Started, abort: watch::Receiver<bool>) -> impl Stream<Ite
                         return Some((Piece::Text(text), (gen, first, abort)))
                     }
                     Some(GenEvent::Done(s)) => Piece::Done(s),
-                    Some(GenEvent::Error(msg)) => Piece::Error(ApiError::new(
+                    Some(GenEvent::Error(GenFailure::Constraint(msg))) => {
+                        Piece::Error(ApiError::bad_request(format!(
+                            "the request's grammar or JSON schema failed during generation ({msg}); \
+                             simplify it (fewer alternatives at one point, fewer optional properties)"
+                        )))
+                    }
+                    Some(GenEvent::Error(GenFailure::Engine(msg))) => Piece::Error(ApiError::new(
                         axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                         format!("generation failed: {msg}"),
                     )),

@@ -260,6 +260,45 @@ async fn bad_grammars_and_schemas_are_400() {
     assert!(error_message(st, &v).contains("response_format"), "{v}");
 }
 
+/// A grammar that compiles but that llguidance cannot follow past its
+/// first token (2,500 alternatives at one point, past its 2,000 items in a
+/// row) is the request's to change: a 400 with the parser's reason, not a
+/// 500, streamed or not; the slot serves the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grammar_that_fails_part_way_is_a_400() {
+    let s = server(None);
+    let c = client();
+    let alts: Vec<String> = (0..2_500).map(|i| format!("\"w{i}\"")).collect();
+    let grammar = format!("root ::= {}\n", alts.join(" | "));
+    let body =
+        json!({"prompt": "Say a word:", "grammar": grammar, "n_predict": 8, "max_tokens": 8});
+    for path in ["/completion", "/v1/completions"] {
+        let (st, v) = post(&c, &format!("{}{path}", s.url), &body).await;
+        assert_eq!(st, 400, "{path}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        let msg = error_message(st, &v);
+        assert!(msg.contains("grammar") && msg.contains("2000"), "{msg}");
+    }
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    for path in ["/completion", "/v1/completions"] {
+        let events = post_sse(&c, &format!("{}{path}", s.url), &streamed).await;
+        let err = events
+            .iter()
+            .find(|e| e.get("error").is_some())
+            .unwrap_or_else(|| panic!("{path}: no error event in {events:?}"));
+        assert_eq!(err["error"]["code"], 400, "{err}");
+    }
+    let (st, v) = post(
+        &c,
+        &format!("{}/completion", s.url),
+        &json!({"prompt": "x", "grammar": "root ::= \"yes\" | \"no\"\n", "n_predict": 4}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v["content"] == "yes" || v["content"] == "no", "{v}");
+}
+
 fn weather_tools() -> Value {
     json!([
         {"type": "function", "function": {

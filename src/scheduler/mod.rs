@@ -92,7 +92,20 @@ pub enum GenEvent {
         probs: Option<TokenProbs>,
     },
     Done(GenSummary),
-    Error(String),
+    Error(GenFailure),
+}
+
+/// Why a generation stopped part-way.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum GenFailure {
+    /// The request's own grammar or schema could not go on (a parser limit
+    /// reached part-way, such as too many alternatives at one point): the
+    /// request's to change, so the server answers 400.
+    #[error("{0}")]
+    Constraint(String),
+    /// The engine failed (a read, the backend): not the request's doing.
+    #[error("{0}")]
+    Engine(String),
 }
 
 /// Counters for `/metrics`.
@@ -893,7 +906,7 @@ impl<B: Backend + 'static> Worker<B> {
                             Ok((false, _)) => s.active = Some(a),
                             Ok((true, _)) => finished.push(a),
                             Err(e) => {
-                                let _ = a.job.events.send(GenEvent::Error(e));
+                                let _ = a.job.events.send(GenEvent::Error(GenFailure::Engine(e)));
                                 let _ = s.kv.reset(&engine.model.backend);
                                 s.cached.clear();
                             }
@@ -926,7 +939,7 @@ impl<B: Backend + 'static> Worker<B> {
                 }
                 // Each sampler reads a whole row of logits (greedy: an argmax
                 // over the vocabulary): the slots sample in parallel.
-                type Sampled = Result<(u32, Option<TokenProbs>, bool), String>;
+                type Sampled = Result<(u32, Option<TokenProbs>, bool), GenFailure>;
                 let toks: Vec<Sampled> = ready
                     .par_iter_mut()
                     .map(|(_, k, a)| Self::sample(a, all.seq(*k)))
@@ -960,7 +973,8 @@ impl<B: Backend + 'static> Worker<B> {
                 for (i, _) in batch {
                     let s = &mut self.slots[i];
                     if let Some(a) = s.active.take() {
-                        let _ = a.job.events.send(GenEvent::Error(e.to_string()));
+                        let e = GenFailure::Engine(e.to_string());
+                        let _ = a.job.events.send(GenEvent::Error(e));
                     }
                     // Some layers may have written these positions: start
                     // over (a recurrent state may have gone back already).
@@ -974,16 +988,20 @@ impl<B: Backend + 'static> Worker<B> {
     /// Samples the next token of `a` from its row of logits, within its
     /// constraint if it has one; the flag is true when that token
     /// completes the constraint's grammar.
-    fn sample(a: &mut Active, logits: &[f32]) -> Result<(u32, Option<TokenProbs>, bool), String> {
+    fn sample(
+        a: &mut Active,
+        logits: &[f32],
+    ) -> Result<(u32, Option<TokenProbs>, bool), GenFailure> {
         let want = a.job.req.probs;
         let Some(c) = a.constraint.as_mut() else {
             let (tok, probs) = a.sampler.sample_with_probs(logits, &a.history, want);
             return Ok((tok, probs, false));
         };
         let mut masked = logits.to_vec();
-        c.apply(&mut masked).map_err(|e| e.to_string())?;
+        let failed = |e: crate::constrain::ConstrainError| GenFailure::Constraint(e.to_string());
+        c.apply(&mut masked).map_err(failed)?;
         let (tok, probs) = a.sampler.sample_with_probs(&masked, &a.history, want);
-        let complete = c.commit(tok).map_err(|e| e.to_string())?;
+        let complete = c.commit(tok).map_err(failed)?;
         Ok((tok, probs, complete))
     }
 
