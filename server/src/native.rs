@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::gen::{self, Piece};
 use crate::openai::{data, sse};
-use crate::probs;
+use crate::probs::{self, Spliced};
 use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
 use crate::structured::{self, StructuredFields};
 use crate::unsupported;
@@ -130,6 +130,12 @@ fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
         constraint,
         special: false,
     };
+    request::check_probs(
+        &greq,
+        ProbsApi::Native,
+        r.scheduler.n_ctx(),
+        r.engine.tokenizer().n_vocab(),
+    )?;
     Ok(Prepared {
         greq,
         generation_settings,
@@ -159,20 +165,29 @@ pub async fn completion(
             "model": model,
             "generation_settings": generation_settings,
         });
-        if want.is_some() {
-            v["completion_probabilities"] = probs::entries(r.engine.tokenizer(), &ps, post);
+        if want.is_none() {
+            final_fields(&mut v, &sum);
+            return Ok(Json(v).into_response());
         }
+        // Its place, ahead of the final fields; written in by `Spliced`.
+        v["completion_probabilities"] = Value::Null;
         final_fields(&mut v, &sum);
-        return Ok(Json(v).into_response());
+        let with = probs::entries(r.engine.tokenizer(), &ps, post);
+        return Ok(Json(Spliced {
+            value: &v,
+            pointer: "/completion_probabilities",
+            with: &with,
+        })
+        .into_response());
     }
     let engine = r.engine.clone();
     let events = gen::pieces(started, state.abort.clone()).map(move |p| match p {
         Piece::Text(t) => data(&json!({ "content": t, "stop": false })),
-        Piece::Token { text, probs: p } => data(&json!({
-            "content": text,
-            "stop": false,
-            "completion_probabilities": probs::entries(engine.tokenizer(), &[p], post),
-        })),
+        Piece::Token { text, probs: p } => data(&Spliced {
+            value: &json!({ "content": text, "stop": false, "completion_probabilities": null }),
+            pointer: "/completion_probabilities",
+            with: &probs::entries(engine.tokenizer(), &[p], post),
+        }),
         Piece::Done(sum) => {
             let mut v = json!({
                 "content": "",

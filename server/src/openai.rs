@@ -14,12 +14,12 @@ use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use longhaul::scheduler::{GenRequest, GenSummary};
 use longhaul::toolcall::ToolFormat;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::gen::{self, Piece};
-use crate::probs;
+use crate::probs::{self, Spliced};
 use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
 use crate::structured::{self, StructuredFields};
 use crate::tools::{self, ToolStream};
@@ -167,6 +167,8 @@ fn prepare_chat(state: &AppState, body: &Bytes) -> Result<PreparedChat, ApiError
     }
     let format = plan.map(|p| p.format);
     greq.special = format.is_some_and(|f| f.needs_special_tokens());
+    let n_vocab = r.engine.tokenizer().n_vocab();
+    request::check_probs(&greq, ProbsApi::Chat, r.scheduler.n_ctx(), n_vocab)?;
     Ok(PreparedChat {
         greq,
         format,
@@ -195,8 +197,9 @@ pub async fn chat_completions(
     let model = r.model_id.clone();
     if !stream {
         let (text, ps, sum) = gen::collect_with_probs(started, state.abort.clone()).await?;
+        // `logprobs.content` is written in by `Spliced`.
         let logprobs = match want {
-            Some(_) => json!({ "content": probs::entries(r.engine.tokenizer(), &ps, post) }),
+            Some(_) => json!({ "content": null }),
             None => Value::Null,
         };
         let (message, finish) = match format {
@@ -214,7 +217,7 @@ pub async fn chat_completions(
                 gen::finish_reason(&sum),
             ),
         };
-        return Ok(Json(json!({
+        let v = json!({
             "id": id,
             "object": "chat.completion",
             "created": created,
@@ -227,7 +230,16 @@ pub async fn chat_completions(
             }],
             "usage": gen::usage(&sum),
             "timings": gen::timings(&sum),
-        }))
+        });
+        if want.is_none() {
+            return Ok(Json(v).into_response());
+        }
+        let with = probs::entries(r.engine.tokenizer(), &ps, post);
+        return Ok(Json(Spliced {
+            value: &v,
+            pointer: "/choices/0/logprobs/content",
+            with: &with,
+        })
         .into_response());
     }
     let chunk = move |delta: Value, finish: Option<&str>| {
@@ -260,9 +272,12 @@ pub async fn chat_completions(
             }
             Piece::Token { text, probs: p } => {
                 let mut c = chunk(json!({ "content": content(text) }), None);
-                let entries = probs::entries(engine.tokenizer(), &[p], post);
-                c["choices"][0]["logprobs"] = json!({ "content": entries });
-                vec![data(&c)]
+                c["choices"][0]["logprobs"] = json!({ "content": null });
+                vec![data(&Spliced {
+                    value: &c,
+                    pointer: "/choices/0/logprobs/content",
+                    with: &probs::entries(engine.tokenizer(), &[p], post),
+                })]
             }
             Piece::Done(sum) => {
                 let mut finish = gen::finish_reason(&sum);
@@ -320,6 +335,8 @@ fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
     let include_usage = req.common.include_usage();
     let mut greq = req.common.request(state, prompt)?;
     greq.probs = want;
+    let n_vocab = r.engine.tokenizer().n_vocab();
+    request::check_probs(&greq, ProbsApi::Completions, r.scheduler.n_ctx(), n_vocab)?;
     Ok(Prepared {
         greq,
         stream,
@@ -346,11 +363,7 @@ pub async fn completions(
     let model = r.model_id.clone();
     if !stream {
         let (text, ps, sum) = gen::collect_with_probs(started, state.abort.clone()).await?;
-        let logprobs = match want {
-            Some(_) => probs::legacy(r.engine.tokenizer(), &ps, 0, post).0,
-            None => Value::Null,
-        };
-        return Ok(Json(json!({
+        let v = json!({
             "id": id,
             "object": "text_completion",
             "created": created,
@@ -358,12 +371,21 @@ pub async fn completions(
             "choices": [{
                 "index": 0,
                 "text": text,
-                "logprobs": logprobs,
+                "logprobs": null,
                 "finish_reason": gen::finish_reason(&sum),
             }],
             "usage": gen::usage(&sum),
             "timings": gen::timings(&sum),
-        }))
+        });
+        if want.is_none() {
+            return Ok(Json(v).into_response());
+        }
+        let (with, _) = probs::legacy(r.engine.tokenizer(), &ps, 0, post);
+        return Ok(Json(Spliced {
+            value: &v,
+            pointer: "/choices/0/logprobs",
+            with: &with,
+        })
         .into_response());
     }
     let chunk = move |text: &str, finish: Option<&str>| {
@@ -381,11 +403,14 @@ pub async fn completions(
         let evs = match p {
             Piece::Text(t) => vec![data(&chunk(&t, None))],
             Piece::Token { text, probs: p } => {
-                let mut c = chunk(&text, None);
-                let (lp, next) = probs::legacy(engine.tokenizer(), &[p], offset, post);
+                let p = [p];
+                let (lp, next) = probs::legacy(engine.tokenizer(), &p, offset, post);
                 offset = next;
-                c["choices"][0]["logprobs"] = lp;
-                vec![data(&c)]
+                vec![data(&Spliced {
+                    value: &chunk(&text, None),
+                    pointer: "/choices/0/logprobs",
+                    with: &lp,
+                })]
             }
             Piece::Done(sum) => stream_end(
                 chunk("", Some(gen::finish_reason(&sum))),
@@ -420,8 +445,17 @@ fn stream_end(
 }
 
 /// One `data: {json}` event.
-pub fn data(v: &Value) -> Result<Event, Infallible> {
-    Ok(Event::default().data(v.to_string()))
+pub fn data(v: &impl Serialize) -> Result<Event, Infallible> {
+    // Only string keys are written, so this cannot fail; if it did, the
+    // client would read why.
+    let text = serde_json::to_string(v).unwrap_or_else(|e| {
+        let e = ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot write the response: {e}"),
+        );
+        e.body().to_string()
+    });
+    Ok(Event::default().data(text))
 }
 
 /// `data: [DONE]`.

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use longhaul::sample::{ProbsRequest, SampleParamError, SamplerParams};
+use longhaul::scheduler::GenRequest;
 use longhaul::tokenizer::ChatMessage;
 
 use crate::error::ApiError;
@@ -424,6 +425,49 @@ pub enum ProbsApi {
     Native,
 }
 
+/// Most probabilities one request may ask for: alternatives per token
+/// times tokens it may generate. A non-streamed answer holds them all
+/// (8 bytes each) and writes about 95 bytes of JSON for each, so this
+/// keeps one answer under about 0.4 GB; it allows 20 alternatives for
+/// 200,000 tokens, or a 262,144-token vocabulary for 16 tokens. Unbounded,
+/// one request for the whole vocabulary at every token of a long context
+/// could take more memory than the machine has (llama-server has no bound).
+pub const MAX_PROBS_PER_REQUEST: usize = 1 << 22;
+
+/// Refuses a request whose probabilities could pass
+/// [`MAX_PROBS_PER_REQUEST`]: each of its tokens, up to `n_predict` or the
+/// slot's context `n_ctx` after the prompt, lists the sampled token and at
+/// most `n_top` alternatives of the vocabulary.
+pub fn check_probs(
+    req: &GenRequest,
+    api: ProbsApi,
+    n_ctx: usize,
+    n_vocab: usize,
+) -> Result<(), ApiError> {
+    let Some(want) = req.probs else {
+        return Ok(());
+    };
+    let per_token = want.n_top.min(n_vocab).max(1);
+    let max_gen = req.n_predict.min(n_ctx.saturating_sub(req.prompt.len()));
+    let total = per_token.saturating_mul(max_gen);
+    if total <= MAX_PROBS_PER_REQUEST {
+        return Ok(());
+    }
+    let (field, count) = match api {
+        ProbsApi::Chat => ("top_logprobs", "max_tokens"),
+        ProbsApi::Completions => ("logprobs", "max_tokens"),
+        ProbsApi::Native => ("n_probs", "n_predict"),
+    };
+    Err(ApiError::invalid_field(
+        field,
+        format!(
+            "{field} asks for {per_token} probabilities for each of up to {max_gen} tokens \
+             ({total}), over this server's {MAX_PROBS_PER_REQUEST} per request: lower {field} \
+             or {count}"
+        ),
+    ))
+}
+
 /// The per-token probabilities a request asks for, from its raw body.
 /// Every endpoint also takes llama-server's `n_probs` (on when > 0) and
 /// `post_sampling_probs`. `top_logprobs` without `logprobs: true` is a 400,
@@ -435,7 +479,9 @@ pub fn probs_request(body: &Bytes, api: ProbsApi) -> Result<Option<ProbsRequest>
         ProbsApi::Chat => {
             let top = count_field(&body, "top_logprobs")?;
             match body.get("logprobs") {
-                Some(Value::Bool(true)) => Some(top.unwrap_or(0)),
+                // llama-server lists 20 alternatives when `top_logprobs`
+                // is not given (OpenAI lists none).
+                Some(Value::Bool(true)) => Some(top.unwrap_or(20)),
                 None | Some(Value::Null) | Some(Value::Bool(false)) => {
                     if top.is_some() {
                         return Err(ApiError::invalid_field(
@@ -478,4 +524,59 @@ pub fn probs_request(body: &Bytes, api: ProbsApi) -> Result<Option<ProbsRequest>
         n_top,
         post_sampling,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asking(n_top: usize, n_prompt: usize, n_predict: usize) -> GenRequest {
+        GenRequest {
+            prompt: vec![1; n_prompt],
+            n_predict,
+            sampler: SamplerParams::default(),
+            stop: vec![],
+            cache_prompt: true,
+            ignore_eos: false,
+            probs: Some(ProbsRequest {
+                n_top,
+                post_sampling: false,
+            }),
+            constraint: None,
+            special: false,
+        }
+    }
+
+    #[test]
+    fn the_probability_bound_counts_what_a_request_can_generate() {
+        let (n_ctx, n_vocab) = (4096, 49_152);
+        let check = |r: &GenRequest, api| check_probs(r, api, n_ctx, n_vocab);
+        // 49,152 × 85 = 4,177,920 fits 2^22; × 86 = 4,227,072 does not.
+        assert!(check(&asking(49_152, 10, 85), ProbsApi::Native).is_ok());
+        let e = check(&asking(49_152, 10, 86), ProbsApi::Native).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n_probs"));
+        assert!(e.message.contains("4227072"), "{}", e.message);
+        // Past the vocabulary counts as the vocabulary (llama-server lists
+        // at most every token).
+        assert!(check(&asking(usize::MAX, 10, 85), ProbsApi::Native).is_ok());
+        // No n_predict: the context after the prompt bounds the tokens.
+        // 1,024 × 4,096 = 2^22 fits; with a prompt it is fewer tokens.
+        assert!(check(&asking(1024, 0, usize::MAX), ProbsApi::Chat).is_ok());
+        let e = check(&asking(1025, 0, usize::MAX), ProbsApi::Chat).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        assert!(check(&asking(1025, 100, usize::MAX), ProbsApi::Chat).is_ok());
+        // `logprobs: true` without alternatives still lists the sampled
+        // token: one per token.
+        let e = check_probs(
+            &asking(0, 0, usize::MAX),
+            ProbsApi::Completions,
+            1 << 23,
+            10,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        let mut none = asking(usize::MAX, 0, usize::MAX);
+        none.probs = None;
+        assert!(check(&none, ProbsApi::Native).is_ok());
+    }
 }

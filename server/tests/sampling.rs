@@ -218,6 +218,70 @@ async fn logprobs_are_the_log_softmax_of_the_engine_logits() {
     assert!(v.get("completion_probabilities").is_none(), "{v}");
 }
 
+/// One request could ask for the whole vocabulary at every token of its
+/// context: before the bound, 200 tokens of SmolLM2's 49,152 took the
+/// server to 16 GB. Past the bound each API's field is a 400 naming it,
+/// before anything runs; within it, a count past the vocabulary lists the
+/// whole vocabulary, as llama-server clamps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probabilities_past_the_per_request_bound_are_a_400() {
+    let s = start(
+        &smollm2(),
+        Opts {
+            n_ctx: 1024,
+            ..Opts::default()
+        },
+    );
+    let c = client();
+    let huge = 1_000_000_000u64;
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (
+            "/completion",
+            json!({"prompt": "hi", "n_probs": huge}),
+            "n_probs",
+        ),
+        (
+            "/completion",
+            json!({"prompt": "hi", "n_probs": huge, "n_predict": 86}),
+            "n_probs",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "logprobs": huge}),
+            "logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": messages, "logprobs": true, "top_logprobs": huge}),
+            "top_logprobs",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let (st, v) = post(&c, &format!("{}{path}", s.url), &body).await;
+        assert_eq!(st, 400, "{path} {body}: {v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+        assert!(error_message(st, &v).contains("per request"), "{v}");
+    }
+    let (st, v) = post(
+        &c,
+        &format!("{}/completion", s.url),
+        &json!({"prompt": "hi", "n_probs": huge, "n_predict": 2, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let entries = v["completion_probabilities"].as_array().expect("entries");
+    assert_eq!(entries.len(), 2);
+    for e in entries {
+        let top = e["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(top.len(), 49_152);
+        assert_eq!(
+            top[0]["id"], e["id"],
+            "greedy: the sampled token is the most likely"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_logprobs_streamed_and_not() {
     let s = start(&smollm2(), Opts::default());
@@ -270,11 +334,23 @@ async fn chat_logprobs_streamed_and_not() {
         .collect();
     assert_eq!(streamed, content);
 
-    // logprobs without top_logprobs: the sampled token only.
+    // logprobs without top_logprobs: 20 alternatives, as llama-server's
+    // server-common.cpp defaults `top_logprobs` (OpenAI lists none);
+    // top_logprobs 0: the sampled token only.
     let (st, v) = post(
         &c,
         &url,
         &json!({"messages": req["messages"], "max_tokens": 2, "temperature": 0, "logprobs": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let t = &v["choices"][0]["logprobs"]["content"][0];
+    assert_eq!(t["top_logprobs"].as_array().map(Vec::len), Some(20), "{t}");
+    assert_eq!(t["top_logprobs"][0]["id"], t["id"], "greedy: most likely");
+    let (st, v) = post(
+        &c,
+        &url,
+        &json!({"messages": req["messages"], "max_tokens": 2, "temperature": 0, "logprobs": true, "top_logprobs": 0}),
     )
     .await;
     assert_eq!(st, 200, "{v}");
