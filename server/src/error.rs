@@ -99,6 +99,10 @@ impl From<SchedulerError> for ApiError {
             },
             SchedulerError::EmptyPrompt => Self::bad_request(e.to_string()),
             SchedulerError::ShuttingDown => Self::unavailable(e.to_string()),
+            SchedulerError::TooManyStops { .. } => Self {
+                param: Some("stop".into()),
+                ..Self::bad_request(e.to_string())
+            },
         }
     }
 }

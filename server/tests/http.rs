@@ -143,6 +143,21 @@ async fn completions_streamed_and_not_agree() {
     let cut = v["choices"][0]["text"].as_str().unwrap();
     assert_eq!(cut, &text[..text.find(&stop).unwrap()]);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // The same among 1,024 strings (the most a request may give: each is
+    // checked at every step of every slot); 1,025 are a 400 naming `stop`.
+    let mut many: Vec<String> = (0..1022).map(|i| format!("never-{i}-XYZ")).collect();
+    many.push(stop.clone());
+    many.push("never-seen-XYZ".into());
+    stop_req["stop"] = json!(many);
+    let (st, v) = post(&c, &url, &stop_req).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(cut));
+    many.push("one-too-many".into());
+    stop_req["stop"] = json!(many);
+    let (st, v) = post(&c, &url, &stop_req).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "stop", "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,8 +30,11 @@ use crate::tokenizer::StreamDecoder;
 
 mod spec;
 mod state;
+mod stops;
 pub use spec::Speculation;
 use state::ContextCache;
+use stops::StopStrings;
+pub use stops::MAX_STOP_STRINGS;
 
 /// One generation request (the prompt already tokenised).
 #[derive(Clone, Debug)]
@@ -234,11 +237,18 @@ pub enum SchedulerError {
     EmptyPrompt,
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error(
+        "{n} stop strings given; at most {max} are taken (every step of every slot checks each)"
+    )]
+    TooManyStops { n: usize, max: usize },
 }
 
 struct Job {
     id: u64,
     req: GenRequest,
+    /// `req.stop` as automata (built by the caller of `submit`, not on
+    /// the engine thread).
+    stops: StopStrings,
     events: UnboundedSender<GenEvent>,
     cancel: Arc<AtomicBool>,
 }
@@ -434,10 +444,17 @@ impl Scheduler {
                 n_ctx: self.handle.shared.n_ctx,
             });
         }
+        if req.stop.len() > MAX_STOP_STRINGS {
+            return Err(SchedulerError::TooManyStops {
+                n: req.stop.len(),
+                max: MAX_STOP_STRINGS,
+            });
+        }
         let (etx, erx) = unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {
             id: self.handle.shared.next_task.fetch_add(1, Ordering::Relaxed),
+            stops: StopStrings::new(&req.stop),
             req,
             events: etx,
             cancel: cancel.clone(),
@@ -1030,27 +1047,12 @@ impl<B: Backend + 'static> Worker<B> {
             });
             return Self::finish(a, FinishReason::Stop, None);
         }
+        let at = a.text.len();
         a.text.push_str(&a.dec.push(&engine.tokenizer, tok));
         // A complete stop string ends the generation before it.
-        let from = {
-            let longest = req.stop.iter().map(|s| s.len()).max().unwrap_or(0);
-            let mut i = a.emitted.saturating_sub(longest);
-            while !a.text.is_char_boundary(i) {
-                i -= 1;
-            }
-            i
-        };
-        let hit = req
-            .stop
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| {
-                a.text[from..]
-                    .find(s.as_str())
-                    .map(|p| (from + p, s.clone()))
-            })
-            .min_by_key(|(p, _)| *p);
-        if let Some((p, word)) = hit {
+        let hit = a.job.stops.feed(&a.text.as_bytes()[at..], at);
+        if let Some((p, i)) = hit {
+            let word = req.stop.get(i).cloned().unwrap_or_default();
             let text = a.text[a.emitted..p.max(a.emitted)].to_string();
             a.emitted = p.max(a.emitted);
             let _ = a.job.events.send(GenEvent::Token {
@@ -1065,15 +1067,7 @@ impl<B: Backend + 'static> Worker<B> {
         let mut keep = if done {
             a.text.len()
         } else {
-            let hold = req
-                .stop
-                .iter()
-                .flat_map(|s| {
-                    (1..s.len()).filter(|&k| s.is_char_boundary(k) && a.text.ends_with(&s[..k]))
-                })
-                .max()
-                .unwrap_or(0);
-            a.text.len() - hold
+            a.text.len() - a.job.stops.pending()
         };
         while !a.text.is_char_boundary(keep) {
             keep -= 1;
