@@ -158,6 +158,15 @@ async fn completions_streamed_and_not_agree() {
     let (st, v) = post(&c, &url, &stop_req).await;
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["param"], "stop", "{v}");
+    // So is one string past 1 MiB of stop strings in all.
+    stop_req["stop"] = json!([stop.clone(), "x".repeat((1 << 20) + 1 - stop.len())]);
+    let (st, v) = post(&c, &url, &stop_req).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "stop", "{v}");
+    stop_req["stop"] = json!([stop.clone(), "x".repeat((1 << 20) - stop.len())]);
+    let (st, v) = post(&c, &url, &stop_req).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(cut));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

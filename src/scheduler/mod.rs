@@ -34,7 +34,7 @@ mod stops;
 pub use spec::Speculation;
 use state::ContextCache;
 use stops::StopStrings;
-pub use stops::MAX_STOP_STRINGS;
+pub use stops::{MAX_STOP_BYTES, MAX_STOP_STRINGS};
 
 /// One generation request (the prompt already tokenised).
 #[derive(Clone, Debug)]
@@ -238,9 +238,10 @@ pub enum SchedulerError {
     #[error("the server is shutting down")]
     ShuttingDown,
     #[error(
-        "{n} stop strings given; at most {max} are taken (every step of every slot checks each)"
+        "{n} stop strings of {bytes} bytes in all given; at most {MAX_STOP_STRINGS} strings of \
+         {MAX_STOP_BYTES} bytes in all are taken (every step of every slot checks each)"
     )]
-    TooManyStops { n: usize, max: usize },
+    TooManyStops { n: usize, bytes: usize },
 }
 
 struct Job {
@@ -444,10 +445,11 @@ impl Scheduler {
                 n_ctx: self.handle.shared.n_ctx,
             });
         }
-        if req.stop.len() > MAX_STOP_STRINGS {
+        let stop_bytes = req.stop.iter().map(String::len).sum();
+        if req.stop.len() > MAX_STOP_STRINGS || stop_bytes > MAX_STOP_BYTES {
             return Err(SchedulerError::TooManyStops {
                 n: req.stop.len(),
-                max: MAX_STOP_STRINGS,
+                bytes: stop_bytes,
             });
         }
         let (etx, erx) = unbounded_channel();

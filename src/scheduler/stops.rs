@@ -10,6 +10,11 @@
 /// OpenAI takes 4). Every engine step feeds each of them.
 pub const MAX_STOP_STRINGS: usize = 1024;
 
+/// Most bytes of stop strings, all together, in one request. Each byte
+/// costs 9 bytes of automaton while the request waits and runs; a stop
+/// string longer than the text a context holds never matches.
+pub const MAX_STOP_BYTES: usize = 1 << 20;
+
 /// The stop strings of one request and how far each has matched.
 #[derive(Debug, Default)]
 pub(super) struct StopStrings {
