@@ -179,6 +179,8 @@ pub struct AppState {
     /// Flips to `true` when in-flight generations must stop (shutdown).
     abort: watch::Receiver<bool>,
     abort_tx: watch::Sender<bool>,
+    /// One permit: bodies over [`request::LARGE_BODY`] prepare one at a time.
+    large_bodies: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -190,6 +192,7 @@ impl AppState {
             config,
             abort,
             abort_tx,
+            large_bodies: Arc::new(tokio::sync::Semaphore::new(1)),
         })
     }
 

@@ -248,12 +248,8 @@ impl EngineInfo for GatedCompiles {
     }
 }
 
-/// Two requests whose grammars take long to compile (held at a gate here)
-/// must not stall the server: `/health` answers while both compile. Before,
-/// each compile ran on one of the server's two async workers, and nothing
-/// else was answered until both were done.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_grammar_compiles_leave_the_server_answering() {
+/// The fixture served with its grammar compiles held at a gate.
+fn gated_server() -> (TestServer, Arc<GatedCompiles>) {
     let opts = Opts {
         loading: true,
         ..Opts::default()
@@ -268,6 +264,72 @@ async fn slow_grammar_compiles_leave_the_server_answering() {
     ready.engine = gated.clone();
     let s = start(&fixture(), opts);
     s.state.set_ready(ready);
+    (s, gated)
+}
+
+/// Waits until `n` requests have reached the gate.
+async fn until_entered(gated: &GatedCompiles, n: usize, what: &str) {
+    let t0 = Instant::now();
+    while gated.entered.load(Ordering::SeqCst) < n {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Bodies over 1 MiB prepare one at a time (tokenizing takes 125-180
+/// bytes of memory per byte of text: concurrent 16 MiB prompts could take
+/// the machine's memory); smaller bodies do not wait for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_prepare_one_at_a_time() {
+    let (s, gated) = gated_server();
+    let c = client();
+    let url = format!("{}/completion", s.url);
+    let small =
+        json!({"prompt": "Once upon a time", "n_predict": 2, "grammar": "root ::= \"a\" \"b\""});
+    let mut large = small.clone();
+    // A stop string that never occurs, at the 1 MiB bound of stop strings.
+    large["stop"] = json!(["x".repeat(1 << 20)]);
+    let send = |body: &Value| {
+        let (c, url, body) = (c.clone(), url.clone(), body.clone());
+        tokio::spawn(async move { post(&c, &url, &body).await })
+    };
+    let mut reqs = vec![send(&large)];
+    until_entered(
+        &gated,
+        1,
+        "the first large request did not reach its compile",
+    )
+    .await;
+    reqs.push(send(&large));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = gated.entered.load(Ordering::SeqCst);
+    reqs.push(send(&small));
+    until_entered(&gated, 2, "a small request waited for a large one").await;
+    let after_small = gated.entered.load(Ordering::SeqCst);
+    gated.open();
+    assert_eq!(
+        held, 1,
+        "the second large request prepared beside the first"
+    );
+    assert_eq!(
+        after_small, 2,
+        "the second large request prepared beside the first"
+    );
+    for r in reqs {
+        let (st, v) = r.await.unwrap();
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["content"], "ab");
+    }
+    assert_eq!(gated.entered.load(Ordering::SeqCst), 3);
+}
+
+/// Two requests whose grammars take long to compile (held at a gate here)
+/// must not stall the server: `/health` answers while both compile. Before,
+/// each compile ran on one of the server's two async workers, and nothing
+/// else was answered until both were done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_grammar_compiles_leave_the_server_answering() {
+    let (s, gated) = gated_server();
     let c = client();
     let url = format!("{}/completion", s.url);
     let body =
@@ -278,14 +340,7 @@ async fn slow_grammar_compiles_leave_the_server_answering() {
             tokio::spawn(async move { post(&c, &url, &body).await })
         })
         .collect();
-    let t0 = Instant::now();
-    while gated.entered.load(Ordering::SeqCst) < 2 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the two compiles did not both start"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_entered(&gated, 2, "the two compiles did not both start").await;
     let quick = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
