@@ -11,7 +11,7 @@ use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use longhaul::sample::SamplerParams;
 use longhaul::scheduler::{FinishReason, GenRequest, GenSummary};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
@@ -217,15 +217,37 @@ fn yes() -> bool {
     true
 }
 
+/// `/tokenize`'s answer. Typed rather than a `Value` tree: a 14 MB text
+/// is 7M tokens, 224 MB as `Value` numbers and 4 GB more as `Value` pieces.
+#[derive(Serialize)]
+pub struct Tokens<T> {
+    tokens: Vec<T>,
+}
+
+/// A token with its piece (`with_pieces`).
+#[derive(Serialize)]
+pub struct TokenPiece {
+    id: u32,
+    piece: PieceText,
+}
+
+/// A piece that is not valid UTF-8 (part of a character) is given as bytes.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum PieceText {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let body = body?;
     request::off_runtime(&state, body, tokenize_now).await
 }
 
-fn tokenize_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError> {
+fn tokenize_now(state: &AppState, body: &Bytes) -> Result<Response, ApiError> {
     let r = state.ready()?;
     let req: TokenizeRequest = request::parse_json(body)?;
     let tok = r.engine.tokenizer();
@@ -233,21 +255,19 @@ fn tokenize_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError>
         .encode(&req.content, req.add_special, req.parse_special)
         .map_err(|e| ApiError::invalid_field("content", e.to_string()))?;
     if !req.with_pieces {
-        return Ok(Json(json!({ "tokens": ids })));
+        return Ok(Json(Tokens { tokens: ids }).into_response());
     }
-    let tokens: Vec<Value> = ids
+    let tokens = ids
         .iter()
-        .map(|&id| {
-            let bytes = tok.token_to_piece(id);
-            // A piece that is not valid UTF-8 (part of a character) is given as bytes.
-            let piece = match String::from_utf8(bytes) {
-                Ok(s) => json!(s),
-                Err(e) => json!(e.into_bytes()),
-            };
-            json!({ "id": id, "piece": piece })
+        .map(|&id| TokenPiece {
+            id,
+            piece: match String::from_utf8(tok.token_to_piece(id)) {
+                Ok(s) => PieceText::Text(s),
+                Err(e) => PieceText::Bytes(e.into_bytes()),
+            },
         })
         .collect();
-    Ok(Json(json!({ "tokens": tokens })))
+    Ok(Json(Tokens::<TokenPiece> { tokens }).into_response())
 }
 
 #[derive(Deserialize, Debug)]
