@@ -131,6 +131,8 @@ impl Serialize for Entries<'_> {
 pub struct Legacy<'a> {
     tok: &'a Tokenizer,
     ps: &'a [Probs],
+    /// The sampled tokens' texts and where each starts.
+    tokens: Vec<String>,
     offsets: Vec<usize>,
     post: bool,
 }
@@ -142,17 +144,19 @@ pub fn legacy<'a>(
     mut offset: usize,
     post: bool,
 ) -> (Legacy<'a>, usize) {
-    let offsets = ps
+    let tokens: Vec<String> = ps.iter().map(|(id, _)| piece(tok, *id).0).collect();
+    let offsets = tokens
         .iter()
-        .map(|(id, _)| {
+        .map(|t| {
             let at = offset;
-            offset += piece(tok, *id).0.chars().count();
+            offset += t.chars().count();
             at
         })
         .collect();
     let l = Legacy {
         tok,
         ps,
+        tokens,
         offsets,
         post,
     };
@@ -161,10 +165,9 @@ pub fn legacy<'a>(
 
 impl Serialize for Legacy<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let tokens: Vec<String> = self.ps.iter().map(|p| piece(self.tok, p.0).0).collect();
         let lps: Vec<f64> = self.ps.iter().map(|p| logprob(p.1.logprob)).collect();
         let mut m = s.serialize_map(Some(5))?;
-        m.serialize_entry("tokens", &tokens)?;
+        m.serialize_entry("tokens", &self.tokens)?;
         m.serialize_entry("token_logprobs", &lps)?;
         m.serialize_entry("top_logprobs", &LegacyTops(self))?;
         m.serialize_entry("text_offset", &self.offsets)?;

@@ -1053,8 +1053,7 @@ impl<B: Backend + 'static> Worker<B> {
         a.text.push_str(&a.dec.push(&engine.tokenizer, tok));
         // A complete stop string ends the generation before it.
         let hit = a.job.stops.feed(&a.text.as_bytes()[at..], at);
-        if let Some((p, i)) = hit {
-            let word = req.stop.get(i).cloned().unwrap_or_default();
+        if let Some((p, word)) = hit.map(|(p, w)| (p, w.to_string())) {
             let text = a.text[a.emitted..p.max(a.emitted)].to_string();
             a.emitted = p.max(a.emitted);
             let _ = a.job.events.send(GenEvent::Token {

@@ -23,18 +23,17 @@ pub(super) struct StopStrings {
 
 #[derive(Debug)]
 struct Automaton {
-    pat: Vec<u8>,
+    pat: String,
     /// `fail[j]`: the longest proper prefix of `pat[..=j]` that is also
     /// its suffix.
     fail: Vec<usize>,
     /// The longest prefix of `pat` that the text so far ends with.
     matched: usize,
-    /// Its place in the request's list (ties go to the earlier string).
-    index: usize,
 }
 
 impl Automaton {
-    fn new(pat: &[u8], index: usize) -> Self {
+    fn new(stop: &str) -> Self {
+        let pat = stop.as_bytes();
         let mut fail = vec![0; pat.len()];
         let mut k = 0;
         for j in 1..pat.len() {
@@ -47,24 +46,24 @@ impl Automaton {
             fail[j] = k;
         }
         Self {
-            pat: pat.to_vec(),
+            pat: stop.to_string(),
             fail,
             matched: 0,
-            index,
         }
     }
 
     /// Feeds `new`; the offset in `new` just past the first complete match.
     fn feed(&mut self, new: &[u8]) -> Option<usize> {
+        let pat = self.pat.as_bytes();
         let mut q = self.matched;
         for (i, &b) in new.iter().enumerate() {
-            while q > 0 && self.pat[q] != b {
+            while q > 0 && pat[q] != b {
                 q = self.fail[q - 1];
             }
-            if self.pat[q] == b {
+            if pat[q] == b {
                 q += 1;
             }
-            if q == self.pat.len() {
+            if q == pat.len() {
                 self.matched = self.fail[q - 1];
                 return Some(i + 1);
             }
@@ -75,31 +74,30 @@ impl Automaton {
 }
 
 impl StopStrings {
-    /// The automata of `stops` (empty strings never match).
+    /// The automata of `stops`, in their order (empty strings never
+    /// match).
     pub(super) fn new(stops: &[String]) -> Self {
         let stops = stops
             .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.is_empty())
-            .map(|(i, s)| Automaton::new(s.as_bytes(), i))
+            .filter(|s| !s.is_empty())
+            .map(|s| Automaton::new(s))
             .collect();
         Self { stops }
     }
 
     /// Feeds the bytes `new` that the text gained at byte `at` (its length
     /// before them). Returns the stop string that now occurs first, as
-    /// `(its start in the text, its index in the request's list)`: of the
-    /// strings completed by these bytes, the one that starts earliest, the
-    /// earlier in the list on a tie. Every earlier occurrence of every
-    /// string ended in bytes fed before, so this is also the first
-    /// occurrence in the whole text.
-    pub(super) fn feed(&mut self, new: &[u8], at: usize) -> Option<(usize, usize)> {
-        let mut first: Option<(usize, usize)> = None;
+    /// `(its start in the text, the string)`: of the strings completed by
+    /// these bytes, the one that starts earliest, the earlier in the list
+    /// on a tie. Every earlier occurrence of every string ended in bytes
+    /// fed before, so this is also the first occurrence in the whole text.
+    pub(super) fn feed(&mut self, new: &[u8], at: usize) -> Option<(usize, &str)> {
+        let mut first: Option<(usize, &str)> = None;
         for a in &mut self.stops {
             if let Some(end) = a.feed(new) {
                 let start = at + end - a.pat.len();
                 if first.is_none_or(|(s, _)| start < s) {
-                    first = Some((start, a.index));
+                    first = Some((start, &a.pat));
                 }
             }
         }
@@ -121,12 +119,11 @@ mod tests {
     /// The check this module replaced, on the whole text: the first
     /// occurrence of any string (earliest start, then list order) and the
     /// longest proper prefix of a string that the text ends with.
-    fn naive(text: &str, stops: &[String]) -> (Option<(usize, usize)>, usize) {
+    fn naive<'a>(text: &str, stops: &'a [String]) -> (Option<(usize, &'a str)>, usize) {
         let hit = stops
             .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.is_empty())
-            .filter_map(|(i, s)| text.find(s.as_str()).map(|p| (p, i)))
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()).map(|p| (p, s.as_str())))
             .min_by_key(|&(p, _)| p);
         let hold = stops
             .iter()
@@ -200,6 +197,6 @@ mod tests {
             at += 2;
         }
         assert_eq!(m.pending(), 100_000);
-        assert_eq!(m.feed(b"q", at), Some((at - 100_000, 0)));
+        assert_eq!(m.feed(b"q", at), Some((at - 100_000, stop.as_str())));
     }
 }
