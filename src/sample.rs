@@ -143,8 +143,15 @@ impl SamplerParams {
 
     /// Refuses a `logit_bias` entry whose token id is not below `n_vocab`
     /// (the model's vocabulary size), which [`SamplerParams::validate`]
-    /// cannot know.
+    /// cannot know, and a list of more than `n_vocab` entries. Every entry
+    /// is applied at every sampling step, as llama.cpp applies its list
+    /// (repeats add up), so the bound keeps that work within the step's
+    /// own pass over the vocabulary; llama-server takes any number.
     pub fn check_vocab(&self, n_vocab: usize) -> Result<(), SampleParamError> {
+        let n = self.logit_bias.len();
+        if n > n_vocab {
+            return Err(SampleParamError::LogitBiasCount { n, n_vocab });
+        }
         match self
             .logit_bias
             .iter()
@@ -192,6 +199,8 @@ pub enum SampleParamError {
     LogitBias { id: u32, bias: f32 },
     #[error("logit_bias: token id {id} is out of range (the vocabulary has {n_vocab} tokens)")]
     LogitBiasToken { id: u32, n_vocab: usize },
+    #[error("logit_bias has {n} entries (a text counts one per token); at most {n_vocab}, the vocabulary's size: give each token once")]
+    LogitBiasCount { n: usize, n_vocab: usize },
 }
 
 impl SampleParamError {
@@ -206,7 +215,9 @@ impl SampleParamError {
             Self::Seed(_) => "seed",
             Self::FrequencyPenalty(_) => "frequency_penalty",
             Self::PresencePenalty(_) => "presence_penalty",
-            Self::LogitBias { .. } | Self::LogitBiasToken { .. } => "logit_bias",
+            Self::LogitBias { .. } | Self::LogitBiasToken { .. } | Self::LogitBiasCount { .. } => {
+                "logit_bias"
+            }
         }
     }
 
@@ -221,7 +232,9 @@ impl SampleParamError {
             Self::Seed(_) => "--seed",
             Self::FrequencyPenalty(_) => "--frequency-penalty",
             Self::PresencePenalty(_) => "--presence-penalty",
-            Self::LogitBias { .. } | Self::LogitBiasToken { .. } => "--logit-bias",
+            Self::LogitBias { .. } | Self::LogitBiasToken { .. } | Self::LogitBiasCount { .. } => {
+                "--logit-bias"
+            }
         }
     }
 }
@@ -864,6 +877,20 @@ mod tests {
         let e = p.check_vocab(4).expect_err("out of range");
         assert_eq!((e.field(), e.flag()), ("logit_bias", "--logit-bias"));
         assert_eq!(p.check_vocab(100), Ok(()));
+    }
+
+    #[test]
+    fn logit_bias_lists_at_most_one_entry_per_vocabulary_token() {
+        // Repeats are allowed (they add up, as in llama.cpp) up to the
+        // vocabulary's size in all; one more is refused, naming the field.
+        let with = |n: usize| SamplerParams {
+            logit_bias: vec![(1, 0.5); n],
+            ..SamplerParams::default()
+        };
+        assert_eq!(with(4).check_vocab(4), Ok(()));
+        let e = with(5).check_vocab(4).expect_err("past the vocabulary");
+        assert_eq!(e, SampleParamError::LogitBiasCount { n: 5, n_vocab: 4 });
+        assert_eq!((e.field(), e.flag()), ("logit_bias", "--logit-bias"));
     }
 
     #[test]

@@ -425,14 +425,21 @@ async fn penalties_and_logit_bias_change_greedy_output_as_the_formulas_say() {
     );
     assert_eq!(gen(json!({"logit_bias": [[first, -100.0]]})).await, want);
     assert_eq!(gen(json!({"logit_bias": [[first, false]]})).await, want);
+    // Repeats add up, to one entry per vocabulary token in all.
+    let n_vocab = e.tokenizer.n_vocab();
+    let mut full = vec![json!([first, -100.0])];
+    full.resize(n_vocab, json!([first, 0.0]));
+    assert_eq!(gen(json!({ "logit_bias": full })).await, want);
 
     // OpenAI's endpoint takes the same map; out-of-range ids are a 400.
+    // So is a list longer than the vocabulary (applied at every step).
     let url = format!("{}/v1/completions", s.url);
-    let n_vocab = e.tokenizer.n_vocab();
+    full.push(json!([first, 0.0]));
     for bias in [
         json!({n_vocab.to_string(): 1.0}),
         json!([[n_vocab, 1.0]]),
         json!({"5": "x"}),
+        json!(full),
     ] {
         let (st, v) = post(
             &c,
@@ -440,7 +447,7 @@ async fn penalties_and_logit_bias_change_greedy_output_as_the_formulas_say() {
             &json!({"prompt": PROMPT, "max_tokens": 1, "logit_bias": bias}),
         )
         .await;
-        assert_eq!(st, 400, "{bias}: {v}");
+        assert_eq!(st, 400, "{v}");
         assert_eq!(v["error"]["param"], "logit_bias", "{v}");
     }
     let (st, v) = post(
