@@ -18,3 +18,19 @@ pub fn keep_freed_buffers() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
     }
 }
+
+/// Hands the heap's free pages back to the system (glibc's `malloc_trim`;
+/// elsewhere a no-op). With the thresholds above, glibc keeps what a large
+/// request freed: after one 16 MB body of small JSON values the server
+/// held 1.09 GB, 0.25 GB once trimmed. A longhaul process wants that
+/// memory back as page cache for its experts, or under a memory limit,
+/// so the server calls this after preparing a large body. It costs
+/// milliseconds, and the next step faults its buffers in again.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages to the kernel; it takes
+    // each arena's lock and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -30,7 +30,9 @@ pub const LARGE_BODY: usize = 1 << 20;
 /// first, held until its work ends: tokenizing takes 125-180 bytes of
 /// memory per byte of text (a 14 MB prompt: 3 GB and 16 s on SmolLM2's
 /// tokenizer), so concurrent large requests could take more memory than
-/// the machine has, and every core from the running generations.
+/// the machine has, and every core from the running generations. Once it
+/// is prepared, the memory its work freed goes back to the system
+/// ([`longhaul::alloc::release_free_memory`]).
 pub async fn off_runtime<T: Send + 'static>(
     state: &Arc<AppState>,
     body: Bytes,
@@ -44,8 +46,14 @@ pub async fn off_runtime<T: Send + 'static>(
     };
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        prepare(&state, &body)
+        let large = permit.is_some();
+        let prepared = prepare(&state, &body);
+        drop(body);
+        if large {
+            longhaul::alloc::release_free_memory();
+        }
+        drop(permit);
+        prepared
     })
     .await
     .map_err(|e| {
