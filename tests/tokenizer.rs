@@ -222,3 +222,113 @@ fn gemma3_file_has_no_chat_template() {
     let md = metadata(GEMMA3);
     assert!(ChatTemplate::from_metadata(&md).unwrap().is_none());
 }
+
+/// `min_tokens` never exceeds the encoding's length (it refuses prompts
+/// that cannot fit a context before they are encoded, so one over would
+/// refuse a prompt that fits): on every golden case, and on 2,000 texts
+/// made of pieces that tokenize unlike each other (whitespace runs,
+/// digits, multi-byte text, special tokens, long repeats) for each
+/// combination of `add_special` and `parse_special`.
+fn check_min_tokens(model: &str) {
+    let (t, _) = tokenizer(model);
+    for c in goldens(model) {
+        let at_least = t.min_tokens(&c.text, c.add_special, c.parse_special);
+        assert!(
+            at_least <= c.ids.len(),
+            "{model}/{}: {at_least} > {}",
+            c.name,
+            c.ids.len()
+        );
+    }
+    let pieces = [
+        "a",
+        "hello",
+        " world",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\n\n",
+        " \n ",
+        "123456",
+        "3.14",
+        "🙂",
+        "日本語",
+        "ü",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<start_of_turn>",
+        "<bos>",
+        "<|endoftext|>",
+        "'s",
+        "don't",
+        "http://x.y/z?q=1",
+        "====",
+        "\u{2581}",
+        "\u{4}\u{6}",
+    ];
+    let long = [
+        " ".repeat(300),
+        "-".repeat(200),
+        "0".repeat(90),
+        "ab".repeat(150),
+    ];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    for i in 0..2000 {
+        let mut text = String::new();
+        for _ in 0..1 + next(40) {
+            match next(10) {
+                0 => text.push_str(&long[next(long.len())]),
+                _ => text.push_str(pieces[next(pieces.len())]),
+            }
+        }
+        for (add, parse) in [(false, false), (false, true), (true, false), (true, true)] {
+            let n = t.encode(&text, add, parse).expect("encode").len();
+            let at_least = t.min_tokens(&text, add, parse);
+            assert!(
+                at_least <= n,
+                "{model} text {i} {text:?} ({add}, {parse}): {at_least} > {n}"
+            );
+        }
+    }
+    // The vocabulary's longest texts, each alone: those that encode to
+    // their one token meet the bound exactly (a bound one byte larger
+    // per token fails here).
+    let mut by_len: Vec<(usize, u32, String)> = (0..t.n_vocab() as u32)
+        .filter(|&id| !t.is_control(id))
+        .map(|id| {
+            let s = t.decode(&[id]);
+            (s.len(), id, s)
+        })
+        .collect();
+    by_len.sort_unstable_by(|a, b| b.cmp(a));
+    let mut exact = 0;
+    for (_, id, text) in by_len.iter().take(50) {
+        let ids = t.encode(text, false, false).expect("encode");
+        assert!(
+            t.min_tokens(text, false, false) <= ids.len(),
+            "{model} {text:?}"
+        );
+        exact += usize::from(ids == [*id]);
+    }
+    assert!(exact > 0, "{model}: no long token encodes to itself");
+    // Not vacuous: 1 MiB of prose is far more than a few thousand tokens.
+    let prose = "The quick brown fox jumps over the lazy dog. ".repeat(1 << 20 >> 5);
+    assert!(t.min_tokens(&prose, true, true) > 4096, "{model}");
+}
+
+#[test]
+fn smollm2_min_tokens_bounds_the_encoding_from_below() {
+    check_min_tokens(SMOLLM2);
+}
+
+#[test]
+fn gemma3_min_tokens_bounds_the_encoding_from_below() {
+    check_min_tokens(GEMMA3);
+}

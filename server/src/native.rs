@@ -103,7 +103,9 @@ fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
     let req: CompletionRequest = request::parse_json(body)?;
     unsupported::refuse_unimplemented(body)?;
     let want = request::probs_request(body, ProbsApi::Native)?;
-    let prompt = req.prompt.tokenize(r.engine.as_ref())?;
+    let prompt = req
+        .prompt
+        .tokenize(r.engine.as_ref(), r.scheduler.n_ctx())?;
     let (field, max) = match (req.n_predict, req.max_tokens) {
         (Some(n), _) => ("n_predict", Some(n)),
         (None, m) => ("max_tokens", m),

@@ -153,7 +153,7 @@ fn prepare_chat(state: &AppState, body: &Bytes) -> Result<PreparedChat, ApiError
             .map_err(|e| ApiError::invalid_field("messages", e.to_string()))?,
         None => request::render_chat(r.engine.as_ref(), &messages, true)?,
     };
-    let prompt = request::tokenize_rendered(r.engine.as_ref(), &text)?;
+    let prompt = request::tokenize_rendered(r.engine.as_ref(), &text, r.scheduler.n_ctx())?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();
     let mut greq = req.common.request(state, prompt)?;
@@ -330,7 +330,9 @@ fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
             "echo is not supported by this server",
         ));
     }
-    let prompt = req.prompt.tokenize(r.engine.as_ref())?;
+    let prompt = req
+        .prompt
+        .tokenize(r.engine.as_ref(), r.scheduler.n_ctx())?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();
     let mut greq = req.common.request(state, prompt)?;

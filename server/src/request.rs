@@ -107,8 +107,10 @@ pub enum PromptField {
 
 impl PromptField {
     /// Tokenises the prompt: text as llama.cpp does (BOS per the model,
-    /// special tokens parsed), token ids as given after a range check.
-    pub fn tokenize(self, engine: &dyn EngineInfo) -> Result<Vec<u32>, ApiError> {
+    /// special tokens parsed), token ids as given after a range check. A
+    /// prompt that cannot fit `n_ctx` is refused before it is encoded
+    /// where [`Tokenizer::min_tokens`] shows it ([`refuse_unfitting`]).
+    pub fn tokenize(self, engine: &dyn EngineInfo, n_ctx: usize) -> Result<Vec<u32>, ApiError> {
         let parts = match self {
             PromptField::Text(s) => vec![PromptPart::Text(s)],
             PromptField::Parts(p) => p,
@@ -141,6 +143,15 @@ impl PromptField {
             ));
         }
         let tok = engine.tokenizer();
+        let at_least = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match p {
+                PromptPart::Token(_) => 1,
+                PromptPart::Text(s) => tok.min_tokens(s, i == 0, true),
+            })
+            .sum();
+        refuse_unfitting(at_least, n_ctx)?;
         let n_vocab = tok.n_vocab();
         let mut out = Vec::new();
         for (i, p) in parts.into_iter().enumerate() {
@@ -257,11 +268,33 @@ pub fn chat_messages(msgs: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiError>
 }
 
 /// Tokenises a rendered chat prompt: the template spells out BOS itself.
-pub fn tokenize_rendered(engine: &dyn EngineInfo, text: &str) -> Result<Vec<u32>, ApiError> {
-    engine
-        .tokenizer()
-        .encode(text, false, true)
+/// Refused before it is encoded where it cannot fit `n_ctx`, as
+/// [`PromptField::tokenize`].
+pub fn tokenize_rendered(
+    engine: &dyn EngineInfo,
+    text: &str,
+    n_ctx: usize,
+) -> Result<Vec<u32>, ApiError> {
+    let tok = engine.tokenizer();
+    refuse_unfitting(tok.min_tokens(text, false, true), n_ctx)?;
+    tok.encode(text, false, true)
         .map_err(|e| ApiError::invalid_field("messages", e.to_string()))
+}
+
+/// The context check of [`crate::gen::start`] (a prompt takes fewer than
+/// `n_ctx` tokens), made on a lower bound of the prompt's length before
+/// encoding it: encoding takes 125-180 bytes of memory per byte of text,
+/// 3 GB for a 16 MB body. The bound counts a raw fragment's bytes over the
+/// vocabulary's longest token, so it refuses only prompts that the exact
+/// check would refuse too.
+fn refuse_unfitting(at_least: usize, n_ctx: usize) -> Result<(), ApiError> {
+    if at_least < n_ctx {
+        return Ok(());
+    }
+    Err(ApiError::invalid_field(
+        "messages/prompt",
+        format!("the prompt has at least {at_least} tokens but the context holds {n_ctx}; shorten it or start the server with a larger -c/--ctx-size"),
+    ))
 }
 
 /// Renders `messages` through the model's template (400 if it has none or

@@ -375,6 +375,21 @@ async fn chat_streamed_and_not_smollm2() {
     let p = v["prompt"].as_str().unwrap();
     assert!(p.contains("<|im_start|>user\nHi<|im_end|>"), "{p}");
     assert!(p.ends_with("<|im_start|>assistant\n"), "{p}");
+
+    // A chat prompt over the context is refused after it is encoded
+    // (about 600 tokens, but only 3 KB), or before where its length shows
+    // it cannot fit (1 MiB: the message gives the lower bound).
+    for (content, says) in [
+        ("word ".repeat(600), "the prompt has 6"),
+        ("word ".repeat(1 << 18), "the prompt has at least"),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": content}]});
+        let (st, v) = post(&c, &url, &body).await;
+        assert_eq!(st, 400, "{v}");
+        let m = error_message(400, &v);
+        assert!(m.contains(says) && m.contains("context holds 512"), "{m}");
+        assert_eq!(v["error"]["param"], "messages/prompt", "{v}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -455,6 +470,25 @@ async fn request_errors_have_openai_shape() {
         assert_eq!(st, 400, "{v}");
         let m = error_message(400, &v);
         assert!(m.contains("context holds 64"), "{m}");
+    }
+    // One that cannot fit by its length alone is refused before it is
+    // encoded (the message gives the lower bound), as are chat prompts.
+    let huge = "word ".repeat(1 << 18);
+    for (url, body) in [
+        (&comp, json!({"prompt": huge})),
+        (
+            &format!("{}/completion", s.url),
+            json!({"prompt": [1, huge]}),
+        ),
+    ] {
+        let (st, v) = post(&c, url, &body).await;
+        assert_eq!(st, 400, "{v}");
+        let m = error_message(400, &v);
+        assert!(
+            m.contains("has at least") && m.contains("context holds 64"),
+            "{m}"
+        );
+        assert_eq!(v["error"]["param"], "messages/prompt", "{v}");
     }
     // The server is still fine.
     let (st, v) = post(

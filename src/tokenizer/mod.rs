@@ -93,6 +93,17 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     /// `token_to_piece` with specials rendered, per id.
     pieces: Vec<Vec<u8>>,
+    /// What one token of the model's algorithm can stand for, for
+    /// [`Tokenizer::min_tokens`].
+    cover: Cover,
+}
+
+/// The most bytes of raw text one token can stand for, and the bytes the
+/// model's algorithm drops instead of encoding.
+#[derive(Debug)]
+struct Cover {
+    max: usize,
+    dropped: [bool; 256],
 }
 
 impl Tokenizer {
@@ -152,6 +163,7 @@ impl Tokenizer {
             }
         };
         let pieces = build_pieces(kind, &vocab);
+        let cover = cover(kind, &vocab);
         Ok(Self {
             kind,
             vocab,
@@ -160,6 +172,7 @@ impl Tokenizer {
             add_eos,
             add_space_prefix,
             pieces,
+            cover,
         })
     }
 
@@ -265,6 +278,38 @@ impl Tokenizer {
         Ok(out)
     }
 
+    /// A lower bound on `encode(text, add_special, parse_special).len()`,
+    /// found without encoding: the special-token partition as `encode`
+    /// makes it, then each raw fragment counted as its length (less the
+    /// bytes the algorithm drops) over the most bytes one token can stand
+    /// for. Encoding takes 125-180 bytes of memory per byte of text (the
+    /// `tokenizers` pipeline's strings and alignments), so a prompt that
+    /// cannot fit a context is refused with this before it is encoded.
+    pub fn min_tokens(&self, text: &str, add_special: bool, parse_special: bool) -> usize {
+        let specials = if add_special {
+            usize::from(self.add_bos && self.vocab.ids.bos.is_some())
+                + usize::from(self.add_eos && self.vocab.ids.eos.is_some())
+        } else {
+            0
+        };
+        let fragments: usize = self
+            .partition(text, parse_special)
+            .iter()
+            .map(|f| match *f {
+                Fragment::Token(_) => 1,
+                Fragment::Text { start, end } => {
+                    let raw = &text.as_bytes()[start..end];
+                    let dropped = raw
+                        .iter()
+                        .filter(|&&b| self.cover.dropped[b as usize])
+                        .count();
+                    (raw.len() - dropped).div_ceil(self.cover.max)
+                }
+            })
+            .sum();
+        specials + fragments
+    }
+
     /// Splits `text` around special tokens (`tokenizer_st_partition`).
     fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
         let mut frags = Vec::new();
@@ -357,6 +402,31 @@ impl Tokenizer {
 /// C `isspace` on one byte.
 fn is_c_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')
+}
+
+/// What one token can stand for.
+/// - SentencePiece: a token is a vocabulary text found in the fragment
+///   (spaces written as the 3-byte `▁`, so never shorter than the raw
+///   text) or one byte (byte fallback; a missing byte is an error), so the
+///   longest text in bytes bounds it, and no byte is dropped.
+/// - Byte-level BPE: every raw byte becomes one character of GPT-2's
+///   byte table and each token is a vocabulary text made of them, so the
+///   longest text in characters bounds it. The `tokenizers` crate drops a
+///   character that is not in the vocabulary (no unknown token is set):
+///   SmolLM2's lacks 21 of them (bytes never in UTF-8, and some controls).
+fn cover(kind: VocabType, vocab: &Vocab) -> Cover {
+    let longest = |len: fn(&String) -> usize| vocab.texts.iter().map(len).max().unwrap_or(0).max(1);
+    let mut dropped = [false; 256];
+    let max = match kind {
+        VocabType::Spm => longest(String::len),
+        VocabType::Bpe => {
+            for (d, c) in dropped.iter_mut().zip(bpe::byte_to_char_table()) {
+                *d = vocab.text_to_token(c.encode_utf8(&mut [0; 4])).is_none();
+            }
+            longest(|t| t.chars().count())
+        }
+    };
+    Cover { max, dropped }
 }
 
 /// Precomputes `token_to_piece(id, special = true)` for every id.
