@@ -276,6 +276,15 @@ fn run_on<B: Backend + 'static>(
         report::model_start(&engine);
         report::longhaul_start(&engine);
     }
+    // Encoding takes 125-180 bytes of memory per byte of text: a prompt
+    // that cannot fit the context by its length alone fails before it.
+    let at_least = engine.tokenizer.min_tokens(prompt, true, true);
+    if at_least > engine.params.n_ctx {
+        anyhow::bail!(
+            "the prompt has at least {at_least} tokens but the context holds {}; raise -c/--ctx-size",
+            engine.params.n_ctx
+        );
+    }
     let tokens = engine.tokenize(prompt)?;
     if tokens.is_empty() {
         anyhow::bail!("the prompt is empty; pass one with -p or -f");

@@ -625,6 +625,26 @@ fn hostile_files_fail_with_exit_1_under_a_memory_limit() {
     );
 }
 
+/// A prompt file that cannot fit the context by its length alone fails
+/// before it is encoded (1 MiB would take about 150 MB to encode); one
+/// that is a little too long fails with its exact count.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_prompt_longer_than_the_context_fails_with_exit_1() {
+    let m = hostile_file("plain", &[]);
+    let m = m.to_str().expect("path");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    for (words, bound) in [(8, false), (1 << 18, true)] {
+        let f = dir.join(format!("long-prompt-{}-{words}.txt", std::process::id()));
+        std::fs::write(&f, "word ".repeat(words)).expect("write");
+        let f_arg = f.to_str().expect("path");
+        let got = limited(&["run", "-m", m, "-f", f_arg, "-n", "1", "-c", "32"]);
+        let _ = std::fs::remove_file(&f);
+        assert_eq!(got.1.contains("has at least"), bound, "{}", got.1);
+        exits_1_saying("long prompt", got, &["the prompt has", "context holds 32"]);
+    }
+}
+
 /// Asserts exit code 1 (an error, not an abort's 134) and `words` in stderr.
 #[cfg(target_os = "linux")]
 fn exits_1_saying(what: &str, (code, err): (Option<i32>, String), words: &[&str]) {
