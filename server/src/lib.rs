@@ -181,6 +181,11 @@ pub struct AppState {
     abort_tx: watch::Sender<bool>,
     /// One permit: bodies over [`request::LARGE_BODY`] prepare one at a time.
     large_bodies: Arc<tokio::sync::Semaphore>,
+    /// KiB of large bodies being read or waiting to prepare
+    /// ([`request::Received`]).
+    pub body_budget: Arc<tokio::sync::Semaphore>,
+    /// Requests waiting for their share of `body_budget`.
+    pub bodies_waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl AppState {
@@ -189,10 +194,14 @@ impl AppState {
         let (abort_tx, abort) = watch::channel(false);
         Arc::new(Self {
             ready: OnceLock::new(),
-            config,
             abort,
             abort_tx,
             large_bodies: Arc::new(tokio::sync::Semaphore::new(1)),
+            body_budget: Arc::new(tokio::sync::Semaphore::new(request::body_budget_kib(
+                config.body_limit,
+            ))),
+            bodies_waiting: Default::default(),
+            config,
         })
     }
 

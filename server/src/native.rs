@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,7 +17,7 @@ use crate::error::ApiError;
 use crate::gen::{self, Piece};
 use crate::openai::{data, sse};
 use crate::probs::{self, Spliced};
-use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
+use crate::request::{self, MessageIn, ProbsApi, PromptField, Received, Sampling, StopField};
 use crate::structured::{self, StructuredFields};
 use crate::unsupported;
 use crate::AppState;
@@ -147,9 +146,8 @@ fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
 
 pub async fn completion(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    body: Received,
 ) -> Result<Response, ApiError> {
-    let body = body?;
     let Prepared {
         greq,
         generation_settings,
@@ -243,9 +241,8 @@ pub enum PieceText {
 
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    body: Received,
 ) -> Result<Response, ApiError> {
-    let body = body?;
     request::off_runtime(&state, body, tokenize_now).await
 }
 
@@ -279,9 +276,8 @@ pub struct DetokenizeRequest {
 
 pub async fn detokenize(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    body: Received,
 ) -> Result<Json<Value>, ApiError> {
-    let body = body?;
     request::off_runtime(&state, body, detokenize_now).await
 }
 
@@ -308,9 +304,8 @@ pub struct ApplyTemplateRequest {
 
 pub async fn apply_template(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    body: Received,
 ) -> Result<Json<Value>, ApiError> {
-    let body = body?;
     request::off_runtime(&state, body, apply_template_now).await
 }
 

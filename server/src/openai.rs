@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -20,7 +19,7 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::gen::{self, Piece};
 use crate::probs::{self, Spliced};
-use crate::request::{self, MessageIn, ProbsApi, PromptField, Sampling, StopField};
+use crate::request::{self, MessageIn, ProbsApi, PromptField, Received, Sampling, StopField};
 use crate::structured::{self, StructuredFields};
 use crate::tools::{self, ToolStream};
 use crate::unsupported;
@@ -179,9 +178,8 @@ fn prepare_chat(state: &AppState, body: &Bytes) -> Result<PreparedChat, ApiError
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    body: Received,
 ) -> Result<Response, ApiError> {
-    let body = body?;
     let PreparedChat {
         greq,
         format,
@@ -348,9 +346,8 @@ fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    body: Received,
 ) -> Result<Response, ApiError> {
-    let body = body?;
     let Prepared {
         greq,
         stream,

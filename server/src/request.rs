@@ -2,12 +2,16 @@
 //! turn them into a [`GenRequest`]. Every check answers a 400 that names the
 //! field; nothing here panics on input.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::header;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use longhaul::sample::{ProbsRequest, SampleParamError, SamplerParams};
 use longhaul::scheduler::GenRequest;
@@ -16,8 +20,82 @@ use longhaul::tokenizer::ChatMessage;
 use crate::error::ApiError;
 use crate::{AppState, EngineInfo};
 
-/// Bodies larger than this prepare one at a time ([`off_runtime`]).
+/// Bodies larger than this prepare one at a time ([`off_runtime`]), and
+/// are read within the budget of [`Received`].
 pub const LARGE_BODY: usize = 1 << 20;
+
+/// The request bodies over [`LARGE_BODY`] being read or waiting to be
+/// prepared may take this many times `--body-limit` in all.
+pub const BODY_BUDGET_FACTOR: usize = 4;
+
+/// A request body, read whole once its share of the server's budget for
+/// large bodies is granted (the [`AppState`]'s `body_budget`, in KiB):
+/// the `Content-Length` for a body over [`LARGE_BODY`], the whole body
+/// limit where no length is declared. Until then its bytes wait in the
+/// client's socket. Without it, every open connection could hold a body
+/// of up to the limit while waiting for its turn to prepare: 100
+/// concurrent 16 MB prompts took the server to 1.4 GB, and
+/// `--max-connections` allows 256. The share is held until the body is
+/// dropped, after its preparation ([`off_runtime`]).
+pub struct Received {
+    pub bytes: Bytes,
+    _budget: Option<OwnedSemaphorePermit>,
+}
+
+impl FromRequest<Arc<AppState>> for Received {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let budget = match declared {
+            Some(n) if n <= LARGE_BODY as u64 => None,
+            n => {
+                let limit = state.config.body_limit as u64;
+                let kib = n.unwrap_or(limit).min(limit).div_ceil(1024);
+                let kib = u32::try_from(kib).unwrap_or(u32::MAX).max(1);
+                let p = {
+                    let _waiting = Waiting::count(&state.bodies_waiting);
+                    state.body_budget.clone().acquire_many_owned(kib).await
+                };
+                Some(p.map_err(|_| ApiError::unavailable("the server is shutting down"))?)
+            }
+        };
+        let bytes = Bytes::from_request(req, state).await?;
+        Ok(Self {
+            bytes,
+            _budget: budget,
+        })
+    }
+}
+
+/// Counts one request in `n` while it lives (also when its client leaves
+/// and the wait is dropped).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn count(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Self(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The KiB of [`Received`]'s budget for `body_limit`: at least what any
+/// one body asks for (at least 1 KiB, at most the limit), so that none
+/// waits for ever; at most what a semaphore counts.
+pub fn body_budget_kib(body_limit: usize) -> usize {
+    let kib = body_limit.saturating_mul(BODY_BUDGET_FACTOR).div_ceil(1024);
+    kib.clamp(1, Semaphore::MAX_PERMITS)
+}
 
 /// Runs `prepare` (a request's own work: parsing its body, rendering the
 /// chat template, tokenizing, compiling its grammar) on tokio's blocking
@@ -35,10 +113,10 @@ pub const LARGE_BODY: usize = 1 << 20;
 /// ([`longhaul::alloc::release_free_memory`]).
 pub async fn off_runtime<T: Send + 'static>(
     state: &Arc<AppState>,
-    body: Bytes,
+    body: Received,
     prepare: fn(&AppState, &Bytes) -> Result<T, ApiError>,
 ) -> Result<T, ApiError> {
-    let permit = if body.len() > LARGE_BODY {
+    let permit = if body.bytes.len() > LARGE_BODY {
         let p = state.large_bodies.clone().acquire_owned().await;
         Some(p.map_err(|_| ApiError::unavailable("the server is shutting down"))?)
     } else {
@@ -47,7 +125,7 @@ pub async fn off_runtime<T: Send + 'static>(
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
         let large = permit.is_some();
-        let prepared = prepare(&state, &body);
+        let prepared = prepare(&state, &body.bytes);
         drop(body);
         if large {
             longhaul::alloc::release_free_memory();

@@ -11,8 +11,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -21,6 +19,7 @@ use longhaul::scheduler::{SlotAction, SlotError, SlotReply};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::request::Received;
 use crate::AppState;
 
 /// `GET /slots`: one object per slot, llama-server's fields where it has
@@ -82,13 +81,12 @@ pub async fn action(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
-    body: Result<Bytes, BytesRejection>,
+    body: Received,
 ) -> Result<Response, ApiError> {
     let r = state.ready()?;
     let id: usize = id
         .parse()
         .map_err(|_| ApiError::bad_request(format!("`{id}` is not a slot id")))?;
-    let body = body?;
     let filename = || -> Result<std::path::PathBuf, ApiError> {
         let Some(dir) = &r.slot_save_path else {
             return Err(ApiError::new(
@@ -96,10 +94,10 @@ pub async fn action(
                 "This server does not support slots action. Start it with `--slot-save-path DIR`",
             ));
         };
-        let v: Value = if body.is_empty() {
+        let v: Value = if body.bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&body).map_err(ApiError::from_json)?
+            serde_json::from_slice(&body.bytes).map_err(ApiError::from_json)?
         };
         let Some(name) = v.get("filename").and_then(Value::as_str) else {
             return Err(ApiError::invalid_field(

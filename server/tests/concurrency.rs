@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use longhaul::constrain::{ConstrainError, Constraint, ConstraintSpec};
 use longhaul::tokenizer::{ChatMessage, Tokenizer};
-use longhaul_server::EngineInfo;
+use longhaul_server::{EngineInfo, HttpConfig};
 use serde_json::{json, Value};
 
 const PROMPTS: [&str; 4] = [
@@ -250,8 +250,13 @@ impl EngineInfo for GatedCompiles {
 
 /// The fixture served with its grammar compiles held at a gate.
 fn gated_server() -> (TestServer, Arc<GatedCompiles>) {
+    gated_server_with(HttpConfig::default())
+}
+
+fn gated_server_with(http: HttpConfig) -> (TestServer, Arc<GatedCompiles>) {
     let opts = Opts {
         loading: true,
+        http,
         ..Opts::default()
     };
     let mut ready = load_ready(&fixture(), &opts);
@@ -321,6 +326,69 @@ async fn large_bodies_prepare_one_at_a_time() {
         assert_eq!(v["content"], "ab");
     }
     assert_eq!(gated.entered.load(Ordering::SeqCst), 3);
+}
+
+/// Bodies over 1 MiB are read only within a budget of 4x the body limit
+/// (here 2 MiB: 8,192 KiB), held until they are prepared: waiting bodies
+/// can no longer take memory per open connection. Small bodies do not
+/// wait for the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_wait_for_their_share_of_the_budget_before_being_read() {
+    let (s, gated) = gated_server_with(HttpConfig {
+        body_limit: 2 << 20,
+        ..HttpConfig::default()
+    });
+    let budget = &s.state.body_budget;
+    assert_eq!(budget.available_permits(), 8192);
+    let c = client();
+    let url = format!("{}/completion", s.url);
+    let small =
+        json!({"prompt": "Once upon a time", "n_predict": 2, "grammar": "root ::= \"a\" \"b\""});
+    let mut large = small.clone();
+    large["stop"] = json!(["x".repeat(1 << 20)]);
+    let kib = serde_json::to_vec(&large).unwrap().len().div_ceil(1024);
+    assert_eq!(kib, 1025);
+    let send = |body: &Value| {
+        let (c, url, body) = (c.clone(), url.clone(), body.clone());
+        tokio::spawn(async move { post(&c, &url, &body).await })
+    };
+    // The first holds the one preparation; seven fit the budget in all,
+    // so three of the ten wait, unread.
+    let mut reqs = vec![send(&large)];
+    until_entered(
+        &gated,
+        1,
+        "the first large request did not reach its compile",
+    )
+    .await;
+    reqs.extend((0..9).map(|_| send(&large)));
+    let waiting = || s.state.bodies_waiting.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    while waiting() < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{} requests wait for the budget, not 3",
+            waiting()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The seven keep their shares while they wait to be prepared.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let held = waiting();
+    reqs.push(send(&small));
+    until_entered(&gated, 2, "a small request waited for the budget").await;
+    gated.open();
+    assert_eq!(
+        held, 3,
+        "a waiting body gave its share back before it was prepared"
+    );
+    for r in reqs {
+        let (st, v) = r.await.unwrap();
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["content"], "ab");
+    }
+    assert_eq!(waiting(), 0);
+    assert_eq!(budget.available_permits(), 8192);
 }
 
 /// Two requests whose grammars take long to compile (held at a gate here)
