@@ -46,9 +46,11 @@ impl FromRequest<Arc<AppState>> for Received {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
-        let declared = req
-            .headers()
+        // A chunked body's length is unknown, whatever else is declared.
+        let headers = req.headers();
+        let declared = headers
             .get(header::CONTENT_LENGTH)
+            .filter(|_| !headers.contains_key(header::TRANSFER_ENCODING))
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         let budget = match declared {
