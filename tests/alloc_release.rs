@@ -4,19 +4,12 @@
 //! the process after the request ended. One test in its own binary, since
 //! it reads the process's resident memory.
 
+mod common;
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]
 fn freed_small_blocks_go_back_to_the_system() {
-    fn rss() -> u64 {
-        let s = std::fs::read_to_string("/proc/self/status").expect("status");
-        let kb: u64 = s
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .expect("VmRSS");
-        kb * 1024
-    }
+    use common::rss;
     // The thresholds the binaries run with.
     longhaul::alloc::keep_freed_buffers();
     // 256 MiB in 1 KiB blocks (a JSON tree's size), each written so that

@@ -3,10 +3,13 @@
 //! weights + budget + a stated overhead, and the file's expert pages do not
 //! pile up in the page cache (mincore over a mapping of the file).
 
+mod common;
+
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
+use common::rss;
 use longhaul::backend::cpu::CpuBackend;
 use longhaul::gguf;
 use longhaul::longhaul::{LonghaulConfig, Policy};
@@ -18,17 +21,6 @@ use longhaul::tensor::GgmlType;
 /// Workspaces, KV cache (f16, 256 positions), tokenizer-free test code and
 /// allocator slack: what may come on top of weights and slots.
 const OVERHEAD: u64 = 24 << 20;
-
-fn rss() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").expect("status");
-    let kb: u64 = s
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kb * 1024
-}
 
 /// Bytes of `ranges` (offset, len) of `path` that sit in the page cache.
 fn cached_bytes(path: &Path, ranges: &[(u64, u64)]) -> u64 {

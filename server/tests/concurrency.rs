@@ -281,23 +281,34 @@ async fn until_entered(gated: &GatedCompiles, n: usize, what: &str) {
     }
 }
 
+/// A small `/completion` body answered "ab" through the gated
+/// compile, and the same over 1 MiB (a stop string that never occurs, at
+/// the 1 MiB bound of stop strings).
+fn small_and_large() -> (Value, Value) {
+    let small =
+        json!({"prompt": "Once upon a time", "n_predict": 2, "grammar": "root ::= \"a\" \"b\""});
+    let mut large = small.clone();
+    large["stop"] = json!(["x".repeat(1 << 20)]);
+    (small, large)
+}
+
+/// Posts a body to `/completion` on its own task.
+fn sender(s: &TestServer) -> impl Fn(&Value) -> tokio::task::JoinHandle<(u16, Value)> + use<> {
+    let (c, url) = (client(), format!("{}/completion", s.url));
+    move |body: &Value| {
+        let (c, url, body) = (c.clone(), url.clone(), body.clone());
+        tokio::spawn(async move { post(&c, &url, &body).await })
+    }
+}
+
 /// Bodies over 1 MiB prepare one at a time (tokenizing takes 125-180
 /// bytes of memory per byte of text: concurrent 16 MiB prompts could take
 /// the machine's memory); smaller bodies do not wait for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_bodies_prepare_one_at_a_time() {
     let (s, gated) = gated_server();
-    let c = client();
-    let url = format!("{}/completion", s.url);
-    let small =
-        json!({"prompt": "Once upon a time", "n_predict": 2, "grammar": "root ::= \"a\" \"b\""});
-    let mut large = small.clone();
-    // A stop string that never occurs, at the 1 MiB bound of stop strings.
-    large["stop"] = json!(["x".repeat(1 << 20)]);
-    let send = |body: &Value| {
-        let (c, url, body) = (c.clone(), url.clone(), body.clone());
-        tokio::spawn(async move { post(&c, &url, &body).await })
-    };
+    let (small, large) = small_and_large();
+    let send = sender(&s);
     let mut reqs = vec![send(&large)];
     until_entered(
         &gated,
@@ -340,18 +351,10 @@ async fn large_bodies_wait_for_their_share_of_the_budget_before_being_read() {
     });
     let budget = &s.state.body_budget;
     assert_eq!(budget.available_permits(), 8192);
-    let c = client();
-    let url = format!("{}/completion", s.url);
-    let small =
-        json!({"prompt": "Once upon a time", "n_predict": 2, "grammar": "root ::= \"a\" \"b\""});
-    let mut large = small.clone();
-    large["stop"] = json!(["x".repeat(1 << 20)]);
+    let (small, large) = small_and_large();
     let kib = serde_json::to_vec(&large).unwrap().len().div_ceil(1024);
     assert_eq!(kib, 1025);
-    let send = |body: &Value| {
-        let (c, url, body) = (c.clone(), url.clone(), body.clone());
-        tokio::spawn(async move { post(&c, &url, &body).await })
-    };
+    let send = sender(&s);
     // The first holds the one preparation; seven fit the budget in all,
     // so three of the ten wait, unread.
     let mut reqs = vec![send(&large)];

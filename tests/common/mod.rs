@@ -10,6 +10,18 @@ use longhaul::model::{Logits, Model};
 use longhaul::state::SeqState;
 use longhaul::tensor::GgmlType;
 
+/// This process's resident memory in bytes (`VmRSS`).
+pub fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").expect("status");
+    let kb: u64 = s
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
