@@ -413,7 +413,8 @@ fn is_c_space(b: u8) -> bool {
 ///   byte table and each token is a vocabulary text made of them, so the
 ///   longest text in characters bounds it. The `tokenizers` crate drops a
 ///   character that is not in the vocabulary (no unknown token is set):
-///   SmolLM2's lacks 21 of them (bytes never in UTF-8, and some controls).
+///   SmolLM2's lacks 21 of them (bytes that begin no assigned character,
+///   and six controls).
 fn cover(kind: VocabType, vocab: &Vocab) -> Cover {
     let longest = |len: fn(&String) -> usize| vocab.texts.iter().map(len).max().unwrap_or(0).max(1);
     let mut dropped = [false; 256];
