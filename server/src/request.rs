@@ -34,7 +34,7 @@ pub const BODY_BUDGET_FACTOR: usize = 4;
 /// limit where no length is declared. Until then its bytes wait in the
 /// client's socket. Without it, every open connection could hold a body
 /// of up to the limit while waiting for its turn to prepare: 100
-/// concurrent 16 MB prompts took the server to 1.4 GB, and
+/// concurrent 16 MB prompts took the server to 1.35 GiB, and
 /// `--max-connections` allows 256. The share is held until the body is
 /// dropped, after its preparation ([`off_runtime`]).
 pub struct Received {

@@ -274,10 +274,45 @@ fn gated_server_with(http: HttpConfig) -> (TestServer, Arc<GatedCompiles>) {
 
 /// Waits until `n` requests have reached the gate.
 async fn until_entered(gated: &GatedCompiles, n: usize, what: &str) {
+    until(
+        || gated.entered.load(Ordering::SeqCst) >= n,
+        || what.to_string(),
+    )
+    .await;
+}
+
+/// Waits until `done` holds, failing with `what` after 20 s.
+async fn until(done: impl Fn() -> bool, what: impl Fn() -> String) {
     let t0 = Instant::now();
-    while gated.entered.load(Ordering::SeqCst) < n {
-        assert!(t0.elapsed() < Duration::from_secs(20), "{what}");
+    while !done() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", what());
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends `large` and waits until it is held at the gate, in its
+/// preparation.
+async fn first_large_held(
+    gated: &GatedCompiles,
+    send: &impl Fn(&Value) -> tokio::task::JoinHandle<(u16, Value)>,
+    large: &Value,
+) -> Vec<tokio::task::JoinHandle<(u16, Value)>> {
+    let reqs = vec![send(large)];
+    until_entered(
+        gated,
+        1,
+        "the first large request did not reach its compile",
+    )
+    .await;
+    reqs
+}
+
+/// Every request answered 200 with the gated grammar's "ab".
+async fn all_answer_ab(reqs: Vec<tokio::task::JoinHandle<(u16, Value)>>) {
+    for r in reqs {
+        let (st, v) = r.await.unwrap();
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["content"], "ab");
     }
 }
 
@@ -309,13 +344,7 @@ async fn large_bodies_prepare_one_at_a_time() {
     let (s, gated) = gated_server();
     let (small, large) = small_and_large();
     let send = sender(&s);
-    let mut reqs = vec![send(&large)];
-    until_entered(
-        &gated,
-        1,
-        "the first large request did not reach its compile",
-    )
-    .await;
+    let mut reqs = first_large_held(&gated, &send, &large).await;
     reqs.push(send(&large));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held = gated.entered.load(Ordering::SeqCst);
@@ -331,11 +360,7 @@ async fn large_bodies_prepare_one_at_a_time() {
         after_small, 2,
         "the second large request prepared beside the first"
     );
-    for r in reqs {
-        let (st, v) = r.await.unwrap();
-        assert_eq!(st, 200, "{v}");
-        assert_eq!(v["content"], "ab");
-    }
+    all_answer_ab(reqs).await;
     assert_eq!(gated.entered.load(Ordering::SeqCst), 3);
 }
 
@@ -357,24 +382,14 @@ async fn large_bodies_wait_for_their_share_of_the_budget_before_being_read() {
     let send = sender(&s);
     // The first holds the one preparation; seven fit the budget in all,
     // so three of the ten wait, unread.
-    let mut reqs = vec![send(&large)];
-    until_entered(
-        &gated,
-        1,
-        "the first large request did not reach its compile",
-    )
-    .await;
+    let mut reqs = first_large_held(&gated, &send, &large).await;
     reqs.extend((0..9).map(|_| send(&large)));
     let waiting = || s.state.bodies_waiting.load(Ordering::Relaxed);
-    let t0 = Instant::now();
-    while waiting() < 3 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "{} requests wait for the budget, not 3",
-            waiting()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(
+        || waiting() >= 3,
+        || format!("{} requests wait for the budget, not 3", waiting()),
+    )
+    .await;
     // The seven keep their shares while they wait to be prepared.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let held = waiting();
@@ -385,11 +400,7 @@ async fn large_bodies_wait_for_their_share_of_the_budget_before_being_read() {
         held, 3,
         "a waiting body gave its share back before it was prepared"
     );
-    for r in reqs {
-        let (st, v) = r.await.unwrap();
-        assert_eq!(st, 200, "{v}");
-        assert_eq!(v["content"], "ab");
-    }
+    all_answer_ab(reqs).await;
     assert_eq!(waiting(), 0);
     assert_eq!(budget.available_permits(), 8192);
 }
@@ -424,9 +435,5 @@ async fn slow_grammar_compiles_leave_the_server_answering() {
         Ok(200),
         "/health while two grammars compile"
     );
-    for r in reqs {
-        let (st, v) = r.await.unwrap();
-        assert_eq!(st, 200, "{v}");
-        assert_eq!(v["content"], "ab");
-    }
+    all_answer_ab(reqs).await;
 }
