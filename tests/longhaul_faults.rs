@@ -700,6 +700,14 @@ mod slot_bytes {
             ready.sort_unstable();
             assert_eq!(ready, [2, 5]);
             a.finish_wave(file, &mut fill).expect("finish");
+            // Settling skips the reads not yet started: let them start
+            // (at most 20 s), then count them below.
+            let t0 = Instant::now();
+            while b_started.load(Ordering::SeqCst) < 3 * predicted.len()
+                && t0.elapsed() < Duration::from_secs(20)
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             b.settle_prefetch(file);
         });
         file.set_read_fault(None);

@@ -28,8 +28,14 @@ fn body(p: usize, n: usize) -> Value {
     json!({"prompt": PROMPTS[p], "max_tokens": n, "temperature": 0, "ignore_eos": true})
 }
 
+/// `sixteen_clients_get_their_solo_outputs` reads this process's resident
+/// memory: it holds this exclusively, and every other test here shares it,
+/// so that their bodies and servers are not counted in its figure.
+static RSS_MEASURED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_clients_get_their_solo_outputs() {
+    let _alone = RSS_MEASURED.write().await;
     let s = start(
         &fixture(),
         Opts {
@@ -341,6 +347,7 @@ fn sender(s: &TestServer) -> impl Fn(&Value) -> tokio::task::JoinHandle<(u16, Va
 /// the machine's memory); smaller bodies do not wait for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_bodies_prepare_one_at_a_time() {
+    let _shared = RSS_MEASURED.read().await;
     let (s, gated) = gated_server();
     let (small, large) = small_and_large();
     let send = sender(&s);
@@ -370,6 +377,7 @@ async fn large_bodies_prepare_one_at_a_time() {
 /// wait for the budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_bodies_wait_for_their_share_of_the_budget_before_being_read() {
+    let _shared = RSS_MEASURED.read().await;
     let (s, gated) = gated_server_with(HttpConfig {
         body_limit: 2 << 20,
         ..HttpConfig::default()
@@ -411,6 +419,7 @@ async fn large_bodies_wait_for_their_share_of_the_budget_before_being_read() {
 /// else was answered until both were done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_grammar_compiles_leave_the_server_answering() {
+    let _shared = RSS_MEASURED.read().await;
     let (s, gated) = gated_server();
     let c = client();
     let url = format!("{}/completion", s.url);
