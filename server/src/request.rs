@@ -107,10 +107,10 @@ pub fn body_budget_kib(body_limit: usize) -> usize {
 /// every other connection, `/health` included.
 ///
 /// A body over [`LARGE_BODY`] waits for the one permit of large bodies
-/// first, held until its work ends: tokenizing takes 125-180 bytes of
-/// memory per byte of text (a 14 MB prompt: 3 GB and 16 s on SmolLM2's
-/// tokenizer), so concurrent large requests could take more memory than
-/// the machine has, and every core from the running generations. Once it
+/// first, held until its work ends: parsing takes 30-130 bytes of memory
+/// per byte of body, and tokenizing 14 MB about a second, so concurrent
+/// large requests could take more memory than the machine has, and every
+/// core from the running generations. Once it
 /// is prepared, the memory its work freed goes back to the system
 /// ([`longhaul::alloc::release_free_memory`]).
 pub async fn off_runtime<T: Send + 'static>(
@@ -363,8 +363,7 @@ pub fn tokenize_rendered(
 
 /// The context check of [`crate::gen::start`] (a prompt takes fewer than
 /// `n_ctx` tokens), made on a lower bound of the prompt's length before
-/// encoding it: encoding takes 125-180 bytes of memory per byte of text,
-/// 3 GB for a 16 MB body. The bound counts a raw fragment's bytes over the
+/// encoding it (about a second of a core for a 16 MB body). The bound counts a raw fragment's bytes over the
 /// vocabulary's longest token, so it refuses only prompts that the exact
 /// check would refuse too.
 fn refuse_unfitting(at_least: usize, n_ctx: usize) -> Result<(), ApiError> {

@@ -342,9 +342,9 @@ fn sender(s: &TestServer) -> impl Fn(&Value) -> tokio::task::JoinHandle<(u16, Va
     }
 }
 
-/// Bodies over 1 MiB prepare one at a time (tokenizing takes 125-180
-/// bytes of memory per byte of text: concurrent 16 MiB prompts could take
-/// the machine's memory); smaller bodies do not wait for them.
+/// Bodies over 1 MiB prepare one at a time (parsing takes 30-130 bytes of
+/// memory per byte of body: concurrent 16 MiB prompts could take the
+/// machine's memory); smaller bodies do not wait for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_bodies_prepare_one_at_a_time() {
     let _shared = RSS_MEASURED.read().await;
