@@ -9,7 +9,6 @@
 use std::collections::{HashMap, HashSet};
 
 use tokenizers::models::bpe::BPE;
-use tokenizers::utils::SysRegex;
 use tokenizers::Model;
 
 use super::vocab::Vocab;
@@ -172,7 +171,8 @@ pub(crate) fn char_to_byte_map() -> HashMap<char, u8> {
 /// A byte-level BPE model ready to encode raw-text fragments.
 ///
 /// It runs the `tokenizers` crate's own pieces (its regex engine, its BPE
-/// model) the way that crate's `Tokenizer` composes them for this pipeline,
+/// model) the way that crate's `Tokenizer` composes them for this pipeline
+/// (except where the regex engine fails, below),
 /// a `Sequence` of `Split { behavior: Isolated }` and `ByteLevel` with no
 /// normalizer, added tokens or post-processor, but streams each piece
 /// through to the model as soon as it is cut. The crate's `Tokenizer` builds
@@ -184,7 +184,7 @@ pub(crate) fn char_to_byte_map() -> HashMap<char, u8> {
 pub(crate) struct BpeModel {
     /// The pre-tokenizer regexes, applied in order: each splits every piece
     /// the previous one cut.
-    splits: Vec<SysRegex>,
+    splits: Vec<fancy_regex::Regex>,
     model: BPE,
     bytes: [char; 256],
 }
@@ -233,7 +233,7 @@ impl BpeModel {
             .regexes
             .iter()
             .map(|re| {
-                SysRegex::new(re)
+                fancy_regex::Regex::new(re)
                     .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {re:?}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -247,18 +247,27 @@ impl BpeModel {
     /// Appends the ids of one raw-text fragment.
     pub fn tokenize(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
         let mut mapped = String::new();
-        self.split(0, text, &mut mapped, out)
+        self.split(0, text, 0, &mut mapped, out)
     }
 
     /// Cuts `piece` with regex `level` as the crate's `Split` with
     /// `Isolated` does (every match and every gap between matches is a
-    /// piece; empty ones are dropped; the crate's iterator ends at a regex
-    /// error, leaving the rest as one gap) and passes each piece on to the
-    /// next regex, or to the model after the last.
+    /// piece; empty ones are dropped) and passes each piece on to the next
+    /// regex, or to the model after the last. `at` is where `piece` starts
+    /// in the fragment.
+    ///
+    /// fancy-regex fails on a run of about a million characters that its
+    /// backtracking stack has to hold (a million spaces for every family's
+    /// `\s+(?!\S)`, a million letters for `gpt-4o`'s cased words). The
+    /// crate's `SysRegex` then ends its matches silently and the rest of
+    /// the piece went to the model whole, merged across words (a million
+    /// spaces then `world` gave `world`, not ` world`); here that is an
+    /// error instead.
     fn split(
         &self,
         level: usize,
         piece: &str,
+        at: usize,
         mapped: &mut String,
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizerError> {
@@ -269,12 +278,17 @@ impl BpeModel {
             return self.encode_piece(piece, mapped, out);
         };
         let mut prev = 0;
-        for (start, end) in re.find_iter(piece) {
-            self.split(level + 1, &piece[prev..start], mapped, out)?;
-            self.split(level + 1, &piece[start..end], mapped, out)?;
+        for m in re.find_iter(piece) {
+            let m = m.map_err(|e| TokenizerError::PreTokenizer {
+                at: at + prev,
+                reason: e.to_string(),
+            })?;
+            let (start, end) = (m.start(), m.end());
+            self.split(level + 1, &piece[prev..start], at + prev, mapped, out)?;
+            self.split(level + 1, &piece[start..end], at + start, mapped, out)?;
             prev = end;
         }
-        self.split(level + 1, &piece[prev..], mapped, out)
+        self.split(level + 1, &piece[prev..], at + prev, mapped, out)
     }
 
     /// `ByteLevel` (each byte to GPT-2's printable character), then the
@@ -305,7 +319,7 @@ mod tests {
         for (name, c) in PRE_TYPES {
             for re in c.regexes {
                 assert!(
-                    SysRegex::new(re).is_ok(),
+                    fancy_regex::Regex::new(re).is_ok(),
                     "regex of pre type {name} does not compile: {re}"
                 );
             }
@@ -436,6 +450,33 @@ mod tests {
             }
         }
         assert_eq!(families.len(), 11, "distinct regex lists in PRE_TYPES");
+    }
+
+    /// A run the regex engine cannot hold is an error naming where it
+    /// starts, not a silent end of the matches (the crate's `SysRegex`
+    /// left the rest to the model whole); a run just short of it is split
+    /// as the crate's `Tokenizer` splits it.
+    #[test]
+    fn a_run_too_long_for_the_regex_engine_is_an_error_not_a_silent_merge() {
+        let m = model_for(&PRE_GPT2);
+        let reference = crate_pipeline(&m, &PRE_GPT2);
+        let short = format!("a{}b c", " ".repeat(999_990));
+        let mut ids = Vec::new();
+        m.tokenize(&short, &mut ids).unwrap();
+        assert_eq!(
+            ids,
+            reference
+                .encode_fast(short.as_str(), false)
+                .unwrap()
+                .get_ids()
+        );
+        let long = format!("a{}b c", " ".repeat(1_000_010));
+        let e = m.tokenize(&long, &mut Vec::new()).unwrap_err();
+        assert!(
+            matches!(e, TokenizerError::PreTokenizer { at: 1, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("break up runs"), "{e}");
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub enum TokenizerError {
     MissingByteToken { byte: u8 },
     #[error("building the BPE tokenizer failed: {0}")]
     Build(String),
+    #[error("the pre-tokenizer's regex gave up on the text at byte {at} of a fragment ({reason}); its backtracking stack holds about a million characters, so break up runs that long (of spaces, letters or the like)")]
+    PreTokenizer { at: usize, reason: String },
     #[error("BPE encoding failed: {0}")]
     Encode(String),
 }
