@@ -107,7 +107,7 @@ pub fn body_budget_kib(body_limit: usize) -> usize {
 /// every other connection, `/health` included.
 ///
 /// A body over [`LARGE_BODY`] waits for the one permit of large bodies
-/// first, held until its work ends: parsing takes 30-130 bytes of memory
+/// first, held until its work ends: parsing takes 15-70 bytes of memory
 /// per byte of body, and tokenizing 14 MB about a second, so concurrent
 /// large requests could take more memory than the machine has, and every
 /// core from the running generations. Once it
@@ -149,6 +149,31 @@ pub fn parse_json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(ApiError::from_json)
 }
 
+/// The top-level fields of a JSON body named in `names`, as an object
+/// (a repeated field: its last value, as a `Value` parse keeps), or `null`
+/// for JSON that is not an object. The rest of the body is checked but
+/// left unparsed, where the checks that read a few fields used to parse
+/// the whole body into a `Value` tree again, 32 bytes and more an element:
+/// an 8M-id prompt took the server to 0.93 GiB.
+pub fn pick_fields<'n>(
+    body: &[u8],
+    names: impl IntoIterator<Item = &'n str>,
+) -> Result<Value, serde_json::Error> {
+    let whole: &serde_json::value::RawValue = serde_json::from_slice(body)?;
+    if !whole.get().starts_with('{') {
+        return Ok(Value::Null);
+    }
+    let top: std::collections::HashMap<String, &serde_json::value::RawValue> =
+        serde_json::from_str(whole.get())?;
+    let mut picked = serde_json::Map::new();
+    for name in names {
+        if let Some(raw) = top.get(name) {
+            picked.insert(name.to_string(), serde_json::from_str(raw.get())?);
+        }
+    }
+    Ok(Value::Object(picked))
+}
+
 /// `stop`: one string or a list of them.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
@@ -168,8 +193,7 @@ impl StopField {
 }
 
 /// One prompt element: text or a token id (llama.cpp accepts lists mixing both).
-#[derive(Deserialize, Debug, Clone)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum PromptPart {
     Token(u32),
     Text(String),
@@ -177,12 +201,216 @@ pub enum PromptPart {
 
 /// `prompt`: a string, a list of token ids, or (OpenAI) a one-element list
 /// of either.
-#[derive(Deserialize, Debug, Clone)]
-#[serde(untagged)]
+///
+/// It deserializes as an `#[serde(untagged)]` enum of these variants
+/// would (the same values accepted, the same messages otherwise), but
+/// straight from the parser: an untagged enum first buffers the whole
+/// value as serde's `Content`, 32 bytes an element, so an 8M-id prompt
+/// held 256 MB more.
+#[derive(Debug, Clone, PartialEq)]
 pub enum PromptField {
     Text(String),
     Parts(Vec<PromptPart>),
     Batch(Vec<Vec<PromptPart>>),
+}
+
+/// A JSON value as a `prompt` part, or `None` for any other shape (after
+/// reading all of it, so that only syntax errors stop the parse early, as
+/// with the untagged enum, which reads the whole value first).
+struct Part(Option<PromptPart>);
+
+/// An element of a `prompt` list: a part, a list of parts (a batch), or
+/// neither.
+enum Elem {
+    Part(PromptPart),
+    List(Vec<PromptPart>),
+    Bad,
+}
+
+fn no_variant<E: serde::de::Error>() -> E {
+    E::custom("data did not match any variant of untagged enum PromptField")
+}
+
+/// Any JSON value, read and dropped as serde's `Content` would read it (so
+/// with serde_json's nesting limit, which `IgnoredAny` does not apply).
+struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SkipVisitor)
+    }
+}
+
+struct SkipVisitor;
+
+impl<'de> serde::de::Visitor<'de> for SkipVisitor {
+    type Value = Skip;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_unit<E>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Skip, A::Error> {
+        drain_seq(seq).map(|_| Skip)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Skip, A::Error> {
+        drain_map(map).map(|_| Skip)
+    }
+}
+
+/// Reads the rest of a map or list that has the wrong shape.
+fn drain_map<'de, A: serde::de::MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<Skip, Skip>()?.is_some() {}
+    Ok(())
+}
+
+fn drain_seq<'de, A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<Skip>()?.is_some() {}
+    Ok(())
+}
+
+/// The visits every value shape has: a token id (`u32`), a string, or
+/// nothing (`Shape::other`) for the rest; lists are left to `visit_seq`.
+macro_rules! shapes {
+    ($value:ty, $part:expr, $other:expr) => {
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<$value, E> {
+            Ok(match u32::try_from(v) {
+                Ok(id) => $part(PromptPart::Token(id)),
+                Err(_) => $other,
+            })
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<$value, E> {
+            match u64::try_from(v) {
+                Ok(v) => self.visit_u64(v),
+                Err(_) => Ok($other),
+            }
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<$value, E> {
+            Ok($other)
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<$value, E> {
+            Ok($other)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<$value, E> {
+            Ok($other)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<$value, E> {
+            Ok($part(PromptPart::Text(v.to_string())))
+        }
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<$value, E> {
+            Ok($part(PromptPart::Text(v)))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<$value, A::Error> {
+            drain_map(map)?;
+            Ok($other)
+        }
+    };
+}
+
+struct PartVisitor;
+
+impl<'de> serde::de::Visitor<'de> for PartVisitor {
+    type Value = Part;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a token id or a string")
+    }
+    shapes!(Part, |p| Part(Some(p)), Part(None));
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Part, A::Error> {
+        drain_seq(seq)?;
+        Ok(Part(None))
+    }
+}
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(PartVisitor)
+    }
+}
+
+struct ElemVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ElemVisitor {
+    type Value = Elem;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a token id, a string or a list of them")
+    }
+    shapes!(Elem, Elem::Part, Elem::Bad);
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Elem, A::Error> {
+        let mut parts = Vec::new();
+        let mut bad = false;
+        while let Some(Part(p)) = seq.next_element::<Part>()? {
+            match p {
+                Some(p) if !bad => parts.push(p),
+                _ => bad = true,
+            }
+        }
+        Ok(if bad { Elem::Bad } else { Elem::List(parts) })
+    }
+}
+
+impl<'de> Deserialize<'de> for Elem {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ElemVisitor)
+    }
+}
+
+/// The whole `prompt` value: `Some` of a field, or `None` for another shape.
+struct FieldVisitor;
+
+impl<'de> serde::de::Visitor<'de> for FieldVisitor {
+    type Value = Option<PromptField>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string or a list")
+    }
+    shapes!(
+        Option<PromptField>,
+        |p| match p {
+            PromptPart::Text(s) => Some(PromptField::Text(s)),
+            PromptPart::Token(_) => None,
+        },
+        None
+    );
+    /// A list of parts, or a list of lists of parts; not a mix.
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> Result<Option<PromptField>, A::Error> {
+        let (mut parts, mut batch, mut bad) = (Vec::new(), Vec::new(), false);
+        while let Some(e) = seq.next_element::<Elem>()? {
+            match e {
+                Elem::Part(p) if batch.is_empty() && !bad => parts.push(p),
+                Elem::List(l) if parts.is_empty() && !bad => batch.push(l),
+                _ => bad = true,
+            }
+        }
+        Ok(match (bad, batch.is_empty()) {
+            (true, _) => None,
+            (false, true) => Some(PromptField::Parts(parts)),
+            (false, false) => Some(PromptField::Batch(batch)),
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for PromptField {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FieldVisitor)?.ok_or_else(no_variant)
+    }
 }
 
 impl PromptField {
@@ -611,7 +839,8 @@ pub fn check_probs(
 /// `post_sampling_probs`. `top_logprobs` without `logprobs: true` is a 400,
 /// as in llama-server.
 pub fn probs_request(body: &Bytes, api: ProbsApi) -> Result<Option<ProbsRequest>, ApiError> {
-    let body: Value = serde_json::from_slice(body).map_err(ApiError::from_json)?;
+    let fields = ["n_probs", "top_logprobs", "logprobs", "post_sampling_probs"];
+    let body = pick_fields(body, fields).map_err(ApiError::from_json)?;
     let n_probs = count_field(&body, "n_probs")?.filter(|&n| n > 0);
     let n_top = match api {
         ProbsApi::Chat => {
@@ -682,6 +911,172 @@ mod tests {
             }),
             constraint: None,
             special: false,
+        }
+    }
+
+    /// The derived untagged enums `PromptField` replaces: the reference
+    /// (named as they were, since the messages name the enum).
+    mod untagged {
+        use serde::Deserialize;
+
+        #[derive(Deserialize, Debug)]
+        #[serde(untagged)]
+        pub enum PromptPart {
+            Token(u32),
+            Text(String),
+        }
+
+        #[derive(Deserialize, Debug)]
+        #[serde(untagged)]
+        pub enum PromptField {
+            Text(String),
+            Parts(Vec<PromptPart>),
+            Batch(Vec<Vec<PromptPart>>),
+        }
+    }
+
+    fn from_untagged(f: untagged::PromptField) -> PromptField {
+        let part = |p| match p {
+            untagged::PromptPart::Token(t) => PromptPart::Token(t),
+            untagged::PromptPart::Text(s) => PromptPart::Text(s),
+        };
+        let parts = |v: Vec<untagged::PromptPart>| v.into_iter().map(part).collect();
+        match f {
+            untagged::PromptField::Text(s) => PromptField::Text(s),
+            untagged::PromptField::Parts(v) => PromptField::Parts(parts(v)),
+            untagged::PromptField::Batch(b) => {
+                PromptField::Batch(b.into_iter().map(parts).collect())
+            }
+        }
+    }
+
+    #[derive(Deserialize)]
+    struct Body<T> {
+        #[allow(dead_code)]
+        prompt: T,
+    }
+
+    /// A random JSON value of the shapes a prompt meets: ids at and past
+    /// the `u32` edge, negatives, floats, strings, literals, maps, lists
+    /// of lists, and now and then a syntax error.
+    fn random_prompt(rng: &mut u64, depth: u32) -> String {
+        *rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let r = (*rng >> 33) as u32;
+        match r % if depth < 3 { 14 } else { 10 } {
+            0 => "4294967295".into(),
+            1 => "4294967296".into(),
+            2 => "-1".into(),
+            3 => "1.0".into(),
+            4 => format!("{}", r % 50_000),
+            5 => "\"a\\n\"".into(),
+            6 => ["true", "null", "{}", "{\"a\": [1]}"][(r / 16 % 4) as usize].into(),
+            7 => ["[1,", "[1 2]", "\"x", "[1,]"][(r / 16 % 4) as usize].into(),
+            8 | 9 => "\"text\"".into(),
+            _ => {
+                let n = r / 16 % 4;
+                let items: Vec<String> = (0..n).map(|_| random_prompt(rng, depth + 1)).collect();
+                format!("[{}]", items.join(", "))
+            }
+        }
+    }
+
+    /// `PromptField` accepts what the untagged enums accept, as the same
+    /// values, and refuses the rest with the same message (category and
+    /// position included).
+    #[test]
+    fn prompt_field_parses_as_the_untagged_enums_did() {
+        let mut cases: Vec<String> = [
+            "\"hi\"",
+            "[]",
+            "[1, 2]",
+            "[1, \"a\"]",
+            "[[1, 2]]",
+            "[[]]",
+            "[[], [1]]",
+            "[[1], 2]",
+            "[1, [2]]",
+            "[\"a\", \"b\"]",
+            "[[\"a\"], [3]]",
+            "1",
+            "true",
+            "null",
+            "{}",
+            "[{}]",
+            "[[{}]]",
+            "[[1, [2]]]",
+            "[null]",
+            "[4294967296]",
+            "[[1,], 2]",
+            "[1, {\"a\" 1}]",
+            "[\"a\\q\"]",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        cases.push(format!("{}1{}", "[".repeat(200), "]".repeat(200)));
+        cases.push(format!("[1, {}{}]", "[".repeat(200), "]".repeat(200)));
+        let mut rng = 7u64;
+        cases.extend((0..3000).map(|_| random_prompt(&mut rng, 0)));
+        let (mut ok, mut refused) = (0, 0);
+        for case in &cases {
+            let body = format!("{{\"prompt\": {case}, \"n_predict\": 1}}");
+            let ours = serde_json::from_str::<Body<PromptField>>(&body);
+            let theirs = serde_json::from_str::<Body<untagged::PromptField>>(&body);
+            match (ours, theirs) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a.prompt, from_untagged(b.prompt), "{body}");
+                    ok += 1;
+                }
+                (Err(a), Err(b)) => {
+                    assert_eq!(a.to_string(), b.to_string(), "{body}");
+                    assert_eq!(a.classify(), b.classify(), "{body}");
+                    refused += 1;
+                }
+                (a, b) => panic!(
+                    "{body}: ours {:?}, untagged {:?}",
+                    a.map(|b| b.prompt),
+                    b.map(|b| b.prompt)
+                ),
+            }
+        }
+        assert!(
+            ok > 500 && refused > 500,
+            "{ok} accepted, {refused} refused"
+        );
+    }
+
+    /// `pick_fields` gives what a whole `Value` parse gives for the named
+    /// fields: nested values, the last of a repeated field, nothing for a
+    /// field not named, `null` for JSON that is not an object, and the
+    /// same syntax errors.
+    #[test]
+    fn picked_fields_are_those_of_the_whole_value() {
+        let body = br#" {"a": [1, {"b": null}], "skip": [[1,2],"x"], "c": 1, "c": {"d": 2}, "e\u0041": true} "#;
+        let whole: Value = serde_json::from_slice(body).unwrap();
+        let picked = pick_fields(body, ["a", "c", "eA", "absent"]).unwrap();
+        let want: serde_json::Map<String, Value> = ["a", "c", "eA"]
+            .into_iter()
+            .map(|k| (k.to_string(), whole[k].clone()))
+            .collect();
+        assert_eq!(picked, Value::Object(want));
+        assert_eq!(picked["c"], serde_json::json!({"d": 2}));
+        assert_eq!(pick_fields(b" [1, 2] ", ["a"]).unwrap(), Value::Null);
+        assert_eq!(pick_fields(b"3", ["a"]).unwrap(), Value::Null);
+        for bad in [
+            &b"{\"a\": 1,}"[..],
+            b"{\"a\": [1}",
+            b"",
+            b"{} x",
+            b"{\"a\": \"\xff\"}",
+        ] {
+            assert!(serde_json::from_slice::<Value>(bad).is_err());
+            assert!(
+                pick_fields(bad, ["a"]).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

@@ -150,7 +150,8 @@ impl Neutral {
 /// would have to ignore; `Ok` for anything else, including bodies that are
 /// not objects (their parse reports those).
 pub fn refuse_unimplemented(body: &Bytes) -> Result<(), ApiError> {
-    let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(body) else {
+    let Ok(Value::Object(map)) = crate::request::pick_fields(body, FIELDS.iter().map(|f| f.0))
+    else {
         return Ok(());
     };
     for &(field, neutral) in FIELDS {

@@ -342,7 +342,7 @@ fn sender(s: &TestServer) -> impl Fn(&Value) -> tokio::task::JoinHandle<(u16, Va
     }
 }
 
-/// Bodies over 1 MiB prepare one at a time (parsing takes 30-130 bytes of
+/// Bodies over 1 MiB prepare one at a time (parsing takes 15-70 bytes of
 /// memory per byte of body: concurrent 16 MiB prompts could take the
 /// machine's memory); smaller bodies do not wait for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
