@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerate tests/goldens/tokenize/<model>.json from llama.cpp's llama-tokenize.
+# Regenerate tests/goldens/tokenize/<model>.json and fuzz-<model>.json from llama.cpp's llama-tokenize.
 #   Inputs : tests/goldens/tokenize/texts.json  ({"cases": [{name, text, parse_special, add_special}]})
+#            and fuzz-texts.json (seeded random texts, from tools/tokenize_fuzz_texts.py)
 #   Models : $LONGHAUL_MODELS (default ~/.cache/longhaul/models), see tools/fetch-models.sh
 #   Tools  : $LLAMACPP_BIN (default ~/.cache/longhaul/llama.cpp/build/bin), see tools/build-llamacpp.sh
 # Each case is tokenized with `llama-tokenize -f <text file> --ids --log-disable --no-escape`,
@@ -14,9 +15,10 @@ tok="$bin/llama-tokenize"
 dir="$root/tests/goldens/tokenize"
 
 for model in smollm2-135m-instruct-q4_1 gemma-3-270m-q4_k_m; do
+for set in texts.json:"" fuzz-texts.json:fuzz-; do
   gguf="$models/$model.gguf"
   [ -f "$gguf" ] || { echo "missing $gguf: run tools/fetch-models.sh" >&2; exit 1; }
-  python3 - "$tok" "$gguf" "$dir/texts.json" "$dir/$model.json" "$model" <<'EOF'
+  python3 - "$tok" "$gguf" "$dir/${set%%:*}" "$dir/${set#*:}$model.json" "$model" <<'EOF'
 import json, os, subprocess, sys, tempfile
 tok, gguf, texts, out, model = sys.argv[1:]
 cases = json.load(open(texts, encoding="utf-8"))["cases"]
@@ -46,4 +48,5 @@ with open(out, "w", encoding="utf-8") as f:  # one case per line keeps diffs rea
     f.write(head + ', "cases": [\n' + body + "\n]}\n")
 print(f"wrote {out} ({len(result['cases'])} cases)")
 EOF
+done
 done

@@ -187,6 +187,9 @@ pub(crate) struct BpeModel {
     splits: Vec<fancy_regex::Regex>,
     model: BPE,
     bytes: [char; 256],
+    /// Whether byte `b`'s character is a token (SmolLM2 lacks 21).
+    known: [bool; 256],
+    ignore_merges: bool,
 }
 
 impl std::fmt::Debug for BpeModel {
@@ -237,10 +240,18 @@ impl BpeModel {
                     .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {re:?}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let bytes = byte_to_char_table();
+        let known = bytes.map(|c| {
+            vocab
+                .token_to_id
+                .contains_key(c.encode_utf8(&mut [0; 4]) as &str)
+        });
         Ok(Self {
             splits,
             model,
-            bytes: byte_to_char_table(),
+            bytes,
+            known,
+            ignore_merges: pre.ignore_merges,
         })
     }
 
@@ -292,7 +303,14 @@ impl BpeModel {
     }
 
     /// `ByteLevel` (each byte to GPT-2's printable character), then the
-    /// BPE model on the piece, as the crate's `Tokenizer` calls it.
+    /// BPE model on the piece, as the crate's `Tokenizer` calls it, except
+    /// for a byte whose character is not a token. llama.cpp keeps it as a
+    /// symbol that no merge takes and drops it at the end, so it parts its
+    /// neighbours; the crate drops it before merging and lets them merge
+    /// (on SmolLM2, `" \x04%"` gave `Ġ%` where llama.cpp gives `Ġ`, `%`).
+    /// Here the runs of known bytes either side go to the model apart,
+    /// after llama.cpp's whole-piece lookup where the family ignores
+    /// merges.
     fn encode_piece(
         &self,
         piece: &str,
@@ -301,6 +319,26 @@ impl BpeModel {
     ) -> Result<(), TokenizerError> {
         mapped.clear();
         mapped.extend(piece.bytes().map(|b| self.bytes[b as usize]));
+        if piece.bytes().all(|b| self.known[b as usize]) {
+            return self.encode_mapped(mapped, out);
+        }
+        if self.ignore_merges {
+            if let Some(id) = self.model.token_to_id(mapped) {
+                out.push(id);
+                return Ok(());
+            }
+        }
+        for run in piece.as_bytes().split(|&b| !self.known[b as usize]) {
+            if !run.is_empty() {
+                mapped.clear();
+                mapped.extend(run.iter().map(|&b| self.bytes[b as usize]));
+                self.encode_mapped(mapped, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_mapped(&self, mapped: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
         let tokens = self
             .model
             .tokenize(mapped)
@@ -372,7 +410,12 @@ mod tests {
                 }
             }
         }
-        let vocab = Vocab {
+        let refs: Vec<&str> = merges.iter().map(|m| m.as_str()).collect();
+        BpeModel::new(&vocab_of(texts), &refs, pre).unwrap()
+    }
+
+    fn vocab_of(texts: Vec<String>) -> Vocab {
+        Vocab {
             token_to_id: texts
                 .iter()
                 .enumerate()
@@ -384,9 +427,47 @@ mod tests {
             ids: Default::default(),
             eog: Default::default(),
             special_cache: Vec::new(),
-        };
-        let refs: Vec<&str> = merges.iter().map(|m| m.as_str()).collect();
-        BpeModel::new(&vocab, &refs, pre).unwrap()
+        }
+    }
+
+    /// A byte whose character is not a token parts its neighbours, as in
+    /// llama.cpp (a symbol no merge takes, dropped at the end), where the
+    /// crate's `Tokenizer` dropped it first and merged across it; a whole
+    /// pre-token that is a token still comes first where merges are
+    /// ignored.
+    #[test]
+    fn a_byte_without_a_token_parts_its_neighbours() {
+        let table = byte_to_char_table();
+        let mut texts: Vec<String> = table
+            .iter()
+            .filter(|&&c| c != table[4])
+            .map(|c| c.to_string())
+            .collect();
+        texts.extend(["Ġ%", "ab", "\u{104}b"].map(String::from));
+        let vocab = vocab_of(texts);
+        let id = |t: &str| vocab.token_to_id[t];
+        let gpt2 = BpeModel::new(&vocab, &["Ġ %", "a b"], &PRE_GPT2).unwrap();
+        let mut ids = Vec::new();
+        gpt2.tokenize(" \u{4}% ab a\u{4}b", &mut ids).unwrap();
+        assert_eq!(
+            ids,
+            [
+                id("Ġ"),
+                id("%"),
+                id("Ġ"),
+                id("ab"),
+                id("Ġ"),
+                id("a"),
+                id("b")
+            ]
+        );
+        let before = crate_pipeline(&gpt2, &PRE_GPT2);
+        let merged = before.encode_fast(" \u{4}% ab", false).unwrap();
+        assert_eq!(merged.get_ids(), [id("Ġ%"), id("Ġ"), id("ab")]);
+        let llama3 = BpeModel::new(&vocab, &["Ġ %", "a b"], &PRE_LLAMA3).unwrap();
+        let mut ids = Vec::new();
+        llama3.tokenize("a\u{4}b", &mut ids).unwrap();
+        assert_eq!(ids, [id("a"), id("\u{104}b")]);
     }
 
     /// The `tokenizers` crate's own `Tokenizer` around the same model,
