@@ -8,6 +8,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::OnceLock;
 
 use super::vocab::Vocab;
 use super::TokenizerError;
@@ -159,10 +160,14 @@ const CHUNK: usize = 4096;
 /// process). A fragment with no cut point is tokenized whole.
 pub(crate) fn tokenize(
     vocab: &Vocab,
-    joins: &Joins,
+    joins: &OnceLock<Joins>,
     text: &str,
     out: &mut Vec<u32>,
 ) -> Result<(), TokenizerError> {
+    if text.len() <= CHUNK {
+        return tokenize_whole(vocab, text, out);
+    }
+    let joins = joins.get_or_init(|| Joins::new(vocab));
     tokenize_in_chunks(vocab, joins, text, CHUNK, out)
 }
 
