@@ -415,19 +415,8 @@ mod tests {
     }
 
     fn vocab_of(texts: Vec<String>) -> Vocab {
-        Vocab {
-            token_to_id: texts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (t.clone(), i as u32))
-                .collect(),
-            scores: vec![0.0; texts.len()],
-            attrs: vec![super::super::vocab::attr::NORMAL; texts.len()],
-            texts,
-            ids: Default::default(),
-            eog: Default::default(),
-            special_cache: Vec::new(),
-        }
+        let n = texts.len();
+        Vocab::of_texts(texts, vec![0.0; n])
     }
 
     /// A byte whose character is not a token parts its neighbours, as in

@@ -249,7 +249,6 @@ fn tokenize_whole(vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<(), T
 mod tests {
     use super::*;
     use crate::synth::Rng;
-    use crate::tokenizer::vocab::attr;
 
     const CHARS: &[char] = &['a', 'b', 'c', '▁', 'é', '.', '一'];
 
@@ -276,21 +275,10 @@ mod tests {
                 texts.push(t_str);
             }
         }
-        Vocab {
-            token_to_id: texts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (t.clone(), i as u32))
-                .collect(),
-            scores: (0..texts.len())
-                .map(|_| -((rng.next_u64() % 8) as f32))
-                .collect(),
-            attrs: vec![attr::NORMAL; texts.len()],
-            texts,
-            ids: Default::default(),
-            eog: Default::default(),
-            special_cache: Vec::new(),
-        }
+        let scores = (0..texts.len())
+            .map(|_| -((rng.next_u64() % 8) as f32))
+            .collect();
+        Vocab::of_texts(texts, scores)
     }
 
     /// Chunked tokenization gives the whole fragment's ids, with cuts at

@@ -77,6 +77,27 @@ pub(crate) struct Vocab {
     pub special_cache: Vec<u32>,
 }
 
+#[cfg(test)]
+impl Vocab {
+    /// Plain tokens with these texts and scores, and no special ids: the
+    /// algorithms' unit tests build their vocabularies with this.
+    pub(crate) fn of_texts(texts: Vec<String>, scores: Vec<f32>) -> Self {
+        Vocab {
+            token_to_id: texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.clone(), i as u32))
+                .collect(),
+            scores,
+            attrs: vec![attr::NORMAL; texts.len()],
+            texts,
+            ids: SpecialIds::default(),
+            eog: BTreeSet::new(),
+            special_cache: Vec::new(),
+        }
+    }
+}
+
 impl Vocab {
     pub fn n_tokens(&self) -> usize {
         self.texts.len()
