@@ -22,6 +22,7 @@ mod metrics;
 mod native;
 mod openai;
 mod probs;
+mod prompt;
 mod request;
 mod slots;
 mod structured;

@@ -317,33 +317,25 @@ impl BpeModel {
         mapped: &mut String,
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizerError> {
-        mapped.clear();
-        mapped.extend(piece.bytes().map(|b| self.bytes[b as usize]));
-        if piece.bytes().all(|b| self.known[b as usize]) {
-            return self.encode_mapped(mapped, out);
-        }
-        if self.ignore_merges {
+        let bytes = piece.as_bytes();
+        let unknown = |b: &u8| !self.known[*b as usize];
+        if self.ignore_merges && bytes.iter().any(unknown) {
+            mapped.clear();
+            mapped.extend(bytes.iter().map(|&b| self.bytes[b as usize]));
             if let Some(id) = self.model.token_to_id(mapped) {
                 out.push(id);
                 return Ok(());
             }
         }
-        for run in piece.as_bytes().split(|&b| !self.known[b as usize]) {
-            if !run.is_empty() {
-                mapped.clear();
-                mapped.extend(run.iter().map(|&b| self.bytes[b as usize]));
-                self.encode_mapped(mapped, out)?;
-            }
+        for run in bytes.split(unknown).filter(|run| !run.is_empty()) {
+            mapped.clear();
+            mapped.extend(run.iter().map(|&b| self.bytes[b as usize]));
+            let tokens = self
+                .model
+                .tokenize(mapped)
+                .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+            out.extend(tokens.iter().map(|t| t.id));
         }
-        Ok(())
-    }
-
-    fn encode_mapped(&self, mapped: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
-        let tokens = self
-            .model
-            .tokenize(mapped)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        out.extend(tokens.iter().map(|t| t.id));
         Ok(())
     }
 }
