@@ -11,14 +11,16 @@ use std::collections::{HashMap, HashSet};
 use tokenizers::models::bpe::BPE;
 use tokenizers::Model;
 
+use super::pretok::{Hand, HandMatches};
 use super::vocab::Vocab;
 use super::TokenizerError;
 
 /// GPT-2's original split (llama.cpp runs it with a hand-written matcher).
-const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(super) const GPT2: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+pub(super) const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(super) const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(super) const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const DEEPSEEK3_MAIN: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
 
@@ -168,12 +170,35 @@ pub(crate) fn char_to_byte_map() -> HashMap<char, u8> {
         .collect()
 }
 
+/// One pre-tokenizer regex: matched by hand where llama.cpp matches it by
+/// hand, else by fancy-regex.
+enum Splitter {
+    Regex(fancy_regex::Regex),
+    Hand(Hand),
+}
+
+enum Matches<'r, 'h> {
+    Regex(fancy_regex::Matches<'r, 'h>),
+    Hand(HandMatches<'h>),
+}
+
+impl Iterator for Matches<'_, '_> {
+    type Item = Result<(usize, usize), fancy_regex::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Self::Regex(m) => m.next().map(|m| m.map(|m| (m.start(), m.end()))),
+            Self::Hand(m) => m.next().map(Ok),
+        }
+    }
+}
+
 /// A byte-level BPE model ready to encode raw-text fragments.
 ///
 /// It runs the `tokenizers` crate's own pieces (its regex engine, its BPE
 /// model) the way that crate's `Tokenizer` composes them for this pipeline
-/// (except where the regex engine fails, below),
-/// a `Sequence` of `Split { behavior: Isolated }` and `ByteLevel` with no
+/// (except that four regexes are matched by hand, as in llama.cpp, and
+/// where the regex engine fails, below), a `Sequence` of `Split { behavior: Isolated }` and `ByteLevel` with no
 /// normalizer, added tokens or post-processor, but streams each piece
 /// through to the model as soon as it is cut. The crate's `Tokenizer` builds
 /// the whole text as a `NormalizedString` first (an alignment pair of 16
@@ -184,7 +209,7 @@ pub(crate) fn char_to_byte_map() -> HashMap<char, u8> {
 pub(crate) struct BpeModel {
     /// The pre-tokenizer regexes, applied in order: each splits every piece
     /// the previous one cut.
-    splits: Vec<fancy_regex::Regex>,
+    splits: Vec<Splitter>,
     model: BPE,
     bytes: [char; 256],
     /// Whether byte `b`'s character is a token (SmolLM2 lacks 21).
@@ -235,9 +260,11 @@ impl BpeModel {
         let splits = pre
             .regexes
             .iter()
-            .map(|re| {
-                fancy_regex::Regex::new(re)
-                    .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {re:?}: {e}")))
+            .map(|re| match Hand::of(re) {
+                Some(hand) => Ok(Splitter::Hand(hand)),
+                None => fancy_regex::Regex::new(re)
+                    .map(Splitter::Regex)
+                    .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {re:?}: {e}"))),
             })
             .collect::<Result<Vec<_>, _>>()?;
         let bytes = byte_to_char_table();
@@ -273,7 +300,8 @@ impl BpeModel {
     /// crate's `SysRegex` then ends its matches silently and the rest of
     /// the piece went to the model whole, merged across words (a million
     /// spaces then `world` gave `world`, not ` world`); here that is an
-    /// error instead.
+    /// error instead. The hand matchers (`pretok.rs`) take any run, as
+    /// llama.cpp's do.
     fn split(
         &self,
         level: usize,
@@ -285,16 +313,19 @@ impl BpeModel {
         if piece.is_empty() {
             return Ok(());
         }
-        let Some(re) = self.splits.get(level) else {
+        let Some(splitter) = self.splits.get(level) else {
             return self.encode_piece(piece, mapped, out);
         };
         let mut prev = 0;
-        for m in re.find_iter(piece) {
-            let m = m.map_err(|e| TokenizerError::PreTokenizer {
+        let matches = match splitter {
+            Splitter::Regex(re) => Matches::Regex(re.find_iter(piece)),
+            Splitter::Hand(hand) => Matches::Hand(hand.find_iter(piece)),
+        };
+        for m in matches {
+            let (start, end) = m.map_err(|e| TokenizerError::PreTokenizer {
                 at: at + prev,
                 reason: e.to_string(),
             })?;
-            let (start, end) = (m.start(), m.end());
             self.split(level + 1, &piece[prev..start], at + prev, mapped, out)?;
             self.split(level + 1, &piece[start..end], at + start, mapped, out)?;
             prev = end;
@@ -514,14 +545,15 @@ mod tests {
         assert_eq!(families.len(), 11, "distinct regex lists in PRE_TYPES");
     }
 
-    /// A run the regex engine cannot hold is an error naming where it
-    /// starts, not a silent end of the matches (the crate's `SysRegex`
-    /// left the rest to the model whole); a run just short of it is split
-    /// as the crate's `Tokenizer` splits it.
+    /// Where fancy-regex matches, a run it cannot hold is an error naming
+    /// where it starts, not a silent end of the matches (the crate's
+    /// `SysRegex` left the rest to the model whole); a run just short of
+    /// it is split as the crate's `Tokenizer` splits it.
     #[test]
     fn a_run_too_long_for_the_regex_engine_is_an_error_not_a_silent_merge() {
-        let m = model_for(&PRE_GPT2);
-        let reference = crate_pipeline(&m, &PRE_GPT2);
+        assert!(Hand::of(GPT4O).is_none());
+        let m = model_for(&PRE_GPT4O);
+        let reference = crate_pipeline(&m, &PRE_GPT4O);
         let short = format!("a{}b c", " ".repeat(999_990));
         let mut ids = Vec::new();
         m.tokenize(&short, &mut ids).unwrap();
@@ -539,6 +571,28 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("break up runs"), "{e}");
+    }
+
+    /// Where the regex is matched by hand, as llama.cpp matches it, the
+    /// same run is pieces of the text as the regex defines them: `a`, all
+    /// but the last space, then ` b` and ` c` as the crate encodes them.
+    #[test]
+    fn a_hand_matched_regex_takes_the_run_the_regex_engine_cannot_hold() {
+        let m = model_for(&PRE_GPT2);
+        let reference = crate_pipeline(&m, &PRE_GPT2);
+        let n = 1_000_010;
+        let long = format!("a{}b c", " ".repeat(n));
+        let mut ids = Vec::new();
+        m.tokenize(&long, &mut ids).unwrap();
+        let mut want = reference
+            .encode_fast("a", false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        m.encode_piece(&" ".repeat(n - 1), &mut String::new(), &mut want)
+            .unwrap();
+        want.extend(reference.encode_fast(" b c", false).unwrap().get_ids());
+        assert_eq!(ids, want);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 mod bpe;
 pub mod chat;
+mod pretok;
 mod spm;
 mod stream;
 mod tojson;
