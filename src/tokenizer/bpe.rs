@@ -374,6 +374,7 @@ impl BpeModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::tests::symbol_runs;
 
     #[test]
     fn every_pre_regex_compiles() {
@@ -514,18 +515,7 @@ mod tests {
     /// marks after letters), and on one long text.
     #[test]
     fn streaming_gives_the_crate_pipelines_ids_for_every_pre_family() {
-        let mut rng = crate::synth::Rng(0x70c3);
-        let mut texts: Vec<String> = (0..200)
-            .map(|_| {
-                let runs = 1 + rng.next_u64() % 40;
-                (0..runs)
-                    .map(|_| {
-                        let sym = SYMBOLS[(rng.next_u64() % SYMBOLS.len() as u64) as usize];
-                        sym.repeat(1 + (rng.next_u64() % 4) as usize)
-                    })
-                    .collect()
-            })
-            .collect();
+        let mut texts = symbol_runs(0x70c3, SYMBOLS, 200, 40, 4);
         texts.push(texts.concat());
         let mut families: Vec<&[&str]> = Vec::new();
         for (_, c) in PRE_TYPES {

@@ -304,6 +304,7 @@ impl Iterator for HandMatches<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::tests::symbol_runs;
 
     /// The matches fancy-regex gives for `regex` on `s`.
     fn regex_matches(regex: &fancy_regex::Regex, s: &str) -> Vec<(usize, usize)> {
@@ -329,18 +330,7 @@ mod tests {
     /// a space or a word; longer runs test the loops and the digit cap).
     #[test]
     fn hand_matchers_give_the_regex_matches() {
-        let mut rng = crate::synth::Rng(0x5b117);
-        let texts: Vec<String> = (0..3000)
-            .map(|_| {
-                let runs = 1 + rng.next_u64() % 24;
-                (0..runs)
-                    .map(|_| {
-                        let sym = SYMBOLS[(rng.next_u64() % SYMBOLS.len() as u64) as usize];
-                        sym.repeat(1 + (rng.next_u64() % 5) as usize)
-                    })
-                    .collect()
-            })
-            .collect();
+        let texts = symbol_runs(0x5b117, SYMBOLS, 3000, 24, 5);
         for re in [GPT2, LLAMA3, QWEN2, QWEN35] {
             let hand = Hand::of(re).unwrap();
             let regex = fancy_regex::Regex::new(re).unwrap();

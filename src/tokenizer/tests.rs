@@ -4,6 +4,29 @@
 use super::*;
 use crate::gguf::{MetaType, MetaValue};
 
+/// `n` seeded texts, each of 1 to `max_runs` runs of one of `symbols`
+/// repeated 1 to `max_repeat` times.
+pub(super) fn symbol_runs(
+    seed: u64,
+    symbols: &[&str],
+    n: usize,
+    max_runs: u64,
+    max_repeat: u64,
+) -> Vec<String> {
+    let mut rng = crate::synth::Rng(seed);
+    (0..n)
+        .map(|_| {
+            let runs = 1 + rng.next_u64() % max_runs;
+            (0..runs)
+                .map(|_| {
+                    let sym = symbols[(rng.next_u64() % symbols.len() as u64) as usize];
+                    sym.repeat(1 + (rng.next_u64() % max_repeat) as usize)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn strs(v: &[&str]) -> MetaValue {
     MetaValue::Array(
         MetaType::String,
