@@ -124,9 +124,9 @@ impl Hand {
         }
     }
 
-    /// The end of the match that starts at byte `i`, if one does.
-    fn match_at(self, s: &str, i: usize) -> Option<usize> {
-        let c = s[i..].chars().next()?;
+    /// The end of the match that starts at byte `i` (character `c`), if
+    /// one does.
+    fn match_at(self, s: &str, i: usize, c: char) -> Option<usize> {
         match self {
             Self::Gpt2 => gpt2_at(s, i, c),
             Self::Words { digits, marks } => words_at(s, i, c, digits, marks),
@@ -289,7 +289,7 @@ impl Iterator for HandMatches<'_> {
     fn next(&mut self) -> Option<(usize, usize)> {
         while let Some(c) = char_at(self.s, self.pos) {
             let start = self.pos;
-            match self.hand.match_at(self.s, start) {
+            match self.hand.match_at(self.s, start, c) {
                 Some(end) => {
                     self.pos = end;
                     return Some((start, end));
