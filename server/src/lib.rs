@@ -16,6 +16,7 @@
 pub mod args;
 pub mod conn;
 pub mod error;
+mod fields;
 pub mod flags;
 mod gen;
 mod metrics;
@@ -180,8 +181,9 @@ pub struct AppState {
     /// Flips to `true` when in-flight generations must stop (shutdown).
     abort: watch::Receiver<bool>,
     abort_tx: watch::Sender<bool>,
-    /// One permit: bodies over [`request::LARGE_BODY`] prepare one at a time.
-    large_bodies: Arc<tokio::sync::Semaphore>,
+    /// KiB of bodies being prepared: one body of the limit
+    /// ([`request::off_runtime`]).
+    pub preparing: Arc<tokio::sync::Semaphore>,
     /// KiB of large bodies being read or waiting to prepare
     /// ([`request::Received`]).
     pub body_budget: Arc<tokio::sync::Semaphore>,
@@ -197,13 +199,21 @@ impl AppState {
             ready: OnceLock::new(),
             abort,
             abort_tx,
-            large_bodies: Arc::new(tokio::sync::Semaphore::new(1)),
+            preparing: Arc::new(tokio::sync::Semaphore::new(request::prepare_budget_kib(
+                config.body_limit,
+            ) as usize)),
             body_budget: Arc::new(tokio::sync::Semaphore::new(request::body_budget_kib(
                 config.body_limit,
             ))),
             bodies_waiting: Default::default(),
             config,
         })
+    }
+
+    /// All KiB of `preparing`: what a body over [`request::LARGE_BODY`]
+    /// takes.
+    fn prepare_kib(&self) -> u32 {
+        request::prepare_budget_kib(self.config.body_limit)
     }
 
     /// Marks the model loaded; requests are served from now on.

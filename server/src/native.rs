@@ -14,11 +14,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::fields::StopField;
 use crate::gen::{self, Piece};
 use crate::openai::{data, sse};
 use crate::probs::{self, Spliced};
 use crate::prompt::PromptField;
-use crate::request::{self, MessageIn, ProbsApi, Received, Sampling, StopField};
+use crate::request::{self, MessageIn, ProbsApi, Received, Sampling};
 use crate::structured::{self, StructuredFields};
 use crate::unsupported;
 use crate::AppState;
@@ -32,13 +33,9 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub stream: bool,
     pub cache_prompt: Option<bool>,
-    #[serde(flatten)]
-    pub sampling: Sampling,
     pub stop: Option<StopField>,
     /// Absent: the server's `--ignore-eos`.
     pub ignore_eos: Option<bool>,
-    #[serde(flatten)]
-    pub structured: StructuredFields,
 }
 
 /// llama-server's `generation_settings`: the request's sampler settings
@@ -111,13 +108,19 @@ fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
         (None, m) => ("max_tokens", m),
     };
     let n_predict = request::n_predict(field, max)?;
-    let sampler = req.sampling.params(&r.defaults, r.engine.as_ref())?;
-    let stop = req.stop.map(StopField::into_vec).unwrap_or_default();
+    let sampling: Sampling = request::parse_json(body)?;
+    let sampler = sampling.params(&r.defaults, r.engine.as_ref())?;
+    let stop = req
+        .stop
+        .map(StopField::into_vec)
+        .transpose()?
+        .unwrap_or_default();
     let ignore_eos = req.ignore_eos.unwrap_or(r.ignore_eos);
     let generation_settings = settings(&sampler, ignore_eos, n_predict, &stop, r.engine.n_ctx());
+    let structured: StructuredFields = request::parse_json(body)?;
     let constraint = structured::constraint(
         r.engine.as_ref(),
-        &req.structured,
+        &structured,
         r.default_constraint.as_ref(),
         false,
     )?;

@@ -17,10 +17,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::fields::StopField;
 use crate::gen::{self, Piece};
 use crate::probs::{self, Spliced};
 use crate::prompt::PromptField;
-use crate::request::{self, MessageIn, ProbsApi, Received, Sampling, StopField};
+use crate::request::{self, MessageIn, ProbsApi, Received, Sampling};
 use crate::structured::{self, StructuredFields};
 use crate::tools::{self, ToolStream};
 use crate::unsupported;
@@ -50,7 +51,7 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Fields both OpenAI generation endpoints take.
+/// Fields both OpenAI generation endpoints take, read by [`Common::parse`].
 #[derive(Deserialize, Debug, Default)]
 pub struct Common {
     #[serde(default)]
@@ -58,18 +59,31 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
-    #[serde(flatten)]
+    #[serde(skip)]
     pub sampling: Sampling,
     pub stop: Option<StopField>,
     pub n: Option<i64>,
     /// Absent: the server's `--ignore-eos`.
     pub ignore_eos: Option<bool>,
     pub cache_prompt: Option<bool>,
-    #[serde(flatten)]
+    #[serde(skip)]
     pub structured: StructuredFields,
 }
 
 impl Common {
+    /// Reads the fields from the whole body, the sampling and constraint
+    /// fields each in a pass of their own. Not `#[serde(flatten)]`: that
+    /// buffers every field the outer struct does not name as serde's
+    /// `Content` before reading it, so 16 MiB of `logit_bias` pairs took
+    /// the server to 1.23 GiB (see [`crate::fields`]).
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        Ok(Self {
+            sampling: request::parse_json(body)?,
+            structured: request::parse_json(body)?,
+            ..request::parse_json(body)?
+        })
+    }
+
     /// `stream_options.include_usage`.
     fn include_usage(&self) -> bool {
         self.stream_options
@@ -104,7 +118,11 @@ impl Common {
             prompt,
             n_predict,
             sampler,
-            stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
+            stop: self
+                .stop
+                .map(StopField::into_vec)
+                .transpose()?
+                .unwrap_or_default(),
             cache_prompt: self.cache_prompt.unwrap_or(true),
             ignore_eos: self.ignore_eos.unwrap_or(r.ignore_eos),
             probs: None,
@@ -121,7 +139,8 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
-    #[serde(flatten)]
+    /// Read by [`Common::parse`].
+    #[serde(skip)]
     pub common: Common,
 }
 
@@ -135,7 +154,10 @@ struct PreparedChat {
 
 fn prepare_chat(state: &AppState, body: &Bytes) -> Result<PreparedChat, ApiError> {
     let r = state.ready()?;
-    let req: ChatRequest = request::parse_json(body)?;
+    let req = ChatRequest {
+        common: Common::parse(body)?,
+        ..request::parse_json(body)?
+    };
     unsupported::refuse_unimplemented(body)?;
     let want = request::probs_request(body, ProbsApi::Chat)?;
     let plan = tools::plan(
@@ -307,7 +329,8 @@ pub struct CompletionRequest {
     pub prompt: PromptField,
     #[serde(default)]
     pub echo: bool,
-    #[serde(flatten)]
+    /// Read by [`Common::parse`].
+    #[serde(skip)]
     pub common: Common,
 }
 
@@ -320,7 +343,10 @@ struct Prepared {
 
 fn prepare(state: &AppState, body: &Bytes) -> Result<Prepared, ApiError> {
     let r = state.ready()?;
-    let req: CompletionRequest = request::parse_json(body)?;
+    let req = CompletionRequest {
+        common: Common::parse(body)?,
+        ..request::parse_json(body)?
+    };
     unsupported::refuse_unimplemented(body)?;
     let want = request::probs_request(body, ProbsApi::Completions)?;
     if req.echo {

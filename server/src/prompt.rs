@@ -26,8 +26,69 @@ pub enum PromptPart {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptField {
     Text(String),
-    Parts(Vec<PromptPart>),
-    Batch(Vec<Vec<PromptPart>>),
+    Parts(Parts),
+    Batch(Vec<Parts>),
+}
+
+/// A list of prompt parts with its token ids 4 bytes each, where a
+/// `Vec<PromptPart>` takes 24: a body of the limit of ids (8M) held
+/// 200 MB more. One list has one representation, so `==` compares lists.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Parts {
+    /// The token ids, in order.
+    ids: Vec<u32>,
+    /// The texts, in order, each with the number of ids before it.
+    texts: Vec<(usize, String)>,
+}
+
+/// A part of [`Parts`], borrowed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum PartRef<'a> {
+    Token(u32),
+    Text(&'a str),
+}
+
+impl Parts {
+    fn push(&mut self, p: PromptPart) {
+        match p {
+            PromptPart::Token(id) => self.ids.push(id),
+            PromptPart::Text(s) => self.texts.push((self.ids.len(), s)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len() + self.texts.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The parts in order.
+    fn iter(&self) -> impl Iterator<Item = PartRef<'_>> {
+        let (mut t, mut i) = (0, 0);
+        std::iter::from_fn(move || {
+            if let Some((before, s)) = self.texts.get(t) {
+                if *before == i {
+                    t += 1;
+                    return Some(PartRef::Text(s));
+                }
+            }
+            let id = *self.ids.get(i)?;
+            i += 1;
+            Some(PartRef::Token(id))
+        })
+    }
+}
+
+impl FromIterator<PromptPart> for Parts {
+    fn from_iter<I: IntoIterator<Item = PromptPart>>(iter: I) -> Self {
+        let mut parts = Parts::default();
+        for p in iter {
+            parts.push(p);
+        }
+        parts
+    }
 }
 
 /// A JSON value as a `prompt` part, or `None` for any other shape (after
@@ -39,7 +100,7 @@ struct Part(Option<PromptPart>);
 /// neither.
 enum Elem {
     Part(PromptPart),
-    List(Vec<PromptPart>),
+    List(Parts),
     Bad,
 }
 
@@ -168,7 +229,7 @@ impl<'de> serde::de::Visitor<'de> for ElemVisitor {
     }
     shapes!(Elem, Elem::Part, Elem::Bad);
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Elem, A::Error> {
-        let mut parts = Vec::new();
+        let mut parts = Parts::default();
         let mut bad = false;
         while let Some(Part(p)) = seq.next_element::<Part>()? {
             match p {
@@ -207,7 +268,7 @@ impl<'de> serde::de::Visitor<'de> for FieldVisitor {
         self,
         mut seq: A,
     ) -> Result<Option<PromptField>, A::Error> {
-        let (mut parts, mut batch, mut bad) = (Vec::new(), Vec::new(), false);
+        let (mut parts, mut batch, mut bad) = (Parts::default(), Vec::new(), false);
         while let Some(e) = seq.next_element::<Elem>()? {
             match e {
                 Elem::Part(p) if batch.is_empty() && !bad => parts.push(p),
@@ -236,7 +297,7 @@ impl PromptField {
     /// where [`Tokenizer::min_tokens`] shows it ([`refuse_unfitting`]).
     pub fn tokenize(self, engine: &dyn EngineInfo, n_ctx: usize) -> Result<Vec<u32>, ApiError> {
         let parts = match self {
-            PromptField::Text(s) => vec![PromptPart::Text(s)],
+            PromptField::Text(s) => Parts::from_iter([PromptPart::Text(s)]),
             PromptField::Parts(p) => p,
             PromptField::Batch(mut b) => {
                 if b.len() != 1 {
@@ -252,11 +313,7 @@ impl PromptField {
             }
         };
         // A list of strings is a batch of prompts in OpenAI's API.
-        let n_text = parts
-            .iter()
-            .filter(|p| matches!(p, PromptPart::Text(_)))
-            .count();
-        let all_text = n_text == parts.len();
+        let all_text = parts.ids.is_empty();
         if all_text && parts.len() > 1 {
             return Err(ApiError::invalid_field(
                 "prompt",
@@ -271,16 +328,16 @@ impl PromptField {
             .iter()
             .enumerate()
             .map(|(i, p)| match p {
-                PromptPart::Token(_) => 1,
-                PromptPart::Text(s) => tok.min_tokens(s, i == 0, true),
+                PartRef::Token(_) => 1,
+                PartRef::Text(s) => tok.min_tokens(s, i == 0, true),
             })
             .sum();
         refuse_unfitting(at_least, n_ctx)?;
         let n_vocab = tok.n_vocab();
         let mut out = Vec::new();
-        for (i, p) in parts.into_iter().enumerate() {
+        for (i, p) in parts.iter().enumerate() {
             match p {
-                PromptPart::Token(id) => {
+                PartRef::Token(id) => {
                     if id as usize >= n_vocab {
                         return Err(ApiError::invalid_field(
                             "prompt",
@@ -289,9 +346,9 @@ impl PromptField {
                     }
                     out.push(id);
                 }
-                PromptPart::Text(s) => {
+                PartRef::Text(s) => {
                     let ids = tok
-                        .encode(&s, i == 0, true)
+                        .encode(s, i == 0, true)
                         .map_err(|e| ApiError::invalid_field("prompt", e.to_string()))?;
                     out.extend(ids);
                 }
@@ -370,6 +427,37 @@ mod tests {
                 let items: Vec<String> = (0..n).map(|_| random_prompt(rng, depth + 1)).collect();
                 format!("[{}]", items.join(", "))
             }
+        }
+    }
+
+    /// `Parts` gives back the parts in the order they were pushed, ids and
+    /// texts interleaved in every way (texts first, last, in runs).
+    #[test]
+    fn parts_keep_their_order() {
+        let mut rng = 11u64;
+        for n in 0..400 {
+            let list: Vec<PromptPart> = (0..n % 9)
+                .map(|k| {
+                    rng = rng
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    if (rng >> 40).is_multiple_of(3) {
+                        PromptPart::Text(format!("t{k}"))
+                    } else {
+                        PromptPart::Token((rng >> 33) as u32 % 100)
+                    }
+                })
+                .collect();
+            let parts: Parts = list.iter().cloned().collect();
+            let back: Vec<PromptPart> = parts
+                .iter()
+                .map(|p| match p {
+                    PartRef::Token(id) => PromptPart::Token(id),
+                    PartRef::Text(s) => PromptPart::Text(s.to_string()),
+                })
+                .collect();
+            assert_eq!(back, list);
+            assert_eq!(parts.len(), list.len());
         }
     }
 

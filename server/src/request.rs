@@ -20,9 +20,13 @@ use longhaul::tokenizer::ChatMessage;
 use crate::error::ApiError;
 use crate::{AppState, EngineInfo};
 
-/// Bodies larger than this prepare one at a time ([`off_runtime`]), and
-/// are read within the budget of [`Received`].
+/// Bodies larger than this prepare alone ([`off_runtime`]), and are read
+/// within the budget of [`Received`].
 pub const LARGE_BODY: usize = 1 << 20;
+
+/// Bodies larger than this (up to [`LARGE_BODY`]) prepare side by side
+/// within a budget of one body of the limit in all ([`off_runtime`]).
+pub const SHARED_BODY: usize = 64 << 10;
 
 /// The request bodies over [`LARGE_BODY`] being read or waiting to be
 /// prepared may take this many times `--body-limit` in all.
@@ -99,6 +103,14 @@ pub fn body_budget_kib(body_limit: usize) -> usize {
     kib.clamp(1, Semaphore::MAX_PERMITS)
 }
 
+/// The KiB of [`off_runtime`]'s budget for `body_limit`: one body of the
+/// limit (at least 1 KiB, at most what a semaphore counts and one
+/// acquire takes).
+pub fn prepare_budget_kib(body_limit: usize) -> u32 {
+    let kib = body_limit.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS);
+    u32::try_from(kib).unwrap_or(u32::MAX)
+}
+
 /// Runs `prepare` (a request's own work: parsing its body, rendering the
 /// chat template, tokenizing, compiling its grammar) on tokio's blocking
 /// pool. Each can take seconds on a large or hostile request (a template
@@ -106,27 +118,39 @@ pub fn body_budget_kib(body_limit: usize) -> usize {
 /// second); on one of the server's two async workers that would stall
 /// every other connection, `/health` included.
 ///
-/// A body over [`LARGE_BODY`] waits for the one permit of large bodies
-/// first, held until its work ends: parsing takes 15-70 bytes of memory
-/// per byte of body, and tokenizing 14 MB about a second, so concurrent
-/// large requests could take more memory than the machine has, and every
-/// core from the running generations. Once it
-/// is prepared, the memory its work freed goes back to the system
-/// ([`longhaul::alloc::release_free_memory`]).
+/// Preparing takes memory: 2 to 30 bytes per byte of body where fields
+/// are read element by element (a prompt of ids, `logit_bias`, schemas,
+/// stop strings: [`crate::fields`]), about 30 where the template needs a
+/// `Value` (`tools`, `messages`). So preparations share a budget of one
+/// body of the limit (the [`AppState`]'s `preparing`, in KiB): a body over
+/// [`LARGE_BODY`] takes all of it and prepares alone (tokenizing 14 MB
+/// also takes about a second of every core from the running generations),
+/// one over [`SHARED_BODY`] takes its size, and smaller ones take none.
+/// Without the share, 64 bodies of 1 MiB of `tools` prepared side by side
+/// took the server from 0.15 to 1.49 GiB, and `--max-connections` allows
+/// 256. Once a large body is prepared, the memory its work freed goes back
+/// to the system ([`longhaul::alloc::release_free_memory`]).
 pub async fn off_runtime<T: Send + 'static>(
     state: &Arc<AppState>,
     body: Received,
     prepare: fn(&AppState, &Bytes) -> Result<T, ApiError>,
 ) -> Result<T, ApiError> {
-    let permit = if body.bytes.len() > LARGE_BODY {
-        let p = state.large_bodies.clone().acquire_owned().await;
+    let len = body.bytes.len();
+    let all = state.prepare_kib();
+    let share = match len {
+        n if n > LARGE_BODY => all,
+        n if n > SHARED_BODY => u32::try_from(n.div_ceil(1024)).unwrap_or(u32::MAX).min(all),
+        _ => 0,
+    };
+    let permit = if share > 0 {
+        let p = state.preparing.clone().acquire_many_owned(share).await;
         Some(p.map_err(|_| ApiError::unavailable("the server is shutting down"))?)
     } else {
         None
     };
+    let large = len > LARGE_BODY;
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
-        let large = permit.is_some();
         let prepared = prepare(&state, &body.bytes);
         drop(body);
         if large {
@@ -145,51 +169,8 @@ pub async fn off_runtime<T: Send + 'static>(
 }
 
 /// Parses a JSON body (400 for bad syntax, 422 for the wrong shape).
-pub fn parse_json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(ApiError::from_json)
-}
-
-/// The top-level fields of a JSON body named in `names`, as an object
-/// (a repeated field: its last value, as a `Value` parse keeps), or `null`
-/// for JSON that is not an object. The rest of the body is checked but
-/// left unparsed, where the checks that read a few fields used to parse
-/// the whole body into a `Value` tree again, 32 bytes and more an element:
-/// an 8M-id prompt took the server to 0.93 GiB.
-pub fn pick_fields<'n>(
-    body: &[u8],
-    names: impl IntoIterator<Item = &'n str>,
-) -> Result<Value, serde_json::Error> {
-    let whole: &serde_json::value::RawValue = serde_json::from_slice(body)?;
-    if !whole.get().starts_with('{') {
-        return Ok(Value::Null);
-    }
-    let top: std::collections::HashMap<String, &serde_json::value::RawValue> =
-        serde_json::from_str(whole.get())?;
-    let mut picked = serde_json::Map::new();
-    for name in names {
-        if let Some(raw) = top.get(name) {
-            picked.insert(name.to_string(), serde_json::from_str(raw.get())?);
-        }
-    }
-    Ok(Value::Object(picked))
-}
-
-/// `stop`: one string or a list of them.
-#[derive(Deserialize, Debug, Clone)]
-#[serde(untagged)]
-pub enum StopField {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl StopField {
-    pub fn into_vec(self) -> Vec<String> {
-        let v = match self {
-            StopField::One(s) => vec![s],
-            StopField::Many(v) => v,
-        };
-        v.into_iter().filter(|s| !s.is_empty()).collect()
-    }
 }
 
 /// A chat message's `content`: a string or a list of parts.
@@ -337,7 +318,9 @@ pub struct Sampling {
     pub frequency_penalty: Option<f32>,
     /// OpenAI's `{"token id": bias}` or llama-server's `[[id or text, bias]]`
     /// (a bias of `false` bans the token); replaces the server's default.
-    pub logit_bias: Option<Value>,
+    /// Kept as the body's text and read entry by entry
+    /// ([`crate::fields::logit_bias`]).
+    pub logit_bias: Option<Box<serde_json::value::RawValue>>,
     pub seed: Option<i64>,
 }
 
@@ -376,8 +359,8 @@ impl Sampling {
         if let Some(v) = self.frequency_penalty {
             p.frequency_penalty = v;
         }
-        if let Some(v) = self.logit_bias.as_ref().filter(|v| !v.is_null()) {
-            p.logit_bias = logit_bias(v, engine)?;
+        if let Some(raw) = &self.logit_bias {
+            p.logit_bias = crate::fields::logit_bias(raw, engine.tokenizer())?;
         }
         if let Some(s) = self.seed {
             p.seed = SamplerParams::seed_from_i64(s).map_err(invalid)?;
@@ -399,81 +382,6 @@ pub fn n_predict(field: &str, v: Option<i64>) -> Result<usize, ApiError> {
             format!("{field} {n} is invalid: give a count >= 0 (-1 = no limit)"),
         )),
     }
-}
-
-/// `logit_bias` in the forms llama-server reads: an object `{"15043": 1.0}`
-/// (OpenAI's; a key that is not a number is text, each of its tokens
-/// biased) or a list of `[id or text, bias]` pairs; a bias is a number, or
-/// `false` to ban the token (`-inf`). Where llama-server skips an entry it
-/// cannot read, this is a 400 naming the field.
-fn logit_bias(v: &Value, engine: &dyn EngineInfo) -> Result<Vec<(u32, f32)>, ApiError> {
-    let field_err =
-        |msg: String| ApiError::invalid_field("logit_bias", format!("logit_bias: {msg}"));
-    let bias_of = |key: &str, b: &Value| -> Result<f32, ApiError> {
-        match b {
-            Value::Number(n) => Ok(n.as_f64().unwrap_or(f64::NAN) as f32),
-            Value::Bool(false) => Ok(f32::NEG_INFINITY),
-            other => Err(field_err(format!(
-                "the bias of {key} is {other}; give a number, or false to ban the token"
-            ))),
-        }
-    };
-    let tok = engine.tokenizer();
-    let n_vocab = tok.n_vocab();
-    let mut out = Vec::new();
-    let mut push = |key: &Value, bias: f32| -> Result<(), ApiError> {
-        match key {
-            Value::Number(n) => match n.as_u64().filter(|&id| id < n_vocab as u64) {
-                Some(id) => out.push((id as u32, bias)),
-                None => {
-                    return Err(field_err(format!(
-                        "token id {n} is out of range (the vocabulary has {n_vocab} tokens)"
-                    )))
-                }
-            },
-            Value::String(text) => {
-                let ids = tok
-                    .encode(text, false, false)
-                    .map_err(|e| field_err(e.to_string()))?;
-                out.extend(ids.into_iter().map(|id| (id, bias)));
-            }
-            other => {
-                return Err(field_err(format!(
-                    "{other} is not a token: give a token id or a text"
-                )))
-            }
-        }
-        Ok(())
-    };
-    match v {
-        Value::Object(map) => {
-            for (k, b) in map {
-                let bias = bias_of(&format!("\"{k}\""), b)?;
-                let key = match k.trim().parse::<i64>() {
-                    Ok(id) => Value::from(id),
-                    Err(_) => Value::String(k.clone()),
-                };
-                push(&key, bias)?;
-            }
-        }
-        Value::Array(pairs) => {
-            for pair in pairs {
-                match pair.as_array().map(Vec::as_slice) {
-                    Some([key, b]) => {
-                        let bias = bias_of(&key.to_string(), b)?;
-                        push(key, bias)?;
-                    }
-                    _ => return Err(field_err(format!("{pair} is not a [token, bias] pair"))),
-                }
-            }
-        }
-        other => {
-            return Err(field_err(format!(
-            "{other} is neither an object {{\"token id\": bias}} nor a list of [token, bias] pairs"
-        )))
-        }
-    }
-    Ok(out)
 }
 
 /// A token-probability count field (`n_probs`, `logprobs`, `top_logprobs`):
@@ -547,7 +455,7 @@ pub fn check_probs(
 /// as in llama-server.
 pub fn probs_request(body: &Bytes, api: ProbsApi) -> Result<Option<ProbsRequest>, ApiError> {
     let fields = ["n_probs", "top_logprobs", "logprobs", "post_sampling_probs"];
-    let body = pick_fields(body, fields).map_err(ApiError::from_json)?;
+    let body = crate::fields::pick_fields(body, &fields).map_err(ApiError::from_json)?;
     let n_probs = count_field(&body, "n_probs")?.filter(|&n| n > 0);
     let n_top = match api {
         ProbsApi::Chat => {
@@ -618,39 +526,6 @@ mod tests {
             }),
             constraint: None,
             special: false,
-        }
-    }
-
-    /// `pick_fields` gives what a whole `Value` parse gives for the named
-    /// fields: nested values, the last of a repeated field, nothing for a
-    /// field not named, `null` for JSON that is not an object, and the
-    /// same syntax errors.
-    #[test]
-    fn picked_fields_are_those_of_the_whole_value() {
-        let body = br#" {"a": [1, {"b": null}], "skip": [[1,2],"x"], "c": 1, "c": {"d": 2}, "e\u0041": true} "#;
-        let whole: Value = serde_json::from_slice(body).unwrap();
-        let picked = pick_fields(body, ["a", "c", "eA", "absent"]).unwrap();
-        let want: serde_json::Map<String, Value> = ["a", "c", "eA"]
-            .into_iter()
-            .map(|k| (k.to_string(), whole[k].clone()))
-            .collect();
-        assert_eq!(picked, Value::Object(want));
-        assert_eq!(picked["c"], serde_json::json!({"d": 2}));
-        assert_eq!(pick_fields(b" [1, 2] ", ["a"]).unwrap(), Value::Null);
-        assert_eq!(pick_fields(b"3", ["a"]).unwrap(), Value::Null);
-        for bad in [
-            &b"{\"a\": 1,}"[..],
-            b"{\"a\": [1}",
-            b"",
-            b"{} x",
-            b"{\"a\": \"\xff\"}",
-        ] {
-            assert!(serde_json::from_slice::<Value>(bad).is_err());
-            assert!(
-                pick_fields(bad, ["a"]).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
         }
     }
 

@@ -4,18 +4,61 @@
 //! [`ConstraintSpec`], compiled for the model's tokenizer; a grammar or
 //! schema that does not compile is a 400 naming the field.
 
-use longhaul::constrain::{Constraint, ConstraintSpec};
+use longhaul::constrain::{check_schema_units, Constraint, ConstraintSpec};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::fields::{json_units, pick_raw};
 use crate::EngineInfo;
 
+/// The schema fields are kept as the body's text: a schema's values and
+/// keys are counted before it is built ([`parse_schema`]), so a body of the limit
+/// cannot spend a gigabyte on a `Value` the schema limit refuses.
 #[derive(Deserialize, Debug, Default, Clone)]
 pub struct StructuredFields {
     pub grammar: Option<String>,
-    pub json_schema: Option<Value>,
-    pub response_format: Option<Value>,
+    pub json_schema: Option<Box<RawValue>>,
+    pub response_format: Option<Box<RawValue>>,
+}
+
+/// A schema from the request's text, refused past
+/// [`longhaul::constrain::MAX_SCHEMA_UNITS`] before it is built, with the
+/// message the compiler would give; `field` names it in a 400.
+fn parse_schema(raw: &RawValue, field: &str) -> Result<Value, ApiError> {
+    let units = json_units(raw).map_err(ApiError::from_json)?;
+    check_schema_units(units).map_err(|e| ApiError::invalid_field(field, e.to_string()))?;
+    serde_json::from_str(raw.get()).map_err(ApiError::from_json)
+}
+
+/// `response_format`'s fields, each `None` when absent (`null` is given).
+struct ResponseFormat<'a> {
+    /// `type`; `None` also when it is not a string.
+    kind: Option<String>,
+    /// `schema` (of type `json_object`).
+    schema: Option<&'a RawValue>,
+    /// `json_schema.schema` (of type `json_schema`).
+    wrapped: Option<&'a RawValue>,
+}
+
+impl<'a> ResponseFormat<'a> {
+    fn read(rf: &'a RawValue) -> Result<Self, ApiError> {
+        let [kind, schema, wrapped] =
+            pick_raw(rf.get(), ["type", "schema", "json_schema"]).map_err(ApiError::from_json)?;
+        let wrapped = match wrapped {
+            Some(w) => {
+                let [schema] = pick_raw(w.get(), ["schema"]).map_err(ApiError::from_json)?;
+                schema
+            }
+            None => None,
+        };
+        Ok(Self {
+            kind: kind.and_then(|k| serde_json::from_str(k.get()).ok()),
+            schema,
+            wrapped,
+        })
+    }
 }
 
 /// A constraint and the request field it came from (for the 400).
@@ -35,7 +78,10 @@ impl StructuredFields {
     /// object. `None` when the request asks for none.
     pub fn requested(&self, openai: bool) -> Result<Option<Requested>, ApiError> {
         let grammar = self.grammar.as_deref().filter(|g| !g.is_empty());
-        let mut schema = self.json_schema.clone().filter(|s| !s.is_null());
+        let mut schema = match &self.json_schema {
+            Some(raw) => Some(parse_schema(raw, "json_schema")?),
+            None => None,
+        };
         let mut field = "json_schema";
         if schema.is_some() && grammar.is_some() {
             if openai {
@@ -47,21 +93,20 @@ impl StructuredFields {
             schema = None;
         }
         if let Some(rf) = &self.response_format {
-            let kind = rf.get("type").and_then(Value::as_str).unwrap_or("");
-            match kind {
+            let rf = ResponseFormat::read(rf)?;
+            let field_schema = |raw: Option<&RawValue>| match raw {
+                Some(raw) => parse_schema(raw, "response_format"),
+                None => Ok(json!({})),
+            };
+            match rf.kind.as_deref().unwrap_or("") {
                 "json_object" => {
-                    if rf.get("schema").is_some() || schema.is_none() {
-                        schema = Some(rf.get("schema").cloned().unwrap_or_else(|| json!({})));
+                    if rf.schema.is_some() || schema.is_none() {
+                        schema = Some(field_schema(rf.schema)?);
                         field = "response_format";
                     }
                 }
                 "json_schema" => {
-                    let s = rf
-                        .get("json_schema")
-                        .and_then(|w| w.get("schema"))
-                        .cloned()
-                        .unwrap_or_else(|| json!({}));
-                    schema = Some(s);
+                    schema = Some(field_schema(rf.wrapped)?);
                     field = "response_format";
                 }
                 "" | "text" => {}
@@ -91,13 +136,12 @@ impl StructuredFields {
     /// Whether the request names a constraint of its own.
     pub fn any(&self) -> bool {
         self.grammar.as_deref().is_some_and(|g| !g.is_empty())
-            || self.json_schema.as_ref().is_some_and(|s| !s.is_null())
+            || self.json_schema.is_some()
             || self
                 .response_format
-                .as_ref()
-                .and_then(|r| r.get("type"))
-                .and_then(Value::as_str)
-                .is_some_and(|t| t != "text")
+                .as_deref()
+                .and_then(|rf| ResponseFormat::read(rf).ok()?.kind)
+                .is_some_and(|kind| kind != "text")
     }
 }
 

@@ -150,7 +150,8 @@ impl Neutral {
 /// would have to ignore; `Ok` for anything else, including bodies that are
 /// not objects (their parse reports those).
 pub fn refuse_unimplemented(body: &Bytes) -> Result<(), ApiError> {
-    let Ok(Value::Object(map)) = crate::request::pick_fields(body, FIELDS.iter().map(|f| f.0))
+    let Ok(Value::Object(map)) =
+        crate::fields::pick_fields(body, &FIELDS.iter().map(|f| f.0).collect::<Vec<_>>())
     else {
         return Ok(());
     };

@@ -430,6 +430,34 @@ async fn penalties_and_logit_bias_change_greedy_output_as_the_formulas_say() {
     let mut full = vec![json!([first, -100.0])];
     full.resize(n_vocab, json!([first, 0.0]));
     assert_eq!(gen(json!({ "logit_bias": full })).await, want);
+    // A repeated object key replaces the earlier one, as a JSON object's
+    // parse keeps the last (repeated pairs add up, above).
+    let raw = |bias: String| {
+        let c = c.clone();
+        let url = format!("{}/completion", s.url);
+        async move {
+            let body = format!(
+                r#"{{"prompt": {}, "n_predict": {n}, "temperature": 0, "ignore_eos": true, "n_probs": 1, "logit_bias": {bias}}}"#,
+                serde_json::to_string(PROMPT).unwrap()
+            );
+            let r = c
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(r.status().as_u16(), 200);
+            let v: Value = r.json().await.expect("JSON");
+            ids_of(&v["completion_probabilities"])
+        }
+    };
+    let f = first;
+    assert_eq!(raw(format!(r#"{{"{f}": 5.0, "{f}": -100.0}}"#)).await, want);
+    assert_eq!(
+        raw(format!(r#"{{"{f}": -100.0, "{f}": 0.0}}"#)).await,
+        plain
+    );
 
     // OpenAI's endpoint takes the same map; out-of-range ids are a 400.
     // So is a list longer than the vocabulary (applied at every step).

@@ -135,6 +135,18 @@ fn lark_units(text: &str) -> usize {
         .count()
 }
 
+/// Refuses a JSON schema of more than [`MAX_SCHEMA_UNITS`] values and
+/// keys; for a caller that counts them before building the schema (the
+/// server reads a schema's units from the request's text first).
+pub fn check_schema_units(units: usize) -> Result<(), ConstrainError> {
+    if units > MAX_SCHEMA_UNITS {
+        return Err(ConstrainError::Schema(format!(
+            "the schema is too large: {units} values and keys, at most {MAX_SCHEMA_UNITS}; simplify or split it"
+        )));
+    }
+    Ok(())
+}
+
 /// What bounds the cost of compiling a JSON schema.
 #[derive(Debug, Default)]
 struct JsonSize {
@@ -194,12 +206,7 @@ impl JsonSize {
                 "the schema is too large: {what}; simplify or split it"
             )))
         };
-        if self.units > MAX_SCHEMA_UNITS {
-            return too_large(format!(
-                "{} values and keys, at most {MAX_SCHEMA_UNITS}",
-                self.units
-            ));
-        }
+        check_schema_units(self.units)?;
         if self.max_properties > MAX_OBJECT_PROPERTIES {
             return too_large(format!(
                 "an object lists {} properties, at most {MAX_OBJECT_PROPERTIES}",
