@@ -22,26 +22,30 @@ use serde_json::{Number, Value};
 
 use crate::error::ApiError;
 
-/// The fields of a JSON object named in `names`, borrowed from `json` (a
-/// repeated field: its last value, as a `Value` parse keeps), all `None`
-/// for JSON that is not an object. The rest is checked and skipped.
+/// The fields named in `names` of the JSON value `raw`, borrowed from it
+/// (a repeated field: its last value, as a `Value` parse keeps), all
+/// `None` where it is not an object.
 pub fn pick_raw<'j, const N: usize>(
-    json: &'j str,
+    raw: &'j RawValue,
     names: [&str; N],
 ) -> Result<[Option<&'j RawValue>; N], serde_json::Error> {
     let mut picked = [None; N];
-    pick_into(json, &names, &mut picked)?;
+    pick_into(raw, &names, &mut picked)?;
     Ok(picked)
 }
 
 /// [`pick_raw`] for `names.len()` fields, into `picked`.
 fn pick_into<'j>(
-    json: &'j str,
+    raw: &'j RawValue,
     names: &[&str],
     picked: &mut [Option<&'j RawValue>],
 ) -> Result<(), serde_json::Error> {
-    let mut de = serde_json::Deserializer::from_str(json);
-    de.deserialize_any(Picker { names, picked })?;
+    // A raw value's text has no whitespace around it.
+    if !raw.get().starts_with('{') {
+        return Ok(());
+    }
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    de.deserialize_map(Picker { names, picked })?;
     de.end()
 }
 
@@ -56,7 +60,7 @@ pub fn pick_fields(body: &[u8], names: &[&str]) -> Result<Value, serde_json::Err
         return Ok(Value::Null);
     }
     let mut raws = vec![None; names.len()];
-    pick_into(whole.get(), names, &mut raws)?;
+    pick_into(whole, names, &mut raws)?;
     let mut picked = serde_json::Map::new();
     for (name, raw) in names.iter().zip(raws) {
         if let Some(raw) = raw {
@@ -94,7 +98,7 @@ impl<'de> Visitor<'de> for NameSeed<'_> {
 impl<'j> Visitor<'j> for Picker<'_, '_, 'j> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
+        f.write_str("an object")
     }
     fn visit_map<A: MapAccess<'j>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(named) = map.next_key_seed(NameSeed(self.names))? {
@@ -105,28 +109,6 @@ impl<'j> Visitor<'j> for Picker<'_, '_, 'j> {
                 }
             }
         }
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'j>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
         Ok(())
     }
 }
@@ -142,6 +124,16 @@ pub fn json_units(raw: &RawValue) -> Result<usize, serde_json::Error> {
 }
 
 struct Units<'n>(&'n mut usize);
+
+/// Any JSON value, read and dropped, with serde_json's nesting limit (as
+/// a `Value` parse and serde's `Content` have it; `IgnoredAny` has none).
+pub struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Units(&mut 0).deserialize(d).map(|()| Skip)
+    }
+}
 
 impl<'de> DeserializeSeed<'de> for Units<'_> {
     type Value = ();

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::fields::Skip;
 use crate::request::refuse_unfitting;
 use crate::EngineInfo;
 
@@ -106,49 +107,6 @@ enum Elem {
 
 fn no_variant<E: serde::de::Error>() -> E {
     E::custom("data did not match any variant of untagged enum PromptField")
-}
-
-/// Any JSON value, read and dropped as serde's `Content` would read it (so
-/// with serde_json's nesting limit, which `IgnoredAny` does not apply).
-struct Skip;
-
-impl<'de> Deserialize<'de> for Skip {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(SkipVisitor)
-    }
-}
-
-struct SkipVisitor;
-
-impl<'de> serde::de::Visitor<'de> for SkipVisitor {
-    type Value = Skip;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any value")
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_unit<E>(self) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Skip, A::Error> {
-        drain_seq(seq).map(|_| Skip)
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Skip, A::Error> {
-        drain_map(map).map(|_| Skip)
-    }
 }
 
 /// Reads the rest of a map or list that has the wrong shape.

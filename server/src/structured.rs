@@ -45,10 +45,10 @@ struct ResponseFormat<'a> {
 impl<'a> ResponseFormat<'a> {
     fn read(rf: &'a RawValue) -> Result<Self, ApiError> {
         let [kind, schema, wrapped] =
-            pick_raw(rf.get(), ["type", "schema", "json_schema"]).map_err(ApiError::from_json)?;
+            pick_raw(rf, ["type", "schema", "json_schema"]).map_err(ApiError::from_json)?;
         let wrapped = match wrapped {
             Some(w) => {
-                let [schema] = pick_raw(w.get(), ["schema"]).map_err(ApiError::from_json)?;
+                let [schema] = pick_raw(w, ["schema"]).map_err(ApiError::from_json)?;
                 schema
             }
             None => None,

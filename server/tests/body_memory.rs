@@ -15,7 +15,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// The system allocator, counting the bytes it holds and their peak.
 struct Counting;
@@ -184,15 +184,7 @@ async fn hostile_bodies_take_a_few_times_their_size_to_prepare() {
         let len = body.len();
         let base = LIVE.load(Ordering::Relaxed);
         PEAK.store(base, Ordering::Relaxed);
-        let r = c
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("send");
-        let st = r.status().as_u16();
-        let v: Value = serde_json::from_str(&r.text().await.expect("body")).expect("JSON");
+        let (st, v) = post_raw(&c, &url, body).await;
         let peak = PEAK.load(Ordering::Relaxed) - base;
         let head = &format!(
             "{path} {}",

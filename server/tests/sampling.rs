@@ -440,15 +440,8 @@ async fn penalties_and_logit_bias_change_greedy_output_as_the_formulas_say() {
                 r#"{{"prompt": {}, "n_predict": {n}, "temperature": 0, "ignore_eos": true, "n_probs": 1, "logit_bias": {bias}}}"#,
                 serde_json::to_string(PROMPT).unwrap()
             );
-            let r = c
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .expect("send");
-            assert_eq!(r.status().as_u16(), 200);
-            let v: Value = r.json().await.expect("JSON");
+            let (st, v) = post_raw(&c, &url, body).await;
+            assert_eq!(st, 200, "{v}");
             ids_of(&v["completion_probabilities"])
         }
     };

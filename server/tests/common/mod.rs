@@ -178,6 +178,22 @@ pub async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) 
     (status, v)
 }
 
+/// POSTs `body` as JSON text as it is (repeated keys, sizes a `Value`
+/// would not be built for); returns the status and the parsed body.
+pub async fn post_raw(c: &reqwest::Client, url: &str, body: String) -> (u16, Value) {
+    let r = c
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: {e}: {text}"));
+    (status, v)
+}
+
 pub async fn get(c: &reqwest::Client, url: &str) -> (u16, String) {
     let r = c.get(url).send().await.expect("send");
     (r.status().as_u16(), r.text().await.expect("body"))
