@@ -418,17 +418,19 @@ impl BiasSink<'_> {
             )));
         };
         let bias = Self::bias_of(&shown(key), b)?;
+        let text;
         let parsed = if let Ok(n) = serde_json::from_str::<Number>(key.get()) {
             BiasKey::Id(n)
-        } else if let Ok(text) = serde_json::from_str::<std::borrow::Cow<str>>(key.get()) {
-            return self.push(BiasKey::Text(text.as_ref()), bias).map(|_| ());
+        } else if let Ok(t) = serde_json::from_str::<std::borrow::Cow<str>>(key.get()) {
+            text = t;
+            BiasKey::Text(&text)
         } else {
             return Err(bias_error(format!(
                 "{} is not a token: give a token id or a text",
                 shown(key)
             )));
         };
-        self.push(parsed, bias).map(|_| ())
+        self.push(parsed, bias).map(drop)
     }
 }
 

@@ -210,12 +210,6 @@ impl AppState {
         })
     }
 
-    /// All KiB of `preparing`: what a body over [`request::LARGE_BODY`]
-    /// takes.
-    fn prepare_kib(&self) -> u32 {
-        request::prepare_budget_kib(self.config.body_limit)
-    }
-
     /// Marks the model loaded; requests are served from now on.
     pub fn set_ready(&self, ready: Ready) {
         if self.ready.set(ready).is_err() {

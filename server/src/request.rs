@@ -136,7 +136,7 @@ pub async fn off_runtime<T: Send + 'static>(
     prepare: fn(&AppState, &Bytes) -> Result<T, ApiError>,
 ) -> Result<T, ApiError> {
     let len = body.bytes.len();
-    let all = state.prepare_kib();
+    let all = prepare_budget_kib(state.config.body_limit);
     let share = match len {
         n if n > LARGE_BODY => all,
         n if n > SHARED_BODY => u32::try_from(n.div_ceil(1024)).unwrap_or(u32::MAX).min(all),
