@@ -17,7 +17,7 @@ use crate::spec::{counts_accepted, Drafter, SpecStats};
 use crate::state::SeqState;
 use crate::statefile::{StateFileError, StateIdentity};
 use crate::tensor::GgmlType;
-use crate::tokenizer::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
+use crate::tokenizer::chat::{ChatMessage, ChatTemplate, ChatTemplateError, TemplateArgs};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +80,9 @@ pub struct EngineParams {
     /// A chat template that replaces the file's (`--chat-template`,
     /// `--chat-template-file`): the Jinja source.
     pub chat_template: Option<String>,
+    /// Names the chat template is given under every request's
+    /// (`--chat-template-kwargs`, `--reasoning`, `--reasoning-effort`).
+    pub template_kwargs: crate::tokenizer::TemplateKwargs,
     /// A draft model loaded beside this engine (`-md`): with `--longhaul-cache
     /// auto`, its weights and KV cache (one sequence of `n_ctx` per
     /// sequence of this engine) are left out of the expert budget.
@@ -182,6 +185,7 @@ impl Default for EngineParams {
             no_repack: false,
             flash_attn: FlashAttn::Auto,
             chat_template: None,
+            template_kwargs: Default::default(),
             draft_model: None,
             mtp: false,
         }
@@ -267,7 +271,9 @@ impl<B: Backend> Engine<B> {
         })?;
         let tokenizer = Tokenizer::from_metadata(file.metadata())?;
         let template =
-            ChatTemplate::from_metadata_or(file.metadata(), params.chat_template.as_deref())?;
+            ChatTemplate::from_metadata_or(file.metadata(), params.chat_template.as_deref())?
+                .map(|t| t.with_defaults(params.template_kwargs.clone()))
+                .transpose()?;
         let file = Arc::new(file);
         // The structure alone (no weight read or uploaded) sizes longhaul.
         let shape_opts = LoadOptions {
@@ -484,18 +490,18 @@ impl<B: Backend> Engine<B> {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        self.apply_template_with_tools(messages, add_generation_prompt, None)
+        self.apply_template_with(messages, add_generation_prompt, &TemplateArgs::default())
     }
 
-    /// [`Engine::apply_template`] with OpenAI `tools` given to the template.
-    pub fn apply_template_with_tools(
+    /// [`Engine::apply_template`] with a request's tools and kwargs.
+    pub fn apply_template_with(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        tools: Option<&[serde_json::Value]>,
+        args: &TemplateArgs<'_>,
     ) -> Result<String, EngineError> {
         let t = self.template.as_ref().ok_or(EngineError::NoChatTemplate)?;
-        Ok(t.render_with_tools(messages, add_generation_prompt, tools)?)
+        Ok(t.render_with(messages, add_generation_prompt, args)?)
     }
 
     /// Compiles `spec` for this model's tokenizer (the token table is built

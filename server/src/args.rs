@@ -256,6 +256,22 @@ pub struct ModelArgs {
     /// Accepted for llama.cpp compatibility: chat templates are always Jinja here.
     #[arg(long = "jinja")]
     pub jinja: bool,
+    /// A JSON object of names given to the chat template, under each
+    /// request's `chat_template_kwargs` (e.g. '{"enable_thinking": false}').
+    #[arg(long = "chat-template-kwargs", value_name = "JSON")]
+    pub chat_template_kwargs: Option<String>,
+    /// Thinking in the chat template (`enable_thinking`): on, off, or auto
+    /// (on where the template has a thinking mode, as in llama.cpp).
+    #[arg(long = "reasoning", value_name = "on|off|auto", default_value = "auto")]
+    pub reasoning: String,
+    /// The `reasoning_effort` given to the chat template (`low`, `high` ...),
+    /// or `default` to leave the template's own.
+    #[arg(
+        long = "reasoning-effort",
+        value_name = "LEVEL",
+        default_value = "default"
+    )]
+    pub reasoning_effort: String,
     #[command(flatten)]
     pub placement: PlacementArgs,
     #[command(flatten)]
@@ -463,10 +479,49 @@ impl ModelArgs {
                 }
                 (None, None) => None,
             },
+            template_kwargs: self.template_kwargs()?,
             // Set by the command that loads one (-md, draft-mtp).
             draft_model: None,
             mtp: false,
         })
+    }
+
+    /// The chat template's default kwargs, in llama.cpp's order:
+    /// `--chat-template-kwargs`, then `--reasoning on|off` (`enable_thinking`),
+    /// then `--reasoning-effort`.
+    fn template_kwargs(&self) -> anyhow::Result<longhaul::tokenizer::TemplateKwargs> {
+        let mut kw = match &self.chat_template_kwargs {
+            None => Default::default(),
+            Some(s) => match serde_json::from_str::<serde_json::Value>(s) {
+                Ok(serde_json::Value::Object(m)) => m,
+                Ok(_) => anyhow::bail!(
+                    "--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": false}}' (got {s})"
+                ),
+                Err(e) => anyhow::bail!("--chat-template-kwargs is not valid JSON: {e} (got {s})"),
+            },
+        };
+        // llama.cpp's is_truthy / is_falsey / is_autoy (common/arg.cpp).
+        match self.reasoning.as_str() {
+            "on" | "enabled" | "true" | "1" => {
+                kw.insert("enable_thinking".into(), true.into());
+            }
+            "off" | "disabled" | "false" | "0" => {
+                kw.insert("enable_thinking".into(), false.into());
+            }
+            "auto" | "-1" => {}
+            v => anyhow::bail!("unknown value for --reasoning: '{v}' (use on, off or auto)"),
+        }
+        match self.reasoning_effort.as_str() {
+            "default" => {
+                kw.remove("reasoning_effort");
+            }
+            level => {
+                kw.insert("reasoning_effort".into(), level.into());
+            }
+        }
+        longhaul::tokenizer::check_kwargs(&kw)
+            .map_err(|e| anyhow::anyhow!("--chat-template-kwargs: {e}"))?;
+        Ok(kw)
     }
 
     /// The thread count: `-t` (default every available thread), capped at
@@ -858,5 +913,69 @@ mod tests {
         assert_eq!(prefetch(&["--longhaul-prefetch", "off"]), Lookahead::Off);
         assert_eq!(prefetch(&["--longhaul-prefetch=auto"]), Lookahead::Auto);
         assert!(T::try_parse_from(["t", "--longhaul-prefetch", "maybe"]).is_err());
+    }
+
+    fn template_kwargs(args: &[&str]) -> anyhow::Result<serde_json::Value> {
+        #[derive(Parser)]
+        struct M {
+            #[command(flatten)]
+            m: ModelArgs,
+        }
+        let argv = ["t", "-m", "x.gguf"]
+            .into_iter()
+            .chain(args.iter().copied());
+        let p = M::try_parse_from(argv)?;
+        Ok(p.m.engine_params()?.template_kwargs.into())
+    }
+
+    #[test]
+    fn chat_template_kwargs_reasoning_and_effort_make_the_template_defaults() {
+        use serde_json::json;
+        assert_eq!(template_kwargs(&[]).unwrap(), json!({}));
+        // llama.cpp's order: the kwargs, then --reasoning, then --reasoning-effort.
+        let all = [
+            "--chat-template-kwargs",
+            r#"{"enable_thinking": true, "x": [1]}"#,
+            "--reasoning",
+            "off",
+            "--reasoning-effort",
+            "low",
+        ];
+        assert_eq!(
+            template_kwargs(&all).unwrap(),
+            json!({"enable_thinking": false, "x": [1], "reasoning_effort": "low"})
+        );
+        assert_eq!(
+            template_kwargs(&["--reasoning", "1"]).unwrap(),
+            json!({"enable_thinking": true})
+        );
+        assert_eq!(
+            template_kwargs(&[
+                "--chat-template-kwargs",
+                r#"{"reasoning_effort": "low"}"#,
+                "--reasoning-effort",
+                "default"
+            ])
+            .unwrap(),
+            json!({})
+        );
+        for (bad, says) in [
+            (
+                vec!["--chat-template-kwargs", "[1]"],
+                "must be a JSON object",
+            ),
+            (vec!["--chat-template-kwargs", "{"], "not valid JSON"),
+            (
+                vec!["--chat-template-kwargs", r#"{"enable_thinking": "no"}"#],
+                "expected boolean",
+            ),
+            (
+                vec!["--reasoning", "maybe"],
+                "unknown value for --reasoning",
+            ),
+        ] {
+            let e = template_kwargs(&bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
     }
 }

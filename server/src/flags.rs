@@ -101,6 +101,7 @@ const ROPE: &str =
 const CPU_AFFINITY: &str =
     "thread affinity and priority are not supported yet; longhaul sets only the thread count (-t)";
 const NOT_YET: &str = "not supported by longhaul yet";
+const REASONING_FORMAT: &str = "longhaul leaves a reply's thoughts in its content, as llama.cpp's `--reasoning-format none`; moving them to `reasoning_content` is not supported yet (`--reasoning off` asks the template not to think)";
 const INTERACTIVE: &str =
     "longhaul's interactive mode is the chat: `longhaul chat` or `longhaul run -cnv`";
 const EMBED: &str = "longhaul generates text; embeddings and reranking are not supported yet";
@@ -251,7 +252,7 @@ pub const SPELLINGS: &[Spelling] = &[
     ),
     same("--chat-template").env("LLAMA_ARG_CHAT_TEMPLATE"),
     same("--chat-template-file").env("LLAMA_ARG_CHAT_TEMPLATE_FILE"),
-    refused("--chat-template-kwargs", NOT_YET),
+    same("--chat-template-kwargs").env("LLAMA_ARG_CHAT_TEMPLATE_KWARGS"),
     refused("-i", INTERACTIVE),
     refused("--interactive", INTERACTIVE),
     refused("-if", INTERACTIVE),
@@ -279,10 +280,10 @@ pub const SPELLINGS: &[Spelling] = &[
     refused("--no-perf", NOT_YET),
     refused("--show-timings", NOT_YET),
     refused("--no-show-timings", NOT_YET),
-    refused("--reasoning-format", NOT_YET),
-    refused("-rea", NOT_YET),
-    refused("--reasoning", NOT_YET),
-    refused("--reasoning-effort", NOT_YET),
+    refused("--reasoning-format", REASONING_FORMAT),
+    alias("-rea", "--reasoning"),
+    same("--reasoning").env("LLAMA_ARG_REASONING"),
+    same("--reasoning-effort").env("LLAMA_ARG_REASONING_EFFORT"),
     refused("--reasoning-budget", NOT_YET),
     // Sampling.
     same("--seed"),

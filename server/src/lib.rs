@@ -49,7 +49,7 @@ use longhaul::engine::{Engine, EngineError};
 use longhaul::sample::SamplerParams;
 use longhaul::scheduler::{Scheduler, Speculation};
 use longhaul::spec::SpecType;
-use longhaul::tokenizer::{ChatMessage, Tokenizer};
+use longhaul::tokenizer::{ChatMessage, TemplateArgs, Tokenizer};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -60,17 +60,13 @@ use error::ApiError;
 /// What the HTTP layer needs from a loaded engine, whatever its backend.
 pub trait EngineInfo: Send + Sync {
     fn tokenizer(&self) -> &Tokenizer;
-    fn apply_template(
+    /// Renders a conversation through the model's chat template with a
+    /// request's tools and kwargs.
+    fn apply_template_with(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-    ) -> Result<String, EngineError>;
-    /// [`EngineInfo::apply_template`] with OpenAI `tools` given to the template.
-    fn apply_template_with_tools(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        tools: Option<&[serde_json::Value]>,
+        args: &TemplateArgs<'_>,
     ) -> Result<String, EngineError>;
     fn template_source(&self) -> Option<&str>;
     fn n_ctx(&self) -> usize;
@@ -85,20 +81,13 @@ impl<B: Backend> EngineInfo for Engine<B> {
     fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
-    fn apply_template(
+    fn apply_template_with(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        args: &TemplateArgs<'_>,
     ) -> Result<String, EngineError> {
-        Engine::apply_template(self, messages, add_generation_prompt)
-    }
-    fn apply_template_with_tools(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        tools: Option<&[serde_json::Value]>,
-    ) -> Result<String, EngineError> {
-        Engine::apply_template_with_tools(self, messages, add_generation_prompt, tools)
+        Engine::apply_template_with(self, messages, add_generation_prompt, args)
     }
     fn template_source(&self) -> Option<&str> {
         self.template.as_ref().map(|t| t.source())

@@ -304,6 +304,10 @@ pub struct ApplyTemplateRequest {
     pub messages: Vec<MessageIn>,
     #[serde(default = "yes")]
     pub add_generation_prompt: bool,
+    /// Read in a pass of its own (no `#[serde(flatten)]`: see
+    /// `openai::Common::parse`).
+    #[serde(skip)]
+    pub template: request::TemplateFields,
 }
 
 pub async fn apply_template(
@@ -315,9 +319,18 @@ pub async fn apply_template(
 
 fn apply_template_now(state: &AppState, body: &Bytes) -> Result<Json<Value>, ApiError> {
     let r = state.ready()?;
-    let req: ApplyTemplateRequest = request::parse_json(body)?;
+    let req = ApplyTemplateRequest {
+        template: request::parse_json(body)?,
+        ..request::parse_json(body)?
+    };
     let messages = request::chat_messages(req.messages)?;
-    let prompt = request::render_chat(r.engine.as_ref(), &messages, req.add_generation_prompt)?;
+    let prompt = request::render_chat(
+        r.engine.as_ref(),
+        &messages,
+        req.add_generation_prompt,
+        None,
+        &req.template,
+    )?;
     Ok(Json(json!({ "prompt": prompt })))
 }
 

@@ -139,6 +139,10 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// Read in a pass of its own (no `#[serde(flatten)]`: see
+    /// [`Common::parse`]).
+    #[serde(skip)]
+    pub template: request::TemplateFields,
     /// Read by [`Common::parse`].
     #[serde(skip)]
     pub common: Common,
@@ -156,6 +160,7 @@ fn prepare_chat(state: &AppState, body: &Bytes) -> Result<PreparedChat, ApiError
     let r = state.ready()?;
     let req = ChatRequest {
         common: Common::parse(body)?,
+        template: request::parse_json(body)?,
         ..request::parse_json(body)?
     };
     unsupported::refuse_unimplemented(body)?;
@@ -168,13 +173,8 @@ fn prepare_chat(state: &AppState, body: &Bytes) -> Result<PreparedChat, ApiError
         req.common.structured.any(),
     )?;
     let messages = request::chat_messages(req.messages)?;
-    let text = match &plan {
-        Some(p) => r
-            .engine
-            .apply_template_with_tools(&messages, true, Some(&p.tools))
-            .map_err(|e| ApiError::invalid_field("messages", e.to_string()))?,
-        None => request::render_chat(r.engine.as_ref(), &messages, true)?,
-    };
+    let tools = plan.as_ref().map(|p| p.tools.as_slice());
+    let text = request::render_chat(r.engine.as_ref(), &messages, true, tools, &req.template)?;
     let prompt = request::tokenize_rendered(r.engine.as_ref(), &text, r.scheduler.n_ctx())?;
     let stream = req.common.stream;
     let include_usage = req.common.include_usage();

@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use longhaul::sample::{ProbsRequest, SampleParamError, SamplerParams};
 use longhaul::scheduler::GenRequest;
-use longhaul::tokenizer::ChatMessage;
+use longhaul::tokenizer::{check_kwargs, ChatMessage, TemplateArgs, TemplateKwargs};
 
 use crate::error::ApiError;
 use crate::{AppState, EngineInfo};
@@ -292,15 +292,37 @@ pub(crate) fn refuse_unfitting(at_least: usize, n_ctx: usize) -> Result<(), ApiE
     ))
 }
 
-/// Renders `messages` through the model's template (400 if it has none or
-/// the template refuses them, e.g. a `raise_exception` on a bad role order).
+/// The fields of a chat request that reach its template beside the
+/// messages: llama-server's `chat_template_kwargs` (over the server's
+/// `--chat-template-kwargs`) and OpenAI's `reasoning_effort`.
+#[derive(Deserialize, Debug, Default)]
+pub struct TemplateFields {
+    pub chat_template_kwargs: Option<TemplateKwargs>,
+    pub reasoning_effort: Option<String>,
+}
+
+/// Renders `messages` through the model's template with the request's
+/// `tools` and [`TemplateFields`] (400 if it has none, the kwargs are
+/// refused, or the template refuses the messages, e.g. a `raise_exception`
+/// on a bad role order).
 pub fn render_chat(
     engine: &dyn EngineInfo,
     messages: &[ChatMessage],
     add_generation_prompt: bool,
+    tools: Option<&[Value]>,
+    fields: &TemplateFields,
 ) -> Result<String, ApiError> {
+    if let Some(kw) = &fields.chat_template_kwargs {
+        check_kwargs(kw)
+            .map_err(|e| ApiError::invalid_field("chat_template_kwargs", e.to_string()))?;
+    }
+    let args = TemplateArgs {
+        tools,
+        kwargs: fields.chat_template_kwargs.as_ref(),
+        reasoning_effort: fields.reasoning_effort.as_deref(),
+    };
     engine
-        .apply_template(messages, add_generation_prompt)
+        .apply_template_with(messages, add_generation_prompt, &args)
         .map_err(|e| ApiError::invalid_field("messages", e.to_string()))
 }
 

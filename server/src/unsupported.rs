@@ -26,6 +26,8 @@ enum Neutral {
     Empty,
     /// `["text"]` (OpenAI's `modalities`).
     TextOnly,
+    /// This string.
+    Is(&'static str),
     /// llama.cpp's default sampler order, or any order that differs from it
     /// only by samplers this server refuses to enable.
     DefaultSamplers,
@@ -61,6 +63,8 @@ const FIELDS: &[(&str, Neutral)] = &[
     ("return_tokens", Neutral::False),
     ("response_fields", Neutral::Empty),
     ("reasoning_budget_tokens", Neutral::Below(0.0)),
+    // Thoughts stay in the content, as llama.cpp's `none` leaves them.
+    ("reasoning_format", Neutral::Is("none")),
 ];
 
 /// llama.cpp's default sampler chain by name (common/common.h), and the
@@ -100,6 +104,7 @@ impl Neutral {
                 _ => false,
             },
             Neutral::TextOnly => v == &serde_json::json!(["text"]),
+            Neutral::Is(s) => v.as_str() == Some(s),
             Neutral::DefaultSamplers => match v {
                 Value::String(s) => {
                     let on: String = s
@@ -139,6 +144,7 @@ impl Neutral {
             Neutral::Below(x) => format!("below {x}"),
             Neutral::Empty => "empty".into(),
             Neutral::TextOnly => "[\"text\"]".into(),
+            Neutral::Is(s) => format!("{s:?}"),
             Neutral::DefaultSamplers => {
                 format!("the default order {DEFAULT_SAMPLERS:?} (\"{DEFAULT_SAMPLER_CHARS}\")")
             }

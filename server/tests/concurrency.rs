@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use longhaul::constrain::{ConstrainError, Constraint, ConstraintSpec};
-use longhaul::tokenizer::{ChatMessage, Tokenizer};
+use longhaul::tokenizer::{ChatMessage, TemplateArgs, Tokenizer};
 use longhaul_server::{EngineInfo, HttpConfig};
 use serde_json::{json, Value};
 
@@ -218,21 +218,14 @@ impl EngineInfo for GatedCompiles {
     fn tokenizer(&self) -> &Tokenizer {
         self.inner.tokenizer()
     }
-    fn apply_template(
+    fn apply_template_with(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-    ) -> Result<String, longhaul::engine::EngineError> {
-        self.inner.apply_template(messages, add_generation_prompt)
-    }
-    fn apply_template_with_tools(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        tools: Option<&[Value]>,
+        args: &TemplateArgs<'_>,
     ) -> Result<String, longhaul::engine::EngineError> {
         self.inner
-            .apply_template_with_tools(messages, add_generation_prompt, tools)
+            .apply_template_with(messages, add_generation_prompt, args)
     }
     fn template_source(&self) -> Option<&str> {
         self.inner.template_source()

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::path::Path;
+
 use common::*;
 use longhaul_server::HttpConfig;
 use serde_json::{json, Value};
@@ -389,6 +391,103 @@ async fn chat_streamed_and_not_smollm2() {
         let m = error_message(400, &v);
         assert!(m.contains(says) && m.contains("context holds 512"), "{m}");
         assert_eq!(v["error"]["param"], "messages/prompt", "{v}");
+    }
+}
+
+/// transformers' render of Qwen3's template for one user message "Hi"
+/// with `enable_thinking` set to `on` (tests/fixtures/templates/goldens.json,
+/// tools/template_goldens.py).
+fn qwen3_golden(on: bool) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/templates");
+    let goldens: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("goldens.json")).unwrap()).unwrap();
+    let g = goldens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| {
+            g["template"] == "Qwen-Qwen3-0.6B.jinja"
+                && g["messages"].as_array().unwrap().len() == 1
+                && g["kwargs"] == json!({ "enable_thinking": on })
+        })
+        .unwrap();
+    g["text"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_template_kwargs_and_reasoning_effort_reach_the_template() {
+    // SmolLM2 served with Qwen3's template and `--reasoning off`, as
+    // llama-server takes them: the request's `chat_template_kwargs` replace
+    // the server's, `reasoning_effort: "none"` turns thinking off, and an
+    // `enable_thinking` that is a string is refused.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/templates");
+    let qwen3 = std::fs::read_to_string(dir.join("Qwen-Qwen3-0.6B.jinja")).unwrap();
+    let (on, off) = (qwen3_golden(true), qwen3_golden(false));
+    assert_ne!(on, off);
+    let s = start(
+        &smollm2(),
+        Opts {
+            n_ctx: 512,
+            chat_template: Some(qwen3.clone()),
+            template_kwargs: json!({"enable_thinking": false})
+                .as_object()
+                .unwrap()
+                .clone(),
+            ..Default::default()
+        },
+    );
+    let c = client();
+    let apply = format!("{}/apply-template", s.url);
+    let hi = json!([{"role": "user", "content": "Hi"}]);
+    for (body, want) in [
+        (json!({ "messages": hi }), &off),
+        (
+            json!({ "messages": hi, "chat_template_kwargs": {"enable_thinking": true} }),
+            &on,
+        ),
+        (
+            json!({ "messages": hi, "chat_template_kwargs": {"enable_thinking": true}, "reasoning_effort": "none" }),
+            &on,
+        ),
+        (
+            json!({ "messages": hi, "chat_template_kwargs": null, "reasoning_effort": "high" }),
+            &off,
+        ),
+    ] {
+        let (st, v) = post(&c, &apply, &body).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["prompt"].as_str().unwrap(), want.as_str(), "{body}");
+    }
+    let bad = json!({ "messages": hi, "chat_template_kwargs": {"enable_thinking": "false"} });
+    let (st, v) = post(&c, &apply, &bad).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "chat_template_kwargs", "{v}");
+    assert!(
+        error_message(400, &v).contains("expected boolean, got string"),
+        "{v}"
+    );
+
+    // The chat endpoint renders the same prompts: its prompt is the
+    // golden's tokens (SmolLM2 adds no BOS).
+    let chat = format!("{}/v1/chat/completions", s.url);
+    let tokens = |text: &str| {
+        let body = json!({ "content": text, "add_special": true });
+        let (c, url) = (c.clone(), format!("{}/tokenize", s.url));
+        async move {
+            let (st, v) = post(&c, &url, &body).await;
+            assert_eq!(st, 200, "{v}");
+            v["tokens"].as_array().unwrap().len() as u64
+        }
+    };
+    for (kwargs, want) in [(json!({"enable_thinking": true}), &on), (json!({}), &off)] {
+        let body = json!({ "messages": hi, "chat_template_kwargs": kwargs, "max_tokens": 1 });
+        let (st, v) = post(&c, &chat, &body).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["usage"]["prompt_tokens"].as_u64(),
+            Some(tokens(want).await),
+            "{kwargs}"
+        );
     }
 }
 

@@ -502,6 +502,7 @@ async fn unimplemented_fields_are_refused_by_name() {
         ("samplers", json!(["temperature", "top_k"])),
         ("lora", json!([{"id": 0, "scale": 1.0}])),
         ("return_tokens", json!(true)),
+        ("reasoning_format", json!("deepseek")),
     ];
     for endpoint in ["/v1/completions", "/completion"] {
         let url = format!("{}{endpoint}", s.url);
@@ -521,7 +522,7 @@ async fn unimplemented_fields_are_refused_by_name() {
         "typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0, "xtc_probability": 0,
         "xtc_threshold": 0.1, "top_n_sigma": -1, "samplers": "edskypmxt", "suffix": null,
         "user": "u", "cache_prompt": true, "id_slot": -1, "timings_per_token": false,
-        "dry_base": 1.75, "mirostat_tau": 5.0,
+        "dry_base": 1.75, "mirostat_tau": 5.0, "reasoning_format": "none",
     });
     let (st, v) = post(&c, &url, &body).await;
     assert_eq!(st, 200, "{v}");

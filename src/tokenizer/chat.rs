@@ -2,13 +2,16 @@
 //! with minijinja the way Hugging Face transformers renders it (trim_blocks,
 //! lstrip_blocks, loop controls) and with the globals HF templates expect:
 //! `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
-//! `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter (as
+//! `enable_thinking` (as llama.cpp sets it: [`ChatTemplate::thinks`]), the
+//! `chat_template_kwargs` ([`TemplateKwargs`]), `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter (as
 //! transformers defines it: `tojson.rs`) and
 //! Python string/dict methods (`.strip()`, `.startswith()`, `.items()`, ...)
 //! through minijinja-contrib's pycompat.
 
+use std::collections::BTreeMap;
+
 use minijinja::syntax::SyntaxConfig;
-use minijinja::{context, Environment, Error, ErrorKind};
+use minijinja::{Environment, Error, ErrorKind};
 
 use crate::gguf::{GgufError, Metadata};
 
@@ -21,6 +24,40 @@ pub enum ChatTemplateError {
     Syntax(String),
     #[error("rendering the chat template failed: {0}")]
     Render(String),
+    #[error("{0}")]
+    Kwargs(String),
+}
+
+/// Names given to the template beside the conversation: llama.cpp's
+/// `chat_template_kwargs` (`--chat-template-kwargs`, `--reasoning`,
+/// `--reasoning-effort` and the request's field of that name). Each replaces
+/// the renderer's name it shares (`enable_thinking`, even `messages`), as in
+/// llama.cpp (`extra_context` in common/chat.cpp).
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
+/// What a render takes beside the messages.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TemplateArgs<'a> {
+    /// OpenAI's list of `{type, function}` tools, given as `tools`; `None`
+    /// leaves the name undefined, as transformers does.
+    pub tools: Option<&'a [serde_json::Value]>,
+    /// The request's `chat_template_kwargs`, over the template's defaults.
+    pub kwargs: Option<&'a TemplateKwargs>,
+    /// OpenAI's `reasoning_effort`, as llama-server reads it: `"none"` sets
+    /// `enable_thinking` to false and drops a `reasoning_effort` kwarg, any
+    /// other level is given to the template as `reasoning_effort`.
+    pub reasoning_effort: Option<&'a str>,
+}
+
+/// Checks `kwargs` as llama-server does before it renders: `enable_thinking`
+/// must not be a string (`"false"` would be true to the template).
+pub fn check_kwargs(kwargs: &TemplateKwargs) -> Result<(), ChatTemplateError> {
+    match kwargs.get("enable_thinking") {
+        Some(serde_json::Value::String(_)) => Err(ChatTemplateError::Kwargs(
+            "invalid type for \"enable_thinking\" (expected boolean, got string)".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// One chat message.
@@ -73,6 +110,10 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// `--chat-template-kwargs`, `--reasoning`, `--reasoning-effort`.
+    defaults: TemplateKwargs,
+    /// See [`ChatTemplate::thinks`].
+    thinks: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -120,12 +161,54 @@ impl ChatTemplate {
         env.add_filter("tojson", super::tojson::tojson);
         env.add_template_owned(NAME, without_generation_tags(&source))
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
-        Ok(Self {
+        let mut t = Self {
             env,
             source,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
-        })
+            defaults: TemplateKwargs::new(),
+            thinks: false,
+        };
+        t.thinks = t.probe_thinking();
+        Ok(t)
+    }
+
+    /// The template with `defaults` under every request's kwargs
+    /// (`--chat-template-kwargs`, `--reasoning on|off`, `--reasoning-effort`).
+    pub fn with_defaults(mut self, defaults: TemplateKwargs) -> Result<Self, ChatTemplateError> {
+        check_kwargs(&defaults)?;
+        self.defaults = defaults;
+        Ok(self)
+    }
+
+    /// Whether the template has a thinking mode, which llama-server then
+    /// turns on: it gives every render `enable_thinking`, true where its
+    /// template analysis finds a reasoning format and false elsewhere
+    /// (`supports_thinking`, tools/server/server-context.cpp), while
+    /// transformers leaves the name undefined unless asked. Here a template
+    /// has one when a user's message opens a different assistant turn with
+    /// `enable_thinking` true than with false (Qwen3's, DeepSeek-V3.1's and
+    /// Laguna's do; Qwen2.5's does not). Where the two agree the value rarely
+    /// matters, and such templates get false, as llama.cpp's non-thinking
+    /// ones do.
+    pub fn thinks(&self) -> bool {
+        self.thinks
+    }
+
+    fn probe_thinking(&self) -> bool {
+        let m = [ChatMessage::new("user", "test")];
+        let with = |on: bool| {
+            let kw = TemplateKwargs::from_iter([("enable_thinking".into(), on.into())]);
+            let args = TemplateArgs {
+                kwargs: Some(&kw),
+                ..Default::default()
+            };
+            self.render_with(&m, true, &args).ok()
+        };
+        match (with(true), with(false)) {
+            (Some(on), Some(off)) => on != off,
+            _ => false,
+        }
     }
 
     /// The template in `tokenizer.chat_template`, or `None` when the file has
@@ -168,42 +251,69 @@ impl ChatTemplate {
         &self.source
     }
 
-    /// Renders `messages`; with `add_generation_prompt` the text ends with
-    /// the opening of an assistant turn.
+    /// Renders `messages` with the template's defaults; with
+    /// `add_generation_prompt` the text ends with the opening of an
+    /// assistant turn.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
-        self.render_with_tools(messages, add_generation_prompt, None)
+        self.render_with(messages, add_generation_prompt, &TemplateArgs::default())
     }
 
-    /// [`Self::render`] with `tools` (OpenAI's list of `{type, function}`
-    /// objects) given to the template as `tools`; `None` leaves it undefined.
-    pub fn render_with_tools(
+    /// [`Self::render`] with a request's tools and kwargs. The names the
+    /// template sees, each over the ones before it: `messages`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token`, `tools` (when
+    /// given), `enable_thinking` ([`Self::thinks`], or false for
+    /// `reasoning_effort: "none"`), the template's defaults, the request's
+    /// kwargs, and `reasoning_effort` (a level other than `"none"`); the
+    /// order of llama-server's `oaicompat_chat_params_parse`.
+    pub fn render_with(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        tools: Option<&[serde_json::Value]>,
+        args: &TemplateArgs<'_>,
     ) -> Result<String, ChatTemplateError> {
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| ChatTemplateError::Render(describe(&e)))?;
         let messages: Vec<minijinja::Value> = messages.iter().map(ChatMessage::to_value).collect();
-        let ctx = context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.as_str(),
-            eos_token => self.eos_token.as_str(),
-        };
+        let mut names: BTreeMap<String, minijinja::Value> = BTreeMap::new();
+        names.insert("messages".into(), messages.into());
+        names.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        names.insert("bos_token".into(), self.bos_token.as_str().into());
+        names.insert("eos_token".into(), self.eos_token.as_str().into());
         // Without tools the name stays undefined, as transformers leaves it.
-        let ctx = match tools {
-            Some(t) => {
-                context! { tools => minijinja::Value::from(minijinja::value::Serde(t)), ..ctx }
+        if let Some(t) = args.tools {
+            names.insert(
+                "tools".into(),
+                minijinja::Value::from(minijinja::value::Serde(t)),
+            );
+        }
+        let no_effort = args.reasoning_effort == Some("none");
+        names.insert("enable_thinking".into(), (self.thinks && !no_effort).into());
+        let request = args.kwargs.into_iter().flatten();
+        for (k, v) in self.defaults.iter().chain(request) {
+            names.insert(
+                k.clone(),
+                minijinja::Value::from(minijinja::value::Serde(v)),
+            );
+        }
+        if let Some(kw) = args.kwargs {
+            check_kwargs(kw)?;
+        }
+        match args.reasoning_effort {
+            Some("none") => {
+                names.remove("reasoning_effort");
             }
-            None => ctx,
-        };
+            Some(level) if !level.is_empty() => {
+                names.insert("reasoning_effort".into(), level.into());
+            }
+            _ => {}
+        }
+        let ctx = minijinja::Value::from(names);
         tmpl.render(ctx).map_err(|e| {
             let mut msg = describe(&e);
             if e.kind() == ErrorKind::OutOfFuel {
@@ -397,35 +507,213 @@ mod tests {
     /// of goldens.json (transformers' renders: tools/template_goldens.py)
     /// byte for byte: Qwen2.5's and three of Laguna's, whose assistant turns
     /// sit in `{% generation %}` blocks.
-    #[test]
-    fn fixture_templates_render_as_transformers_does() {
+    /// transformers' renders (`tools/template_goldens.py`): every template
+    /// of `tests/fixtures/templates` over three conversations, each with
+    /// `enable_thinking` true and false (and a `reasoning_effort` where the
+    /// template reads one).
+    struct Golden {
+        file: String,
+        template: String,
+        messages: Vec<ChatMessage>,
+        add_generation_prompt: bool,
+        kwargs: TemplateKwargs,
+        text: String,
+    }
+
+    fn goldens() -> Vec<Golden> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates");
         let goldens: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("goldens.json")).unwrap())
                 .unwrap();
-        let goldens = goldens.as_array().unwrap();
-        assert_eq!(goldens.len(), 12);
-        for g in goldens {
-            let name = g["template"].as_str().unwrap();
-            let t = ChatTemplate::new(std::fs::read_to_string(dir.join(name)).unwrap(), "", "")
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let m: Vec<ChatMessage> = g["messages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| {
-                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
-                })
-                .collect();
-            let add = g["add_generation_prompt"].as_bool().unwrap();
-            let out = t.render(&m, add).unwrap_or_else(|e| panic!("{name}: {e}"));
+        goldens
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| Golden {
+                file: g["template"].as_str().unwrap().to_string(),
+                template: std::fs::read_to_string(dir.join(g["template"].as_str().unwrap()))
+                    .unwrap(),
+                messages: g["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| {
+                        ChatMessage::new(
+                            m["role"].as_str().unwrap(),
+                            m["content"].as_str().unwrap(),
+                        )
+                    })
+                    .collect(),
+                add_generation_prompt: g["add_generation_prompt"].as_bool().unwrap(),
+                kwargs: g["kwargs"].as_object().unwrap().clone(),
+                text: g["text"].as_str().unwrap().to_string(),
+            })
+            .collect()
+    }
+
+    fn name(g: &Golden) -> &str {
+        &g.file
+    }
+
+    #[test]
+    fn fixture_templates_render_as_transformers_does() {
+        let goldens = goldens();
+        assert_eq!(goldens.len(), 45);
+        for g in &goldens {
+            let t = ChatTemplate::new(g.template.as_str(), "", "").unwrap();
+            let args = TemplateArgs {
+                kwargs: Some(&g.kwargs),
+                ..Default::default()
+            };
+            let out = t.render_with(&g.messages, g.add_generation_prompt, &args);
             assert_eq!(
-                out,
-                g["text"].as_str().unwrap(),
-                "{name}, {} messages",
-                m.len()
+                out.unwrap_or_else(|e| panic!("{}: {e}", name(g))),
+                g.text,
+                "{}, {} messages, {:?}",
+                name(g),
+                g.messages.len(),
+                g.kwargs
             );
         }
+    }
+
+    fn kwargs(v: serde_json::Value) -> TemplateKwargs {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn thinking_is_on_by_default_where_the_template_has_a_thinking_mode() {
+        // llama-server turns thinking on where its template analysis finds a
+        // reasoning format: Qwen3's, DeepSeek-V3.1's (common/parsers/deepseek.cpp)
+        // and Laguna's; Qwen2.5's has none, and gpt-oss's reads
+        // `reasoning_effort`, never `enable_thinking`.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates");
+        for (file, thinks) in [
+            ("Qwen-Qwen2.5-7B-Instruct.jinja", false),
+            ("Qwen-Qwen3-0.6B.jinja", true),
+            ("deepseek-ai-DeepSeek-V3.1.jinja", true),
+            ("poolside-Laguna-XS.2.jinja", true),
+            ("poolside-Laguna-XS-2.1.jinja", true),
+            ("poolside-Laguna-S-2.1.jinja", true),
+            ("openai-gpt-oss-120b.jinja", false),
+        ] {
+            let src = std::fs::read_to_string(dir.join(file)).unwrap();
+            assert_eq!(
+                ChatTemplate::new(src, "", "").unwrap().thinks(),
+                thinks,
+                "{file}"
+            );
+        }
+        // So a render without kwargs is transformers' with `enable_thinking`
+        // set to that, and `reasoning_effort: "none"` is the one with false.
+        let mut defaults = 0;
+        for g in goldens() {
+            let t = ChatTemplate::new(g.template.as_str(), "", "").unwrap();
+            let m = &g.messages;
+            let add = g.add_generation_prompt;
+            if g.kwargs == kwargs(serde_json::json!({ "enable_thinking": t.thinks() })) {
+                assert_eq!(t.render(m, add).unwrap(), g.text, "{}", name(&g));
+                defaults += 1;
+            }
+            if g.kwargs == kwargs(serde_json::json!({ "enable_thinking": false })) {
+                let none = TemplateArgs {
+                    reasoning_effort: Some("none"),
+                    ..Default::default()
+                };
+                assert_eq!(
+                    t.render_with(m, add, &none).unwrap(),
+                    g.text,
+                    "{}",
+                    name(&g)
+                );
+            }
+        }
+        assert_eq!(defaults, 21);
+    }
+
+    #[test]
+    fn request_kwargs_replace_the_defaults_and_reasoning_effort_is_a_name() {
+        let goldens = goldens();
+        let find = |file: &str, kw: serde_json::Value, n: usize| {
+            goldens
+                .iter()
+                .find(|g| g.file == file && g.kwargs == kwargs(kw.clone()) && g.messages.len() == n)
+                .unwrap()
+        };
+        // Qwen3: `--reasoning off` (a default of false) under a request's true.
+        let on = find(
+            "Qwen-Qwen3-0.6B.jinja",
+            serde_json::json!({"enable_thinking": true}),
+            1,
+        );
+        let off = find(
+            "Qwen-Qwen3-0.6B.jinja",
+            serde_json::json!({"enable_thinking": false}),
+            1,
+        );
+        assert_ne!(on.text, off.text);
+        let t = ChatTemplate::new(on.template.as_str(), "", "")
+            .unwrap()
+            .with_defaults(kwargs(serde_json::json!({"enable_thinking": false})))
+            .unwrap();
+        assert_eq!(t.render(&on.messages, true).unwrap(), off.text);
+        let request = kwargs(serde_json::json!({"enable_thinking": true}));
+        let args = TemplateArgs {
+            kwargs: Some(&request),
+            ..Default::default()
+        };
+        assert_eq!(t.render_with(&on.messages, true, &args).unwrap(), on.text);
+        // gpt-oss: `reasoning_effort: "high"` reaches the template, and
+        // "none" drops a default level.
+        let high = find(
+            "openai-gpt-oss-120b.jinja",
+            serde_json::json!({"enable_thinking": false, "reasoning_effort": "high"}),
+            4,
+        );
+        let plain = find(
+            "openai-gpt-oss-120b.jinja",
+            serde_json::json!({"enable_thinking": false}),
+            4,
+        );
+        assert!(high.template.contains("reasoning_effort") && high.text.contains("high"));
+        let t = ChatTemplate::new(high.template.as_str(), "", "").unwrap();
+        let effort = |level| TemplateArgs {
+            reasoning_effort: Some(level),
+            ..Default::default()
+        };
+        assert_eq!(
+            t.render_with(&high.messages, true, &effort("high"))
+                .unwrap(),
+            high.text
+        );
+        let t = t
+            .with_defaults(kwargs(serde_json::json!({"reasoning_effort": "high"})))
+            .unwrap();
+        assert_eq!(t.render(&high.messages, true).unwrap(), high.text);
+        assert_eq!(
+            t.render_with(&high.messages, true, &effort("none"))
+                .unwrap(),
+            plain.text
+        );
+    }
+
+    #[test]
+    fn enable_thinking_as_a_string_is_refused() {
+        // llama-server: "false" would be true to the template.
+        let t = ChatTemplate::new("{{ enable_thinking }}", "", "").unwrap();
+        let bad = kwargs(serde_json::json!({"enable_thinking": "false"}));
+        let args = TemplateArgs {
+            kwargs: Some(&bad),
+            ..Default::default()
+        };
+        let e = t
+            .render_with(&msgs(&[("user", "a")]), true, &args)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid type for \"enable_thinking\" (expected boolean, got string)"
+        );
+        assert!(t.with_defaults(bad).is_err());
     }
 
     #[test]

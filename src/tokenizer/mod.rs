@@ -19,7 +19,9 @@ mod tojson;
 mod vocab;
 
 pub use bpe::known_pre_types;
-pub use chat::{ChatMessage, ChatTemplate, ChatTemplateError};
+pub use chat::{
+    check_kwargs, ChatMessage, ChatTemplate, ChatTemplateError, TemplateArgs, TemplateKwargs,
+};
 pub use stream::StreamDecoder;
 pub use vocab::VocabType;
 

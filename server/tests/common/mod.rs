@@ -47,6 +47,8 @@ pub struct Opts {
     pub loading: bool,
     /// A chat template instead of the model's (`--chat-template`).
     pub chat_template: Option<String>,
+    /// `--chat-template-kwargs`.
+    pub template_kwargs: longhaul::tokenizer::TemplateKwargs,
     /// Slot files, the persistent slot and the context cache.
     pub states: StateConfig,
     /// `--ignore-eos`: the default of requests' `ignore_eos`.
@@ -62,6 +64,7 @@ impl Default for Opts {
             longhaul: false,
             loading: false,
             chat_template: None,
+            template_kwargs: Default::default(),
             states: StateConfig::default(),
             ignore_eos: false,
         }
@@ -102,6 +105,7 @@ pub fn load_ready(path: &Path, o: &Opts) -> Ready {
         }),
         no_mmap: false,
         chat_template: o.chat_template.clone(),
+        template_kwargs: o.template_kwargs.clone(),
         ..Default::default()
     };
     let engine = Arc::new(
