@@ -39,6 +39,13 @@ CONVERSATIONS = [
         ],
         False,
     ),
+    (
+        [
+            {"role": "user", "content": "Think first: 3*3?"},
+            {"role": "assistant", "content": "9", "reasoning_content": "three threes"},
+        ],
+        False,
+    ),
 ]
 
 

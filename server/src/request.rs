@@ -202,6 +202,9 @@ pub struct MessageIn {
     pub tool_call_id: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+    /// An assistant message's thoughts, given back to the template.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 /// Tool calls as a chat template reads them: each `function.arguments`
@@ -258,6 +261,7 @@ pub fn chat_messages(msgs: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiError>
             msg.tool_calls = template_tool_calls(m.tool_calls.unwrap_or_default());
             msg.tool_call_id = m.tool_call_id;
             msg.name = m.name;
+            msg.reasoning_content = m.reasoning_content;
             Ok(msg)
         })
         .collect()

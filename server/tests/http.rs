@@ -394,10 +394,10 @@ async fn chat_streamed_and_not_smollm2() {
     }
 }
 
-/// transformers' render of Qwen3's template for one user message "Hi"
-/// with `enable_thinking` set to `on` (tests/fixtures/templates/goldens.json,
+/// transformers' render of Qwen3's template for `messages` with
+/// `enable_thinking` set to `on` (tests/fixtures/templates/goldens.json,
 /// tools/template_goldens.py).
-fn qwen3_golden(on: bool) -> String {
+fn qwen3_golden(messages: &Value, on: bool) -> String {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/templates");
     let goldens: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("goldens.json")).unwrap()).unwrap();
@@ -407,7 +407,7 @@ fn qwen3_golden(on: bool) -> String {
         .iter()
         .find(|g| {
             g["template"] == "Qwen-Qwen3-0.6B.jinja"
-                && g["messages"].as_array().unwrap().len() == 1
+                && g["messages"] == *messages
                 && g["kwargs"] == json!({ "enable_thinking": on })
         })
         .unwrap();
@@ -415,14 +415,16 @@ fn qwen3_golden(on: bool) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chat_template_kwargs_and_reasoning_effort_reach_the_template() {
+async fn chat_template_kwargs_reasoning_effort_and_reasoning_content_reach_the_template() {
     // SmolLM2 served with Qwen3's template and `--reasoning off`, as
     // llama-server takes them: the request's `chat_template_kwargs` replace
-    // the server's, `reasoning_effort: "none"` turns thinking off, and an
+    // the server's, `reasoning_effort: "none"` turns thinking off, an
+    // assistant's `reasoning_content` is given to the template, and an
     // `enable_thinking` that is a string is refused.
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/templates");
     let qwen3 = std::fs::read_to_string(dir.join("Qwen-Qwen3-0.6B.jinja")).unwrap();
-    let (on, off) = (qwen3_golden(true), qwen3_golden(false));
+    let hi = json!([{"role": "user", "content": "Hi"}]);
+    let (on, off) = (qwen3_golden(&hi, true), qwen3_golden(&hi, false));
     assert_ne!(on, off);
     let s = start(
         &smollm2(),
@@ -438,7 +440,6 @@ async fn chat_template_kwargs_and_reasoning_effort_reach_the_template() {
     );
     let c = client();
     let apply = format!("{}/apply-template", s.url);
-    let hi = json!([{"role": "user", "content": "Hi"}]);
     for (body, want) in [
         (json!({ "messages": hi }), &off),
         (
@@ -458,6 +459,19 @@ async fn chat_template_kwargs_and_reasoning_effort_reach_the_template() {
         assert_eq!(st, 200, "{v}");
         assert_eq!(v["prompt"].as_str().unwrap(), want.as_str(), "{body}");
     }
+    // An assistant's `reasoning_content` reaches the template, which writes
+    // it back as a thought.
+    let thought = json!([
+        {"role": "user", "content": "Think first: 3*3?"},
+        {"role": "assistant", "content": "9", "reasoning_content": "three threes"},
+    ]);
+    let want = qwen3_golden(&thought, false);
+    assert!(want.contains("<think>\nthree threes\n</think>"), "{want}");
+    let body = json!({ "messages": thought, "add_generation_prompt": false });
+    let (st, v) = post(&c, &apply, &body).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["prompt"].as_str().unwrap(), want);
+
     let bad = json!({ "messages": hi, "chat_template_kwargs": {"enable_thinking": "false"} });
     let (st, v) = post(&c, &apply, &bad).await;
     assert_eq!(st, 400, "{v}");

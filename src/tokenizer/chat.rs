@@ -72,6 +72,9 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// A `tool` message: the function's name, where the client gave it.
     pub name: Option<String>,
+    /// An assistant message's thoughts (`reasoning_content`), which
+    /// thinking templates write back into the conversation.
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -82,15 +85,23 @@ impl ChatMessage {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 
     /// The message as the template sees it: `role`, `content`, and
-    /// `tool_calls`, `tool_call_id`, `name` where set.
-    fn to_value(&self) -> minijinja::Value {
+    /// `reasoning_content` (where not empty, as llama.cpp gives it),
+    /// `tool_calls`, `tool_call_id`, `name` where set. For gpt-oss's
+    /// template the thoughts are also its `thinking`, and an assistant's
+    /// tool call with thoughts has no `content` (the template refuses
+    /// both), as llama.cpp gives them (common/parsers/gpt-oss.cpp).
+    fn to_value(&self, gpt_oss: bool) -> minijinja::Value {
         let mut m = serde_json::Map::new();
         m.insert("role".into(), self.role.clone().into());
         m.insert("content".into(), self.content.clone().into());
+        if let Some(r) = self.reasoning_content.as_ref().filter(|r| !r.is_empty()) {
+            m.insert("reasoning_content".into(), r.clone().into());
+        }
         if !self.tool_calls.is_empty() {
             m.insert("tool_calls".into(), self.tool_calls.clone().into());
         }
@@ -99,6 +110,12 @@ impl ChatMessage {
         }
         if let Some(n) = &self.name {
             m.insert("name".into(), n.clone().into());
+        }
+        if let (true, Some(r)) = (gpt_oss, &self.reasoning_content) {
+            m.insert("thinking".into(), r.clone().into());
+            if !self.tool_calls.is_empty() {
+                m.remove("content");
+            }
         }
         minijinja::Value::from(minijinja::value::Serde(serde_json::Value::Object(m)))
     }
@@ -114,6 +131,9 @@ pub struct ChatTemplate {
     defaults: TemplateKwargs,
     /// See [`ChatTemplate::thinks`].
     thinks: bool,
+    /// gpt-oss's template (llama.cpp's test: it writes `<|channel|>`),
+    /// which reads a message's thoughts as `thinking`.
+    gpt_oss: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -161,6 +181,7 @@ impl ChatTemplate {
         env.add_filter("tojson", super::tojson::tojson);
         env.add_template_owned(NAME, without_generation_tags(&source))
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        let gpt_oss = source.contains("<|channel|>");
         let mut t = Self {
             env,
             source,
@@ -168,6 +189,7 @@ impl ChatTemplate {
             eos_token: eos_token.into(),
             defaults: TemplateKwargs::new(),
             thinks: false,
+            gpt_oss,
         };
         t.thinks = t.probe_thinking();
         Ok(t)
@@ -279,7 +301,8 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| ChatTemplateError::Render(describe(&e)))?;
-        let messages: Vec<minijinja::Value> = messages.iter().map(ChatMessage::to_value).collect();
+        let messages: Vec<minijinja::Value> =
+            messages.iter().map(|m| m.to_value(self.gpt_oss)).collect();
         let mut names: BTreeMap<String, minijinja::Value> = BTreeMap::new();
         names.insert("messages".into(), messages.into());
         names.insert("add_generation_prompt".into(), add_generation_prompt.into());
@@ -503,12 +526,9 @@ mod tests {
         assert_eq!(out, "<user>a</user>\n<assistant>b</assistant>\n");
     }
 
-    /// Every template in tests/fixtures/templates renders each conversation
-    /// of goldens.json (transformers' renders: tools/template_goldens.py)
-    /// byte for byte: Qwen2.5's and three of Laguna's, whose assistant turns
-    /// sit in `{% generation %}` blocks.
     /// transformers' renders (`tools/template_goldens.py`): every template
-    /// of `tests/fixtures/templates` over three conversations, each with
+    /// of `tests/fixtures/templates` over four conversations (the last with
+    /// an assistant's `reasoning_content`), each with
     /// `enable_thinking` true and false (and a `reasoning_effort` where the
     /// template reads one).
     struct Golden {
@@ -538,15 +558,17 @@ mod tests {
                     .unwrap()
                     .iter()
                     .map(|m| {
-                        ChatMessage::new(
+                        let mut c = ChatMessage::new(
                             m["role"].as_str().unwrap(),
                             m["content"].as_str().unwrap(),
-                        )
+                        );
+                        c.reasoning_content = m["reasoning_content"].as_str().map(String::from);
+                        c
                     })
                     .collect(),
                 add_generation_prompt: g["add_generation_prompt"].as_bool().unwrap(),
                 kwargs: g["kwargs"].as_object().unwrap().clone(),
-                text: g["text"].as_str().unwrap().to_string(),
+                text: undated(g["text"].as_str().unwrap().to_string()),
             })
             .collect()
     }
@@ -555,10 +577,27 @@ mod tests {
         &g.file
     }
 
+    /// gpt-oss's template writes today's date (`strftime_now`), and the
+    /// goldens hold the day they were made: both are compared without it.
+    fn undated(mut text: String) -> String {
+        const AT: &str = "Current date: ";
+        if let Some(p) = text.find(AT) {
+            let day = p + AT.len()..p + AT.len() + "YYYY-MM-DD".len();
+            if text.get(day.clone()).is_some() {
+                text.replace_range(day, "YYYY-MM-DD");
+            }
+        }
+        text
+    }
+
+    /// Every template in tests/fixtures/templates renders each golden byte
+    /// for byte (but for the date): Qwen2.5's, Qwen3's, DeepSeek-V3.1's,
+    /// gpt-oss's and three of Laguna's, whose assistant turns sit in
+    /// `{% generation %}` blocks.
     #[test]
     fn fixture_templates_render_as_transformers_does() {
         let goldens = goldens();
-        assert_eq!(goldens.len(), 45);
+        assert_eq!(goldens.len(), 60);
         for g in &goldens {
             let t = ChatTemplate::new(g.template.as_str(), "", "").unwrap();
             let args = TemplateArgs {
@@ -567,7 +606,7 @@ mod tests {
             };
             let out = t.render_with(&g.messages, g.add_generation_prompt, &args);
             assert_eq!(
-                out.unwrap_or_else(|e| panic!("{}: {e}", name(g))),
+                undated(out.unwrap_or_else(|e| panic!("{}: {e}", name(g)))),
                 g.text,
                 "{}, {} messages, {:?}",
                 name(g),
@@ -612,7 +651,7 @@ mod tests {
             let m = &g.messages;
             let add = g.add_generation_prompt;
             if g.kwargs == kwargs(serde_json::json!({ "enable_thinking": t.thinks() })) {
-                assert_eq!(t.render(m, add).unwrap(), g.text, "{}", name(&g));
+                assert_eq!(undated(t.render(m, add).unwrap()), g.text, "{}", name(&g));
                 defaults += 1;
             }
             if g.kwargs == kwargs(serde_json::json!({ "enable_thinking": false })) {
@@ -621,14 +660,14 @@ mod tests {
                     ..Default::default()
                 };
                 assert_eq!(
-                    t.render_with(m, add, &none).unwrap(),
+                    undated(t.render_with(m, add, &none).unwrap()),
                     g.text,
                     "{}",
                     name(&g)
                 );
             }
         }
-        assert_eq!(defaults, 21);
+        assert_eq!(defaults, 28);
     }
 
     #[test]
@@ -656,13 +695,16 @@ mod tests {
             .unwrap()
             .with_defaults(kwargs(serde_json::json!({"enable_thinking": false})))
             .unwrap();
-        assert_eq!(t.render(&on.messages, true).unwrap(), off.text);
+        assert_eq!(undated(t.render(&on.messages, true).unwrap()), off.text);
         let request = kwargs(serde_json::json!({"enable_thinking": true}));
         let args = TemplateArgs {
             kwargs: Some(&request),
             ..Default::default()
         };
-        assert_eq!(t.render_with(&on.messages, true, &args).unwrap(), on.text);
+        assert_eq!(
+            undated(t.render_with(&on.messages, true, &args).unwrap()),
+            on.text
+        );
         // gpt-oss: `reasoning_effort: "high"` reaches the template, and
         // "none" drops a default level.
         let high = find(
@@ -682,17 +724,21 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            t.render_with(&high.messages, true, &effort("high"))
-                .unwrap(),
+            undated(
+                t.render_with(&high.messages, true, &effort("high"))
+                    .unwrap()
+            ),
             high.text
         );
         let t = t
             .with_defaults(kwargs(serde_json::json!({"reasoning_effort": "high"})))
             .unwrap();
-        assert_eq!(t.render(&high.messages, true).unwrap(), high.text);
+        assert_eq!(undated(t.render(&high.messages, true).unwrap()), high.text);
         assert_eq!(
-            t.render_with(&high.messages, true, &effort("none"))
-                .unwrap(),
+            undated(
+                t.render_with(&high.messages, true, &effort("none"))
+                    .unwrap()
+            ),
             plain.text
         );
     }
