@@ -3,8 +3,9 @@
 //! lstrip_blocks, loop controls) and with the globals HF templates expect:
 //! `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
 //! `enable_thinking` (as llama.cpp sets it: [`ChatTemplate::thinks`]), the
-//! `chat_template_kwargs` ([`TemplateKwargs`]), `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter (as
-//! transformers defines it: `tojson.rs`) and
+//! `chat_template_kwargs` ([`TemplateKwargs`]), `raise_exception(msg)`,
+//! `strftime_now(fmt)`, the `tojson` filter (as transformers defines it:
+//! `tojson.rs`) and
 //! Python string/dict methods (`.strip()`, `.startswith()`, `.items()`, ...)
 //! through minijinja-contrib's pycompat.
 
@@ -99,7 +100,8 @@ impl ChatMessage {
         let mut m = serde_json::Map::new();
         m.insert("role".into(), self.role.clone().into());
         m.insert("content".into(), self.content.clone().into());
-        if let Some(r) = self.reasoning_content.as_ref().filter(|r| !r.is_empty()) {
+        let reasoning = self.reasoning_content.as_ref().filter(|r| !r.is_empty());
+        if let Some(r) = reasoning {
             m.insert("reasoning_content".into(), r.clone().into());
         }
         if !self.tool_calls.is_empty() {
@@ -111,7 +113,7 @@ impl ChatMessage {
         if let Some(n) = &self.name {
             m.insert("name".into(), n.clone().into());
         }
-        if let (true, Some(r)) = (gpt_oss, &self.reasoning_content) {
+        if let (true, Some(r)) = (gpt_oss, reasoning) {
             m.insert("thinking".into(), r.clone().into());
             if !self.tool_calls.is_empty() {
                 m.remove("content");
@@ -297,6 +299,9 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         args: &TemplateArgs<'_>,
     ) -> Result<String, ChatTemplateError> {
+        if let Some(kw) = args.kwargs {
+            check_kwargs(kw)?;
+        }
         let tmpl = self
             .env
             .get_template(NAME)
@@ -323,9 +328,6 @@ impl ChatTemplate {
                 k.clone(),
                 minijinja::Value::from(minijinja::value::Serde(v)),
             );
-        }
-        if let Some(kw) = args.kwargs {
-            check_kwargs(kw)?;
         }
         match args.reasoning_effort {
             Some("none") => {
@@ -740,6 +742,31 @@ mod tests {
                     .unwrap()
             ),
             plain.text
+        );
+    }
+
+    #[test]
+    fn gpt_oss_reads_a_tool_call_s_thoughts_without_its_content() {
+        // llama.cpp (common/parsers/gpt-oss.cpp) gives gpt-oss's template the
+        // thoughts as `thinking` and drops the content of a tool-call message
+        // that has them: the template refuses content and thinking together.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates");
+        let src = std::fs::read_to_string(dir.join("openai-gpt-oss-120b.jinja")).unwrap();
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let mut call = ChatMessage::new("assistant", "I will look it up.");
+        call.tool_calls = vec![serde_json::json!({
+            "type": "function",
+            "function": {"name": "weather", "arguments": {"city": "Paris"}},
+        })];
+        call.reasoning_content = Some("The user wants the weather.".into());
+        let mut answer = ChatMessage::new("tool", "sunny");
+        answer.tool_call_id = Some("0".into());
+        let m = [ChatMessage::new("user", "Weather in Paris?"), call, answer];
+        let out = t.render(&m, true).unwrap();
+        assert!(
+            out.contains("<|channel|>analysis<|message|>The user wants the weather.<|end|>")
+                && !out.contains("I will look it up."),
+            "{out}"
         );
     }
 
