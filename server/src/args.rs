@@ -502,10 +502,10 @@ impl ModelArgs {
         };
         // llama.cpp's is_truthy / is_falsey / is_autoy (common/arg.cpp).
         match self.reasoning.as_str() {
-            "on" | "enabled" | "true" | "1" => {
+            v if crate::flags::truthy(v) => {
                 kw.insert("enable_thinking".into(), true.into());
             }
-            "off" | "disabled" | "false" | "0" => {
+            v if crate::flags::falsey(v) => {
                 kw.insert("enable_thinking".into(), false.into());
             }
             "auto" | "-1" => {}

@@ -681,12 +681,12 @@ pub fn rewrite(
 }
 
 /// llama.cpp's `is_truthy`.
-fn truthy(v: &str) -> bool {
+pub(crate) fn truthy(v: &str) -> bool {
     matches!(v, "on" | "enabled" | "true" | "1")
 }
 
 /// llama.cpp's `is_falsey`.
-fn falsey(v: &str) -> bool {
+pub(crate) fn falsey(v: &str) -> bool {
     matches!(v, "off" | "disabled" | "false" | "0")
 }
 

@@ -13,9 +13,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use longhaul::engine::EngineError;
 use longhaul::sample::{ProbsRequest, SampleParamError, SamplerParams};
 use longhaul::scheduler::GenRequest;
-use longhaul::tokenizer::{check_kwargs, ChatMessage, TemplateArgs, TemplateKwargs};
+use longhaul::tokenizer::{ChatMessage, ChatTemplateError, TemplateArgs, TemplateKwargs};
 
 use crate::error::ApiError;
 use crate::{AppState, EngineInfo};
@@ -316,10 +317,6 @@ pub fn render_chat(
     tools: Option<&[Value]>,
     fields: &TemplateFields,
 ) -> Result<String, ApiError> {
-    if let Some(kw) = &fields.chat_template_kwargs {
-        check_kwargs(kw)
-            .map_err(|e| ApiError::invalid_field("chat_template_kwargs", e.to_string()))?;
-    }
     let args = TemplateArgs {
         tools,
         kwargs: fields.chat_template_kwargs.as_ref(),
@@ -327,7 +324,13 @@ pub fn render_chat(
     };
     engine
         .apply_template_with(messages, add_generation_prompt, &args)
-        .map_err(|e| ApiError::invalid_field("messages", e.to_string()))
+        .map_err(|e| {
+            let field = match e {
+                EngineError::Template(ChatTemplateError::Kwargs(_)) => "chat_template_kwargs",
+                _ => "messages",
+            };
+            ApiError::invalid_field(field, e.to_string())
+        })
 }
 
 /// Sampling fields common to every generation endpoint (`None` = the
